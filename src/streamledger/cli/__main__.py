@@ -1,0 +1,5 @@
+import sys
+
+from streamledger.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Protocol clients (no Airflow, no Spark): RabbitMQ Streams and TubeMQ."""

@@ -1,0 +1,1 @@
+"""Fixtures for postgres (filled in by its owner)."""

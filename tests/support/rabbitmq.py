@@ -1,0 +1,1 @@
+"""Fixtures for rabbitmq (filled in by its owner)."""

@@ -1,0 +1,1 @@
+"""Fixtures for spark (filled in by its owner)."""
