@@ -1,0 +1,313 @@
+#!/usr/bin/env bash
+# Real RabbitMQ brokers with the stream plugin on loopback, for tests and demos.
+#
+#   scripts/rabbitmq.sh provision|start|wait|stop|status VERSION|all
+#   scripts/rabbitmq.sh cli VERSION COMMAND [ARGS...]    e.g. cli 4.3 rabbitmqctl list_queues
+#
+# VERSION: 4.3 (Debian sid package in a debootstrap chroot; the default broker, with a TLS
+# stream listener), 4.0 (Debian trixie package in a chroot), 3.10 (Debian bookworm's own
+# package on the host). All three can run at once: each has its own ports, node name and epmd.
+# Everything lives under $STREAMLEDGER_HOME/rabbitmq (default /var/tmp/streamledger), never in
+# the repo. Every command is idempotent; `provision` is a no-op once its stamp file exists.
+# Needs root (debootstrap, chroot, mount, apt-get). The Debian mirror is read at run time from
+# /etc/apt/sources.list.d/*.sources.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+TEMPLATES=$HERE/rabbitmq
+SL_HOME=${STREAMLEDGER_HOME:-/var/tmp/streamledger}
+BASE=$SL_HOME/rabbitmq
+VERSIONS=(4.3 4.0 3.10)
+APT_LOCK_WAIT=(-o DPkg::Lock::Timeout=600)
+
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
+log() { echo "rabbitmq[$V]: $*"; }
+die() { echo "rabbitmq[${V:-?}]: error: $*" >&2; exit 1; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Per-version settings. KIND=chroot runs the Debian package of SUITE from a minbase rootfs;
+# KIND=host runs the host's own package with all state under $D.
+select_version() {
+  V=$1
+  TLS_PORT=
+  case $V in
+    4.3) KIND=chroot SUITE=sid NODE=rabbit43 STREAM_PORT=5552 AMQP_PORT=5672 MGMT_PORT=15672 \
+           DIST_PORT=25672 EPMD_PORT=4369 TLS_PORT=5551 ;;
+    4.0) KIND=chroot SUITE=trixie NODE=rabbit40 STREAM_PORT=5562 AMQP_PORT=5682 MGMT_PORT=15682 \
+           DIST_PORT=25682 EPMD_PORT=4379 ;;
+    3.10) KIND=host SUITE=bookworm NODE=rabbit310 STREAM_PORT=5572 AMQP_PORT=5692 MGMT_PORT=15692 \
+           DIST_PORT=25692 EPMD_PORT=4389 ;;
+    *) die "unknown version '$1' (expected one of: ${VERSIONS[*]} or all)" ;;
+  esac
+  D=$BASE/$V
+  R=$D/rootfs                        # chroot brokers only
+  STAMP=$D/provisioned.stamp
+  PIDFILE=$D/run/broker.pid
+  STDOUT_LOG=$D/logs/stdout.log
+  if [ "$KIND" = chroot ]; then
+    ETC_IN=/etc/rabbitmq              # as the broker sees it
+    ETC_HOST=$R/etc/rabbitmq          # as this script sees it
+    DATA_IN=/var/lib/rabbitmq
+  else
+    ETC_IN=$D/etc
+    ETC_HOST=$D/etc
+    DATA_IN=$D/var
+  fi
+  mkdir -p "$D/run" "$D/logs"
+}
+
+mirror_url() {
+  local m
+  m=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  [ -n "$m" ] || die "no Debian mirror found in /etc/apt/sources.list.d/*.sources"
+  printf '%s' "$m"
+}
+
+# apt-get install on the host, refreshing the package lists once if the first try fails.
+host_apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  if ! apt-get "${APT_LOCK_WAIT[@]}" install -y -q --no-install-recommends "$@"; then
+    apt-get "${APT_LOCK_WAIT[@]}" update -q
+    apt-get "${APT_LOCK_WAIT[@]}" install -y -q --no-install-recommends "$@"
+  fi
+}
+
+broker_ids() { # uid:gid of the rabbitmq user as the broker sees it
+  if [ "$KIND" = chroot ]; then
+    awk -F: '$1=="rabbitmq"{print $3":"$4}' "$R/etc/passwd"
+  else
+    echo "$(id -u rabbitmq):$(id -g rabbitmq)"
+  fi
+}
+
+# Run a command as the broker's rabbitmq user with a clean environment (HOME holds the cookie).
+as_broker() {
+  local env=(/usr/bin/env -i HOME=/var/lib/rabbitmq LANG=C.UTF-8
+             PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin)
+  if [ "$KIND" = chroot ]; then
+    chroot --userspec="$(broker_ids)" "$R" "${env[@]}" "$@"
+  else
+    setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups \
+      "${env[@]}" RABBITMQ_CONF_ENV_FILE="$ETC_HOST/rabbitmq-env.conf" "$@"
+  fi
+}
+
+mount_proc() { # Erlang reads /proc (meminfo, cpu, fds); without it the node dies during boot
+  mountpoint -q "$R/proc" || mount -t proc proc "$R/proc"
+}
+
+provision_chroot() {
+  command -v debootstrap >/dev/null || { log "installing debootstrap"; host_apt_install debootstrap; }
+  local mirror t
+  mirror=$(mirror_url)
+  if [ ! -x "$R/usr/bin/apt-get" ] || [ ! -f "$D/debootstrap.stamp" ]; then
+    rm -rf "$R"
+    t=$(now)
+    debootstrap --variant=minbase --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
+      "$SUITE" "$R" "$mirror" > "$D/logs/debootstrap.log" 2>&1 \
+      || { tail -20 "$D/logs/debootstrap.log" >&2; die "debootstrap $SUITE failed (log: $D/logs/debootstrap.log)"; }
+    touch "$D/debootstrap.stamp"
+    log "debootstrap $SUITE: $(since "$t")s"
+  fi
+  # Maintainer scripts must not try to start services inside the chroot.
+  printf '#!/bin/sh\nexit 101\n' > "$R/usr/sbin/policy-rc.d"
+  chmod +x "$R/usr/sbin/policy-rc.d"
+  # minbase has no /etc/hosts; the node name rabbit..@localhost must resolve.
+  grep -qs '^127.0.0.1[[:space:]].*localhost' "$R/etc/hosts" || echo '127.0.0.1 localhost' >> "$R/etc/hosts"
+  mount_proc
+  t=$(now)
+  # sid's Release file on a snapshot mirror can be past Valid-Until; the content is still what we want.
+  chroot "$R" /usr/bin/env -i DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    sh -c 'apt-get -q -o Acquire::Check-Valid-Until=false update &&
+           apt-get install -y -q --no-install-recommends rabbitmq-server && apt-get clean' \
+    > "$D/logs/apt.log" 2>&1 || { tail -20 "$D/logs/apt.log" >&2; die "apt-get install rabbitmq-server failed in the $SUITE chroot"; }
+  log "apt-get install rabbitmq-server ($SUITE): $(since "$t")s"
+  # ~90 MB of package lists are not needed to run the broker.
+  rm -rf "$R"/var/lib/apt/lists/*
+  if ! pid_alive; then umount "$R/proc" 2>/dev/null || true; fi
+}
+
+provision_host() {
+  local t
+  t=$(now)
+  if ! dpkg-query -W -f='${Status}' rabbitmq-server 2>/dev/null | grep -q 'install ok installed'; then
+    host_apt_install rabbitmq-server > "$D/logs/apt.log" 2>&1 \
+      || { tail -20 "$D/logs/apt.log" >&2; die "apt-get install rabbitmq-server failed on the host"; }
+    log "apt-get install rabbitmq-server (host): $(since "$t")s"
+  fi
+  # The package may have started an epmd on the default port; our broker uses its own.
+  mkdir -p "$D/etc" "$D/var/mnesia" "$D/var/log"
+  chown -R rabbitmq:rabbitmq "$D/etc" "$D/var"
+}
+
+provision() {
+  if [ -f "$STAMP" ]; then log "already provisioned ($(cat "$STAMP"))"; return 0; fi
+  local t
+  t=$(now)
+  if [ "$KIND" = chroot ]; then provision_chroot; else provision_host; fi
+  local ver
+  ver=$(server_version)
+  [ -n "$ver" ] || die "rabbitmq-server is not installed after provisioning"
+  echo "$ver" > "$STAMP"
+  log "provisioned RabbitMQ $ver in $(since "$t")s; disk: $(du -shx "$D" 2>/dev/null | cut -f1)"
+}
+
+server_version() { # from the versioned library directory the package installs
+  local root=/
+  [ "$KIND" = chroot ] && root=$R
+  local dir
+  dir=$(ls -d "$root"/usr/lib/rabbitmq/lib/rabbitmq_server-* 2>/dev/null | sort -V | tail -1)
+  [ -n "$dir" ] && basename "$dir" | sed 's/^rabbitmq_server-//'
+}
+
+render() { # template -> stdout with this broker's values
+  local ver
+  ver=$(server_version)
+  sed -e "s#@VERSION@#$ver#g" -e "s#@NODE@#$NODE#g" -e "s#@ETC@#$ETC_IN#g" -e "s#@DATA@#$DATA_IN#g" \
+      -e "s#@PLUGINS_DIR@#/usr/lib/rabbitmq/plugins:/usr/lib/rabbitmq/lib/rabbitmq_server-$ver/plugins#g" \
+      -e "s#@DIST_PORT@#$DIST_PORT#g" -e "s#@EPMD_PORT@#$EPMD_PORT#g" -e "s#@AMQP_PORT@#$AMQP_PORT#g" \
+      -e "s#@STREAM_PORT@#$STREAM_PORT#g" -e "s#@MGMT_PORT@#$MGMT_PORT#g" -e "s#@TLS_PORT@#$TLS_PORT#g" "$1"
+}
+
+# Regenerated on every start, so a template change reaches an already provisioned broker.
+write_config() {
+  local ids plugins=rabbitmq_management,rabbitmq_stream
+  ids=$(broker_ids)
+  mkdir -p "$ETC_HOST"
+  render "$TEMPLATES/rabbitmq-env.conf.in" > "$ETC_HOST/rabbitmq-env.conf"
+  render "$TEMPLATES/rabbitmq.conf.in" > "$ETC_HOST/rabbitmq.conf"
+  if [ -n "$TLS_PORT" ]; then
+    "$HERE/tls.sh" "$SL_HOME/tls" >/dev/null
+    render "$TEMPLATES/tls.conf.in" >> "$ETC_HOST/rabbitmq.conf"
+    mkdir -p "$ETC_HOST/tls"
+    install -m 0644 "$SL_HOME/tls/ca.pem" "$SL_HOME/tls/server.pem" "$ETC_HOST/tls/"
+    install -m 0600 "$SL_HOME/tls/server.key" "$ETC_HOST/tls/"
+    chown -R "$ids" "$ETC_HOST/tls"
+    plugins=$plugins,rabbitmq_auth_mechanism_ssl
+  fi
+  echo "[${plugins}]." > "$ETC_HOST/enabled_plugins"
+  chown "$ids" "$ETC_HOST/rabbitmq-env.conf" "$ETC_HOST/rabbitmq.conf" "$ETC_HOST/enabled_plugins"
+}
+
+pid_alive() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+
+start() {
+  [ -f "$STAMP" ] || die "not provisioned; run: $0 provision $V"
+  if pid_alive; then log "already running (pid $(cat "$PIDFILE"))"; return 0; fi
+  if port_open "$STREAM_PORT"; then
+    if as_broker rabbitmqctl -q ping >/dev/null 2>&1; then log "already running (started elsewhere)"; return 0; fi
+    die "port $STREAM_PORT is in use by something else"
+  fi
+  write_config
+  [ "$KIND" = chroot ] && mount_proc
+  # setsid: the broker gets its own session and outlives the caller (pytest, make).
+  if [ "$KIND" = chroot ]; then
+    setsid chroot --userspec="$(broker_ids)" "$R" /usr/bin/env -i HOME=/var/lib/rabbitmq LANG=C.UTF-8 \
+      PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      /usr/lib/rabbitmq/bin/rabbitmq-server > "$STDOUT_LOG" 2>&1 < /dev/null {lockfd}>&- &
+  else
+    setsid setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups \
+      /usr/bin/env -i HOME=/var/lib/rabbitmq LANG=C.UTF-8 PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      RABBITMQ_CONF_ENV_FILE="$ETC_HOST/rabbitmq-env.conf" \
+      /usr/lib/rabbitmq/bin/rabbitmq-server > "$STDOUT_LOG" 2>&1 < /dev/null {lockfd}>&- &
+  fi
+  echo $! > "$PIDFILE"
+  date +%s.%N > "$D/run/started_at"
+  log "started pid $(cat "$PIDFILE") (stdout: $STDOUT_LOG)"
+}
+
+# Idempotent setup done once the node is up: the user SASL EXTERNAL maps the client cert to.
+post_start() {
+  [ -n "$TLS_PORT" ] || return 0
+  local user=streamledger-client
+  if ! as_broker rabbitmqctl -q list_users --no-table-headers 2>/dev/null | awk '{print $1}' | grep -qx "$user"; then
+    # A random password, cleared at once: this user only ever logs in with its certificate.
+    as_broker rabbitmqctl -q add_user "$user" "$(head -c 24 /dev/urandom | base64 | tr -d '/+=')" >/dev/null
+    as_broker rabbitmqctl -q clear_password "$user" >/dev/null
+  fi
+  as_broker rabbitmqctl -q set_permissions -p / "$user" '.*' '.*' '.*' >/dev/null
+}
+
+wait_ready() {
+  local timeout=${1:-180} t
+  t=$(now)
+  until port_open "$STREAM_PORT"; do
+    pid_alive || { tail -20 "$STDOUT_LOG" >&2 || true; die "broker is not running (see $STDOUT_LOG)"; }
+    [ "$(awk -v a="$t" -v b="$(now)" -v m="$timeout" 'BEGIN{print (b-a > m)}')" = 1 ] \
+      && die "stream port $STREAM_PORT not open after ${timeout}s (see $STDOUT_LOG)"
+    sleep 0.3
+  done
+  as_broker rabbitmqctl -q await_startup --timeout "$timeout" >/dev/null
+  [ -n "$TLS_PORT" ] && ! port_open "$TLS_PORT" && die "TLS stream port $TLS_PORT is not open"
+  post_start
+  local boot=""
+  [ -f "$D/run/started_at" ] && boot=" (boot $(since "$(cat "$D/run/started_at")")s)"
+  log "ready: RabbitMQ $(cat "$STAMP") stream 127.0.0.1:$STREAM_PORT${TLS_PORT:+ tls :$TLS_PORT}$boot"
+}
+
+stop() {
+  local t pid
+  t=$(now)
+  if pid_alive; then
+    pid=$(cat "$PIDFILE")
+    as_broker rabbitmqctl -q shutdown >/dev/null 2>&1 || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && die "broker pid $pid did not stop"
+  elif [ -f "$STAMP" ] && port_open "$STREAM_PORT"; then
+    as_broker rabbitmqctl -q shutdown >/dev/null 2>&1 || true
+  fi
+  rm -f "$PIDFILE" "$D/run/started_at"
+  # epmd daemonizes and outlives the node; each broker has its own on its own port.
+  if [ -f "$STAMP" ]; then as_broker epmd -port "$EPMD_PORT" -kill >/dev/null 2>&1 || true; fi
+  if [ "$KIND" = chroot ] && mountpoint -q "$R/proc"; then umount "$R/proc" || umount -l "$R/proc"; fi
+  log "stopped in $(since "$t")s"
+}
+
+status() {
+  local state="stopped"
+  pid_alive && state="running pid $(cat "$PIDFILE")"
+  local prov="not provisioned"
+  [ -f "$STAMP" ] && prov="RabbitMQ $(cat "$STAMP")"
+  log "$prov, $state, node $NODE@localhost, stream $STREAM_PORT${TLS_PORT:+ tls $TLS_PORT}, amqp $AMQP_PORT, mgmt $MGMT_PORT, dist $DIST_PORT, epmd $EPMD_PORT"
+}
+
+# Serialise provision/start/stop of one broker across concurrent callers (pytest workers, make).
+# The broker started under the lock must not inherit its fd (start closes it for the child).
+locked() {
+  mkdir -p "$BASE"
+  exec {lockfd}> "$BASE/.lock-$V"
+  flock "$lockfd"
+  "$@"
+  exec {lockfd}>&-
+}
+
+usage() {
+  echo "usage: $0 provision|start|wait|stop|status VERSION|all" >&2
+  echo "       $0 cli VERSION COMMAND [ARGS...]      (VERSION: ${VERSIONS[*]})" >&2
+  exit 2
+}
+
+[ $# -ge 2 ] || usage
+action=$1 target=$2
+shift 2
+if [ "$action" = cli ]; then
+  select_version "$target"
+  [ -f "$STAMP" ] || die "not provisioned; run: $0 provision $V"
+  [ $# -ge 1 ] || usage
+  as_broker "$@"
+  exit $?
+fi
+if [ "$target" = all ]; then targets=("${VERSIONS[@]}"); else targets=("$target"); fi
+[ "$(id -u)" = 0 ] || [ "$action" = status ] || die "needs root (chroot, mount, apt-get)"
+for v in "${targets[@]}"; do
+  select_version "$v"
+  case $action in
+    provision) locked provision ;;
+    start) locked start ;;
+    wait) wait_ready "${1:-180}" ;;
+    stop) locked stop ;;
+    status) status ;;
+    *) usage ;;
+  esac
+done
