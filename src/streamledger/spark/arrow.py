@@ -1,0 +1,191 @@
+"""Turn the client's columnar :class:`RecordBatch` into an Arrow batch Spark accepts as-is.
+
+Spark 4 passes a ``pyarrow.RecordBatch`` yielded by ``DataSourceReader.read`` straight to the JVM, but
+only after comparing its schema *strictly* with the one it derives from the declared Spark schema
+(``to_arrow_schema(schema, timezone="UTC")``): ``large_binary`` for ``binary``, a non-nullable field or a
+different map layout is rejected. :data:`ARROW_SCHEMA` is that derived schema written out by hand (a
+unit test checks the two are equal), so the hot path needs no pyspark import.
+
+Map columns carry AMQP property values, which are typed (ints, timestamps, binary, symbols ...); Spark's
+column is ``MAP<STRING,STRING>``, so values are stringified by :func:`stringify`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+#: The data source's Spark schema, as a DDL string (what ``DataSource.schema()`` returns).
+SPARK_SCHEMA_DDL = (
+    "stream STRING, offset LONG, chunk_timestamp TIMESTAMP, body BINARY, "
+    "properties MAP<STRING,STRING>, application_properties MAP<STRING,STRING>, "
+    "message_annotations MAP<STRING,STRING>"
+)
+
+STRING_MAP = pa.map_(pa.string(), pa.string())
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+#: Exactly what Spark derives from :data:`SPARK_SCHEMA_DDL` (all fields nullable).
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("stream", pa.string()),
+        pa.field("offset", pa.int64()),
+        pa.field("chunk_timestamp", TIMESTAMP),
+        pa.field("body", pa.binary()),
+        pa.field("properties", STRING_MAP),
+        pa.field("application_properties", STRING_MAP),
+        pa.field("message_annotations", STRING_MAP),
+    ]
+)
+
+MAP_COLUMNS = ("properties", "application_properties", "message_annotations")
+
+
+def stringify(value: Any) -> str | None:
+    """One AMQP value as the string stored in a ``MAP<STRING,STRING>`` cell.
+
+    Text stays text; binary is UTF-8 when it decodes, else ``base64:<b64>`` so that no byte is lost;
+    timestamps become ISO-8601 UTC; booleans are ``true``/``false`` like Spark prints them.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(raw).decode("ascii")
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.UTC)
+        return str(value.astimezone(_dt.UTC).isoformat())
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return str(value)
+
+
+def _map_entries(row: Mapping[Any, Any] | None) -> list[tuple[str, str | None]] | None:
+    if row is None:
+        return None
+    return [(k if isinstance(k, str) else (stringify(k) or ""), stringify(v)) for k, v in row.items()]
+
+
+def map_column(rows: Sequence[Mapping[Any, Any] | None] | None, length: int) -> pa.Array:
+    """A ``map<string,string>`` column; a missing column (``decode="raw"``) becomes all nulls."""
+    if rows is None:
+        return pa.nulls(length, type=STRING_MAP)
+    if len(rows) != length:
+        raise ValueError(f"map column has {len(rows)} rows, expected {length}")
+    if not any(rows):
+        # All None or all empty dicts: keep the distinction cheaply.
+        return pa.array([None if r is None else [] for r in rows], type=STRING_MAP)
+    return pa.array([_map_entries(r) for r in rows], type=STRING_MAP)
+
+
+def timestamp_column(millis: Sequence[int]) -> pa.Array:
+    """Chunk timestamps (ms since the epoch) as Spark's microsecond UTC timestamps."""
+    return pa.array(millis, type=pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(TIMESTAMP)
+
+
+def to_arrow(
+    stream: str,
+    offsets: Sequence[int],
+    chunk_timestamps: Sequence[int],
+    bodies: Sequence[bytes],
+    properties: Sequence[Mapping[Any, Any] | None] | None = None,
+    application_properties: Sequence[Mapping[Any, Any] | None] | None = None,
+    message_annotations: Sequence[Mapping[Any, Any] | None] | None = None,
+) -> pa.RecordBatch:
+    """Build one Arrow batch with :data:`ARROW_SCHEMA` from columnar lists of one stream."""
+    n = len(offsets)
+    if len(chunk_timestamps) != n or len(bodies) != n:
+        raise ValueError(
+            f"columns of stream {stream!r} disagree: {n} offsets, {len(chunk_timestamps)} timestamps, "
+            f"{len(bodies)} bodies"
+        )
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([stream] * n, type=pa.string()),
+            pa.array(offsets, type=pa.int64()),
+            timestamp_column(chunk_timestamps),
+            pa.array(bodies, type=pa.binary()),
+            map_column(properties, n),
+            map_column(application_properties, n),
+            map_column(message_annotations, n),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+class BatchBuffer:
+    """Accumulates client batches of one stream until a target row count, then emits one Arrow batch.
+
+    The client hands out one batch per chunk (often a few hundred records); Spark pays a fixed cost
+    per Arrow batch, so coalescing to tens of thousands of rows is markedly faster.
+    """
+
+    def __init__(self, stream: str, target_rows: int = 65536) -> None:
+        self.stream = stream
+        self.target_rows = max(1, target_rows)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.bodies: list[bytes] = []
+        self.maps: dict[str, list[Mapping[Any, Any] | None] | None] = {c: None for c in MAP_COLUMNS}
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(
+        self,
+        offsets: Sequence[int],
+        chunk_timestamps: Sequence[int],
+        bodies: Sequence[bytes],
+        maps: Mapping[str, Sequence[Mapping[Any, Any] | None] | None],
+    ) -> pa.RecordBatch | None:
+        """Append one client batch; return a full Arrow batch when the target is reached."""
+        before = len(self.offsets)
+        n = len(offsets)
+        self.offsets.extend(offsets)
+        self.timestamps.extend(chunk_timestamps)
+        self.bodies.extend(bodies)
+        for name in MAP_COLUMNS:
+            col = maps.get(name)
+            have = self.maps[name]
+            if col is None and have is None:
+                continue
+            if have is None:
+                have = [None] * before
+                self.maps[name] = have
+            have.extend(col if col is not None else [None] * n)
+        if len(self.offsets) >= self.target_rows:
+            return self.flush()
+        return None
+
+    def flush(self) -> pa.RecordBatch | None:
+        """The buffered rows as one Arrow batch (``None`` if empty); the buffer starts over."""
+        if not self.offsets:
+            return None
+        batch = to_arrow(
+            self.stream,
+            self.offsets,
+            self.timestamps,
+            self.bodies,
+            self.maps["properties"],
+            self.maps["application_properties"],
+            self.maps["message_annotations"],
+        )
+        self._reset()
+        return batch
+

@@ -1,0 +1,242 @@
+"""Bounded read job: exact offset ranges of RabbitMQ streams -> files + ``_manifest.json``.
+
+Run it locally (``python -m streamledger.spark.job ...``, master ``local[2]`` by default), through
+``spark-submit path/to/job.py ...`` (the master then comes from spark-submit), or in-process with
+:func:`run_job` (the caller owns the SparkSession, as the Airflow operator does).
+
+Idempotence: the job owns its output directory. Every run overwrites it as a whole (Spark's
+``mode("overwrite")``) and then writes the manifest atomically, so a rerun of the same range replaces
+the previous attempt instead of appending a second copy. The manifest's counts and first/last
+offsets come from one aggregate over the files actually written, not from the plan, so a verifier
+can compare them with the planned range.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":
+    # Run as a script (spark-submit), Python puts this file's directory first on sys.path, where
+    # module names such as ``arrow`` or ``session`` could shadow installed packages. Drop it.
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+
+import argparse
+import datetime as _dt
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from streamledger.errors import StreamledgerError
+from streamledger.spark.arrow import SPARK_SCHEMA_DDL
+from streamledger.spark.datasource import DATA_SOURCE_NAME
+from streamledger.spark.planning import (
+    OffsetBound,
+    PlannedRange,
+    PlanningError,
+    parse_bound,
+    parse_ranges,
+    plan_ranges,
+)
+from streamledger.spark.session import DEFAULT_MASTER, build_session, register_source
+
+FORMATS = ("parquet", "orc", "json")
+MANIFEST = "_manifest.json"
+
+
+class JobError(StreamledgerError):
+    """The job wrote output that does not match its plan (or could not run)."""
+
+
+def _local_dir(output: str) -> Path:
+    if output.startswith("file://"):
+        output = output[len("file://") :]
+    if "://" in output:
+        raise PlanningError(f"output {output!r}: only local (or shared POSIX) paths are supported")
+    return Path(output).absolute()
+
+
+def plan_job(
+    url: str, ranges: Mapping[str, Sequence[int]], *, fail_on_data_loss: bool = True
+) -> list[PlannedRange]:
+    """Check the requested ranges against the broker (tail, retention) and clamp them if allowed."""
+    from streamledger.protocol.rabbitmq import StreamClient
+
+    bounds = {
+        s: (OffsetBound.offset(int(a)), OffsetBound.offset(int(b)))
+        for s, (a, b) in parse_ranges(dict(ranges)).items()
+    }
+    with StreamClient.connect(url) as client:
+        return plan_ranges(client, bounds, fail_on_data_loss=fail_on_data_loss)
+
+
+def _written_stats(spark: Any, path: Path, fmt: str) -> dict[str, tuple[int, int, int]]:
+    """``{stream: (records, first_offset, last_offset)}`` from one aggregate over the written files."""
+    from pyspark.sql import functions as F
+
+    reader = spark.read.format(fmt)
+    if fmt == "json":
+        reader = reader.schema(SPARK_SCHEMA_DDL)
+    rows = (
+        reader.load(str(path))
+        .groupBy("stream")
+        .agg(F.count(F.lit(1)).alias("n"), F.min("offset").alias("lo"), F.max("offset").alias("hi"))
+        .collect()
+    )
+    return {r["stream"]: (int(r["n"]), int(r["lo"]), int(r["hi"])) for r in rows}
+
+
+def run_job(
+    spark: Any,
+    *,
+    url: str,
+    ranges: Mapping[str, Sequence[int]],
+    output: str,
+    fmt: str = "parquet",
+    splits: int = 1,
+    decode: str = "amqp",
+    fail_on_data_loss: bool = True,
+) -> dict[str, Any]:
+    """Read ``ranges`` (``{stream: (start, end)}``, half-open) into ``output`` and return the manifest.
+
+    With ``fail_on_data_loss=False`` a start below retention is clamped and the skipped span is
+    listed under ``lost`` for that stream; otherwise ``DataLossError`` is raised before anything is
+    written.
+    """
+    if fmt not in FORMATS:
+        raise PlanningError(f"format {fmt!r} is not supported; use one of {', '.join(FORMATS)}")
+    if splits < 1:
+        raise PlanningError(f"splits must be >= 1, got {splits}")
+    out_dir = _local_dir(output)
+    planned = plan_job(url, ranges, fail_on_data_loss=fail_on_data_loss)
+
+    register_source(spark)
+    read_ranges = {r.stream: [r.start, r.end] for r in planned}
+    df = (
+        spark.read.format(DATA_SOURCE_NAME)
+        .option("url", url)
+        .option("ranges", json.dumps(read_ranges))
+        .option("splitsPerStream", splits)
+        .option("decode", decode)
+        # The clamping already happened above; loss appearing between the two plans must fail.
+        .option("failOnDataLoss", "true")
+        .load()
+    )
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    df.write.mode("overwrite").format(fmt).save(str(out_dir))
+    stats = _written_stats(spark, out_dir, fmt)
+
+    streams: dict[str, Any] = {}
+    for r in planned:
+        n, lo, hi = stats.pop(r.stream, (0, None, None))
+        if n and (lo < r.start or hi >= r.end or n > r.end - r.start):  # type: ignore[operator]
+            raise JobError(
+                f"stream {r.stream!r}: wrote {n} records with offsets [{lo}, {hi}] outside the planned "
+                f"range [{r.start}, {r.end})"
+            )
+        entry: dict[str, Any] = {
+            "start": r.requested_start,
+            "end": r.end,
+            "read_start": r.start,
+            "records": n,
+            "first_offset": lo,
+            "last_offset": hi,
+        }
+        if r.lost is not None:
+            entry["lost"] = [list(r.lost)]
+        streams[r.stream] = entry
+    if stats:
+        raise JobError(f"output holds records of unplanned streams {sorted(stats)}")
+
+    manifest: dict[str, Any] = {
+        "streams": streams,
+        "output": str(out_dir),
+        "format": fmt,
+        "decode": decode,
+        "splits": splits,
+        "written_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    tmp = out_dir / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out_dir / MANIFEST)
+    return manifest
+
+
+def resolve_ranges(
+    url: str, *, streams: Sequence[str], super_stream: str | None, start: str, end: str
+) -> dict[str, tuple[int, int]]:
+    """``--start``/``--end`` (earliest, latest, offset, {"timestamp": ms}) -> concrete ranges."""
+    from streamledger.protocol.rabbitmq import StreamClient
+
+    start_bound = parse_bound(start, what="--start")
+    end_bound = parse_bound(end, what="--end")
+    with StreamClient.connect(url) as client:
+        names = list(client.partitions(super_stream)) if super_stream else list(streams)
+        if not names:
+            raise PlanningError(f"super stream {super_stream!r} has no partitions")
+        planned = plan_ranges(
+            client, {s: (start_bound, end_bound) for s in names}, fail_on_data_loss=False
+        )
+    return {r.stream: (r.requested_start, r.end) for r in planned}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="streamledger.spark.job",
+        description="Read exact [start, end) offset ranges of RabbitMQ streams into files with a manifest.",
+    )
+    p.add_argument("--url", default=os.environ.get("STREAMLEDGER_RABBITMQ_URL"),
+                   help="rabbitmq-stream://user:pass@host:5552/vhost (default: $STREAMLEDGER_RABBITMQ_URL)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--stream", action="append", default=[], help="a stream (repeatable)")
+    src.add_argument("--super-stream", help="all partitions of this super stream")
+    p.add_argument("--ranges", help='JSON {"stream": [start, end], ...}; replaces --stream/--start/--end')
+    p.add_argument("--start", default="earliest", help="earliest | latest | offset | {\"timestamp\": ms}")
+    p.add_argument("--end", default="latest", help="exclusive end, same forms as --start")
+    p.add_argument("--output", required=True, help="output directory (overwritten by every run)")
+    p.add_argument("--format", default="parquet", choices=FORMATS)
+    p.add_argument("--splits", type=int, default=1, help="Spark partitions per stream range")
+    p.add_argument("--decode", default="amqp", choices=("amqp", "raw"))
+    p.add_argument("--allow-data-loss", action="store_true",
+                   help="clamp starts below retention and record the lost span instead of failing")
+    p.add_argument("--master", default=None,
+                   help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit: spark-submit's)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if not args.url:
+            raise PlanningError("--url is required (or set STREAMLEDGER_RABBITMQ_URL)")
+        if args.ranges:
+            if args.stream or args.super_stream:
+                raise PlanningError("--ranges names the streams itself; drop --stream/--super-stream")
+            ranges: dict[str, tuple[int, int]] = parse_ranges(args.ranges)
+        elif args.stream or args.super_stream:
+            ranges = resolve_ranges(
+                args.url, streams=args.stream, super_stream=args.super_stream, start=args.start, end=args.end
+            )
+        else:
+            raise PlanningError("give --stream, --super-stream or --ranges")
+        submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched us and owns the master
+        master = args.master or (None if submitted else DEFAULT_MASTER)
+        spark = build_session(master=master, app_name="streamledger-read")
+        try:
+            manifest = run_job(
+                spark, url=args.url, ranges=ranges, output=args.output, fmt=args.format,
+                splits=args.splits, decode=args.decode, fail_on_data_loss=not args.allow_data_loss,
+            )
+        finally:
+            spark.stop()
+    except StreamledgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(manifest, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""Offset planning for bounded Spark reads: options -> exact ``[start, end)`` per stream -> slices.
+
+Rules enforced here (see docs/interfaces.md, "Offsets"):
+
+* Every range is half-open, ``[start, end)``. ``earliest`` is the first retained offset, ``latest`` the
+  committed tail *at planning time* (so a read never waits for data), a number is taken as-is and
+  ``{"timestamp": ms}`` is the first offset of the first chunk stamped at or after ``ms``.
+* A range must lie at or below the committed tail and ``start <= end``; anything else is an error
+  that names the stream and the offsets, because a bounded read past the tail would block.
+* ``start`` below the first retained offset is data loss: an error by default
+  (``failOnDataLoss=true``), otherwise the start is clamped to the first offset (never past ``end``)
+  and the skipped span is reported as :attr:`PlannedRange.lost`.
+* Splitting cuts ``[start, end)`` into contiguous half-open slices in *offset* space. Offsets have gaps,
+  so a slice may hold fewer records than its width, but since the slices tile the range exactly, every
+  record lands in exactly one slice: no loss and no duplicate at a boundary.
+
+Planning runs once (on the driver, or in Spark's planner process); the result is small and picklable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from streamledger.errors import StreamledgerError
+
+OffsetKind = Literal["earliest", "latest", "offset", "timestamp"]
+
+
+class PlanningError(StreamledgerError, ValueError):
+    """The requested read cannot be planned (bad option, range past the tail, start after end)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetBound:
+    """Where a range starts or ends, before it is resolved against a stream."""
+
+    kind: OffsetKind
+    value: int | None = None
+
+    @classmethod
+    def earliest(cls) -> OffsetBound:
+        return cls("earliest")
+
+    @classmethod
+    def latest(cls) -> OffsetBound:
+        return cls("latest")
+
+    @classmethod
+    def offset(cls, n: int) -> OffsetBound:
+        return cls("offset", n)
+
+    @classmethod
+    def timestamp(cls, millis: int) -> OffsetBound:
+        return cls("timestamp", millis)
+
+    def __str__(self) -> str:
+        if self.kind in ("earliest", "latest"):
+            return self.kind
+        if self.kind == "offset":
+            return str(self.value)
+        return json.dumps({"timestamp": self.value})
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRange:
+    """One stream's resolved range; ``start`` is where reading begins (after any clamping)."""
+
+    stream: str
+    start: int
+    end: int
+    requested_start: int
+
+    @property
+    def lost(self) -> tuple[int, int] | None:
+        """The span ``[requested_start, start)`` that retention removed, if any."""
+        return (self.requested_start, self.start) if self.start > self.requested_start else None
+
+    @property
+    def empty(self) -> bool:
+        return self.start >= self.end
+
+
+class OffsetSource(Protocol):
+    """The part of the stream client planning needs (``StreamClient`` satisfies it)."""
+
+    def first_offset(self, name: str) -> int: ...
+
+    def committed_tail(self, name: str) -> int: ...
+
+    def resolve_offset(self, name: str, spec: Any) -> int: ...
+
+
+def _as_int(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise PlanningError(f"{what}: expected an integer offset, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        n = int(value.strip())
+    else:
+        raise PlanningError(f"{what}: expected an integer offset, got {value!r}")
+    if n < 0:
+        raise PlanningError(f"{what}: offsets are >= 0, got {n}")
+    return n
+
+
+def parse_bound(value: Any, *, what: str) -> OffsetBound:
+    """``earliest`` | ``latest`` | an offset | ``{"timestamp": ms}`` (or its JSON text) -> bound."""
+    if isinstance(value, OffsetBound):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        low = text.lower()
+        if low in ("earliest", "first"):
+            return OffsetBound.earliest()
+        if low in ("latest", "last", "tail"):
+            return OffsetBound.latest()
+        if text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise PlanningError(f"{what}: not valid JSON ({exc.msg}): {text!r}") from None
+        else:
+            return OffsetBound.offset(_as_int(text, what))
+    if isinstance(value, dict):
+        if set(value) == {"timestamp"}:
+            return OffsetBound.timestamp(_as_int(value["timestamp"], f"{what} timestamp"))
+        if set(value) == {"offset"}:
+            return OffsetBound.offset(_as_int(value["offset"], what))
+        raise PlanningError(f"{what}: expected {{\"timestamp\": ms}} or {{\"offset\": n}}, got {value!r}")
+    return OffsetBound.offset(_as_int(value, what))
+
+
+def parse_bounds(
+    text: str | None, streams: Sequence[str], *, default: OffsetBound, what: str
+) -> dict[str, OffsetBound]:
+    """One bound for all streams, or per-stream JSON ``{"s-0": 10, "s-1": "earliest"}``.
+
+    Streams missing from a per-stream object get ``default``; naming an unknown stream is an error.
+    """
+    if text is None or not str(text).strip():
+        return {s: default for s in streams}
+    raw = str(text).strip()
+    if raw.startswith("{"):
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise PlanningError(f"{what}: not valid JSON ({exc.msg}): {raw!r}") from None
+        if not isinstance(obj, dict):
+            raise PlanningError(f"{what}: expected a JSON object, got {raw!r}")
+        if set(obj) in ({"timestamp"}, {"offset"}):
+            bound = parse_bound(obj, what=what)
+            return {s: bound for s in streams}
+        unknown = sorted(set(obj) - set(streams))
+        if unknown:
+            raise PlanningError(f"{what}: unknown stream(s) {unknown}; the read covers {list(streams)}")
+        return {s: parse_bound(obj[s], what=f"{what}[{s}]") if s in obj else default for s in streams}
+    bound = parse_bound(raw, what=what)
+    return {s: bound for s in streams}
+
+
+def parse_ranges(value: str | Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """``{"stream": [start, end], ...}`` (JSON text or a mapping) -> validated half-open ranges."""
+    if isinstance(value, str):
+        try:
+            obj = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise PlanningError(f"ranges: not valid JSON ({exc.msg})") from None
+    else:
+        obj = dict(value)
+    if not isinstance(obj, dict) or not obj:
+        raise PlanningError('ranges: expected a non-empty JSON object {"stream": [start, end]}')
+    out: dict[str, tuple[int, int]] = {}
+    for stream, pair in obj.items():
+        if not isinstance(stream, str) or not stream:
+            raise PlanningError(f"ranges: stream names must be non-empty strings, got {stream!r}")
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise PlanningError(f"ranges[{stream}]: expected [start, end], got {pair!r}")
+        start = _as_int(pair[0], f"ranges[{stream}] start")
+        end = _as_int(pair[1], f"ranges[{stream}] end")
+        if start > end:
+            raise PlanningError(f"ranges[{stream}]: start {start} is after end {end}")
+        out[stream] = (start, end)
+    return out
+
+
+def parse_stream_list(text: str | None) -> list[str]:
+    """``"a, b,c"`` -> ``["a", "b", "c"]`` (duplicates removed, order kept)."""
+    if not text:
+        return []
+    seen: dict[str, None] = {}
+    for part in str(text).split(","):
+        name = part.strip()
+        if name:
+            seen[name] = None
+    return list(seen)
+
+
+def parse_bool(value: str | bool | None, *, what: str, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    low = str(value).strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise PlanningError(f"{what}: expected true or false, got {value!r}")
+
+
+def parse_positive_int(value: str | int | None, *, what: str) -> int | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise PlanningError(f"{what}: expected a positive integer, got {value!r}") from None
+    if n <= 0:
+        raise PlanningError(f"{what}: expected a positive integer, got {n}")
+    return n
+
+
+def split_range(
+    start: int, end: int, *, max_records: int | None = None, parts: int | None = None
+) -> list[tuple[int, int]]:
+    """Cut ``[start, end)`` into contiguous half-open slices.
+
+    ``parts`` asks for that many slices whose widths differ by at most one (fewer when the range is
+    narrower than ``parts``); ``max_records`` then caps each slice's width (offsets have gaps, so a
+    slice holds at most that many records). An empty range gives no slice.
+    """
+    width = end - start
+    if width <= 0:
+        return []
+    pieces = [(start, end)]
+    if parts is not None and parts > 1:
+        n = min(parts, width)
+        q, r = divmod(width, n)
+        pieces, s = [], start
+        for i in range(n):
+            e = s + q + (1 if i < r else 0)
+            pieces.append((s, e))
+            s = e
+    if max_records is None:
+        return pieces
+    return [(s, min(e, s + max_records)) for a, e in pieces for s in range(a, e, max_records)]
+
+
+def resolve_bound(client: OffsetSource, stream: str, bound: OffsetBound, *, first: int, tail: int) -> int:
+    """A bound as a concrete offset of ``stream`` (``first``/``tail`` already fetched once)."""
+    if bound.kind == "earliest":
+        return first
+    if bound.kind == "latest":
+        return tail
+    if bound.kind == "offset":
+        assert bound.value is not None
+        return bound.value
+    from streamledger.protocol.rabbitmq import OffsetSpec
+
+    assert bound.value is not None
+    return int(client.resolve_offset(stream, OffsetSpec.timestamp(bound.value)))
+
+
+def plan_ranges(
+    client: OffsetSource,
+    bounds: Mapping[str, tuple[OffsetBound, OffsetBound]],
+    *,
+    fail_on_data_loss: bool = True,
+) -> list[PlannedRange]:
+    """Resolve each stream's (start, end) bounds against the broker once, applying the rules above."""
+    planned: list[PlannedRange] = []
+    for stream, (start_bound, end_bound) in bounds.items():
+        first = int(client.first_offset(stream))
+        tail = int(client.committed_tail(stream))
+        start = resolve_bound(client, stream, start_bound, first=first, tail=tail)
+        end = resolve_bound(client, stream, end_bound, first=first, tail=tail)
+        if end > tail:
+            raise PlanningError(
+                f"stream {stream!r}: end offset {end} ({end_bound}) is past the committed tail {tail}; "
+                "a bounded read can only cover committed records"
+            )
+        if start > end:
+            raise PlanningError(
+                f"stream {stream!r}: start offset {start} ({start_bound}) is after "
+                f"end offset {end} ({end_bound})"
+            )
+        effective = start
+        if start < first and start < end:
+            if fail_on_data_loss:
+                from streamledger.protocol.rabbitmq import DataLossError
+
+                raise DataLossError(
+                    f"stream {stream!r}: requested start offset {start} is below the first retained "
+                    f"offset {first}; offsets [{start}, {min(first, end)}) were removed by retention "
+                    "(set failOnDataLoss=false to read what is left and record the loss)"
+                )
+            effective = min(first, end)
+        planned.append(PlannedRange(stream, effective, end, start))
+    return planned

@@ -1,0 +1,55 @@
+"""Spark session helpers: the environment a local or submitted job needs to find its Python workers.
+
+Two settings decide whether a PySpark job works on this kind of host at all (both measured, see
+the toolchain recipe): ``PYSPARK_PYTHON`` must name the interpreter that has streamledger and pyarrow
+installed (else the workers die with a bare ``EOFException``), and ``SPARK_LOCAL_IP`` pins Spark to
+loopback. :func:`spark_environment` fills in both when the caller has not.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULT_MASTER = "local[2]"
+
+
+def spark_environment() -> dict[str, str]:
+    """Set (if unset) and return the environment variables Spark's Python workers rely on."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return {k: os.environ[k] for k in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
+
+
+def build_session(
+    *,
+    master: str | None = DEFAULT_MASTER,
+    app_name: str = "streamledger",
+    conf: Mapping[str, Any] | None = None,
+    register: bool = True,
+) -> Any:
+    """A ``SparkSession`` with the UI off and the ``rabbitmq_stream`` source registered.
+
+    ``master=None`` leaves the master to spark-submit (``--master``).
+    """
+    spark_environment()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name).config("spark.ui.enabled", "false")
+    if master:
+        builder = builder.master(master)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, str(value))
+    spark = builder.getOrCreate()
+    if register:
+        register_source(spark)
+    return spark
+
+
+def register_source(spark: Any) -> None:
+    """Register the data source explicitly (works whenever the workers can import streamledger)."""
+    from streamledger.spark.datasource import RabbitMQStreamDataSource
+
+    spark.dataSource.register(RabbitMQStreamDataSource)

@@ -1,0 +1,119 @@
+"""The Arrow conversion must produce exactly the schema Spark derives, or Spark rejects every batch."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from streamledger.spark.arrow import ARROW_SCHEMA, STRING_MAP, BatchBuffer, map_column, stringify, to_arrow
+
+
+def spark_schema() -> StructType:
+    m = MapType(StringType(), StringType(), True)
+    return StructType(
+        [
+            StructField("stream", StringType()),
+            StructField("offset", LongType()),
+            StructField("chunk_timestamp", TimestampType()),
+            StructField("body", BinaryType()),
+            StructField("properties", m),
+            StructField("application_properties", m),
+            StructField("message_annotations", m),
+        ]
+    )
+
+
+def test_schema_is_what_spark_derives() -> None:
+    assert to_arrow_schema(spark_schema(), timezone="UTC").equals(ARROW_SCHEMA)
+
+
+def test_to_arrow_columns_and_types() -> None:
+    batch = to_arrow(
+        "s-0",
+        [10, 12],
+        [1_700_000_000_123, 1_700_000_000_123],
+        [b"a", b"\x00\xff"],
+        [{"message_id": 7, "content_type": "text/plain"}, None],
+        [{"flag": True, "n": 3, "blob": b"\xff\xfe"}, {}],
+        None,
+    )
+    assert batch.schema.equals(ARROW_SCHEMA)
+    rows = batch.to_pylist()
+    assert [r["stream"] for r in rows] == ["s-0", "s-0"]
+    assert [r["offset"] for r in rows] == [10, 12]
+    assert rows[0]["chunk_timestamp"] == dt.datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=dt.UTC)
+    assert rows[1]["body"] == b"\x00\xff"
+    assert dict(rows[0]["properties"]) == {"message_id": "7", "content_type": "text/plain"}
+    assert rows[1]["properties"] is None
+    assert dict(rows[0]["application_properties"]) == {"flag": "true", "n": "3", "blob": "base64://4="}
+    assert rows[1]["application_properties"] == []
+    assert rows[0]["message_annotations"] is None
+
+
+def test_empty_batch_keeps_schema() -> None:
+    batch = to_arrow("s", [], [], [])
+    assert batch.num_rows == 0 and batch.schema.equals(ARROW_SCHEMA)
+
+
+def test_mismatched_columns_name_the_stream() -> None:
+    with pytest.raises(ValueError, match="'s-1'"):
+        to_arrow("s-1", [1, 2], [0], [b"x", b"y"])
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("x", "x"),
+        (False, "false"),
+        (12, "12"),
+        (1.5, "1.5"),
+        (b"caf\xc3\xa9", "café"),
+        (dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC), "2024-01-02T03:04:05+00:00"),
+        (uuid.UUID(int=1), "00000000-0000-0000-0000-000000000001"),
+        (None, None),
+    ],
+)
+def test_stringify(value: object, text: str | None) -> None:
+    assert stringify(value) == text
+
+
+def test_map_column_all_null_when_missing() -> None:
+    col = map_column(None, 3)
+    assert col.type == STRING_MAP and col.null_count == 3
+
+
+def test_buffer_coalesces_and_keeps_order() -> None:
+    buf = BatchBuffer("s", target_rows=5)
+    out: list[pa.RecordBatch] = []
+    offset = 0
+    for size in (2, 2, 2, 3, 1):
+        offs = list(range(offset, offset + size))
+        offset += size
+        props = [{"i": o} for o in offs] if size == 2 else None
+        full = buf.add(offs, [0] * size, [b"b"] * size, {"properties": props})
+        if full is not None:
+            out.append(full)
+    rest = buf.flush()
+    assert rest is None or rest.num_rows > 0
+    if rest is not None:
+        out.append(rest)
+    table = pa.Table.from_batches(out)
+    assert table.column("offset").to_pylist() == list(range(10))
+    props = table.column("properties").to_pylist()
+    assert props[:6] == [[("i", str(i))] for i in range(6)]
+    assert props[6:] == [None] * 4
+    assert all(b.num_rows >= 5 for b in out[:-1])
+    assert buf.flush() is None
