@@ -1,0 +1,122 @@
+"""Airflow hook for the offset ledger: a :class:`~streamledger.ledger.Ledger` on its own engine.
+
+Tasks must never write the ledger through Airflow's ORM session (Airflow 3 forbids direct metadata
+DB access from tasks, and sharing Airflow's SQLite file locks under a real executor), so the ledger
+always gets its own SQLAlchemy engine. Where the URL comes from, first match wins:
+
+1. ``ledger_url`` given to the hook (templated in operators);
+2. the connection ``ledger_conn_id``: extra ``url``, else ``{dialect}://login:password@host:port/schema``
+   (dialect from extra, default ``postgresql+psycopg``), else ``sqlite:///<schema>`` when host is empty;
+3. ``STREAMLEDGER_LEDGER_URL``;
+4. the SQLite file ``$STREAMLEDGER_HOME/ledger.db`` (default ``/var/tmp/streamledger``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from airflow.sdk import BaseHook
+
+from streamledger.provider import LEDGER_UI
+
+if TYPE_CHECKING:
+    from streamledger.ledger import Ledger
+
+
+def default_ledger_url() -> str:
+    """``STREAMLEDGER_LEDGER_URL`` or the SQLite file under ``$STREAMLEDGER_HOME``."""
+    if url := os.environ.get("STREAMLEDGER_LEDGER_URL"):
+        return url
+    home = os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger")
+    return f"sqlite:///{os.path.join(home, 'ledger.db')}"
+
+
+def ledger_url_from_connection(
+    *, host: str | None, port: int | None, login: str | None, password: str | None, schema: str | None,
+    extra: dict[str, Any],
+) -> str:
+    """SQLAlchemy URL from connection parts (pure, unit-testable)."""
+    if extra.get("url"):
+        return str(extra["url"])
+    if not host:
+        if not schema:
+            raise ValueError("ledger connection needs extra.url, a host, or a SQLite file path in schema")
+        return f"sqlite:///{schema}"
+    dialect = str(extra.get("dialect") or "postgresql+psycopg")
+    auth = ""
+    if login:
+        auth = quote(login, safe="") + (":" + quote(password, safe="") if password else "") + "@"
+    where = host + (f":{int(port)}" if port else "")
+    return f"{dialect}://{auth}{where}/{schema or ''}"
+
+
+class OffsetLedgerHook(BaseHook):
+    """Opens the offset ledger.
+
+    :param ledger_conn_id: optional connection id (type ``streamledger_ledger`` or any with extra ``url``).
+    :param ledger_url: SQLAlchemy URL; wins over the connection.
+    :param upgrade: run the ledger's migrations on open (idempotent; on by default so a fresh SQLite
+        file works out of the box).
+    """
+
+    conn_name_attr = "ledger_conn_id"
+    default_conn_name = "streamledger_ledger_default"
+    conn_type = "streamledger_ledger"
+    hook_name = "streamledger offset ledger"
+
+    def __init__(
+        self, ledger_conn_id: str | None = None, *, ledger_url: str | None = None, upgrade: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.ledger_conn_id = ledger_conn_id
+        self.ledger_url = ledger_url
+        self.upgrade = upgrade
+        self._ledger: Ledger | None = None
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": LEDGER_UI["hidden-fields"],
+            "relabeling": LEDGER_UI["relabeling"],
+            "placeholders": LEDGER_UI["placeholders"],
+        }
+
+    def get_url(self) -> str:
+        if self.ledger_url:
+            return self.ledger_url
+        if self.ledger_conn_id:
+            conn = self.get_connection(self.ledger_conn_id)
+            if conn.password:
+                from airflow.sdk.log import mask_secret
+
+                mask_secret(conn.password)
+            return ledger_url_from_connection(
+                host=conn.host, port=conn.port, login=conn.login, password=conn.password,
+                schema=conn.schema, extra=conn.extra_dejson,
+            )
+        return default_ledger_url()
+
+    def get_conn(self) -> Ledger:
+        """The ledger (created once per hook; SQLite parent directories are created)."""
+        if self._ledger is None:
+            from streamledger.ledger import Ledger
+
+            url = self.get_url()
+            if url.startswith("sqlite:///"):
+                path = url[len("sqlite:///"):].split("?", 1)[0]
+                if path and path != ":memory:":
+                    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._ledger = Ledger(url)
+            if self.upgrade:
+                self._ledger.upgrade()
+        return self._ledger
+
+    def test_connection(self) -> tuple[bool, str]:
+        try:
+            report = self.get_conn().audit()
+            return True, f"ledger reachable; audit {'clean' if report.clean else 'has violations'}"
+        except Exception as exc:
+            return False, f"{type(exc).__name__}: {exc}"

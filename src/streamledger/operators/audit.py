@@ -1,0 +1,65 @@
+"""``LedgerAuditOperator``: prove the ledger is consistent, or fail the task saying why.
+
+The audit (gaps, overlaps, stuck claims, unretried failures, count mismatches and, with a broker
+connection, drift between the ledger's end and the broker's stored offset) runs in the ledger;
+this operator logs the readable report, pushes the JSON form as its XCom, and fails on violations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from streamledger.errors import StreamledgerError
+from streamledger.hooks.ledger import OffsetLedgerHook
+from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+
+
+class LedgerAuditFailed(StreamledgerError):
+    """The audit found violations."""
+
+
+class LedgerAuditOperator(BaseOperator):
+    """Audit the offset ledger.
+
+    :param pipeline: audit one pipeline (default: all). Templated.
+    :param ledger_conn_id: ledger connection; ``None`` uses ``ledger_url`` or the default SQLite file.
+    :param ledger_url: SQLAlchemy URL (wins over the connection). Templated.
+    :param rabbitmq_stream_conn_id: when given, also compare with the broker's stored offsets.
+    :param fail_on_violations: fail the task when the audit is not clean (default ``True``).
+    """
+
+    template_fields: Sequence[str] = ("pipeline", "ledger_url")
+    ui_color = "#dcfce7"
+
+    def __init__(self, *, pipeline: str | None = None, ledger_conn_id: str | None = None,
+                 ledger_url: str | None = None, rabbitmq_stream_conn_id: str | None = None,
+                 fail_on_violations: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.ledger_conn_id = ledger_conn_id
+        self.ledger_url = ledger_url
+        self.rabbitmq_stream_conn_id = rabbitmq_stream_conn_id
+        self.fail_on_violations = fail_on_violations
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        ledger = OffsetLedgerHook(self.ledger_conn_id, ledger_url=self.ledger_url).get_conn()
+        pipeline = self.pipeline or None
+        if self.rabbitmq_stream_conn_id:
+            with RabbitMQStreamHook(self.rabbitmq_stream_conn_id).get_conn() as client:
+                report = ledger.audit(pipeline, broker=client)
+        else:
+            report = ledger.audit(pipeline)
+        data: dict[str, Any] = json.loads(report.to_json())
+        self.log.info("ledger audit%s:\n%s", f" of {pipeline}" if pipeline else "", report)
+        if not report.clean and self.fail_on_violations:
+            context["ti"].xcom_push(key="audit", value=data)
+            raise LedgerAuditFailed(
+                f"ledger audit found {len(report.violations)} violation(s)"
+                + (f" for pipeline {pipeline!r}" if pipeline else "")
+                + "; see the task log or the 'audit' XCom"
+            )
+        return data

@@ -1,0 +1,239 @@
+"""``StreamBatchOperator``: one bounded, ledgered batch of a stream or super stream per task run.
+
+The operator only adapts Airflow to :mod:`streamledger.batch` (read that module's docstring for the
+exact delivery semantics): it resolves connections, takes the run identity and the data interval
+from the task context, picks the Spark runner, and publishes the result as an XCom and as Asset
+events whose ``extra`` holds the ranges.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowSkipException
+
+from streamledger.batch import (
+    BatchConfig,
+    BatchError,
+    BatchResult,
+    JobRunner,
+    LocalSparkRunner,
+    RunId,
+    read_manifest,
+    run_batch,
+    summarize,
+)
+from streamledger.hooks.ledger import OffsetLedgerHook
+from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+
+_LOCAL_RUNNERS: dict[tuple[str, str], LocalSparkRunner] = {}
+
+
+def default_output_root() -> str:
+    return os.path.join(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger"), "output")
+
+
+def local_runner(master: str, conf: Mapping[str, str] | None) -> LocalSparkRunner:
+    """One in-process runner per (master, conf): the SparkSession outlives a task in the same process."""
+    key = (master, json.dumps(dict(conf or {}), sort_keys=True))
+    if key not in _LOCAL_RUNNERS:
+        _LOCAL_RUNNERS[key] = LocalSparkRunner(master, conf)
+    return _LOCAL_RUNNERS[key]
+
+
+class SparkSubmitRunner:
+    """Runs the job with the apache-spark provider's ``SparkSubmitHook`` (a Spark cluster or local).
+
+    The broker URL travels in the ``STREAMLEDGER_RABBITMQ_URL`` environment variable, not on the
+    command line, so it never shows in process lists or the logged spark-submit command. That works
+    for client deploy mode (the driver runs where spark-submit runs).
+    """
+
+    def __init__(self, conn_id: str, *, conf: Mapping[str, str] | None = None, name: str = "streamledger",
+                 submit_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.conn_id = conn_id
+        self.conf = dict(conf or {})
+        self.name = name
+        self.submit_kwargs = dict(submit_kwargs or {})
+
+    def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
+                 splits: int) -> Mapping[str, Any]:
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        import streamledger.spark.job as job
+
+        env = {
+            "STREAMLEDGER_RABBITMQ_URL": url,
+            "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        }
+        args = ["--ranges", json.dumps({s: list(r) for s, r in ranges.items()}), "--output", output,
+                "--format", fmt, "--splits", str(splits)]
+        hook = SparkSubmitHook(conn_id=self.conn_id, conf=self.conf, name=self.name, application_args=args,
+                               env_vars=env, **self.submit_kwargs)
+        hook.submit(application=str(Path(job.__file__)))
+        return read_manifest(output)
+
+
+class StreamBatchOperator(BaseOperator):
+    """Process the next offset range of every partition of a stream or super stream, exactly once.
+
+    :param pipeline: consumer reference (<= 256 chars): names the ledger history and the broker's
+        stored offset. Templated.
+    :param stream: a single stream. Templated. Give this or ``super_stream``.
+    :param super_stream: a super stream; every partition gets its own range. Templated.
+    :param rabbitmq_stream_conn_id: broker connection (default ``rabbitmq_stream_default``).
+    :param ledger_conn_id: ledger connection; ``None`` uses ``ledger_url`` or the default SQLite file.
+    :param ledger_url: SQLAlchemy URL of the ledger (wins over the connection). Templated.
+    :param output_root: where range directories go
+        (``<root>/<pipeline>/<stream>/<start>-<end>``); default ``$STREAMLEDGER_HOME/output``. Templated.
+    :param initial_position: where a partition without ledger or broker history starts:
+        ``"first"`` (default), ``"tail"``, ``"interval_start"`` (the data interval's start,
+        resolved by timestamp) or an offset.
+    :param bound_by_interval: end each range at the first offset stamped at or after the run's
+        data interval end (backfills with catchup). Default ``False``: read up to the committed tail.
+    :param max_records: cap each range at this many offsets (default: no cap).
+    :param fmt: output format (``parquet``, ``orc``, ``json``). :param splits: Spark partitions per range.
+    :param spark_conn_id: when given, run the job through ``SparkSubmitHook`` on this Spark
+        connection; default ``None`` runs in-process local Spark (``spark_master``, ``local[2]``).
+    :param spark_conf: extra Spark configuration.
+    :param skip_on_empty: mark the task *skipped* when every range is empty (default: succeed as a no-op).
+    :param store_offset: store and verify the broker offset after commit (default ``True``).
+    """
+
+    template_fields: Sequence[str] = (
+        "pipeline", "stream", "super_stream", "ledger_url", "output_root", "max_records",
+    )
+    ui_color = "#ffedd5"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        stream: str | None = None,
+        super_stream: str | None = None,
+        rabbitmq_stream_conn_id: str = RabbitMQStreamHook.default_conn_name,
+        ledger_conn_id: str | None = None,
+        ledger_url: str | None = None,
+        output_root: str | None = None,
+        initial_position: str | int = "first",
+        bound_by_interval: bool = False,
+        max_records: int | str | None = None,
+        fmt: str = "parquet",
+        splits: int = 1,
+        spark_conn_id: str | None = None,
+        spark_master: str = "local[2]",
+        spark_conf: Mapping[str, str] | None = None,
+        skip_on_empty: bool = False,
+        store_offset: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not pipeline:
+            raise ValueError(f"{self.task_id}: pipeline is required")
+        if (stream is None) == (super_stream is None):
+            raise ValueError(f"{self.task_id}: give exactly one of stream= or super_stream=")
+        if not (isinstance(initial_position, int) or initial_position in ("first", "tail", "interval_start")):
+            raise ValueError(
+                f"{self.task_id}: initial_position {initial_position!r} is not 'first', 'tail', "
+                "'interval_start' or an offset"
+            )
+        if fmt not in ("parquet", "orc", "json"):
+            raise ValueError(f"{self.task_id}: fmt {fmt!r} is not parquet, orc or json")
+        if splits < 1:
+            raise ValueError(f"{self.task_id}: splits must be >= 1")
+        self.pipeline = pipeline
+        self.stream = stream
+        self.super_stream = super_stream
+        self.rabbitmq_stream_conn_id = rabbitmq_stream_conn_id
+        self.ledger_conn_id = ledger_conn_id
+        self.ledger_url = ledger_url
+        self.output_root = output_root
+        self.initial_position = initial_position
+        self.bound_by_interval = bound_by_interval
+        self.max_records = max_records
+        self.fmt = fmt
+        self.splits = splits
+        self.spark_conn_id = spark_conn_id
+        self.spark_master = spark_master
+        self.spark_conf = dict(spark_conf or {})
+        self.skip_on_empty = skip_on_empty
+        self.store_offset = store_offset
+
+    def _runner(self) -> JobRunner:
+        if self.spark_conn_id:
+            return SparkSubmitRunner(
+                self.spark_conn_id, conf=self.spark_conf, name=f"streamledger-{self.task_id}"
+            )
+        return local_runner(self.spark_master, self.spark_conf)
+
+    def _config(self, url: str, context: Context) -> BatchConfig:
+        start: datetime | None = None
+        end: datetime | None = None
+        if self.bound_by_interval or self.initial_position == "interval_start":
+            start, end = context.get("data_interval_start"), context.get("data_interval_end")
+            if start is None or end is None:
+                raise BatchError(f"{self.task_id}: this DAG run has no data interval to bound the batch by")
+        max_records = int(self.max_records) if self.max_records not in (None, "", "None") else None
+        initial: Any = self.initial_position
+        if isinstance(initial, str) and initial.isdigit():
+            initial = int(initial)
+        return BatchConfig(
+            pipeline=self.pipeline,
+            url=url,
+            output_root=self.output_root or default_output_root(),
+            stream=self.stream or None,
+            super_stream=self.super_stream or None,
+            initial_position=initial,
+            max_records=max_records,
+            interval_start=start if (self.bound_by_interval or initial == "interval_start") else None,
+            interval_end=end if (self.bound_by_interval or initial == "interval_start") else None,
+            fmt=self.fmt,
+            splits=self.splits,
+            store_offset=self.store_offset,
+        )
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        broker_hook = RabbitMQStreamHook(self.rabbitmq_stream_conn_id)
+        url = broker_hook.get_url()
+        config = self._config(url, context)
+        if self.bound_by_interval and config.interval_end is not None and config.interval_start is not None:
+            self.log.info("data interval [%s, %s)", config.interval_start, config.interval_end)
+        ti = context["ti"]
+        run = RunId(ti.dag_id, ti.run_id, ti.task_id, int(getattr(ti, "map_index", -1) or -1),
+                    int(ti.try_number or 1))
+        ledger = OffsetLedgerHook(self.ledger_conn_id, ledger_url=self.ledger_url).get_conn()
+        with broker_hook.get_conn() as client:
+            result = run_batch(config, run=run, ledger=ledger, broker=client, runner=self._runner())
+        self.log.info("%s", summarize(result))
+        summary = result.to_dict()
+        self._emit_asset_events(context, result)
+        if result.empty and self.skip_on_empty:
+            raise AirflowSkipException(f"pipeline {self.pipeline}: no new offsets")
+        return summary
+
+    def _emit_asset_events(self, context: Context, result: BatchResult) -> None:
+        """Attach the ranges to every outlet's Asset event (consumers see what was processed)."""
+        if not self.outlets:
+            return
+        extra = {
+            "pipeline": result.pipeline,
+            "broker": result.broker,
+            "super_stream": result.super_stream,
+            "records": result.records,
+            "ranges": result.ranges(),
+            "outputs": {p.stream: p.output for p in result.partitions if p.output},
+        }
+        events = context["outlet_events"]
+        for outlet in self.outlets:
+            try:
+                events[outlet].extra = extra
+            except (KeyError, TypeError):  # not an Asset (e.g. an alias we do not own)
+                self.log.debug("outlet %r takes no extra", outlet)

@@ -1,0 +1,173 @@
+"""Airflow provider description for streamledger.
+
+Airflow discovers providers through the ``apache_airflow_provider`` entry point declared in
+``pyproject.toml``; the package lives outside ``airflow.providers.*`` on purpose, because Airflow 3
+refuses connection types contributed by third-party packages inside that namespace.
+
+Connection form metadata (``conn-fields``, ``ui-field-behaviour``) is declared here rather than
+through ``get_connection_form_widgets()``: since Airflow 3.2 the declarative form is the supported
+one, it needs neither wtforms nor Flask, and Airflow reads it without importing the hooks.
+This module must stay import-cheap and free of Airflow imports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamledger import __version__ as _VERSION
+
+_STRING = {"type": ["string", "null"]}
+_BOOL_FALSE = {"type": ["boolean", "null"], "default": False}
+
+RABBITMQ_STREAM_UI: dict[str, Any] = {
+    "hidden-fields": [],
+    "relabeling": {"schema": "Virtual host", "login": "User", "password": "Password"},
+    "placeholders": {
+        "host": "127.0.0.1",
+        "port": "5552 (5551 with TLS)",
+        "schema": "/",
+        "login": "guest",
+        "extra": '{"tls": true, "ca_file": "/path/ca.pem"}',
+    },
+}
+
+RABBITMQ_STREAM_FIELDS: dict[str, Any] = {
+    "tls": {
+        "label": "Use TLS",
+        "description": "Connect with TLS (rabbitmq-stream+tls); the stream TLS listener is usually 5551.",
+        "schema": _BOOL_FALSE,
+    },
+    "ca_file": {
+        "label": "CA file",
+        "description": "PEM file of the CA that signed the broker certificate (default: system trust).",
+        "schema": _STRING,
+    },
+    "cert_file": {
+        "label": "Client certificate",
+        "description": "PEM client certificate, for mutual TLS or SASL EXTERNAL.",
+        "schema": _STRING,
+    },
+    "key_file": {
+        "label": "Client key",
+        "description": "PEM key of the client certificate.",
+        "schema": _STRING,
+    },
+    "verify": {
+        "label": "Verify server certificate",
+        "description": "Check the broker's certificate and host name (keep on outside tests).",
+        "schema": {"type": ["boolean", "null"], "default": True},
+    },
+    "sasl_mechanism": {
+        "label": "SASL mechanism",
+        "description": "PLAIN (user/password, default) or EXTERNAL (client certificate).",
+        "schema": {"type": ["string", "null"], "default": "PLAIN"},
+    },
+    "timeout": {
+        "label": "Request timeout (s)",
+        "description": "Timeout of every request to the broker, in seconds.",
+        "schema": {"type": ["number", "null"], "default": 10},
+    },
+}
+
+TUBEMQ_UI: dict[str, Any] = {
+    "hidden-fields": ["schema", "port"],
+    "relabeling": {"host": "Master list", "login": "User", "password": "Secret"},
+    "placeholders": {
+        "host": "master1:8715,master2:8715",
+        "login": "(optional) user name for authenticated masters",
+        "extra": '{"timeout": 10}',
+    },
+}
+
+TUBEMQ_FIELDS: dict[str, Any] = {
+    "timeout": {
+        "label": "Request timeout (s)",
+        "description": "Timeout of every request to a master, in seconds.",
+        "schema": {"type": ["number", "null"], "default": 10},
+    },
+}
+
+LEDGER_UI: dict[str, Any] = {
+    "hidden-fields": [],
+    "relabeling": {"schema": "Database / SQLite file"},
+    "placeholders": {
+        "host": "db.example.internal (empty for SQLite)",
+        "schema": "streamledger  or  /var/tmp/streamledger/ledger.db",
+        "extra": '{"dialect": "postgresql+psycopg"}',
+    },
+}
+
+LEDGER_FIELDS: dict[str, Any] = {
+    "url": {
+        "label": "SQLAlchemy URL",
+        "description": "Full URL; wins over the other fields (stored as a secret because it may hold one).",
+        "schema": {"type": ["string", "null"], "format": "password"},
+    },
+    "dialect": {
+        "label": "SQLAlchemy dialect",
+        "description": "Driver used with host/login/schema, e.g. postgresql+psycopg.",
+        "schema": {"type": ["string", "null"], "default": "postgresql+psycopg"},
+    },
+}
+
+
+def get_provider_info() -> dict[str, Any]:
+    """What ``airflow providers list`` and the connection form know about streamledger."""
+    return {
+        "package-name": "streamledger",
+        "name": "streamledger",
+        "description": (
+            "Auditable bounded batch reads from RabbitMQ Streams (and TubeMQ) with an offset ledger."
+        ),
+        "versions": [_VERSION],
+        "integrations": [
+            {"integration-name": "RabbitMQ Streams", "tags": ["service"]},
+            {"integration-name": "streamledger ledger", "tags": ["software"]},
+            {"integration-name": "TubeMQ", "tags": ["service"]},
+        ],
+        "hooks": [
+            {
+                "integration-name": "RabbitMQ Streams",
+                "python-modules": ["streamledger.hooks.rabbitmq_stream"],
+            },
+            {"integration-name": "streamledger ledger", "python-modules": ["streamledger.hooks.ledger"]},
+            {"integration-name": "TubeMQ", "python-modules": ["streamledger.hooks.tubemq"]},
+        ],
+        "operators": [
+            {
+                "integration-name": "RabbitMQ Streams",
+                "python-modules": ["streamledger.operators.batch", "streamledger.operators.streams"],
+            },
+            {"integration-name": "streamledger ledger", "python-modules": ["streamledger.operators.audit"]},
+        ],
+        "sensors": [
+            {"integration-name": "RabbitMQ Streams", "python-modules": ["streamledger.sensors.backlog"]},
+        ],
+        "triggers": [
+            {"integration-name": "RabbitMQ Streams", "python-modules": ["streamledger.triggers.backlog"]},
+        ],
+        "connection-types": [
+            {
+                "connection-type": "rabbitmq_stream",
+                "hook-class-name": "streamledger.hooks.rabbitmq_stream.RabbitMQStreamHook",
+                "hook-name": "RabbitMQ Stream",
+                "ui-field-behaviour": RABBITMQ_STREAM_UI,
+                "conn-fields": RABBITMQ_STREAM_FIELDS,
+            },
+            {
+                "connection-type": "streamledger_ledger",
+                "hook-class-name": "streamledger.hooks.ledger.OffsetLedgerHook",
+                "hook-name": "streamledger offset ledger",
+                "ui-field-behaviour": LEDGER_UI,
+                "conn-fields": LEDGER_FIELDS,
+            },
+            {
+                "connection-type": "tubemq",
+                "hook-class-name": "streamledger.hooks.tubemq.TubeMQHook",
+                "hook-name": "TubeMQ",
+                "ui-field-behaviour": TUBEMQ_UI,
+                "conn-fields": TUBEMQ_FIELDS,
+            },
+        ],
+        "db-managers": ["streamledger.ledger.airflow_db_manager.LedgerDBManager"],
+    }
