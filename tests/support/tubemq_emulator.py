@@ -3,7 +3,7 @@
 There is no TubeMQ server on this machine, so the client's integration tests talk to this small
 master written from ``specs/tubemq.md``: real TCP sockets on 127.0.0.1 (ephemeral ports),
 one thread per connection, the same packet framing and protobuf messages as the Java master for
-methods 1–6 (producer/consumer register, heartbeat, close). On purpose it does its own framing
+methods 1-6 (producer/consumer register, heartbeat, close). On purpose it does its own framing
 and varint handling (it shares only the generated protobuf classes with the client), so a bug in
 the client's codec is not mirrored here.
 
