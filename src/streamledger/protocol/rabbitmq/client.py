@@ -1,0 +1,534 @@
+"""``StreamClient``: the synchronous face of the RabbitMQ Streams client.
+
+One object per broker connection, usable from Spark executors and Airflow workers (no event
+loop). Stream management, offsets, super streams and publishing share that connection; each
+``read_range`` opens a dedicated one so it can drain the socket without interleaving.
+
+Commands a broker lacks are never sent (a 3.10 broker answers an unknown key by closing the
+connection): :class:`UnsupportedByBroker` names the command and the broker version instead.
+Where a command is missing but the answer can be derived (first offset, committed tail,
+offset resolution), the client probes with a one-chunk subscription, as documented per method.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from streamledger.protocol.rabbitmq import constants as c
+from streamledger.protocol.rabbitmq.connection import Connection, raise_for_code
+from streamledger.protocol.rabbitmq.errors import (
+    InvalidRequest,
+    PreconditionFailed,
+    StreamNotAvailable,
+    StreamTimeout,
+)
+from streamledger.protocol.rabbitmq.offsets import OffsetSpec
+from streamledger.protocol.rabbitmq.publisher import PublishResult, publish
+from streamledger.protocol.rabbitmq.reader import ChunkInfo, probe_chunk, read_range
+from streamledger.protocol.rabbitmq.records import RecordBatch
+from streamledger.protocol.rabbitmq.url import ConnectionParams, to_params
+from streamledger.protocol.rabbitmq.wire import Reader, Writer
+
+T = TypeVar("T")
+_MAX_AGE = re.compile(r"^[1-9][0-9]*[YMDhms]$")
+_MAX_SEGMENT = 3_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStats:
+    """StreamStats (3.12+): chunk ids, and ``committed_offset`` (4.3+; ``None`` when absent).
+
+    ``-1`` from the broker ("none yet") is reported as ``None``.
+    """
+
+    stream: str
+    first_chunk_id: int | None
+    committed_chunk_id: int | None
+    last_chunk_id: int | None
+    committed_offset: int | None
+    raw: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMetadata:
+    """Leader and replicas of one stream as advertised by the broker (host, port)."""
+
+    stream: str
+    code: int
+    code_name: str
+    leader: tuple[str, int] | None
+    replicas: list[tuple[str, int]]
+
+    @property
+    def exists(self) -> bool:
+        return self.code == c.OK
+
+
+def _stream_arguments(
+    max_length_bytes: int | None = None,
+    max_age: str | int | timedelta | None = None,
+    max_segment_size_bytes: int | None = None,
+) -> dict[str, str]:
+    """Validate creation arguments client-side: brokers crash or misstore on bad values (spec 7.13)."""
+    args: dict[str, str] = {}
+    if max_length_bytes is not None:
+        if not isinstance(max_length_bytes, int) or max_length_bytes <= 0:
+            raise InvalidRequest(f"max_length_bytes must be a positive integer, not {max_length_bytes!r}")
+        args["max-length-bytes"] = str(max_length_bytes)
+    if max_age is not None:
+        if isinstance(max_age, timedelta):
+            seconds = int(max_age.total_seconds())
+            if seconds <= 0:
+                raise InvalidRequest("max_age must be at least one second")
+            args["max-age"] = f"{seconds}s"
+        elif isinstance(max_age, int):
+            if max_age <= 0:
+                raise InvalidRequest("max_age must be a positive number of seconds")
+            args["max-age"] = f"{max_age}s"
+        elif isinstance(max_age, str) and _MAX_AGE.match(max_age):
+            args["max-age"] = max_age
+        else:
+            raise InvalidRequest(
+                f"max_age {max_age!r} is not valid: use seconds, a timedelta or <n><unit> "
+                "with unit Y, M, D, h, m or s"
+            )
+    if max_segment_size_bytes is not None:
+        if not isinstance(max_segment_size_bytes, int) or not 0 < max_segment_size_bytes <= _MAX_SEGMENT:
+            raise InvalidRequest(f"max_segment_size_bytes must be in 1..{_MAX_SEGMENT}")
+        args["stream-max-segment-size-bytes"] = str(max_segment_size_bytes)
+    return args
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"{kind} name must be a non-empty string")
+    if len(name.encode("utf-8")) > 255:
+        raise InvalidRequest(f"{kind} name {name[:40]!r}… is longer than 255 bytes")
+
+
+def _check_reference(reference: str) -> None:
+    if not isinstance(reference, str) or not 0 < len(reference.encode("utf-8")) <= 255:
+        raise InvalidRequest("offset reference must be 1..255 UTF-8 bytes")
+
+
+def _check_offset(offset: int) -> None:
+    if not isinstance(offset, int) or not 0 <= offset < 2**64:
+        raise InvalidRequest(f"offset {offset!r} must be an integer in 0..2**64-1")
+
+
+class StreamClient:
+    """A connection to one broker with the stream, offset, super-stream and publish commands."""
+
+    def __init__(self, conn: Connection, *, timeout: float = 10.0) -> None:
+        self._conn = conn
+        self.params: ConnectionParams = conn.params
+        self.timeout = timeout
+        self._sub_id = 0
+        self._publisher_id = 0
+
+    @classmethod
+    def connect(cls, url: str | ConnectionParams, *, timeout: float = 10.0) -> StreamClient:
+        """Open and authenticate (connect failures are retried with backoff; auth failures are not)."""
+        return cls(Connection.open(to_params(url), timeout=timeout), timeout=timeout)
+
+    def __enter__(self) -> StreamClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StreamClient({self.params.redacted()!r}, server_version={self.server_version!r})"
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @property
+    def connection(self) -> Connection:
+        return self._conn
+
+    @property
+    def server_version(self) -> str | None:
+        return self._conn.server_version
+
+    def supports(self, key: int) -> bool:
+        return self._conn.supports(key)
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
+        """Retry a read-only command while the stream has no leader (0x06): transient by nature."""
+        wrapped = retry(
+            retry=retry_if_exception_type(StreamNotAvailable),
+            stop=stop_after_attempt(4),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            reraise=True,
+        )(fn)
+        return wrapped()
+
+    def _next_sub_id(self) -> int:
+        self._sub_id = (self._sub_id + 1) % 256
+        return self._sub_id
+
+    def _next_publisher_id(self) -> int:
+        self._publisher_id = (self._publisher_id + 1) % 256
+        return self._publisher_id
+
+    def _simple(self, key: int, build: Callable[[Writer], Writer], stream: str | None) -> int:
+        conn = self._conn
+        corr = conn.next_corr()
+        code, _ = conn.request(key, corr, build(Writer(key).u32(corr)).frame(), stream=stream)
+        return code
+
+    # -- streams ------------------------------------------------------------------------------
+
+    def create_stream(
+        self,
+        name: str,
+        *,
+        max_length_bytes: int | None = None,
+        max_age: str | int | timedelta | None = None,
+        max_segment_size_bytes: int | None = None,
+        exists_ok: bool = False,
+    ) -> None:
+        """Create a stream; with ``exists_ok`` an existing stream with the same arguments is fine."""
+        _check_name("stream", name)
+        args = _stream_arguments(max_length_bytes, max_age, max_segment_size_bytes)
+        code = self._simple(c.CREATE, lambda w: w.string(name).string_map(args), name)
+        if code == c.STREAM_ALREADY_EXISTS and exists_ok:
+            return
+        if code == c.PRECONDITION_FAILED:
+            raise PreconditionFailed(
+                "Create (a stream/queue of that name exists with other arguments, or the name is invalid)",
+                code, c.code_name(code), name,
+            )
+        raise_for_code(code, c.CREATE, name)
+
+    def delete_stream(self, name: str, *, missing_ok: bool = False) -> None:
+        _check_name("stream", name)
+        code = self._simple(c.DELETE, lambda w: w.string(name), name)
+        if code == c.STREAM_DOES_NOT_EXIST and missing_ok:
+            return
+        raise_for_code(code, c.DELETE, name)
+
+    def metadata(self, names: list[str]) -> dict[str, StreamMetadata]:
+        """Leader/replicas per stream; entries come back in any order, so they are keyed by name."""
+
+        def call() -> dict[str, StreamMetadata]:
+            conn = self._conn
+            corr = conn.next_corr()
+            frame = Writer(c.METADATA).u32(corr).string_array(names).frame()
+            conn.send(frame)
+            # Metadata's response has no response code (spec 7.15): read it by hand.
+            return self._read_metadata(corr)
+
+        return self._retrying(call)
+
+    def _read_metadata(self, corr: int) -> dict[str, StreamMetadata]:
+        conn = self._conn
+        deadline = time.monotonic() + self.timeout
+        while True:
+            key, version, pos, end = conn.read_frame(deadline, "the Metadata response")
+            if key == c.METADATA | c.RESPONSE_BIT:
+                r = Reader(conn.buffer, pos, end, "Metadata response")
+                if r.u32() != corr:
+                    continue
+                brokers: dict[int, tuple[str, int]] = {}
+                for _ in range(r.count(8)):
+                    ref = r.u16()
+                    host = r.string()
+                    brokers[ref] = (host, r.u32())
+                result: dict[str, StreamMetadata] = {}
+                for _ in range(r.count(10)):
+                    stream = r.string()
+                    code = r.u16()
+                    leader = r.u16()
+                    replicas = [r.u16() for _ in range(r.count(2))]
+                    result[stream] = StreamMetadata(
+                        stream, code, c.code_name(code), brokers.get(leader),
+                        [brokers[x] for x in replicas if x in brokers],
+                    )
+                return result
+            conn.dispatch(key, version, pos, end, waiting_for="the Metadata response")
+
+    def stream_exists(self, name: str) -> bool:
+        _check_name("stream", name)
+        meta = self.metadata([name]).get(name)
+        if meta is None or meta.code == c.STREAM_DOES_NOT_EXIST:
+            return False
+        if meta.code != c.OK:
+            raise_for_code(meta.code, c.METADATA, name)
+        return True
+
+    def stream_stats(self, name: str) -> StreamStats:
+        """StreamStats (3.12+); :class:`UnsupportedByBroker` on older brokers."""
+        _check_name("stream", name)
+        self._conn.require(c.STREAM_STATS, "StreamStats appeared in RabbitMQ 3.12")
+
+        def call() -> StreamStats:
+            conn = self._conn
+            corr = conn.next_corr()
+            frame = Writer(c.STREAM_STATS).u32(corr).string(name).frame()
+            code, r = conn.request(c.STREAM_STATS, corr, frame, stream=name)
+            raise_for_code(code, c.STREAM_STATS, name)
+            raw: dict[str, int] = {}
+            for _ in range(r.count(10)):
+                key = r.string()
+                raw[key] = r.i64()
+
+            def get(key: str) -> int | None:
+                value = raw.get(key, -1)
+                return None if value < 0 else value
+
+            return StreamStats(name, get("first_chunk_id"), get("committed_chunk_id"),
+                               get("last_chunk_id"), get("committed_offset"), raw)
+
+        return self._retrying(call)
+
+    def _probe(self, name: str, spec: OffsetSpec, *, all_chunks: bool) -> ChunkInfo | None:
+        return probe_chunk(self._conn, self._next_sub_id(), name, spec, all_chunks=all_chunks)
+
+    def first_offset(self, name: str) -> int:
+        """Lowest offset still retained (0 for an empty stream).
+
+        From StreamStats where available; otherwise the first chunk of any type delivered by a
+        ``first`` subscription with ``chunk_selector=all``.
+        """
+        _check_name("stream", name)
+        if self.supports(c.STREAM_STATS):
+            stats = self.stream_stats(name)
+            if stats.first_chunk_id is not None:
+                return stats.first_chunk_id
+            return self.committed_tail(name, stats=stats)
+        info = self._probe(name, OffsetSpec.first(), all_chunks=True)
+        return info.first_offset if info is not None else 0
+
+    def committed_tail(self, name: str, *, stats: StreamStats | None = None) -> int:
+        """Exclusive end a reader may plan up to (docs/interfaces.md, "Offsets").
+
+        4.3+: ``committed_offset + 1``. 3.12-4.2: the chunk at ``committed_chunk_id`` is probed for
+        its record count. Without StreamStats (3.10/3.11): the end of the last user chunk, which is
+        enough for reading (only non-user offsets can follow it).
+        """
+        _check_name("stream", name)
+        if stats is None and self.supports(c.STREAM_STATS):
+            stats = self.stream_stats(name)
+        if stats is not None:
+            if stats.committed_offset is not None:
+                return stats.committed_offset + 1
+            if stats.committed_chunk_id is None:
+                return stats.first_chunk_id or 0
+            info = self._probe(name, OffsetSpec.offset(stats.committed_chunk_id), all_chunks=True)
+            if info is None:
+                return stats.committed_chunk_id
+            return max(info.next_offset, stats.committed_chunk_id)
+        info = self._probe(name, OffsetSpec.last(), all_chunks=False)
+        if info is not None:
+            return info.next_offset
+        first = self._probe(name, OffsetSpec.first(), all_chunks=True)
+        return first.first_offset if first is not None else 0
+
+    def resolve_offset(self, name: str, spec: OffsetSpec) -> int:
+        """Turn a spec into a concrete offset usable as a range bound.
+
+        first -> first retained offset; next -> committed tail; offset(n) -> n clamped to
+        [first, tail]; last -> first offset of the last user chunk (tail if none);
+        timestamp(ms) -> first offset of the first chunk with timestamp >= ms (tail if none).
+        Uses ResolveOffsetSpec (0x1f) on 4.3+, a one-chunk subscription probe otherwise.
+        """
+        _check_name("stream", name)
+        if spec.kind == "first":
+            return self.first_offset(name)
+        if spec.kind == "next":
+            return self.committed_tail(name)
+        if spec.kind == "offset":
+            first = self.first_offset(name)
+            tail = self.committed_tail(name)
+            return min(max(spec.value or 0, first), tail)
+        if self.supports(c.RESOLVE_OFFSET_SPEC):
+            conn = self._conn
+            corr = conn.next_corr()
+            frame = spec.encode(Writer(c.RESOLVE_OFFSET_SPEC).u32(corr).string(name)).frame()
+            code, r = conn.request(c.RESOLVE_OFFSET_SPEC, corr, frame, stream=name)
+            raise_for_code(code, c.RESOLVE_OFFSET_SPEC, name)
+            r.u16()
+            return r.u64()
+        info = self._probe(name, spec, all_chunks=False)
+        if info is not None:
+            return info.first_offset
+        return self.committed_tail(name)
+
+    # -- super streams ------------------------------------------------------------------------
+
+    def create_super_stream(
+        self,
+        name: str,
+        *,
+        partitions: int | None = None,
+        binding_keys: list[str] | None = None,
+        arguments: dict[str, Any] | None = None,
+        exists_ok: bool = False,
+    ) -> None:
+        """Create a super stream: ``partitions=N`` -> ``name-0..name-(N-1)`` with keys ``0..N-1``;
+        ``binding_keys=[a, b]`` -> ``name-a``, ``name-b`` (the rabbitmq-streams CLI convention).
+        ``arguments`` takes the :meth:`create_stream` keywords, applied to every partition."""
+        _check_name("super stream", name)
+        if (partitions is None) == (binding_keys is None):
+            raise InvalidRequest("give exactly one of partitions (a count) or binding_keys")
+        if partitions is not None:
+            if not isinstance(partitions, int) or partitions < 1:
+                raise InvalidRequest(f"partitions must be a positive integer, not {partitions!r}")
+            keys = [str(i) for i in range(partitions)]
+        else:
+            keys = [str(k) for k in binding_keys or []]
+            if not keys or any(not k for k in keys) or len(set(keys)) != len(keys):
+                raise InvalidRequest("binding_keys must be non-empty, unique and not blank")
+        names = [f"{name}-{k}" for k in keys]
+        for partition in names:
+            _check_name("partition", partition)
+        args = _stream_arguments(**(arguments or {}))
+        self._conn.require(
+            c.CREATE_SUPER_STREAM,
+            "CreateSuperStream appeared in RabbitMQ 3.13; create it with "
+            "'rabbitmq-streams add_super_stream' on this broker",
+        )
+        code = self._simple(
+            c.CREATE_SUPER_STREAM,
+            lambda w: w.string(name).string_array(names).string_array(keys).string_map(args),
+            name,
+        )
+        if code == c.STREAM_ALREADY_EXISTS and exists_ok:
+            return
+        raise_for_code(code, c.CREATE_SUPER_STREAM, name)
+
+    def delete_super_stream(self, name: str, *, missing_ok: bool = False) -> None:
+        _check_name("super stream", name)
+        self._conn.require(
+            c.DELETE_SUPER_STREAM,
+            "DeleteSuperStream appeared in RabbitMQ 3.13; use 'rabbitmq-streams delete_super_stream'",
+        )
+        code = self._simple(c.DELETE_SUPER_STREAM, lambda w: w.string(name), name)
+        if code == c.STREAM_DOES_NOT_EXIST and missing_ok:
+            return
+        raise_for_code(code, c.DELETE_SUPER_STREAM, name)
+
+    def partitions(self, super_stream: str) -> list[str]:
+        """Partition streams in ``x-stream-partition-order`` order."""
+        _check_name("super stream", super_stream)
+
+        def call() -> list[str]:
+            conn = self._conn
+            corr = conn.next_corr()
+            frame = Writer(c.PARTITIONS).u32(corr).string(super_stream).frame()
+            code, r = conn.request(c.PARTITIONS, corr, frame, stream=super_stream)
+            raise_for_code(code, c.PARTITIONS, super_stream)
+            return r.string_array()
+
+        return self._retrying(call)
+
+    def route(self, super_stream: str, routing_key: str) -> list[str]:
+        """Partitions whose binding key equals ``routing_key`` (empty list if none)."""
+        _check_name("super stream", super_stream)
+
+        def call() -> list[str]:
+            conn = self._conn
+            corr = conn.next_corr()
+            frame = Writer(c.ROUTE).u32(corr).string(routing_key).string(super_stream).frame()
+            code, r = conn.request(c.ROUTE, corr, frame, stream=super_stream)
+            raise_for_code(code, c.ROUTE, super_stream)
+            return r.string_array()
+
+        return self._retrying(call)
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    def store_offset(self, stream: str, reference: str, offset: int) -> None:
+        """Store the last processed offset for ``reference`` (the broker never answers; failures
+        are silent, so use :meth:`store_offset_verified` when it matters)."""
+        _check_name("stream", stream)
+        _check_reference(reference)
+        _check_offset(offset)
+        self._conn.send(Writer(c.STORE_OFFSET).string(reference).string(stream).u64(offset).frame())
+
+    def query_offset(self, stream: str, reference: str) -> int | None:
+        """The stored offset, or ``None`` when nothing was stored (NO_OFFSET, 0x13)."""
+        _check_name("stream", stream)
+        _check_reference(reference)
+
+        def call() -> int | None:
+            conn = self._conn
+            corr = conn.next_corr()
+            frame = Writer(c.QUERY_OFFSET).u32(corr).string(reference).string(stream).frame()
+            code, r = conn.request(c.QUERY_OFFSET, corr, frame, stream=stream)
+            if code == c.NO_OFFSET:
+                return None
+            raise_for_code(code, c.QUERY_OFFSET, stream)
+            return r.u64()
+
+        return self._retrying(call)
+
+    def store_offset_verified(
+        self, stream: str, reference: str, offset: int, *, timeout: float = 5.0
+    ) -> None:
+        """Store, then read back every 200 ms until the broker returns ``offset`` (or time out)."""
+        self.store_offset(stream, reference, offset)
+        deadline = time.monotonic() + timeout
+        last: int | None = None
+        while True:
+            last = self.query_offset(stream, reference)
+            if last == offset:
+                return
+            if time.monotonic() >= deadline:
+                raise StreamTimeout(
+                    f"stream {stream!r}: stored offset for reference {reference!r} still reads {last} "
+                    f"instead of {offset} after {timeout:g}s"
+                )
+            time.sleep(0.2)
+
+    # -- publishing and reading ---------------------------------------------------------------
+
+    def publish(
+        self,
+        stream: str,
+        bodies: Iterable[bytes],
+        *,
+        amqp: bool = True,
+        publisher_ref: str | None = None,
+        batch_size: int = 500,
+        application_properties: dict[str, Any] | None = None,
+        first_publishing_id: int | None = None,
+    ) -> PublishResult:
+        """Publish and wait for every confirm; see :func:`publisher.publish`."""
+        return publish(
+            self._conn, self._next_publisher_id(), stream, bodies, amqp=amqp, publisher_ref=publisher_ref,
+            batch_size=batch_size, application_properties=application_properties,
+            first_publishing_id=first_publishing_id, timeout=self.timeout,
+        )
+
+    def read_range(
+        self,
+        stream: str,
+        start: int,
+        end: int,
+        *,
+        decode: Literal["amqp", "raw"] = "amqp",
+        verify_crc: bool = True,
+        credit: int = 16,
+        max_batch_records: int = 65_536,
+    ) -> Iterator[RecordBatch]:
+        """Exactly the user records with ``start <= offset < end``; see :func:`reader.read_range`."""
+        return read_range(
+            self, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
+            max_batch_records=max_batch_records,
+        )
+

@@ -1,0 +1,144 @@
+"""Broker URLs: ``rabbitmq-stream://user:pass@host:port/vhost`` and ``rabbitmq-stream+tls://…``.
+
+The parsed :class:`ConnectionParams` is what every connection is built from. Its ``repr`` and
+:meth:`ConnectionParams.redacted` never show the password, so it is safe in logs and errors.
+TLS options travel as query parameters (``ca_file``, ``cert_file``, ``key_file``, ``verify``,
+``server_hostname``) and ``auth=external`` selects SASL EXTERNAL (client-certificate login).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+from streamledger.protocol.rabbitmq.constants import DEFAULT_PORT, DEFAULT_TLS_PORT
+from streamledger.protocol.rabbitmq.errors import InvalidRequest
+
+SCHEME = "rabbitmq-stream"
+TLS_SCHEME = "rabbitmq-stream+tls"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_KNOWN_QUERY = {"ca_file", "cert_file", "key_file", "verify", "server_hostname", "auth", "heartbeat",
+                "connection_name", "frame_max"}
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionParams:
+    """Everything needed to open one connection; immutable so it can be shared by readers."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    vhost: str = "/"
+    username: str = "guest"
+    password: str = field(default="guest", repr=False)
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+    server_hostname: str | None = None
+    auth: Literal["plain", "external"] = "plain"
+    heartbeat: int = 60
+    frame_max: int = 0  # 0 = accept the server's value (spec advice, section 2)
+    connection_name: str | None = None
+
+    def __repr__(self) -> str:
+        return f"ConnectionParams({self.redacted()!r})"
+
+    def redacted(self) -> str:
+        """The URL with the password replaced, fit for logs and error messages."""
+        scheme = TLS_SCHEME if self.tls else SCHEME
+        user = quote(self.username, safe="")
+        vhost = "" if self.vhost == "/" else quote(self.vhost, safe="")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{user}:***@{host}:{self.port}/{vhost}"
+
+    @property
+    def address(self) -> str:
+        """``host:port`` for messages about connectivity."""
+        return f"{self.host}:{self.port}"
+
+    def replace(self, **changes: object) -> ConnectionParams:
+        """A copy with some fields changed (used to follow advertised host/port)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _flag(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise InvalidRequest(f"URL query parameter {name}={value!r} is not a boolean (use true/false)")
+
+
+def _int(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidRequest(f"URL query parameter {name}={value!r} is not an integer") from None
+    if number < 0:
+        raise InvalidRequest(f"URL query parameter {name} must not be negative")
+    return number
+
+
+def parse_url(url: str) -> ConnectionParams:
+    """Parse a broker URL (percent-decoding user, password and vhost; default vhost ``/``)."""
+    try:
+        parts = urlsplit(url)
+        port_value = parts.port
+    except ValueError as exc:
+        # urlsplit messages can echo the netloc, which holds the password: keep them out.
+        raise InvalidRequest(f"invalid broker URL (bad host or port): {type(exc).__name__}") from None
+    if parts.scheme not in (SCHEME, TLS_SCHEME):
+        raise InvalidRequest(
+            f"unsupported URL scheme {parts.scheme!r}: use {SCHEME}://user:pass@host:port/vhost "
+            f"or {TLS_SCHEME}://…"
+        )
+    tls = parts.scheme == TLS_SCHEME
+    if not parts.hostname:
+        raise InvalidRequest("broker URL has no host")
+    path = parts.path
+    vhost = "/" if path in ("", "/") else unquote(path[1:])
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(query) - _KNOWN_QUERY)
+    if unknown:
+        raise InvalidRequest(f"unknown broker URL query parameter(s): {', '.join(unknown)}")
+    auth = query.get("auth", "plain").lower()
+    if auth not in ("plain", "external"):
+        raise InvalidRequest(f"URL query parameter auth={auth!r}: use plain or external")
+    if auth == "external" and not tls:
+        raise InvalidRequest(
+            "auth=external needs a TLS URL (rabbitmq-stream+tls://) and a client certificate"
+        )
+    if "key_file" in query and "cert_file" not in query:
+        raise InvalidRequest("URL query parameter key_file needs cert_file")
+    for name in ("ca_file", "cert_file", "key_file", "verify", "server_hostname"):
+        if name in query and not tls:
+            raise InvalidRequest(f"URL query parameter {name} only applies to {TLS_SCHEME}:// URLs")
+    username = unquote(parts.username) if parts.username is not None else "guest"
+    password = unquote(parts.password) if parts.password is not None else ("" if parts.username else "guest")
+    return ConnectionParams(
+        host=parts.hostname,
+        port=port_value if port_value is not None else (DEFAULT_TLS_PORT if tls else DEFAULT_PORT),
+        vhost=vhost,
+        username=username,
+        password=password,
+        tls=tls,
+        ca_file=query.get("ca_file") or None,
+        cert_file=query.get("cert_file") or None,
+        key_file=query.get("key_file") or None,
+        verify=_flag("verify", query["verify"]) if "verify" in query else True,
+        server_hostname=query.get("server_hostname") or None,
+        auth="external" if auth == "external" else "plain",
+        heartbeat=_int("heartbeat", query["heartbeat"]) if "heartbeat" in query else 60,
+        frame_max=_int("frame_max", query["frame_max"]) if "frame_max" in query else 0,
+        connection_name=query.get("connection_name") or None,
+    )
+
+
+def to_params(url: str | ConnectionParams) -> ConnectionParams:
+    """Accept either form wherever a broker is named."""
+    return url if isinstance(url, ConnectionParams) else parse_url(url)
