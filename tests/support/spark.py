@@ -1,1 +1,192 @@
-"""Fixtures for spark (filled in by its owner)."""
+"""Spark fixtures: one shared ``local[2]`` session, and a real standalone cluster on loopback.
+
+* ``spark`` (session scope): the JVM and the Python worker daemon cost ~10-20 s to start here, so every
+  test shares one session (UI off, ``SPARK_LOCAL_IP``/``PYSPARK_PYTHON`` set, data source registered).
+* ``spark_standalone`` (session scope): a Master and one Worker started from the pyspark installation
+  with ``spark-class`` (pip's pyspark ships no ``start-master.sh``), bound to 127.0.0.1 on free ports,
+  logs and work dirs under ``$STREAMLEDGER_HOME/spark/``. Tests run jobs on it with
+  :meth:`StandaloneCluster.submit` (a real ``spark-submit --master spark://...``). Both processes are
+  stopped at the end of the session, by the ids this fixture started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+
+
+def _home() -> Path:
+    return Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger"))
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def spark_env(**extra: str) -> dict[str, str]:
+    """The process environment for Spark commands: loopback, this interpreter for the workers."""
+    env = dict(os.environ)
+    for key, value in SPARK_ENV.items():
+        env.setdefault(key, value)
+    env["SPARK_HOME"] = str(spark_home())
+    env.update(extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A shared local[2] SparkSession with the ``rabbitmq_stream`` source registered."""
+    for key, value in SPARK_ENV.items():
+        os.environ.setdefault(key, value)
+    from streamledger.spark.session import build_session
+
+    session = build_session(
+        master="local[2]",
+        app_name="streamledger-tests",
+        conf={
+            "spark.driver.memory": "2g",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.showConsoleProgress": "false",
+        },
+    )
+    session.sparkContext.setLogLevel("WARN")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@dataclass
+class StandaloneCluster:
+    """A running standalone master + worker; ``submit`` runs spark-submit against it."""
+
+    master_url: str
+    root: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def submit(
+        self,
+        app: str | Path,
+        args: Sequence[str] = (),
+        *,
+        conf: dict[str, str] | None = None,
+        timeout: float = 300.0,
+        cwd: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """``spark-submit --master <this cluster> app args...``; returns the finished process."""
+        cmd = [
+            str(spark_home() / "bin" / "spark-submit"),
+            "--master", self.master_url,
+            "--driver-memory", "1g",
+            "--executor-memory", "1g",
+            "--total-executor-cores", "2",
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.ui.showConsoleProgress=false",
+            "--conf", f"spark.pyspark.python={sys.executable}",
+        ]
+        for key, value in (conf or {}).items():
+            cmd += ["--conf", f"{key}={value}"]
+        cmd += [str(app), *args]
+        return subprocess.run(
+            cmd, env=spark_env(), cwd=str(cwd or self.root), capture_output=True, text=True,
+            timeout=timeout, check=False,
+        )
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)  # its own group: also its executor JVMs
+                except ProcessLookupError:
+                    continue
+        for proc in reversed(self.processes):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def _wait_for_line(log: Path, needle: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if needle in text:
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{log.name}: process exited with {proc.returncode}:\n{text[-3000:]}")
+        time.sleep(0.5)
+    tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+    raise RuntimeError(f"{log.name}: {needle!r} not seen within {timeout:.0f}s:\n{tail}")
+
+
+def start_standalone(root: Path, *, cores: int = 2, memory: str = "2g") -> StandaloneCluster:
+    """Start a Master and one Worker with ``spark-class`` on loopback; wait until the worker registered."""
+    root.mkdir(parents=True, exist_ok=True)
+    work = root / "work"
+    work.mkdir(exist_ok=True)
+    spark_class = str(spark_home() / "bin" / "spark-class")
+    port, ui = _free_port(), _free_port()
+    master_url = f"spark://127.0.0.1:{port}"
+    env = spark_env(SPARK_LOG_DIR=str(root), SPARK_WORKER_DIR=str(work))
+    cluster = StandaloneCluster(master_url, root)
+
+    def launch(name: str, cmd: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+        log = root / f"{name}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                cmd, env=env, cwd=str(root), stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        cluster.processes.append(proc)
+        return proc, log
+
+    try:
+        master, master_log = launch(
+            "master",
+            [spark_class, "org.apache.spark.deploy.master.Master",
+             "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
+        )
+        _wait_for_line(master_log, "I have been elected leader", master, 120)
+        worker, worker_log = launch(
+            "worker",
+            [spark_class, "org.apache.spark.deploy.worker.Worker",
+             "--host", "127.0.0.1", "--webui-port", str(_free_port()),
+             "--cores", str(cores), "--memory", memory, "--work-dir", str(work), master_url],
+        )
+        _wait_for_line(worker_log, "Successfully registered with master", worker, 120)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def spark_standalone() -> Iterator[StandaloneCluster]:
+    """A real Spark standalone cluster (master + one worker) for spark-submit tests."""
+    root = _home() / "spark" / f"standalone-{os.getpid()}"
+    cluster = start_standalone(root)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
