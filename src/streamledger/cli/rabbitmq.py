@@ -1,11 +1,313 @@
-"""`streamledger rabbitmq ...` commands (placeholder: filled in by the rabbitmq work)."""
+"""``streamledger stream|superstream|offset|publish|read`` commands for RabbitMQ streams.
+
+Thin wrappers over :class:`StreamClient`; every deliberate failure is a ``StreamledgerError``,
+which the CLI main turns into one line on stderr and a non-zero exit status.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from streamledger.protocol.rabbitmq import InvalidRequest, OffsetSpec, StreamClient
+
+
+def _client(args: argparse.Namespace) -> StreamClient:
+    return StreamClient.connect(args.url, timeout=args.timeout)
+
+
+def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    print(json.dumps(data, sort_keys=True) if args.json else text)
+
+
+# -- stream ---------------------------------------------------------------------------------------
+
+
+def _stream_create(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.create_stream(
+            args.name,
+            max_length_bytes=args.max_length_bytes,
+            max_age=args.max_age,
+            max_segment_size_bytes=args.max_segment_size_bytes,
+            exists_ok=args.exists_ok,
+        )
+    _emit(args, {"stream": args.name, "created": True}, f"created stream {args.name}")
+    return 0
+
+
+def _stream_delete(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.delete_stream(args.name, missing_ok=args.missing_ok)
+    _emit(args, {"stream": args.name, "deleted": True}, f"deleted stream {args.name}")
+    return 0
+
+
+def _stream_stats(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        stats = client.stream_stats(args.name)
+        tail = client.committed_tail(args.name, stats=stats)
+        first = stats.first_chunk_id if stats.first_chunk_id is not None else tail
+        data: dict[str, Any] = {
+            "stream": args.name,
+            "broker_version": client.server_version,
+            "first_offset": first,
+            "committed_tail": tail,
+            "first_chunk_id": stats.first_chunk_id,
+            "committed_chunk_id": stats.committed_chunk_id,
+            "last_chunk_id": stats.last_chunk_id,
+            "committed_offset": stats.committed_offset,
+        }
+    _emit(args, data, "\n".join(f"{k}: {'-' if v is None else v}" for k, v in data.items()))
+    return 0
+
+
+# -- super streams --------------------------------------------------------------------------------
+
+
+def _super_create(args: argparse.Namespace) -> int:
+    keys = [k.strip() for k in args.binding_keys.split(",")] if args.binding_keys else None
+    if (args.partitions is None) == (keys is None):
+        raise InvalidRequest("superstream create needs exactly one of --partitions N or --binding-keys a,b")
+    with _client(args) as client:
+        client.create_super_stream(args.name, partitions=args.partitions, binding_keys=keys,
+                                   exists_ok=args.exists_ok)
+        parts = client.partitions(args.name)
+    _emit(args, {"super_stream": args.name, "partitions": parts},
+          f"created super stream {args.name}: {', '.join(parts)}")
+    return 0
+
+
+def _super_delete(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.delete_super_stream(args.name, missing_ok=args.missing_ok)
+    _emit(args, {"super_stream": args.name, "deleted": True}, f"deleted super stream {args.name}")
+    return 0
+
+
+def _super_partitions(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        parts = client.partitions(args.name)
+    _emit(args, {"super_stream": args.name, "partitions": parts}, "\n".join(parts))
+    return 0
+
+
+# -- offsets --------------------------------------------------------------------------------------
+
+
+def _offset_store(args: argparse.Namespace) -> int:
+    if args.offset is None:
+        raise InvalidRequest("offset store needs STREAM REF OFFSET")
+    with _client(args) as client:
+        client.store_offset_verified(args.stream, args.reference, args.offset)
+    _emit(args, {"stream": args.stream, "reference": args.reference, "offset": args.offset},
+          f"stored offset {args.offset} for {args.reference} on {args.stream}")
+    return 0
+
+
+def _offset_query(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        offset = client.query_offset(args.stream, args.reference)
+    _emit(args, {"stream": args.stream, "reference": args.reference, "offset": offset},
+          "no offset stored" if offset is None else str(offset))
+    return 0
+
+
+# -- publish / read -------------------------------------------------------------------------------
+
+
+def _bodies(count: int, size: int) -> Iterator[bytes]:
+    pad = b"x" * size
+    for i in range(count):
+        head = b"%d:" % i
+        yield (head + pad)[:size] if size >= len(head) else head
+
+
+def _publish(args: argparse.Namespace) -> int:
+    if args.count < 0 or args.size < 0:
+        raise InvalidRequest("--count and --size must not be negative")
+    with _client(args) as client:
+        started = time.perf_counter()
+        result = client.publish(args.stream, _bodies(args.count, args.size), amqp=not args.raw,
+                                batch_size=args.batch_size)
+        elapsed = time.perf_counter() - started
+    rate = result.confirmed / elapsed if elapsed > 0 else 0.0
+    data = {"stream": args.stream, "published": result.published, "confirmed": result.confirmed,
+            "seconds": round(elapsed, 3), "msgs_per_s": round(rate)}
+    _emit(args, data, f"published {result.confirmed} messages in {elapsed:.2f}s: {rate:,.0f} msgs/s")
+    return 0
+
+
+def _bound(client: StreamClient, stream: str, text: str, *, is_end: bool) -> int:
+    lowered = text.strip().lower()
+    if is_end and lowered in ("tail", "latest", "next", "end"):
+        return client.committed_tail(stream)
+    return client.resolve_offset(stream, OffsetSpec.parse(text)) if not lowered.isdigit() else int(lowered)
+
+
+def _write_jsonl(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, int | None]:
+    from streamledger.spark.arrow import stringify
+
+    records, first, last = 0, None, None
+    with path.open("w", encoding="utf-8") as fh:
+        for batch in batches:
+            n = len(batch)
+            props = batch.properties or [None] * n
+            apps = batch.application_properties or [None] * n
+            for i in range(n):
+                row = {
+                    "stream": batch.stream,
+                    "offset": batch.offsets[i],
+                    "chunk_timestamp": batch.chunk_timestamps[i],
+                    "body": stringify(batch.bodies[i]),
+                    "properties": _strmap(props[i]),
+                    "application_properties": _strmap(apps[i]),
+                }
+                fh.write(json.dumps(row) + "\n")
+            if n:
+                first = batch.offsets[0] if first is None else first
+                last = batch.offsets[-1]
+                records += n
+    return records, first, last
+
+
+def _strmap(value: dict[Any, Any] | None) -> dict[str, str | None] | None:
+    from streamledger.spark.arrow import stringify
+
+    if value is None:
+        return None
+    return {k if isinstance(k, str) else str(stringify(k)): stringify(v) for k, v in value.items()}
+
+
+def _write_parquet(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, int | None]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from streamledger.spark.arrow import ARROW_SCHEMA, to_arrow
+
+    columns = ["stream", "offset", "chunk_timestamp", "body", "properties", "application_properties"]
+    schema = pa.schema([ARROW_SCHEMA.field(name) for name in columns])
+    records, first, last = 0, None, None
+    with pq.ParquetWriter(str(path), schema) as writer:
+        for batch in batches:
+            if not len(batch):
+                continue
+            arrow = to_arrow(batch.stream, batch.offsets, batch.chunk_timestamps, batch.bodies,
+                             batch.properties, batch.application_properties, None)
+            writer.write_batch(arrow.select(columns))
+            first = batch.offsets[0] if first is None else first
+            last = batch.offsets[-1]
+            records += len(batch)
+    return records, first, last
+
+
+def _read(args: argparse.Namespace) -> int:
+    output = Path(args.output)
+    suffix = output.suffix.lower()
+    if suffix not in (".parquet", ".jsonl"):
+        raise InvalidRequest(f"--output {args.output}: the file name must end in .parquet or .jsonl")
+    if not output.parent.exists():
+        raise InvalidRequest(f"--output {args.output}: directory {output.parent} does not exist")
+    with _client(args) as client:
+        start = _bound(client, args.stream, args.start, is_end=False)
+        end = _bound(client, args.stream, args.end, is_end=True)
+        batches = client.read_range(args.stream, start, end, decode="raw" if args.raw else "amqp")
+        tmp = output.with_name(output.name + ".part")
+        try:
+            writer = _write_parquet if suffix == ".parquet" else _write_jsonl
+            records, first, last = writer(tmp, batches)
+            os.replace(tmp, output)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+    print(json.dumps({"stream": args.stream, "start": start, "end": end, "records": records,
+                      "first_offset": first, "last_offset": last, "output": str(output)}))
+    return 0
+
+
+# -- wiring ---------------------------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
 
 
 def register(sub: Any) -> None:
     """Add this group's sub-commands to the top-level parser."""
-    del sub
+    stream = sub.add_parser("stream", help="create, delete or inspect a stream")
+    ss = stream.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = ss.add_parser("create", help="create a stream")
+    p.add_argument("name")
+    p.add_argument("--max-length-bytes", type=int, help="retention by total size")
+    p.add_argument("--max-age", help="retention by age, e.g. 7D, 12h, 30m")
+    p.add_argument("--max-segment-size-bytes", type=int, help="segment file size")
+    p.add_argument("--exists-ok", action="store_true", help="no error if it exists with these arguments")
+    _common(p)
+    p.set_defaults(func=_stream_create)
+    p = ss.add_parser("delete", help="delete a stream")
+    p.add_argument("name")
+    p.add_argument("--missing-ok", action="store_true")
+    _common(p)
+    p.set_defaults(func=_stream_delete)
+    p = ss.add_parser("stats", help="first offset, committed tail and StreamStats (RabbitMQ 3.12+)")
+    p.add_argument("name")
+    _common(p)
+    p.set_defaults(func=_stream_stats)
+
+    sup = sub.add_parser("superstream", help="create, delete or list a super stream")
+    sp = sup.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = sp.add_parser("create", help="create a super stream (RabbitMQ 3.13+)")
+    p.add_argument("name")
+    p.add_argument("--partitions", type=int, help="number of partitions NAME-0..NAME-(N-1)")
+    p.add_argument("--binding-keys", help="comma-separated keys: partitions NAME-<key>")
+    p.add_argument("--exists-ok", action="store_true")
+    _common(p)
+    p.set_defaults(func=_super_create)
+    p = sp.add_parser("delete", help="delete a super stream and its partitions (RabbitMQ 3.13+)")
+    p.add_argument("name")
+    p.add_argument("--missing-ok", action="store_true")
+    _common(p)
+    p.set_defaults(func=_super_delete)
+    p = sp.add_parser("partitions", help="list the partition streams in order")
+    p.add_argument("name")
+    _common(p)
+    p.set_defaults(func=_super_partitions)
+
+    off = sub.add_parser("offset", help="store or query a consumer's stored offset")
+    op = off.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = op.add_parser("store", help="store OFFSET (last processed) for REF and read it back")
+    p.add_argument("stream")
+    p.add_argument("reference")
+    p.add_argument("offset", type=int, nargs="?")
+    _common(p)
+    p.set_defaults(func=_offset_store)
+    p = op.add_parser("query", help="print the stored offset for REF")
+    p.add_argument("stream")
+    p.add_argument("reference")
+    _common(p)
+    p.set_defaults(func=_offset_query)
+
+    p = sub.add_parser("publish", help="publish N test messages of B bytes and print msgs/s")
+    p.add_argument("stream")
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--size", type=int, default=100)
+    p.add_argument("--raw", action="store_true", help="raw records instead of AMQP 1.0 messages")
+    p.add_argument("--batch-size", type=int, default=500)
+    _common(p)
+    p.set_defaults(func=_publish)
+
+    p = sub.add_parser("read", help="write exactly the records of [START, END) to a file")
+    p.add_argument("stream")
+    p.add_argument("--start", required=True, help="offset, first, last, next or timestamp:<ms>")
+    p.add_argument("--end", required=True, help="exclusive end: offset, tail, or timestamp:<ms>")
+    p.add_argument("--output", required=True, help="FILE.parquet or FILE.jsonl")
+    p.add_argument("--raw", action="store_true", help="do not decode AMQP (bodies as stored)")
+    _common(p)
+    p.set_defaults(func=_read)
+
+
