@@ -35,7 +35,14 @@ from streamledger.protocol.rabbitmq.publisher import PublishResult, publish
 from streamledger.protocol.rabbitmq.reader import ChunkInfo, probe_chunk, read_range
 from streamledger.protocol.rabbitmq.records import RecordBatch
 from streamledger.protocol.rabbitmq.url import ConnectionParams, to_params
-from streamledger.protocol.rabbitmq.wire import Reader, Writer
+from streamledger.protocol.rabbitmq.wire import (
+    Reader,
+    Writer,
+    create_frame,
+    query_offset_frame,
+    store_offset_frame,
+    stream_stats_frame,
+)
 
 T = TypeVar("T")
 _MAX_AGE = re.compile(r"^[1-9][0-9]*[YMDhms]$")
@@ -204,7 +211,8 @@ class StreamClient:
         """Create a stream; with ``exists_ok`` an existing stream with the same arguments is fine."""
         _check_name("stream", name)
         args = _stream_arguments(max_length_bytes, max_age, max_segment_size_bytes)
-        code = self._simple(c.CREATE, lambda w: w.string(name).string_map(args), name)
+        corr = self._conn.next_corr()
+        code, _ = self._conn.request(c.CREATE, corr, create_frame(corr, name, args), stream=name)
         if code == c.STREAM_ALREADY_EXISTS and exists_ok:
             return
         if code == c.PRECONDITION_FAILED:
@@ -278,7 +286,7 @@ class StreamClient:
         def call() -> StreamStats:
             conn = self._conn
             corr = conn.next_corr()
-            frame = Writer(c.STREAM_STATS).u32(corr).string(name).frame()
+            frame = stream_stats_frame(corr, name)
             code, r = conn.request(c.STREAM_STATS, corr, frame, stream=name)
             raise_for_code(code, c.STREAM_STATS, name)
             raw: dict[str, int] = {}
@@ -458,7 +466,7 @@ class StreamClient:
         _check_name("stream", stream)
         _check_reference(reference)
         _check_offset(offset)
-        self._conn.send(Writer(c.STORE_OFFSET).string(reference).string(stream).u64(offset).frame())
+        self._conn.send(store_offset_frame(reference, stream, offset))
 
     def query_offset(self, stream: str, reference: str) -> int | None:
         """The stored offset, or ``None`` when nothing was stored (NO_OFFSET, 0x13)."""
@@ -468,7 +476,7 @@ class StreamClient:
         def call() -> int | None:
             conn = self._conn
             corr = conn.next_corr()
-            frame = Writer(c.QUERY_OFFSET).u32(corr).string(reference).string(stream).frame()
+            frame = query_offset_frame(corr, reference, stream)
             code, r = conn.request(c.QUERY_OFFSET, corr, frame, stream=stream)
             if code == c.NO_OFFSET:
                 return None

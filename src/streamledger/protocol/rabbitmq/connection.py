@@ -42,11 +42,23 @@ from streamledger.protocol.rabbitmq.errors import (
     UnsupportedByBroker,
 )
 from streamledger.protocol.rabbitmq.url import ConnectionParams
-from streamledger.protocol.rabbitmq.wire import FrameReader, Reader, Writer, encode_frame
+from streamledger.protocol.rabbitmq.wire import (
+    FrameReader,
+    Reader,
+    Writer,
+    close_frame,
+    exchange_command_versions_frame,
+    heartbeat_frame,
+    open_frame,
+    peer_properties_frame,
+    sasl_authenticate_frame,
+    sasl_handshake_frame,
+    tune_frame,
+)
 
 log = logging.getLogger("streamledger.rabbitmq")
 
-_HEARTBEAT_FRAME: Final = encode_frame(c.HEARTBEAT, 1)
+_HEARTBEAT_FRAME: Final = heartbeat_frame()
 _PRE_OPEN_INBOUND_MAX: Final = 1 << 20
 _CLIENT_VERSION: Final = "0.1.0"
 
@@ -186,13 +198,12 @@ class Connection:
         if p.connection_name:
             props["connection_name"] = p.connection_name
         corr = self.next_corr()
-        w = Writer(c.PEER_PROPERTIES).u32(corr).string_map(props)
-        code, r = self.request(c.PEER_PROPERTIES, corr, w.frame())
+        code, r = self.request(c.PEER_PROPERTIES, corr, peer_properties_frame(corr, props))
         self._check_handshake(c.PEER_PROPERTIES, code)
         self.server_properties = r.string_map()
 
         corr = self.next_corr()
-        code, r = self.request(c.SASL_HANDSHAKE, corr, Writer(c.SASL_HANDSHAKE).u32(corr).frame())
+        code, r = self.request(c.SASL_HANDSHAKE, corr, sasl_handshake_frame(corr))
         self._check_handshake(c.SASL_HANDSHAKE, code)
         mechanisms = r.string_array()
         mechanism = "EXTERNAL" if p.auth == "external" else "PLAIN"
@@ -205,9 +216,9 @@ class Connection:
         else:
             payload = b""
         corr = self.next_corr()
-        w = Writer(c.SASL_AUTHENTICATE).u32(corr).string(mechanism).bytes_(payload)
+        frame = sasl_authenticate_frame(corr, mechanism, payload)
         # A wrong password is answered only after ~3 s (spec 5.3), so allow for that.
-        code, r = self.request(c.SASL_AUTHENTICATE, corr, w.frame(), timeout=max(self.timeout, 6.0))
+        code, r = self.request(c.SASL_AUTHENTICATE, corr, frame, timeout=max(self.timeout, 6.0))
         if code != c.OK:
             raise AuthenticationError("SaslAuthenticate", code, c.code_name(code))
 
@@ -218,10 +229,10 @@ class Connection:
         server_frame_max, server_heartbeat = tr.u32(), tr.u32()
         self.frame_max = _negotiate(p.frame_max, server_frame_max)
         self.heartbeat = _negotiate(p.heartbeat, server_heartbeat)
-        self.send(Writer(c.TUNE | c.RESPONSE_BIT).u32(self.frame_max).u32(self.heartbeat).frame())
+        self.send(tune_frame(self.frame_max, self.heartbeat))
 
         corr = self.next_corr()
-        code, r = self.request(c.OPEN, corr, Writer(c.OPEN).u32(corr).string(p.vhost).frame())
+        code, r = self.request(c.OPEN, corr, open_frame(corr, p.vhost))
         if code != c.OK:
             raise AuthenticationError(f"Open (virtual host {p.vhost!r})", code, c.code_name(code))
         if not r.at_end():
@@ -248,8 +259,8 @@ class Connection:
     def _exchange_command_versions(self) -> None:
         corr = self.next_corr()
         # Max version exactly 2 for Deliver switches the connection to Deliver v2 (spec 5.6).
-        w = Writer(c.EXCHANGE_COMMAND_VERSIONS).u32(corr).u32(1).u16(c.DELIVER).u16(1).u16(2)
-        code, r = self.request(c.EXCHANGE_COMMAND_VERSIONS, corr, w.frame())
+        frame = exchange_command_versions_frame(corr, [(c.DELIVER, 1, 2)])
+        code, r = self.request(c.EXCHANGE_COMMAND_VERSIONS, corr, frame)
         if code != c.OK:
             self.server_commands = {}
             return
@@ -487,7 +498,7 @@ class Connection:
         self._hb_stop.set()
         try:
             corr = self.next_corr()
-            frame = Writer(c.CLOSE).u32(corr).u16(c.OK).string("OK").frame()
+            frame = close_frame(corr, c.OK, "OK")
             self.request(c.CLOSE, corr, frame, timeout=min(self.timeout, 2.0))
         except Exception:
             pass

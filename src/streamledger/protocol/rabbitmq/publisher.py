@@ -27,10 +27,14 @@ from streamledger.protocol.rabbitmq.errors import (
     PublishRejected,
     StreamTimeout,
 )
-from streamledger.protocol.rabbitmq.wire import Reader, Writer
+from streamledger.protocol.rabbitmq.wire import (
+    PUBLISH_ENTRY,
+    PUBLISH_HEAD,
+    Reader,
+    Writer,
+    declare_publisher_frame,
+)
 
-_ENTRY: Final = struct.Struct(">QI")  # publishing id, simple entry size (top bit 0)
-_PUBLISH_HEAD: Final = struct.Struct(">IHHBI")  # size, key, version, publisher id, count
 _CONFIRM_HEAD: Final = struct.Struct(">BI")
 _MAX_ENTRY: Final = 0x7FFFFFFF
 
@@ -76,7 +80,7 @@ def publish(
         raise InvalidRequest("first_publishing_id must not be negative")
 
     corr = conn.next_corr()
-    frame = Writer(c.DECLARE_PUBLISHER).u32(corr).u8(publisher_id).string(ref).string(stream).frame()
+    frame = declare_publisher_frame(corr, publisher_id, ref, stream)
     code, _ = conn.request(c.DECLARE_PUBLISHER, corr, frame, stream=stream)
     raise_for_code(code, c.DECLARE_PUBLISHER, stream)
 
@@ -154,14 +158,14 @@ def _send_all(
     def flush() -> None:
         nonlocal parts, count, size
         if count:
-            head = _PUBLISH_HEAD.pack(size - 4, c.PUBLISH, 1, publisher_id, count)
+            head = PUBLISH_HEAD.pack(size - 4, c.PUBLISH, 1, publisher_id, count)
             conn.send(head + b"".join(parts))
             result.published += count
             parts, count, size = [], 0, header_size
             if result.published - result.confirmed - len(result.errors) > window:
                 _pump(conn, result, stream, timeout, target=window // 2)
 
-    pack = _ENTRY.pack
+    pack = PUBLISH_ENTRY.pack
     for body in bodies:
         message = encode_message(body, application_properties=app_props) if amqp else bytes(body)
         entry_size = 12 + len(message)

@@ -37,7 +37,7 @@ from streamledger.protocol.rabbitmq.errors import (
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.records import RecordBatch
-from streamledger.protocol.rabbitmq.wire import Writer
+from streamledger.protocol.rabbitmq.wire import Writer, credit_frame, subscribe_frame, unsubscribe_frame
 
 if TYPE_CHECKING:
     from streamledger.protocol.rabbitmq.client import StreamClient
@@ -86,23 +86,16 @@ def subscribe(
     properties: dict[str, str] | None = None,
 ) -> None:
     corr = conn.next_corr()
-    w = Writer(c.SUBSCRIBE).u32(corr).u8(sub_id).string(stream)
-    spec.encode(w).u16(credit)
-    if properties:
-        w.string_map(properties)
-    code, _ = conn.request(c.SUBSCRIBE, corr, w.frame(), stream=stream)
+    frame = subscribe_frame(corr, sub_id, stream, spec, credit, properties)
+    code, _ = conn.request(c.SUBSCRIBE, corr, frame, stream=stream)
     raise_for_code(code, c.SUBSCRIBE, stream)
 
 
 def unsubscribe(conn: Connection, sub_id: int, stream: str) -> None:
     corr = conn.next_corr()
-    code, _ = conn.request(c.UNSUBSCRIBE, corr, Writer(c.UNSUBSCRIBE).u32(corr).u8(sub_id).frame())
+    code, _ = conn.request(c.UNSUBSCRIBE, corr, unsubscribe_frame(corr, sub_id))
     if code not in (c.OK, c.SUBSCRIPTION_ID_DOES_NOT_EXIST):
         raise_for_code(code, c.UNSUBSCRIBE, stream)
-
-
-def credit_frame(sub_id: int, credit: int) -> bytes:
-    return Writer(c.CREDIT).u8(sub_id).u16(credit).frame()
 
 
 def probe_chunk(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final
+from typing import Final, Protocol
 
 from streamledger.protocol.rabbitmq.errors import ConnectionClosed, FrameTooLarge, ProtocolError
 
@@ -286,3 +286,103 @@ class FrameReader:
         pos = self._start
         self._start = pos + total
         return key, version, pos + 8, pos + total
+
+
+# -- request frames (rabbitmq-stream.md section 7; byte-exact against the section 11 examples) -----
+
+from streamledger.protocol.rabbitmq import constants as _c  # noqa: E402
+
+
+class _SpecLike(Protocol):
+    def encode(self, w: Writer) -> Writer: ...
+
+
+def peer_properties_frame(corr: int, properties: Mapping[str, str]) -> bytes:
+    return Writer(_c.PEER_PROPERTIES).u32(corr).string_map(properties).frame()
+
+
+def sasl_handshake_frame(corr: int) -> bytes:
+    return Writer(_c.SASL_HANDSHAKE).u32(corr).frame()
+
+
+def sasl_authenticate_frame(corr: int, mechanism: str, payload: bytes) -> bytes:
+    return Writer(_c.SASL_AUTHENTICATE).u32(corr).string(mechanism).bytes_(payload).frame()
+
+
+def tune_frame(frame_max: int, heartbeat: int) -> bytes:
+    """The client's Tune reply (key 0x8014, as the Java client sends it)."""
+    return Writer(_c.TUNE | _c.RESPONSE_BIT).u32(frame_max).u32(heartbeat).frame()
+
+
+def open_frame(corr: int, vhost: str) -> bytes:
+    return Writer(_c.OPEN).u32(corr).string(vhost).frame()
+
+
+def close_frame(corr: int, code: int, reason: str) -> bytes:
+    return Writer(_c.CLOSE).u32(corr).u16(code).string(reason).frame()
+
+
+def heartbeat_frame() -> bytes:
+    return encode_frame(_c.HEARTBEAT, 1)
+
+
+def exchange_command_versions_frame(corr: int, commands: Iterable[tuple[int, int, int]]) -> bytes:
+    items = list(commands)
+    w = Writer(_c.EXCHANGE_COMMAND_VERSIONS).u32(corr).u32(len(items))
+    for key, low, high in items:
+        w.u16(key).u16(low).u16(high)
+    return w.frame()
+
+
+def declare_publisher_frame(corr: int, publisher_id: int, reference: str, stream: str) -> bytes:
+    return Writer(_c.DECLARE_PUBLISHER).u32(corr).u8(publisher_id).string(reference).string(stream).frame()
+
+
+PUBLISH_HEAD: Final = struct.Struct(">IHHBI")  # size, key, version, publisher id, count
+PUBLISH_ENTRY: Final = struct.Struct(">QI")  # publishing id, simple-entry size (top bit 0)
+
+
+def publish_frame(publisher_id: int, messages: Iterable[tuple[int, bytes]]) -> bytes:
+    """Publish v1 with simple entries: ``(publishing id, message bytes)`` pairs."""
+    parts: list[bytes] = []
+    count = 0
+    for publishing_id, message in messages:
+        parts.append(PUBLISH_ENTRY.pack(publishing_id, len(message)))
+        parts.append(message)
+        count += 1
+    body = b"".join(parts)
+    return PUBLISH_HEAD.pack(9 + len(body), _c.PUBLISH, 1, publisher_id, count) + body
+
+
+def subscribe_frame(
+    corr: int, sub_id: int, stream: str, spec: _SpecLike, credit: int, properties: Mapping[str, str] | None
+) -> bytes:
+    w = Writer(_c.SUBSCRIBE).u32(corr).u8(sub_id).string(stream)
+    spec.encode(w).u16(credit)
+    if properties:
+        w.string_map(properties)
+    return w.frame()
+
+
+def credit_frame(sub_id: int, credit: int) -> bytes:
+    return Writer(_c.CREDIT).u8(sub_id).u16(credit).frame()
+
+
+def unsubscribe_frame(corr: int, sub_id: int) -> bytes:
+    return Writer(_c.UNSUBSCRIBE).u32(corr).u8(sub_id).frame()
+
+
+def store_offset_frame(reference: str, stream: str, offset: int) -> bytes:
+    return Writer(_c.STORE_OFFSET).string(reference).string(stream).u64(offset).frame()
+
+
+def query_offset_frame(corr: int, reference: str, stream: str) -> bytes:
+    return Writer(_c.QUERY_OFFSET).u32(corr).string(reference).string(stream).frame()
+
+
+def stream_stats_frame(corr: int, stream: str) -> bytes:
+    return Writer(_c.STREAM_STATS).u32(corr).string(stream).frame()
+
+
+def create_frame(corr: int, stream: str, arguments: Mapping[str, str]) -> bytes:
+    return Writer(_c.CREATE).u32(corr).string(stream).string_map(arguments).frame()
