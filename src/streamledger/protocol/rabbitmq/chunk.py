@@ -109,9 +109,7 @@ def _plain_records(ub: bytes, count: int, klo: int, khi: int, first: int) -> lis
             q = p + 4 + _u32(ub, p)[0]
             if q > n:
                 raise _bad(first, f"sub-batch record {k} runs past the decompressed data")
-            if k >= klo:
-                if k >= khi:
-                    return out
+            if klo <= k < khi:
                 append(ub[p + 4 : q])
             p = q
     except struct.error:
@@ -122,7 +120,11 @@ def _plain_records(ub: bytes, count: int, klo: int, khi: int, first: int) -> lis
 
 
 def _records(data: bytes, header: ChunkHeader, klo: int, khi: int) -> list[bytes]:
-    """The records with chunk-relative index ``klo <= k < khi``, as bytes."""
+    """The records with chunk-relative index ``klo <= k < khi``, as bytes.
+
+    The whole data section is walked even past ``khi`` so that the entry and record counts of
+    the header are always checked against what the entries hold.
+    """
     dl = len(data)
     first = header.first_offset
     n_entries = header.num_entries
@@ -145,9 +147,7 @@ def _records(data: bytes, header: ChunkHeader, klo: int, khi: int) -> list[bytes
                 q = p + 4 + w
                 if q > dl:
                     raise _bad(first, f"entry at data byte {p} ({w} bytes) runs past the data section")
-                if k >= klo:
-                    if k >= khi:
-                        return out
+                if klo <= k < khi:
                     append(data[p + 4 : q])
                 k += 1
             else:
@@ -158,8 +158,6 @@ def _records(data: bytes, header: ChunkHeader, klo: int, khi: int) -> list[bytes
                 if k + count > klo and k < khi:
                     out.extend(_sub_batch(data, p + 11, q, flags, count, ulen, klo - k, khi - k, first))
                 k += count
-                if k >= khi:
-                    return out
             p = q
             entries += 1
     except struct.error:

@@ -44,6 +44,7 @@ _modules: dict[int, ModuleType] = {}
 
 _SNAPPY_STREAM_ID = b"\xff\x06\x00\x00sNaPpY"
 _SNAPPY_MAX_BLOCK = 65536
+_ZSTD_STEP = 4096  # input bytes per decompress call: bounds how far output can overshoot the limit
 
 
 def codec_name(codec: int) -> str:
@@ -222,19 +223,26 @@ def _unlz4(data: bytes | memoryview, limit: int) -> bytes:
 
 
 def _unzstd(data: bytes | memoryview, limit: int) -> bytes:
+    """Zstandard frames, fed in small input steps so output is checked against ``limit`` as it grows."""
     zstandard = _library(CODEC_ZSTD)
-    reader = zstandard.ZstdDecompressor().stream_reader(bytes(data), read_across_frames=True)
+    dctx = zstandard.ZstdDecompressor()
     parts: list[bytes] = []
     total = 0
-    step = 1 << 20 if limit < 0 else limit + 1
-    while True:
-        chunk: bytes = reader.read(step)
-        if not chunk:
-            break
-        total += len(chunk)
-        parts.append(chunk)
-        if 0 <= limit < total:
-            raise _too_large(CODEC_ZSTD, limit)
+    pending = bytes(data)
+    step = _ZSTD_STEP
+    while pending:  # concatenated frames are legal
+        d = dctx.decompressobj()
+        i = 0
+        while not d.eof and i < len(pending):
+            chunk: bytes = d.decompress(pending[i : i + step])
+            i += step
+            total += len(chunk)
+            parts.append(chunk)
+            if 0 <= limit < total:
+                raise _too_large(CODEC_ZSTD, limit)
+        if not d.eof:
+            raise ChunkFormatError("corrupt zstd sub-batch: frame is truncated")
+        pending = d.unused_data + pending[i:]
     return b"".join(parts)
 
 
@@ -248,7 +256,9 @@ def compress(codec: int, data: bytes | memoryview) -> bytes:
         c = zlib.compressobj(6, zlib.DEFLATED, 31)
         return c.compress(raw) + c.flush()
     if codec == CODEC_SNAPPY:
-        return bytes(_library(CODEC_SNAPPY).snappy.compress(raw))
+        framed = bytes(_library(CODEC_SNAPPY).snappy.compress(raw))
+        # a framed stream always opens with the stream identifier, even when empty
+        return framed if framed.startswith(_SNAPPY_STREAM_ID) else _SNAPPY_STREAM_ID + framed
     if codec == CODEC_LZ4:
         out: bytes = _library(CODEC_LZ4).compress(raw)
         return out
