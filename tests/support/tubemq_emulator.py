@@ -145,6 +145,8 @@ class TubeMQMasterEmulator:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind((self.host, 0))
         server.listen(16)
+        # accept() does not wake up when another thread closes the socket: poll instead.
+        server.settimeout(0.05)
         self._server = server
         thread = threading.Thread(target=self._accept_loop, name="tubemq-emulator-accept", daemon=True)
         thread.start()
@@ -153,6 +155,8 @@ class TubeMQMasterEmulator:
 
     def stop(self) -> None:
         self._stopped.set()
+        for thread in self._threads[:1]:
+            thread.join(timeout=2)  # the accept loop notices the flag within one poll
         if self._server is not None:
             self._server.close()
         with self._lock:
@@ -219,8 +223,14 @@ class TubeMQMasterEmulator:
         while not self._stopped.is_set():
             try:
                 conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
+            if self._stopped.is_set():
+                self._kill(conn)
+                return
+            conn.settimeout(None)
             with self._lock:
                 self._conns.append(conn)
                 self.connections_accepted += 1

@@ -336,6 +336,15 @@ class MasterClient:
             total = self._producer.registrations if self._producer else 0
             return total + sum(c.registrations for c in self._consumers.values())
 
+    @property
+    def consecutive_heartbeat_failures(self) -> int:
+        """Failed background heartbeats in a row (worst registration); 0 when all is well."""
+        with self._lock:
+            states: list[_ProducerState | _ConsumerState] = [*self._consumers.values()]
+            if self._producer is not None:
+                states.append(self._producer)
+            return max((s.failures for s in states), default=0)
+
     def heartbeat(self) -> None:
         """Heartbeat every registration once now (re-registering on 411); raises on failure."""
         with self._lock:
