@@ -29,8 +29,10 @@ unit: venv
 demo: venv
 	scripts/demo.sh
 
-brokers: venv
+# The three RabbitMQ brokers (4.3 default, 4.0, 3.10) on loopback; see docs/servers.md.
+brokers:
 	scripts/rabbitmq.sh provision all && scripts/rabbitmq.sh start all && scripts/rabbitmq.sh wait all
+	scripts/rabbitmq.sh status all
 
 brokers-stop:
 	scripts/rabbitmq.sh stop all

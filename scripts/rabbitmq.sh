@@ -102,7 +102,9 @@ provision_chroot() {
   local mirror t
   mirror=$(mirror_url)
   if [ ! -x "$R/usr/bin/apt-get" ] || [ ! -f "$D/debootstrap.stamp" ]; then
-    rm -rf "$R"
+    # A half-made rootfs from an interrupted run: never let rm walk into a mounted /proc.
+    if mountpoint -q "$R/proc"; then umount "$R/proc" || umount -l "$R/proc"; fi
+    rm -rf --one-file-system "$R"
     t=$(now)
     debootstrap --variant=minbase --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
       "$SUITE" "$R" "$mirror" > "$D/logs/debootstrap.log" 2>&1 \
@@ -214,6 +216,7 @@ start() {
   fi
   echo $! > "$PIDFILE"
   date +%s.%N > "$D/run/started_at"
+  rm -f "$D/run/boot_seconds"
   log "started pid $(cat "$PIDFILE") (stdout: $STDOUT_LOG)"
 }
 
@@ -241,8 +244,12 @@ wait_ready() {
   as_broker rabbitmqctl -q await_startup --timeout "$timeout" >/dev/null
   [ -n "$TLS_PORT" ] && ! port_open "$TLS_PORT" && die "TLS stream port $TLS_PORT is not open"
   post_start
+  # Boot time = start -> ready, recorded by the first wait after a start.
+  if [ -f "$D/run/started_at" ] && [ ! -f "$D/run/boot_seconds" ]; then
+    since "$(cat "$D/run/started_at")" > "$D/run/boot_seconds"
+  fi
   local boot=""
-  [ -f "$D/run/started_at" ] && boot=" (boot $(since "$(cat "$D/run/started_at")")s)"
+  [ -f "$D/run/boot_seconds" ] && boot=" (boot took $(cat "$D/run/boot_seconds")s)"
   log "ready: RabbitMQ $(cat "$STAMP") stream 127.0.0.1:$STREAM_PORT${TLS_PORT:+ tls :$TLS_PORT}$boot"
 }
 
@@ -257,7 +264,7 @@ stop() {
   elif [ -f "$STAMP" ] && port_open "$STREAM_PORT"; then
     as_broker rabbitmqctl -q shutdown >/dev/null 2>&1 || true
   fi
-  rm -f "$PIDFILE" "$D/run/started_at"
+  rm -f "$PIDFILE" "$D/run/started_at" "$D/run/boot_seconds"
   # epmd daemonizes and outlives the node; each broker has its own on its own port.
   if [ -f "$STAMP" ]; then as_broker epmd -port "$EPMD_PORT" -kill >/dev/null 2>&1 || true; fi
   if [ "$KIND" = chroot ] && mountpoint -q "$R/proc"; then umount "$R/proc" || umount -l "$R/proc"; fi
