@@ -85,9 +85,8 @@ def test_consumer_register_rebalance_heartbeat_close(master: TubeMQMasterEmulato
 
 
 def test_consumer_topic_not_deployed_is_a_typed_error(master: TubeMQMasterEmulator) -> None:
-    with MasterClient([master.address], **FAST) as client:
-        with pytest.raises(MasterResponseError) as info:
-            client.register_consumer("grp", ["nope"])
+    with MasterClient([master.address], **FAST) as client, pytest.raises(MasterResponseError) as info:
+        client.register_consumer("grp", ["nope"])
     assert info.value.err_code == 431
     assert "nope" in str(info.value) and "431" in str(info.value)
     # Not retried: the answer would not change.
@@ -204,15 +203,17 @@ def test_authentication_and_token_round_trip(auth_master: TubeMQMasterEmulator) 
 
 
 def test_bad_credentials_are_rejected_with_415(auth_master: TubeMQMasterEmulator) -> None:
-    with MasterClient([auth_master.address], credentials=Credentials("alice", "wrong-pw"), **FAST) as client:
-        with pytest.raises(CertificateFailure) as info:
-            client.register_producer(["demo"])
+    creds = Credentials("alice", "wrong-pw")
+    with (
+        MasterClient([auth_master.address], credentials=creds, **FAST) as client,
+        pytest.raises(CertificateFailure) as info,
+    ):
+        client.register_producer(["demo"])
     assert info.value.err_code == 415
     assert "wrong-pw" not in str(info.value)
     assert len(auth_master.calls_of(Method.PRODUCER_REGISTER)) == 1  # not retried
-    with MasterClient([auth_master.address], **FAST) as client:
-        with pytest.raises(CertificateFailure):
-            client.register_consumer("grp", ["demo"])
+    with MasterClient([auth_master.address], **FAST) as client, pytest.raises(CertificateFailure):
+        client.register_consumer("grp", ["demo"])
 
 
 def test_dropped_connection_mid_frame_is_retried(master: TubeMQMasterEmulator) -> None:
@@ -253,17 +254,17 @@ def test_retry_limit_on_transient_master_errors(master: TubeMQMasterEmulator) ->
     with MasterClient([master.address], **{**FAST, "max_register_retries": 3}) as client:
         client.register_producer(["demo"])
     master.inject_error(Method.CONSUMER_REGISTER, 503, "busy", times=5)
-    with MasterClient([master.address], **{**FAST, "max_register_retries": 3}) as client:
-        with pytest.raises(MasterResponseError) as info:
-            client.register_consumer("grp", ["demo"])
+    client = MasterClient([master.address], **{**FAST, "max_register_retries": 3})
+    with client, pytest.raises(MasterResponseError) as info:
+        client.register_consumer("grp", ["demo"])
     assert info.value.err_code == 503 and info.value.err_msg == "busy"
     assert len(master.calls_of(Method.CONSUMER_REGISTER)) == 3
 
 
 def test_no_master_available(closed_port: int) -> None:
-    with MasterClient([("127.0.0.1", closed_port)], **{**FAST, "max_register_retries": 2}) as client:
-        with pytest.raises(NoMasterAvailable, match="no master of 1 answered"):
-            client.register_producer(["demo"])
+    client = MasterClient([("127.0.0.1", closed_port)], **{**FAST, "max_register_retries": 2})
+    with client, pytest.raises(NoMasterAvailable, match="no master of 1 answered"):
+        client.register_producer(["demo"])
 
 
 def test_concurrent_requests_on_one_connection(master: TubeMQMasterEmulator) -> None:
