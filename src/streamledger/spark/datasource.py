@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
@@ -60,7 +60,7 @@ class ReadOptions:
     max_records_per_partition: int | None
     splits_per_stream: int | None
     fail_on_data_loss: bool
-    decode: str
+    decode: Literal["amqp", "raw"]
     batch_rows: int
 
     @classmethod
@@ -88,9 +88,16 @@ class ReadOptions:
             raise PlanningError(
                 f"{DATA_SOURCE_NAME}: 'ranges' fixes both ends; drop 'startingOffsets'/'endingOffsets'"
             )
-        decode = (get("decode") or "amqp").strip().lower()
-        if decode not in ("amqp", "raw"):
-            raise PlanningError(f"{DATA_SOURCE_NAME}: option 'decode' must be amqp or raw, got {decode!r}")
+        decode_text = (get("decode") or "amqp").strip().lower()
+        decode: Literal["amqp", "raw"]
+        if decode_text == "amqp":
+            decode = "amqp"
+        elif decode_text == "raw":
+            decode = "raw"
+        else:
+            raise PlanningError(
+                f"{DATA_SOURCE_NAME}: option 'decode' must be amqp or raw, got {decode_text!r}"
+            )
         return cls(
             url=url,
             streams=tuple(streams),
@@ -152,7 +159,9 @@ def read_slice(options: ReadOptions, part: StreamSlice) -> Iterator[Any]:
 
     buffer = BatchBuffer(part.stream, options.batch_rows)
     with StreamClient.connect(options.url) as client:
-        for batch in client.read_range(part.stream, part.start, part.end, decode=options.decode):
+        for batch in client.read_range(
+            part.stream, part.start, part.end, decode=options.decode, max_batch_records=options.batch_rows
+        ):
             full = buffer.add(
                 batch.offsets,
                 batch.chunk_timestamps,

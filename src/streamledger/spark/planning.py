@@ -293,11 +293,7 @@ def plan_ranges(
             if fail_on_data_loss:
                 from streamledger.protocol.rabbitmq import DataLossError
 
-                raise DataLossError(
-                    f"stream {stream!r}: requested start offset {start} is below the first retained "
-                    f"offset {first}; offsets [{start}, {min(first, end)}) were removed by retention "
-                    "(set failOnDataLoss=false to read what is left and record the loss)"
-                )
+                raise DataLossError(stream, start, first)
             effective = min(first, end)
         planned.append(PlannedRange(stream, effective, end, start))
     return planned
