@@ -328,31 +328,54 @@ class BatchRun:
 
         return int(self.broker.resolve_offset(stream, OffsetSpec.timestamp(_millis(moment))))
 
-    def _existing(self, stream: str) -> OffsetRange | None:
+    def _source_ranges(self, stream: str) -> list[OffsetRange]:
+        return [r for r in self.ledger.ranges(self.config.pipeline) if r.stream == stream]
+
+    def _held_by_this_run(self, stream: str) -> OffsetRange | None:
         """The range this run identity already holds for the stream (a retry or a cleared task)."""
         r = self.run
-        for candidate in self.ledger.ranges(self.config.pipeline):
+        for candidate in self._source_ranges(stream):
             if (
-                candidate.stream == stream
-                and candidate.dag_id == r.dag_id
-                and candidate.run_id == r.run_id
-                and candidate.task_id == r.task_id
-                and candidate.map_index == r.map_index
-                and candidate.status in ("claimed", "committed", "failed")
+                (candidate.dag_id, candidate.run_id, candidate.task_id, candidate.map_index)
+                == (r.dag_id, r.run_id, r.task_id, r.map_index)
+                and str(candidate.status) in ("claimed", "committed", "failed")
             ):
                 return candidate
         return None
 
+    def _range_ending_at(self, stream: str, end: int) -> OffsetRange | None:
+        """The range of an earlier run of the same data interval (keyed by its end offset)."""
+        for candidate in self._source_ranges(stream):
+            if candidate.end == end and str(candidate.status) in ("claimed", "committed", "failed"):
+                return candidate
+        return None
+
+    def _reuse(self, stream: str, rng: OffsetRange, how: str) -> PartitionResult:
+        self._known[stream] = rng
+        return PartitionResult(stream, rng.start, rng.end, f"{how}:{rng.status}", range_id=rng.id)
+
     def plan_partition(self, stream: str) -> PartitionResult:
-        """Compute ``[start, end)`` for one partition without writing anything."""
+        """Compute ``[start, end)`` for one partition without writing anything.
+
+        Re-runs find their range again: by run identity (Airflow retries and cleared tasks keep the
+        run id) or, for interval-bounded batches, by the interval's end offset (``airflow dags
+        test`` and re-triggered runs get a new run id for the same data interval).
+        """
         cfg = self.config
-        existing = self._existing(stream)
-        if existing is not None:
-            self._known[stream] = existing
-            return PartitionResult(
-                stream, existing.start, existing.end, f"ledger:{existing.status}", range_id=existing.id
-            )
+        mine = self._held_by_this_run(stream)
+        if mine is not None:
+            return self._reuse(stream, mine, "run")
         tail = self.broker.committed_tail(stream)
+        cap = tail
+        if cfg.interval_start is not None and cfg.interval_end is not None:
+            first = min(tail, self._resolve_time(stream, cfg.interval_start))
+            last = min(tail, self._resolve_time(stream, cfg.interval_end))
+            if last <= first:
+                return PartitionResult(stream, last, last, "interval:empty")
+            earlier = self._range_ending_at(stream, last)
+            if earlier is not None:
+                return self._reuse(stream, earlier, "interval")
+            cap = last
         last_end = self.ledger.last_end(cfg.pipeline, self._source(stream))
         if last_end is not None:
             start, origin = last_end, "ledger"
@@ -368,20 +391,17 @@ class BatchRun:
                 start, origin = tail, "tail"
             else:
                 assert cfg.interval_start is not None
-                start, origin = self._resolve_time(stream, cfg.interval_start), "interval_start"
-        end = tail
-        if cfg.interval_end is not None:
-            end = min(end, self._resolve_time(stream, cfg.interval_end))
-        if cfg.max_records is not None:
-            end = min(end, start + cfg.max_records)
+                start, origin = min(tail, self._resolve_time(stream, cfg.interval_start)), "interval_start"
         if start > tail:
             raise BatchError(
                 f"stream {stream!r}: pipeline {cfg.pipeline!r} would start at {start} ({origin}) "
                 f"but the committed tail is {tail}"
             )
+        end = cap
+        if cfg.max_records is not None:
+            end = min(end, start + cfg.max_records)
         # An interval that ends before our position holds nothing new for us: empty, not an error.
-        end = max(end, start)
-        return PartitionResult(stream, start, end, origin)
+        return PartitionResult(stream, start, max(end, start), origin)
 
     def plan(self) -> list[PartitionResult]:
         self.result.partitions = [self.plan_partition(s) for s in self.streams()]

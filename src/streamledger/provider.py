@@ -12,6 +12,7 @@ This module must stay import-cheap and free of Airflow imports.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from streamledger import __version__ as _VERSION
@@ -169,5 +170,11 @@ def get_provider_info() -> dict[str, Any]:
                 "conn-fields": TUBEMQ_FIELDS,
             },
         ],
-        "db-managers": ["streamledger.ledger.airflow_db_manager.LedgerDBManager"],
+        # Only offered when the ledger's migrations ship with the package, so a partial install
+        # never breaks `airflow db migrate`.
+        "db-managers": (
+            ["streamledger.ledger.airflow_db_manager.LedgerDBManager"]
+            if os.path.exists(os.path.join(os.path.dirname(__file__), "migrations", "env.py"))
+            else []
+        ),
     }

@@ -21,10 +21,17 @@ _MIGRATIONS = os.path.join(os.path.dirname(os.path.abspath(streamledger.__file__
 VERSION_TABLE = "streamledger_ledger_version"
 
 
-def _ledger_metadata() -> Any:
-    from streamledger.ledger.models import Base
+class _LedgerMetadata:
+    """Class-level attribute that imports the ledger's ORM metadata on first access.
 
-    return Base.metadata
+    Airflow reads ``metadata`` from the manager *class* while validating, so a plain property would
+    not do; deferring the import keeps provider discovery cheap.
+    """
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        from streamledger.ledger.models import Base
+
+        return Base.metadata
 
 
 class LedgerDBManager(BaseDBManager):
@@ -34,8 +41,4 @@ class LedgerDBManager(BaseDBManager):
     alembic_file = os.path.join(_MIGRATIONS, "alembic.ini")
     version_table_name = VERSION_TABLE
     supports_table_dropping = True
-
-    @property  # type: ignore[override]
-    def metadata(self) -> Any:
-        """The ledger's ORM metadata, imported on use so registering the manager stays cheap."""
-        return _ledger_metadata()
+    metadata = _LedgerMetadata()  # type: ignore[assignment]

@@ -1,0 +1,41 @@
+"""Settings shared by the example DAGs, read from the environment so the same DAG files serve
+production-like daily runs, the demo (short intervals) and the end-to-end tests.
+
+| variable | default | meaning |
+|---|---|---|
+| ``STREAMLEDGER_SUPER_STREAM`` | ``events`` | super stream the pipeline reads |
+| ``STREAMLEDGER_PARTITIONS`` | ``3`` | partitions the creation DAG makes |
+| ``STREAMLEDGER_PIPELINE`` | ``events-backfill`` | consumer reference (ledger + broker offset) |
+| ``STREAMLEDGER_INTERVAL`` | ``@daily`` | cron expression, or ``<n>s`` / ``<n>m`` for a fixed delta |
+| ``STREAMLEDGER_START_DATE`` | ``2026-01-01T00:00:00+00:00`` | first data interval's start |
+| ``STREAMLEDGER_SPARK_CONN_ID`` | (unset) | run the job via spark-submit on this connection |
+| ``STREAMLEDGER_OUTPUT_ROOT`` | ``$STREAMLEDGER_HOME/output`` | where range directories are written |
+
+The broker comes from the ``rabbitmq_stream_default`` connection, the ledger from
+``STREAMLEDGER_LEDGER_URL`` (default: SQLite under ``$STREAMLEDGER_HOME``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import datetime, timedelta
+
+SUPER_STREAM = os.environ.get("STREAMLEDGER_SUPER_STREAM", "events")
+PARTITIONS = int(os.environ.get("STREAMLEDGER_PARTITIONS", "3"))
+PIPELINE = os.environ.get("STREAMLEDGER_PIPELINE", "events-backfill")
+INTERVAL = os.environ.get("STREAMLEDGER_INTERVAL", "@daily")
+START_DATE = datetime.fromisoformat(os.environ.get("STREAMLEDGER_START_DATE", "2026-01-01T00:00:00+00:00"))
+SPARK_CONN_ID = os.environ.get("STREAMLEDGER_SPARK_CONN_ID") or None
+OUTPUT_ROOT = os.environ.get("STREAMLEDGER_OUTPUT_ROOT") or None
+
+
+def data_interval_timetable(spec: str = INTERVAL) -> object:
+    """A timetable with real data intervals (Airflow 3's plain cron schedules have none)."""
+    from airflow.timetables.interval import CronDataIntervalTimetable, DeltaDataIntervalTimetable
+
+    match = re.fullmatch(r"(\d+)([sm])", spec.strip())
+    if match:
+        n, unit = int(match.group(1)), match.group(2)
+        return DeltaDataIntervalTimetable(timedelta(seconds=n) if unit == "s" else timedelta(minutes=n))
+    return CronDataIntervalTimetable(spec, timezone="UTC")

@@ -1,0 +1,48 @@
+"""Backfill a super stream one data interval at a time, exactly once per range.
+
+Every DAG run reads, for each partition, the offsets from where the pipeline's ledger ends up to the
+first offset stamped at or after the run's data interval end (chunk timestamps are the broker's
+clock at publish), writes them to ``<output>/<pipeline>/<partition>/<start>-<end>/`` as Parquet,
+commits the ranges in the ledger and stores the broker offset. With ``catchup=True`` the scheduler
+creates one run per missed interval; ``max_active_runs=1`` keeps them in order, which the ledger's
+contiguity requires. The Asset event of each run carries the ranges it processed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from _streamledger_settings import (
+    OUTPUT_ROOT,
+    PIPELINE,
+    SPARK_CONN_ID,
+    START_DATE,
+    SUPER_STREAM,
+    data_interval_timetable,
+)
+from airflow.sdk import DAG, Asset
+
+from streamledger.operators.batch import StreamBatchOperator
+
+events = Asset(name=f"streamledger-{PIPELINE}", uri=f"x-streamledger://{PIPELINE}/{SUPER_STREAM}")
+
+with DAG(
+    dag_id="streamledger_backfill",
+    schedule=data_interval_timetable(),
+    start_date=START_DATE,
+    catchup=True,
+    max_active_runs=1,
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=1)},
+    tags=["streamledger", "example"],
+    doc_md=__doc__,
+):
+    StreamBatchOperator(
+        task_id="read_interval",
+        pipeline=PIPELINE,
+        super_stream=SUPER_STREAM,
+        bound_by_interval=True,
+        initial_position="interval_start",
+        spark_conn_id=SPARK_CONN_ID,
+        output_root=OUTPUT_ROOT,
+        outlets=[events],
+    )

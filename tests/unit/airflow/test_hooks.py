@@ -1,0 +1,121 @@
+"""Hooks: connection -> URL mapping (pure), connections from Airflow env vars, and test_connection
+against the real broker."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from streamledger.hooks.ledger import OffsetLedgerHook, default_ledger_url, ledger_url_from_connection
+from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook, connection_url
+from streamledger.hooks.tubemq import TubeMQHook, parse_masters
+from streamledger.protocol.rabbitmq import parse_url
+
+
+def test_plain_connection_url_round_trips_through_the_client_parser() -> None:
+    url = connection_url(host="broker.internal", port=5552, login="svc", password="p@ss/word",
+                         vhost="prod/eu", extra={})
+    params = parse_url(url)
+    assert (params.host, params.port, params.username, params.password, params.vhost, params.tls) == (
+        "broker.internal", 5552, "svc", "p@ss/word", "prod/eu", False)
+
+
+def test_tls_options_from_extra() -> None:
+    url = connection_url(host="localhost", port=None, login="guest", password="guest", vhost=None,
+                         extra={"tls": "true", "ca_file": "/pki/ca.pem", "cert_file": "/pki/c.pem",
+                                "key_file": "/pki/c.key", "verify": False, "sasl_mechanism": "external"})
+    params = parse_url(url)
+    assert params.tls and params.port == 5551 and params.vhost == "/"
+    assert (params.ca_file, params.cert_file, params.key_file) == ("/pki/ca.pem", "/pki/c.pem", "/pki/c.key")
+    assert params.verify is False and params.auth == "external"
+
+
+def test_external_auth_without_tls_is_refused() -> None:
+    with pytest.raises(ValueError, match="EXTERNAL needs tls"):
+        connection_url(host="h", port=1, login=None, password=None, vhost=None,
+                       extra={"sasl_mechanism": "EXTERNAL"})
+
+
+def test_hook_reads_airflow_connection_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_MY_STREAM", json.dumps(
+        {"conn_type": "rabbitmq_stream", "host": "10.0.0.5", "port": 5552, "login": "u", "password": "secret",
+         "schema": "v1", "extra": {"timeout": 3}}))
+    hook = RabbitMQStreamHook("my_stream")
+    assert parse_url(hook.get_url()).vhost == "v1"
+    assert hook.timeout == 3.0
+    assert hook.broker_identity() == "rabbitmq://10.0.0.5:5552/v1"
+    assert "secret" not in hook.broker_identity()
+
+
+def test_uri_form_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_BY_URI", "rabbitmq-stream://guest:guest@127.0.0.1:5552/")
+    hook = RabbitMQStreamHook("by_uri")
+    params = parse_url(hook.get_url())
+    assert (params.host, params.port, params.vhost) == ("127.0.0.1", 5552, "/")
+
+
+def test_test_connection_against_the_real_broker(monkeypatch: pytest.MonkeyPatch, rabbitmq_url: str) -> None:
+    params = parse_url(rabbitmq_url)
+    monkeypatch.setenv("AIRFLOW_CONN_REAL", json.dumps(
+        {"conn_type": "rabbitmq_stream", "host": params.host, "port": params.port,
+         "login": params.username, "password": params.password, "schema": params.vhost}))
+    ok, message = RabbitMQStreamHook("real").test_connection()
+    assert ok, message
+    assert "Connected to RabbitMQ" in message and params.password not in message
+
+
+def test_test_connection_reports_a_wrong_password_without_echoing_it(
+    monkeypatch: pytest.MonkeyPatch, rabbitmq_url: str
+) -> None:
+    params = parse_url(rabbitmq_url)
+    monkeypatch.setenv("AIRFLOW_CONN_BAD", json.dumps(
+        {"conn_type": "rabbitmq_stream", "host": params.host, "port": params.port,
+         "login": params.username, "password": "definitely-wrong-pw", "schema": params.vhost}))
+    ok, message = RabbitMQStreamHook("bad").test_connection()
+    assert not ok
+    assert "definitely-wrong-pw" not in message
+
+
+def test_ledger_urls() -> None:
+    assert ledger_url_from_connection(host=None, port=None, login=None, password=None,
+                                      schema="/data/l.db", extra={}) == "sqlite:////data/l.db"
+    assert ledger_url_from_connection(host="db", port=5432, login="u", password="p w", schema="sl",
+                                      extra={}) == "postgresql+psycopg://u:p%20w@db:5432/sl"
+    assert ledger_url_from_connection(host="x", port=None, login=None, password=None, schema=None,
+                                      extra={"url": "sqlite:///x.db"}) == "sqlite:///x.db"
+    with pytest.raises(ValueError, match="ledger connection needs"):
+        ledger_url_from_connection(host=None, port=None, login=None, password=None, schema=None, extra={})
+
+
+def test_default_ledger_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STREAMLEDGER_LEDGER_URL", raising=False)
+    monkeypatch.setenv("STREAMLEDGER_HOME", "/srv/sl")
+    assert default_ledger_url() == "sqlite:////srv/sl/ledger.db"
+    monkeypatch.setenv("STREAMLEDGER_LEDGER_URL", "postgresql+psycopg://h/db")
+    assert OffsetLedgerHook().get_url() == "postgresql+psycopg://h/db"
+    assert OffsetLedgerHook(ledger_url="sqlite:///a.db").get_url() == "sqlite:///a.db"
+
+
+def test_parse_masters() -> None:
+    assert parse_masters("m1:8715, m2:9000,m3") == [("m1", 8715), ("m2", 9000), ("m3", 8715)]
+    with pytest.raises(ValueError, match="not host:port"):
+        parse_masters("m1:abc")
+    with pytest.raises(ValueError, match="no masters"):
+        parse_masters(" , ")
+
+
+def test_tubemq_test_connection_sees_a_listening_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead = closed.getsockname()[1]
+        monkeypatch.setenv("AIRFLOW_CONN_TUBE", json.dumps(
+            {"conn_type": "tubemq", "host": f"127.0.0.1:{dead},127.0.0.1:{port}", "extra": {"timeout": 2}}))
+        ok, message = TubeMQHook("tube").test_connection()
+    assert ok, message
+    assert f"127.0.0.1:{port}" in message
