@@ -690,6 +690,9 @@ class MasterClient:
                             state.failures,
                             exc,
                         )
+                    except Exception:  # keep the loop alive: a dead heartbeat thread expires the client
+                        state.failures += 1
+                        log.exception("unexpected error in the TubeMQ heartbeat of %s", state.client_id)
                     worst = max(worst, state.failures)
             delay = self._period_after_fail if worst > self._max_hb_retries else self._heartbeat_period
 
