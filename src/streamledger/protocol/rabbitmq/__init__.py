@@ -30,6 +30,7 @@ from streamledger.protocol.rabbitmq.errors import (
     StreamNotAvailable,
     StreamNotFound,
     StreamTimeout,
+    TlsError,
     UnsupportedByBroker,
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
@@ -65,6 +66,7 @@ __all__ = [
     "StreamNotFound",
     "StreamStats",
     "StreamTimeout",
+    "TlsError",
     "UnsupportedByBroker",
     "parse_url",
 ]

@@ -39,6 +39,7 @@ from streamledger.protocol.rabbitmq.errors import (
     StreamNotAvailable,
     StreamNotFound,
     StreamTimeout,
+    TlsError,
     UnsupportedByBroker,
 )
 from streamledger.protocol.rabbitmq.url import ConnectionParams
@@ -64,10 +65,6 @@ _CLIENT_VERSION: Final = "0.1.0"
 
 # Hooks receive (version, buffer, body_pos, frame_end); the buffer is only valid during the call.
 FrameHook = Callable[[int, bytearray, int, int], None]
-
-
-class TlsError(ConnectionFailed):
-    """The TLS handshake failed (wrong CA, bad client certificate); retrying cannot help."""
 
 
 def parse_version(version: str | None) -> tuple[int, ...] | None:

@@ -49,6 +49,10 @@ class ConnectionFailed(StreamError):
     """The TCP/TLS connection could not be made, or broke; never carries credentials."""
 
 
+class TlsError(ConnectionFailed):
+    """The TLS handshake failed (wrong CA, bad client certificate); retrying cannot help."""
+
+
 class ConnectionClosed(ConnectionFailed):
     """The broker closed the connection (with a Close frame, or with a bare EOF)."""
 
