@@ -57,10 +57,17 @@ select_version() {
   mkdir -p "$D/run" "$D/logs"
 }
 
+# The host's main Debian mirror (not the security one): deb822 *.sources first, then the
+# one-line sources.list format as a fallback for older hosts.
 mirror_url() {
   local m
-  m=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-  [ -n "$m" ] || die "no Debian mirror found in /etc/apt/sources.list.d/*.sources"
+  m=$(awk '/^URIs:/{for (i = 2; i <= NF; i++) if ($i !~ /security/) {print $i; exit}}' \
+        /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  if [ -z "$m" ] && [ -f /etc/apt/sources.list ]; then
+    m=$(awk '$1=="deb"{for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {if ($i !~ /security/) print $i; break}}' \
+          /etc/apt/sources.list | head -1)
+  fi
+  [ -n "$m" ] || die "no Debian mirror found in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list"
   printf '%s' "$m"
 }
 
@@ -224,9 +231,12 @@ start() {
 post_start() {
   [ -n "$TLS_PORT" ] || return 0
   local user=streamledger-client
-  if ! as_broker rabbitmqctl -q list_users --no-table-headers 2>/dev/null | awk '{print $1}' | grep -qx "$user"; then
+  has_user() { as_broker rabbitmqctl -q list_users --no-table-headers 2>/dev/null | awk '{print $1}' | grep -qx "$user"; }
+  if ! has_user; then
     # A random password, cleared at once: this user only ever logs in with its certificate.
-    as_broker rabbitmqctl -q add_user "$user" "$(head -c 24 /dev/urandom | base64 | tr -d '/+=')" >/dev/null
+    # add_user may lose a race with a concurrent `wait`; that is fine if the user now exists.
+    as_broker rabbitmqctl -q add_user "$user" "$(head -c 24 /dev/urandom | base64 | tr -d '/+=')" >/dev/null 2>&1 \
+      || has_user || die "could not create user $user"
     as_broker rabbitmqctl -q clear_password "$user" >/dev/null
   fi
   as_broker rabbitmqctl -q set_permissions -p / "$user" '.*' '.*' '.*' >/dev/null
