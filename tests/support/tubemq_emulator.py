@@ -16,6 +16,7 @@ What it can be told to do, per test:
   connection (a drop in the middle of a frame).
 * ``ignore_next_requests(n)`` — never answer the next n requests (client timeouts).
 * ``inject_error(method, code, msg, times)`` — answer a method with ``success=false``.
+* ``revoke_partitions(group)`` — the next heartbeat carries a DISCONNECT rebalance event.
 * ``brokers`` / ``topics`` — the broker table (port ``None`` = default port, sent as a blank)
   and topic layouts (``[(broker_id, partitions, stores)]``).
 
@@ -205,6 +206,20 @@ class TubeMQMasterEmulator:
     def inject_error(self, method: int, code: int, message: str, times: int = 1) -> None:
         with self._lock:
             self._injected.setdefault(method, []).extend([(code, message)] * times)
+
+    def revoke_partitions(self, group: str) -> int:
+        """Queue a DISCONNECT rebalance event taking every held partition from ``group``'s consumers."""
+        with self._lock:
+            count = 0
+            for consumer in self.consumers.values():
+                if consumer.group != group or not consumer.held:
+                    continue
+                self._rebalance += 1
+                consumer.pending_event = mpb.EventProto(
+                    rebalanceId=self._rebalance, opType=2, status=0, subscribeInfo=sorted(consumer.held)
+                )
+                count += 1
+            return count
 
     def close_all_connections(self) -> None:
         with self._lock:
@@ -544,6 +559,8 @@ class TubeMQMasterEmulator:
             self.reports.append(req.event)
             if req.event.status == 2 and req.event.opType in (1, 10):
                 consumer.held.update(req.event.subscribeInfo)
+            elif req.event.status == 2 and req.event.opType in (2, 20):
+                consumer.held.difference_update(req.event.subscribeInfo)
         if req.reportSubscribeInfo:
             consumer.held = set(req.subscribeInfo)
         if consumer.pending_event is not None:

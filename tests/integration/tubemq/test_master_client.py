@@ -9,6 +9,7 @@ import pytest
 from streamledger.protocol.tubemq import (
     CertificateFailure,
     Credentials,
+    InvalidArgument,
     MasterClient,
     MasterResponseError,
     NoMasterAvailable,
@@ -283,3 +284,33 @@ def test_concurrent_requests_on_one_connection(master: TubeMQMasterEmulator) -> 
         for t in threads:
             t.join()
     assert results == [Status.SUCCESS] * 80
+
+
+def test_disconnect_event_removes_partitions(master: TubeMQMasterEmulator) -> None:
+    with MasterClient([master.address], **FAST) as client:
+        client.register_consumer("grp", ["demo"])
+        assert len(client.wait_for_partitions("grp", timeout=5).partitions) == 5
+        assert master.revoke_partitions("grp") == 1
+        client.heartbeat()
+        reg = client.consumer("grp")
+        assert reg.partitions == () and reg.brokers == {}
+        client.heartbeat()  # acknowledges the DISCONNECT
+        assert [(r.opType, r.status) for r in master.reports] == [(1, 2), (2, 2)]
+        assert master.consumers[reg.client_id].held == set()
+
+
+def test_bad_input_is_refused_before_any_network_call(master: TubeMQMasterEmulator) -> None:
+    with MasterClient([master.address], **FAST) as client:
+        with pytest.raises(InvalidArgument, match="system topic"):
+            client.register_producer(["__offset_history__"])
+        with pytest.raises(InvalidArgument, match="consumer group '1bad'"):
+            client.register_consumer("1bad", ["demo"])
+        with pytest.raises(InvalidArgument, match="at least one topic"):
+            client.register_consumer("grp", [])
+        client.register_consumer("grp", ["demo"])
+        with pytest.raises(InvalidArgument, match="already registered"):
+            client.register_consumer("grp", ["demo"])
+        with pytest.raises(InvalidArgument, match="no consumer of group 'other'"):
+            client.consumer("other")
+    assert len(master.calls_of(Method.CONSUMER_REGISTER)) == 1
+    assert master.calls_of(Method.PRODUCER_REGISTER) == []
