@@ -1,0 +1,146 @@
+"""read_range edge cases on real brokers: chunk filtering at both ends, gaps from tracking chunks,
+empty ranges, retention (DataLossError), ends beyond the tail, flow control and batching."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from streamledger.protocol.rabbitmq import (
+    DataLossError,
+    InvalidRequest,
+    OffsetOutOfRange,
+    RecordBatch,
+    StreamClient,
+)
+from tests.support.rabbitmq import Broker, StreamNames
+
+pytestmark = pytest.mark.rabbitmq
+
+
+def offsets(batches: list[RecordBatch]) -> list[int]:
+    return [o for b in batches for o in b.offsets]
+
+
+def _layout(client: StreamClient, name: str) -> dict[int, bytes]:
+    """Chunks 0..9, 10..19, a tracking chunk at 20, chunk 21..30, tracking chunks 31 and 32."""
+    client.create_stream(name)
+    expected: dict[int, bytes] = {}
+    offset = 0
+    for part in range(2):
+        bodies = [b"p%d-%d" % (part, i) for i in range(10)]
+        client.publish(name, bodies, batch_size=10)
+        expected.update({offset + i: body for i, body in enumerate(bodies)})
+        offset += 10
+    client.store_offset_verified(name, "mid", 5)  # idle: a tracking chunk takes offset 20
+    bodies = [b"p2-%d" % i for i in range(10)]
+    client.publish(name, bodies, batch_size=10)
+    expected.update({21 + i: body for i, body in enumerate(bodies)})
+    client.store_offset_verified(name, "end", 30)  # tracking chunk 31
+    client.store_offset_verified(name, "end", 31)  # tracking chunk 32
+    return expected
+
+
+def test_exact_ranges_with_gaps(any_broker: Broker, stream_name: StreamNames) -> None:
+    name = stream_name("exact")
+    with StreamClient.connect(any_broker.url) as client:
+        expected = _layout(client, name)
+        tail = client.committed_tail(name)
+        if any_broker.version == "3.10":
+            assert tail == 31  # without StreamStats: the end of the last user chunk
+        else:
+            assert tail == 33
+        cases = [(0, tail), (3, 7), (5, 15), (9, 11), (10, 20), (19, 22), (20, 21), (20, 22), (25, 31),
+                 (30, tail), (31, tail), (0, 1), (0, 20)]
+        for start, end in cases:
+            batches = list(client.read_range(name, start, end))
+            want = [o for o in sorted(expected) if start <= o < end]
+            assert offsets(batches) == want, (start, end)
+            assert [body for b in batches for body in b.bodies] == [expected[o] for o in want]
+            for b in batches:
+                assert b.stream == name and len(b.chunk_timestamps) == len(b)
+                assert b.properties is not None and len(b.properties) == len(b)
+
+
+def test_empty_and_invalid_ranges(broker_43: Broker, stream_name: StreamNames) -> None:
+    name = stream_name("empty")
+    with StreamClient.connect(broker_43.url) as client:
+        # An empty range needs no stream at all and returns at once.
+        started = time.perf_counter()
+        assert list(client.read_range("no-such-stream-for-sure", 5, 5)) == []
+        assert time.perf_counter() - started < 0.5
+        client.create_stream(name)
+        client.publish(name, [b"a"] * 5)
+        with pytest.raises(InvalidRequest, match="start 4 is after end 2"):
+            client.read_range(name, 4, 2)
+        with pytest.raises(InvalidRequest):
+            client.read_range(name, -1, 2)
+        started = time.perf_counter()
+        with pytest.raises(OffsetOutOfRange, match=r"range end 6 is beyond the committed tail 5"):
+            client.read_range(name, 0, 6)
+        assert time.perf_counter() - started < 2.0
+
+
+def test_batching_and_small_credit(broker_43: Broker, stream_name: StreamNames) -> None:
+    name = stream_name("batch")
+    with StreamClient.connect(broker_43.url) as client:
+        client.create_stream(name)
+        for i in range(20):  # 20 chunks of 50
+            client.publish(name, [b"%d" % (i * 50 + j) for j in range(50)], amqp=False, batch_size=50)
+        batches = list(client.read_range(name, 7, 993, decode="raw", credit=1, max_batch_records=64))
+        assert all(0 < len(b) <= 64 for b in batches)
+        assert offsets(batches) == list(range(7, 993))
+        assert [int(body) for b in batches for body in b.bodies] == list(range(7, 993))
+        assert all(b.properties is None for b in batches)  # raw: no decoded columns
+        # Abandoning a read half-way closes its dedicated connection cleanly.
+        it = client.read_range(name, 0, 1000, decode="raw", credit=2, max_batch_records=10)
+        assert len(next(it)) == 10
+        it.close()  # type: ignore[attr-defined]
+        assert client.stream_exists(name)
+
+
+def test_large_range(broker_43: Broker, stream_name: StreamNames) -> None:
+    name = stream_name("large")
+    with StreamClient.connect(broker_43.url) as client:
+        client.create_stream(name)
+        client.publish(name, (b"%08d" % i for i in range(60_000)), application_properties={"k": 1})
+        tail = client.committed_tail(name)
+        assert tail == 60_000
+        n = 0
+        for b in client.read_range(name, 0, tail):
+            assert b.bodies == [b"%08d" % o for o in b.offsets]
+            assert b.application_properties is not None and b.application_properties[0] == {"k": 1}
+            n += len(b)
+        assert n == 60_000
+
+
+def test_start_below_retention_is_data_loss(any_broker: Broker, stream_name: StreamNames) -> None:
+    name = stream_name("retention")
+    with StreamClient.connect(any_broker.url) as client:
+        client.create_stream(name, max_length_bytes=3000, max_segment_size_bytes=1000)
+        deadline = time.monotonic() + 30
+        first = 0
+        while first == 0 and time.monotonic() < deadline:
+            for _ in range(10):
+                client.publish(name, [b"r" * 100] * 5, batch_size=5)
+            first = client.first_offset(name)
+        assert first > 0, "retention never truncated the stream"
+        # Retention runs asynchronously after a segment rolls: wait until it settles.
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = client.first_offset(name)
+            if now == first:
+                break
+            first = now
+        tail = client.committed_tail(name)
+        with pytest.raises(DataLossError) as info:
+            list(client.read_range(name, 0, tail))
+        err = info.value
+        assert (err.stream, err.requested) == (name, 0)
+        assert err.first_available >= first
+        assert f"offset 0 is no longer retained (first available offset is {err.first_available})" in str(err)
+        # Reading from the first retained offset works.
+        first = client.first_offset(name)
+        got = offsets(list(client.read_range(name, first, tail, decode="raw")))
+        assert got and got[0] == first and got[-1] < tail
