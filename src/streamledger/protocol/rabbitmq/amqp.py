@@ -334,15 +334,55 @@ def _d_sym32(buf: bytes, pos: int) -> tuple[Any, int]:
 
 
 def _items(buf: bytes, pos: int, count: int, end: int) -> list[Any]:
-    _need(buf, end)
+    """``count`` consecutive values ending exactly at ``end``.
+
+    The common item types of properties and application-properties (str8, sym8, vbin8, null,
+    small integers, booleans) are decoded inline: one table call per item was the largest cost
+    of the general message path.
+    """
+    if end > len(buf):
+        raise _Bad("compound runs past the end of the data")
     if count > end - pos:  # every item takes at least one byte
         raise _Bad(f"compound claims {count} items in {end - pos} bytes")
     out: list[Any] = []
     append = out.append
     p = pos
+    decoders = _DECODERS
     for _ in range(count):
-        v, p = _DECODERS[buf[p]](buf, p + 1)
-        append(v)
+        c = buf[p]
+        if c == 0xA1:
+            q = p + 2 + buf[p + 1]
+            if q > end:
+                raise _Bad("string runs past its compound")
+            append(buf[p + 2 : q].decode())
+            p = q
+        elif c == 0x40:
+            append(None)
+            p += 1
+        elif c == 0x53 or c == 0x52 or c == 0x50:
+            append(buf[p + 1])
+            p += 2
+        elif c == 0xA3:
+            q = p + 2 + buf[p + 1]
+            if q > end:
+                raise _Bad("symbol runs past its compound")
+            append(Symbol(buf[p + 2 : q].decode("ascii")))
+            p = q
+        elif c == 0xA0:
+            q = p + 2 + buf[p + 1]
+            if q > end:
+                raise _Bad("binary runs past its compound")
+            append(buf[p + 2 : q])
+            p = q
+        elif c == 0x41:
+            append(True)
+            p += 1
+        elif c == 0x42:
+            append(False)
+            p += 1
+        else:
+            v, p = decoders[c](buf, p + 1)
+            append(v)
     if p != end:
         raise _Bad("compound size does not match its items")
     return out
@@ -512,28 +552,35 @@ def _annotations(value: Any, what: str) -> dict[Any, Any]:
     return {(str(k) if isinstance(k, Symbol) else k): v for k, v in value.items()}
 
 
-class _Sections:
-    __slots__ = ("app", "da", "data", "footer", "header", "ma", "props", "seq", "value", "value_set")
-
-    def __init__(self) -> None:
-        self.header: dict[str, Any] | None = None
-        self.da: dict[Any, Any] | None = None
-        self.ma: dict[Any, Any] | None = None
-        self.props: dict[str, Any] | None = None
-        self.app: dict[Any, Any] | None = None
-        self.data: list[bytes] | None = None
-        self.seq: list[Any] | None = None
-        self.value: Any = None
-        self.value_set = False
-        self.footer: dict[Any, Any] | None = None
+_Walked = tuple[
+    "dict[str, Any] | None",  # header
+    "dict[Any, Any] | None",  # delivery-annotations
+    "dict[Any, Any] | None",  # message-annotations
+    "dict[str, Any] | None",  # properties
+    "dict[Any, Any] | None",  # application-properties
+    "list[bytes] | None",  # data sections
+    "list[Any] | None",  # amqp-sequence sections
+    bool,  # amqp-value present
+    Any,  # amqp-value
+    "dict[Any, Any] | None",  # footer
+]
 
 
-def _walk(buf: bytes) -> _Sections:
+def _walk(buf: bytes) -> _Walked:
     """Parse a record as a sequence of sections; raises _Bad / low-level errors when it is not one."""
     n = len(buf)
     if n < 3:
         raise _Bad("too short for an AMQP section")
-    s = _Sections()
+    header: dict[str, Any] | None = None
+    da: dict[Any, Any] | None = None
+    ma: dict[Any, Any] | None = None
+    props: dict[str, Any] | None = None
+    app: dict[Any, Any] | None = None
+    data: list[bytes] | None = None
+    seq: list[Any] | None = None
+    value: Any = None
+    value_set = False
+    footer: dict[Any, Any] | None = None
     pos = 0
     first = True
     while pos < n:
@@ -556,46 +603,47 @@ def _walk(buf: bytes) -> _Sections:
         c = buf[pos]
         if code == 0x75 and c == 0xA0:  # data, inline for speed
             end = pos + 2 + buf[pos + 1]
-            _need(buf, end)
-            value: Any = buf[pos + 2 : end]
+            if end > n:
+                raise _Bad("data section runs past the end of the record")
+            v: Any = buf[pos + 2 : end]
             pos = end
         else:
-            value, pos = _DECODERS[c](buf, pos + 1)
+            v, pos = _DECODERS[c](buf, pos + 1)
         if code == 0x75:
-            if not isinstance(value, bytes):
+            if not isinstance(v, bytes):
                 raise _Bad("data section does not hold binary")
-            if s.data is None:
-                s.data = [value]
+            if data is None:
+                data = [v]
             else:
-                s.data.append(value)
+                data.append(v)
         elif code == 0x73:
-            s.props = _fields(value, PROPERTY_FIELDS, "properties")
+            props = _fields(v, PROPERTY_FIELDS, "properties")
         elif code == 0x74:
-            if not isinstance(value, dict):
+            if not isinstance(v, dict):
                 raise _Bad("application-properties section is not a map")
-            s.app = value
+            app = v
         elif code == 0x72:
-            s.ma = _annotations(value, "message-annotations")
+            ma = _annotations(v, "message-annotations")
         elif code == 0x70:
-            s.header = _fields(value, HEADER_FIELDS, "header")
+            header = _fields(v, HEADER_FIELDS, "header")
         elif code == 0x71:
-            s.da = _annotations(value, "delivery-annotations")
+            da = _annotations(v, "delivery-annotations")
         elif code == 0x77:
-            s.value = value
-            s.value_set = True
+            value = v
+            value_set = True
         elif code == 0x76:
-            if not isinstance(value, list):
+            if not isinstance(v, list):
                 raise _Bad("amqp-sequence section is not a list")
-            if s.seq is None:
-                s.seq = [value]
+            if seq is None:
+                seq = [v]
             else:
-                s.seq.append(value)
+                seq.append(v)
         elif code == 0x78:
-            s.footer = _annotations(value, "footer")
+            footer = _annotations(v, "footer")
         # unknown descriptors: skipped, as the spec asks
     if pos != n:
         raise _Bad("last section runs past the end of the record")
-    return s
+    return header, da, ma, props, app, data, seq, value_set, value, footer
 
 
 def _jsonable(v: Any) -> Any:
@@ -621,19 +669,20 @@ def value_to_json_bytes(value: Any) -> bytes:
     return json.dumps(_jsonable(value), separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _body(s: _Sections) -> tuple[bytes, Literal["data", "value", "sequence", "none"], Any]:
-    if s.data is not None:
-        return (s.data[0] if len(s.data) == 1 else b"".join(s.data)), "data", None
-    if s.value_set:
-        v = s.value
-        if isinstance(v, bytes):
-            return v, "value", v
-        if isinstance(v, str):
-            return v.encode(), "value", v
-        return value_to_json_bytes(v), "value", v
-    if s.seq is not None:
-        seq: Any = s.seq[0] if len(s.seq) == 1 else s.seq
-        return value_to_json_bytes(seq), "sequence", seq
+def _body(
+    data: list[bytes] | None, seq: list[Any] | None, value_set: bool, value: Any
+) -> tuple[bytes, Literal["data", "value", "sequence", "none"], Any]:
+    if data is not None:
+        return (data[0] if len(data) == 1 else b"".join(data)), "data", None
+    if value_set:
+        if isinstance(value, bytes):
+            return value, "value", value
+        if isinstance(value, str):
+            return value.encode(), "value", value
+        return value_to_json_bytes(value), "value", value
+    if seq is not None:
+        sq: Any = seq[0] if len(seq) == 1 else seq
+        return value_to_json_bytes(sq), "sequence", sq
     return b"", "none", None
 
 
@@ -641,13 +690,13 @@ def decode_message(data: bytes | memoryview) -> AmqpMessage:
     """Decode a whole record as an AMQP 1.0 message; :class:`AmqpDecodeError` if it is not one."""
     buf = bytes(data) if not isinstance(data, bytes) else data
     try:
-        s = _walk(buf)
+        header, da, ma, props, app, data_, seq, value_set, value, footer = _walk(buf)
+        body, kind, decoded = _body(data_, seq, value_set, value)
     except _Bad as exc:
         raise AmqpDecodeError(f"not an AMQP 1.0 message: {exc}") from None
     except _DECODE_ERRORS as exc:
         raise AmqpDecodeError(f"not an AMQP 1.0 message: {_reason(exc)}") from None
-    body, kind, value = _body(s)
-    return AmqpMessage(body, s.header, s.da, s.ma, s.props, s.app, s.footer, kind, value)
+    return AmqpMessage(body, header, da, ma, props, app, footer, kind, decoded)
 
 
 _DATA8 = b"\x00\x53\x75\xa0"
@@ -660,13 +709,13 @@ def _decode_one(r: bytes) -> tuple[bytes, dict[str, Any] | None, dict[Any, Any] 
     if r[:4] == _DATA32 and len(r) >= 9 and _u32(r, 4)[0] + 9 == len(r):
         return r[9:], None, None, None
     try:
-        s = _walk(r)
-        body = _body(s)[0]
-    except _DECODE_ERRORS:
+        _h, _da, ma, props, app, data, seq, value_set, value, _f = _walk(r)
+        if data is not None and len(data) == 1:
+            return data[0], props, app, ma
+        body = _body(data, seq, value_set, value)[0]
+    except (_Bad, *_DECODE_ERRORS):
         return r, None, None, None
-    except _Bad:
-        return r, None, None, None
-    return body, s.props, s.app, s.ma
+    return body, props, app, ma
 
 
 _Columns = tuple[
