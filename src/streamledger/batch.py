@@ -573,12 +573,14 @@ def run_batch(
 class LocalSparkRunner:
     """Runs :func:`streamledger.spark.job.run_job` on an in-process SparkSession (``local[N]``).
 
-    The session is created on first use and reused, because its start-up costs seconds.
+    The session is created on first use and reused, because its start-up costs seconds. One batch
+    range is small next to Spark's default of 200 shuffle partitions (the job's manifest aggregate
+    shuffles), so the default here is 2 unless ``conf`` says otherwise.
     """
 
     def __init__(self, master: str = "local[2]", conf: Mapping[str, str] | None = None) -> None:
         self.master = master
-        self.conf = dict(conf or {})
+        self.conf = {"spark.sql.shuffle.partitions": "2", **dict(conf or {})}
         self._spark: Any = None
 
     def session(self) -> Any:

@@ -1,0 +1,90 @@
+"""Operator construction: validation with clear messages, templated fields, trigger round trip."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from streamledger.operators.audit import LedgerAuditOperator
+from streamledger.operators.batch import StreamBatchOperator
+from streamledger.operators.streams import (
+    CreateStreamOperator,
+    CreateSuperStreamOperator,
+    DeleteSuperStreamOperator,
+    expected_partitions,
+)
+from streamledger.sensors.backlog import StreamBacklogSensor
+from streamledger.triggers.backlog import StreamBacklogTrigger
+
+
+def test_batch_operator_needs_exactly_one_source() -> None:
+    with pytest.raises(ValueError, match="exactly one of stream= or super_stream="):
+        StreamBatchOperator(task_id="t", pipeline="p")
+    with pytest.raises(ValueError, match="exactly one of stream= or super_stream="):
+        StreamBatchOperator(task_id="t", pipeline="p", stream="a", super_stream="b")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"initial_position": "beginning"}, "initial_position 'beginning'"),
+        ({"fmt": "csv"}, "fmt 'csv'"),
+        ({"splits": 0}, "splits must be >= 1"),
+        ({"pipeline": ""}, "pipeline is required"),
+    ],
+)
+def test_batch_operator_validation(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
+    args = {"task_id": "read", "pipeline": "p", "stream": "s", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        StreamBatchOperator(**args)
+
+
+def test_batch_operator_templates_what_users_template() -> None:
+    op = StreamBatchOperator(task_id="t", pipeline="p-{{ ds }}", super_stream="events", initial_position=5)
+    assert {"pipeline", "stream", "super_stream", "ledger_url", "output_root", "max_records"} <= set(
+        op.template_fields
+    )
+
+
+def test_super_stream_shape() -> None:
+    assert expected_partitions("ev", 3, None) == ["ev-0", "ev-1", "ev-2"]
+    assert expected_partitions("ev", None, ["eu", "us"]) == ["ev-eu", "ev-us"]
+    with pytest.raises(ValueError, match="exactly one of partitions= or binding_keys="):
+        CreateSuperStreamOperator(task_id="c", super_stream="ev")
+    with pytest.raises(ValueError, match="partitions must be >= 1"):
+        CreateSuperStreamOperator(task_id="c", super_stream="ev", partitions=0)
+    with pytest.raises(ValueError, match="stream name is required"):
+        CreateStreamOperator(task_id="c", stream="")
+    with pytest.raises(ValueError, match="super_stream name is required"):
+        DeleteSuperStreamOperator(task_id="d", super_stream="")
+
+
+def test_sensor_validation() -> None:
+    with pytest.raises(ValueError, match="min_backlog must be >= 1"):
+        StreamBacklogSensor(task_id="s", pipeline="p", stream="x", min_backlog=0)
+    with pytest.raises(ValueError, match="exactly one of stream= or super_stream="):
+        StreamBacklogSensor(task_id="s", pipeline="p", min_backlog=1)
+
+
+def test_trigger_serialisation_round_trip() -> None:
+    trigger = StreamBacklogTrigger(pipeline="p", min_backlog=10, super_stream="events",
+                                   rabbitmq_stream_conn_id="rmq", ledger_url="sqlite:///l.db", poll_interval=2)
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+    assert isinstance(rebuilt, StreamBacklogTrigger)
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert "password" not in str(kwargs)
+
+
+def test_sensor_builds_the_trigger_it_defers_to() -> None:
+    sensor = StreamBacklogSensor(task_id="s", pipeline="p", super_stream="events", min_backlog=5,
+                                 poke_interval=7, deferrable=True)
+    _, kwargs = sensor.trigger().serialize()
+    assert kwargs["min_backlog"] == 5 and kwargs["poll_interval"] == 7.0 and kwargs["super_stream"] == "events"
+
+
+def test_audit_operator_defaults() -> None:
+    op = LedgerAuditOperator(task_id="audit")
+    assert op.fail_on_violations and op.pipeline is None
