@@ -118,10 +118,10 @@ ledger = Ledger(os.environ["STREAMLEDGER_LEDGER_URL"])
 pipeline = os.environ["STREAMLEDGER_PIPELINE"]
 print(f"ledger {os.environ['STREAMLEDGER_LEDGER_URL']}, pipeline {pipeline}:")
 print(f"   {'stream':<16} {'range':>14} {'records':>8}  {'status':<10} {'offset stored':<13} run")
-for r in sorted(ledger.ranges(pipeline), key=lambda r: (r.stream, r.start)):
+for r in sorted(ledger.ranges(pipeline), key=lambda r: (r.source.stream, r.start)):
     rng = f"[{r.start}, {r.end})"
     stored = "verified" if r.offset_verified else ("stored" if r.offset_stored else "-")
-    print(f"   {r.stream:<16} {rng:>14} {r.records:>8}  {str(r.status):<10} {stored:<13} {r.run_id}")
+    print(f"   {r.source.stream:<16} {rng:>14} {r.records:>8}  {r.status.value:<10} {stored:<13} {r.run.run_id}")
 with StreamClient.connect(sys.argv[1]) as c:
     report = ledger.audit(pipeline, broker=c)
     stored = {p: c.query_offset(p, pipeline) for p in c.partitions("demo-events")}

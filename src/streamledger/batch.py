@@ -287,8 +287,10 @@ class BatchRun:
         ledger: Ledger,
         broker: Broker,
         runner: JobRunner,
+        holder_alive: Callable[[RunId], bool] | None = None,
     ) -> None:
         self.config = config
+        self.holder_alive = holder_alive
         self.run = run
         self.ledger = ledger
         self.broker = broker
@@ -329,14 +331,15 @@ class BatchRun:
         return int(self.broker.resolve_offset(stream, OffsetSpec.timestamp(_millis(moment))))
 
     def _source_ranges(self, stream: str) -> list[OffsetRange]:
-        return [r for r in self.ledger.ranges(self.config.pipeline) if r.stream == stream]
+        return [r for r in self.ledger.ranges(self.config.pipeline) if r.source.stream == stream]
 
     def _held_by_this_run(self, stream: str) -> OffsetRange | None:
         """The range this run identity already holds for the stream (a retry or a cleared task)."""
         r = self.run
         for candidate in self._source_ranges(stream):
+            held = candidate.run
             if (
-                (candidate.dag_id, candidate.run_id, candidate.task_id, candidate.map_index)
+                (held.dag_id, held.run_id, held.task_id, held.map_index)
                 == (r.dag_id, r.run_id, r.task_id, r.map_index)
                 and str(candidate.status) in ("claimed", "committed", "failed")
             ):
@@ -419,6 +422,8 @@ class BatchRun:
             if known is not None and str(known.status) == "committed":
                 rng = known  # a re-run of a committed range: re-read it, never re-claim it
             else:
+                if known is not None and str(known.status) == "claimed":
+                    self._take_over(part, known)
                 initial = part.start if part.start_from != "ledger" else None
                 rng = self.ledger.claim(
                     cfg.pipeline, self._source(part.stream), part.end, self._identity(), initial_start=initial
@@ -433,6 +438,31 @@ class BatchRun:
             part.range_id = rng.id
             part.status = str(rng.status)
         crash_point("after_claim", self.run.try_number)
+
+    def _take_over(self, part: PartitionResult, held: OffsetRange) -> None:
+        """Release a claim left by an earlier run of the same task and data interval.
+
+        That happens when the earlier run was killed and then deleted or re-triggered (``airflow dags
+        test`` re-creates the run under a new id). Taking over is safe only if the holder is not
+        running any more, which the caller's ``holder_alive`` answers (the Airflow operator asks
+        Airflow); without that answer the batch refuses rather than risk two writers.
+        """
+        h = held.run
+        mine = self.run
+        if (h.dag_id, h.run_id, h.task_id, h.map_index) == (mine.dag_id, mine.run_id, mine.task_id,
+                                                            mine.map_index):
+            return  # our own claim: the ledger hands it back
+        holder = RunId(h.dag_id, h.run_id, h.task_id, h.map_index, h.try_number)
+        same_task = (h.dag_id, h.task_id, h.map_index) == (mine.dag_id, mine.task_id, mine.map_index)
+        if not same_task or self.holder_alive is None or self.holder_alive(holder):
+            raise BatchError(
+                f"stream {part.stream!r}: range [{held.start}, {held.end}) of pipeline "
+                f"{self.config.pipeline!r} is claimed by {h} which may still be running; fail or "
+                "release that claim first"
+            )
+        log.warning("taking over range [%d, %d) of %s from %s (no longer running)",
+                    held.start, held.end, part.stream, h)
+        self.ledger.fail(held.id, f"taken over by {mine.dag_id}/{mine.run_id}: the holder is gone")
 
     def _active(self) -> list[PartitionResult]:
         return [p for p in self.result.partitions if p.stream in self._ranges]
@@ -560,9 +590,12 @@ def run_batch(
     ledger: Ledger,
     broker: Broker,
     runner: JobRunner,
+    holder_alive: Callable[[RunId], bool] | None = None,
 ) -> BatchResult:
     """Run one batch end to end (see the module docstring for what each step guarantees)."""
-    return BatchRun(config, run=run, ledger=ledger, broker=broker, runner=runner).execute()
+    return BatchRun(
+        config, run=run, ledger=ledger, broker=broker, runner=runner, holder_alive=holder_alive
+    ).execute()
 
 
 # ---------------------------------------------------------------------------------------------

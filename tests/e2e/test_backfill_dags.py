@@ -28,7 +28,7 @@ BACKFILL = "streamledger_backfill"
 def _committed(scenario: Scenario) -> list:  # type: ignore[type-arg]
     return sorted(
         (r for r in scenario.ledger().ranges(scenario.pipeline) if str(r.status) == "committed"),
-        key=lambda r: (r.stream, r.start),
+        key=lambda r: (r.source.stream, r.start),
     )
 
 
@@ -62,7 +62,7 @@ def test_backfill_intervals_then_rerun(scenario: Scenario) -> None:
     committed = _committed(scenario)
     by_stream: dict[str, list] = {}  # type: ignore[type-arg]
     for r in committed:
-        by_stream.setdefault(r.stream, []).append(r)
+        by_stream.setdefault(r.source.stream, []).append(r)
     assert len(by_stream) == scenario.partitions
     for stream, ranges in by_stream.items():
         assert len(ranges) == 3, f"{stream}: {[(r.start, r.end) for r in ranges]}"
@@ -82,8 +82,8 @@ def test_backfill_intervals_then_rerun(scenario: Scenario) -> None:
     before = {s: _manifest(Path(r.output))["written_at"] for s, r in middle.items()}
     scenario.dags_test(BACKFILL, ends[1])
     after_ranges = _committed(scenario)
-    assert [(r.stream, r.start, r.end, r.records) for r in after_ranges] == [
-        (r.stream, r.start, r.end, r.records) for r in committed
+    assert [(r.source.stream, r.start, r.end, r.records) for r in after_ranges] == [
+        (r.source.stream, r.start, r.end, r.records) for r in committed
     ]
     for s, r in middle.items():
         manifest = _manifest(Path(r.output))

@@ -29,9 +29,9 @@ class _LedgerMetadata:
     """
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
-        from streamledger.ledger.models import Base
+        from streamledger.ledger.models import LedgerBase
 
-        return Base.metadata
+        return LedgerBase.metadata
 
 
 class LedgerDBManager(BaseDBManager):

@@ -82,6 +82,19 @@ class SparkSubmitRunner:
         return read_manifest(output)
 
 
+_ALIVE_STATES = ["scheduled", "queued", "running", "deferred", "up_for_retry", "up_for_reschedule",
+                 "restarting"]
+
+
+def _task_alive(ti: Any, holder: RunId) -> bool:
+    """Whether the task instance that holds a claim may still run (asked through the Task SDK)."""
+    count = ti.get_ti_count(
+        dag_id=holder.dag_id, map_index=holder.map_index, task_ids=[holder.task_id],
+        run_ids=[holder.run_id], states=_ALIVE_STATES,
+    )
+    return bool(count)
+
+
 class StreamBatchOperator(BaseOperator):
     """Process the next offset range of every partition of a stream or super stream, exactly once.
 
@@ -211,7 +224,8 @@ class StreamBatchOperator(BaseOperator):
                     int(ti.try_number or 1))
         ledger = OffsetLedgerHook(self.ledger_conn_id, ledger_url=self.ledger_url).get_conn()
         with broker_hook.get_conn() as client:
-            result = run_batch(config, run=run, ledger=ledger, broker=client, runner=self._runner())
+            result = run_batch(config, run=run, ledger=ledger, broker=client, runner=self._runner(),
+                               holder_alive=lambda holder: _task_alive(ti, holder))
         self.log.info("%s", summarize(result))
         summary = result.to_dict()
         self._emit_asset_events(context, result)
