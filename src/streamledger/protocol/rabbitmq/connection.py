@@ -14,6 +14,7 @@ response (heartbeats, confirms, Deliver, MetadataUpdate) are dispatched to the h
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import socket
 import ssl
@@ -158,6 +159,11 @@ class Connection:
 
     @staticmethod
     def _wrap_tls(raw: socket.socket, params: ConnectionParams) -> socket.socket:
+        for what, path in (("ca_file", params.ca_file), ("cert_file", params.cert_file),
+                           ("key_file", params.key_file)):
+            if path and not os.path.isfile(path):
+                raw.close()
+                raise InvalidRequest(f"TLS file not found: {what}={path}")
         try:
             ctx = ssl.create_default_context(cafile=params.ca_file)
             if not params.verify:
