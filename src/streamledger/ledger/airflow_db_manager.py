@@ -41,4 +41,4 @@ class LedgerDBManager(BaseDBManager):
     alembic_file = os.path.join(_MIGRATIONS, "alembic.ini")
     version_table_name = VERSION_TABLE
     supports_table_dropping = True
-    metadata = _LedgerMetadata()  # type: ignore[assignment]
+    metadata = _LedgerMetadata()

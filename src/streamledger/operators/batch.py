@@ -237,7 +237,7 @@ class StreamBatchOperator(BaseOperator):
         """Attach the ranges to every outlet's Asset event (consumers see what was processed)."""
         if not self.outlets:
             return
-        extra = {
+        extra: dict[str, Any] = {
             "pipeline": result.pipeline,
             "broker": result.broker,
             "super_stream": result.super_stream,

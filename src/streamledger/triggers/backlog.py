@@ -37,7 +37,7 @@ class StreamBacklogTrigger(BaseTrigger):
                  super_stream: str | None = None, rabbitmq_stream_conn_id: str = "rabbitmq_stream_default",
                  ledger_conn_id: str | None = None, ledger_url: str | None = None,
                  poll_interval: float = 30.0) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.pipeline = pipeline
         self.min_backlog = int(min_backlog)
         self.stream = stream
@@ -74,11 +74,15 @@ class StreamBacklogTrigger(BaseTrigger):
             try:
                 per_stream = await asyncio.to_thread(self._measure)
             except Exception as exc:
-                yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+                yield TriggerEvent(  # type: ignore[no-untyped-call]
+                    {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
+                )
                 return
             total = sum(per_stream.values())
             self.log.info("pipeline %s backlog %d offsets (want %d)", self.pipeline, total, self.min_backlog)
             if total >= self.min_backlog:
-                yield TriggerEvent({"status": "ready", "backlog": total, "streams": per_stream})
+                yield TriggerEvent(  # type: ignore[no-untyped-call]
+                    {"status": "ready", "backlog": total, "streams": per_stream}
+                )
                 return
             await asyncio.sleep(self.poll_interval)
