@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 # magic/version, type, entries, records, timestamp, epoch, first offset (osiris-chunk.md section 2)
 _CHUNK_PREFIX: Final = struct.Struct(">BBHIqQQ")
 _CHUNK_HEADER_SIZE: Final = 48
+_CHUNK_RECORDS: Final = struct.Struct(">I")  # NumRecords, at byte 4 of the chunk header
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +238,10 @@ def _read(
             if view[pos] != sub_id:
                 continue
             chunk = pos + (9 if version >= 2 else 1)
+            # Hand out the batch before it would outgrow max_batch_records (cheaper than slicing).
+            if len(batch) and len(batch) + _CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > max_batch_records:
+                yield batch
+                batch = RecordBatch.empty(stream, decode)
             header = decode_chunk(view[:frame_end], chunk, start=start, end=end, decode=decode,
                                   verify_crc=verify_crc, out=batch)
             if first_chunk:
