@@ -3,22 +3,21 @@
 Registered through the provider's ``db-managers`` entry, it makes ``airflow db migrate`` also bring
 the ledger's tables to the head of streamledger's own Alembic history (shipped in
 ``streamledger/migrations``, version table ``streamledger_ledger_version``, never Airflow's
-``alembic_version``). On a fresh database Airflow creates the tables from the ORM metadata and stamps
-the head; later runs apply new revisions. The ledger's own ``upgrade()`` stays the way to migrate a
-separate ledger database.
+``alembic_version``).
+
+Unlike Airflow's default for external managers, a fresh database is *not* created from the ORM
+metadata and stamped: the ledger's migrations also install triggers (and, on PostgreSQL, an
+exclusion constraint) that the metadata cannot express, so both a fresh install and an upgrade run
+the real migrations, through the ledger's own engine settings and migration lock.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from airflow.utils.db_manager import BaseDBManager
 
-import streamledger
-
-_MIGRATIONS = os.path.join(os.path.dirname(os.path.abspath(streamledger.__file__)), "migrations")
-VERSION_TABLE = "streamledger_ledger_version"
+from streamledger.ledger.migrate import MIGRATIONS_DIR, VERSION_TABLE, alembic_config
 
 
 class _LedgerMetadata:
@@ -34,11 +33,51 @@ class _LedgerMetadata:
         return LedgerBase.metadata
 
 
+def _airflow_url() -> str:
+    from airflow import settings
+
+    url: str = settings.SQL_ALCHEMY_CONN
+    return url
+
+
 class LedgerDBManager(BaseDBManager):
     """Migrates the ledger tables inside Airflow's metadata database."""
 
-    migration_dir = _MIGRATIONS
-    alembic_file = os.path.join(_MIGRATIONS, "alembic.ini")
+    migration_dir = str(MIGRATIONS_DIR)
+    alembic_file = str(MIGRATIONS_DIR / "alembic.ini")  # not shipped; get_alembic_config builds it
     version_table_name = VERSION_TABLE
     supports_table_dropping = True
     metadata = _LedgerMetadata()
+
+    def get_alembic_config(self) -> Any:
+        """The ledger's own Alembic configuration, aimed at Airflow's database."""
+        return alembic_config(_airflow_url())
+
+    def _upgrade(self, revision: str = "head") -> None:
+        from streamledger.ledger.engine import make_engine
+        from streamledger.ledger.migrate import upgrade
+
+        self._release_metadata_locks_if_needed()
+        # Airflow's session may hold a SQLite write transaction; end it before migrating.
+        self.session.commit()
+        engine = make_engine(_airflow_url())
+        try:
+            upgrade(engine, revision)
+        finally:
+            engine.dispose()
+
+    def create_db_from_orm(self) -> None:
+        """Fresh database: run the migrations (they create what the ORM metadata cannot)."""
+        self.log.info("Creating the streamledger ledger tables by migration")
+        self._upgrade()
+
+    def upgradedb(
+        self, to_revision: str | None = None, from_revision: str | None = None, show_sql_only: bool = False,
+        use_migration_files: bool = False,
+    ) -> None:
+        """Upgrade the ledger tables to ``to_revision`` (default: head)."""
+        del from_revision, use_migration_files
+        if show_sql_only:
+            raise NotImplementedError("offline SQL for the ledger: use `alembic` with the shipped scripts")
+        self.log.info("Upgrading the streamledger ledger tables")
+        self._upgrade(to_revision or "head")
