@@ -221,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         else:
             raise PlanningError("give --stream, --super-stream or --ranges")
+        # Check the ranges against the broker before paying for a JVM start.
+        plan_job(args.url, ranges, fail_on_data_loss=not args.allow_data_loss)
         submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched us and owns the master
         master = args.master or (None if submitted else DEFAULT_MASTER)
         spark = build_session(master=master, app_name="streamledger-read")

@@ -265,6 +265,10 @@ def resolve_bound(client: OffsetSource, stream: str, bound: OffsetBound, *, firs
     return int(client.resolve_offset(stream, OffsetSpec.timestamp(bound.value)))
 
 
+def _how(bound: OffsetBound) -> str:
+    return "" if bound.kind == "offset" else f" ({bound})"
+
+
 def plan_ranges(
     client: OffsetSource,
     bounds: Mapping[str, tuple[OffsetBound, OffsetBound]],
@@ -280,13 +284,13 @@ def plan_ranges(
         end = resolve_bound(client, stream, end_bound, first=first, tail=tail)
         if end > tail:
             raise PlanningError(
-                f"stream {stream!r}: end offset {end} ({end_bound}) is past the committed tail {tail}; "
+                f"stream {stream!r}: end offset {end}{_how(end_bound)} is past the committed tail {tail}; "
                 "a bounded read can only cover committed records"
             )
         if start > end:
             raise PlanningError(
-                f"stream {stream!r}: start offset {start} ({start_bound}) is after "
-                f"end offset {end} ({end_bound})"
+                f"stream {stream!r}: start offset {start}{_how(start_bound)} is after "
+                f"end offset {end}{_how(end_bound)}"
             )
         effective = start
         if start < first and start < end:

@@ -1,0 +1,113 @@
+"""The bounded read job: in-process ``run_job`` and ``python -m streamledger.spark.job``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from streamledger.protocol.rabbitmq import DataLossError, StreamClient
+from streamledger.spark.job import MANIFEST, run_job
+from tests.integration.spark.helpers import body, create_stream, publish
+from tests.integration.spark.test_datasource import retention_stream
+from tests.support.spark import spark_env
+
+pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq]
+
+
+def written(path: Path) -> dict[str, list[int]]:
+    table = pq.read_table(path, columns=["stream", "offset"])
+    out: dict[str, list[int]] = {}
+    for s, o in zip(table.column("stream").to_pylist(), table.column("offset").to_pylist(), strict=True):
+        out.setdefault(s, []).append(o)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_run_job_manifest_and_idempotent_rerun(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    a, b = stream_name("a"), stream_name("b")
+    create_stream(rabbitmq_url, a, 1000)
+    create_stream(rabbitmq_url, b, 40)
+    out = tmp_path / "run-1"
+    ranges = {a: (100, 901), b: (40, 40)}
+    manifest = run_job(spark, url=rabbitmq_url, ranges=ranges, output=str(out), splits=3)
+    on_disk = json.loads((out / MANIFEST).read_text())
+    assert on_disk == manifest
+    assert manifest["format"] == "parquet" and manifest["output"] == str(out)
+    assert manifest["streams"][a] == {
+        "start": 100, "end": 901, "read_start": 100, "records": 801, "first_offset": 100, "last_offset": 900,
+    }
+    assert manifest["streams"][b] == {
+        "start": 40, "end": 40, "read_start": 40, "records": 0, "first_offset": None, "last_offset": None,
+    }
+    assert written(out) == {a: list(range(100, 901))}
+    bodies = pq.read_table(out, columns=["offset", "body"]).to_pylist()
+    assert all(r["body"] == body(a, r["offset"]) for r in bodies)
+
+    # Same run again (e.g. an Airflow retry): the directory is replaced, never appended to.
+    publish(rabbitmq_url, a, 50, start=1000)
+    again = run_job(spark, url=rabbitmq_url, ranges=ranges, output=str(out), splits=2)
+    assert again["streams"][a]["records"] == 801
+    assert written(out) == {a: list(range(100, 901))}
+
+
+def test_run_job_records_loss_or_fails(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    s, first, tail = retention_stream(rabbitmq_url, stream_name)
+    with pytest.raises(DataLossError, match=f"first available offset is {first}"):
+        run_job(spark, url=rabbitmq_url, ranges={s: (0, tail)}, output=str(tmp_path / "strict"))
+    assert not (tmp_path / "strict").exists()  # nothing written before the check
+
+    manifest = run_job(
+        spark, url=rabbitmq_url, ranges={s: (0, tail)}, output=str(tmp_path / "lossy"),
+        fail_on_data_loss=False,
+    )
+    entry = manifest["streams"][s]
+    assert entry["lost"] == [[0, first]]
+    assert (entry["start"], entry["read_start"], entry["end"]) == (0, first, tail)
+    assert (entry["records"], entry["first_offset"], entry["last_offset"]) == (tail - first, first, tail - 1)
+
+
+def test_module_cli_on_a_super_stream(rabbitmq_url: str, stream_name: Any, tmp_path: Path) -> None:
+    """``python -m streamledger.spark.job`` in its own process (own local[2] Spark)."""
+    sup = stream_name.super_stream("cli")
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_super_stream(sup, partitions=2)
+        parts = client.partitions(sup)
+    publish(rabbitmq_url, parts[0], 120)
+    publish(rabbitmq_url, parts[1], 80)
+    out = tmp_path / "cli"
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamledger.spark.job", "--url", rabbitmq_url, "--super-stream", sup,
+         "--start", "earliest", "--end", "latest", "--output", str(out), "--splits", "2"],
+        env=spark_env(), capture_output=True, text=True, timeout=600, check=False, cwd=str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    manifest = json.loads(proc.stdout)
+    assert manifest == json.loads((out / MANIFEST).read_text())
+    assert {s: e["records"] for s, e in manifest["streams"].items()} == {parts[0]: 120, parts[1]: 80}
+    assert written(out) == {parts[0]: list(range(120)), parts[1]: list(range(80))}
+    assert "guest:guest" not in proc.stderr + proc.stdout
+
+
+def test_cli_errors_are_one_line(rabbitmq_url: str, stream_name: Any, tmp_path: Path) -> None:
+    s = stream_name("err")
+    create_stream(rabbitmq_url, s, 5)
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamledger.spark.job", "--url", rabbitmq_url,
+         "--ranges", json.dumps({s: [0, 99]}), "--output", str(tmp_path / "x")],
+        env={**os.environ, **spark_env()}, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"error: stream {s!r}: end offset 99 is past the committed tail 5; "
+        "a bounded read can only cover committed records"
+    )
