@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -27,6 +29,35 @@ from streamledger.protocol.rabbitmq.errors import (
     ProtocolError,
 )
 from streamledger.protocol.rabbitmq.records import RecordBatch
+
+
+@pytest.fixture(autouse=True, scope="module", params=["accelerated", "pure-python"])
+def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run every test of this module with the C loops and with their pure-Python twins."""
+    from streamledger.protocol.rabbitmq import amqp, chunk
+
+    saved = (chunk._split_entries, amqp._data_bodies, chunk.ACCELERATED)
+    if request.param == "pure-python":
+        chunk._split_entries, amqp._data_bodies, chunk.ACCELERATED = (
+            chunk._split_entries_py, amqp._data_bodies_py, False)
+    else:
+        lib = _load_accel()
+        chunk._split_entries, amqp._data_bodies, chunk.ACCELERATED = (
+            lib.split_entries, lib.data_bodies, True)
+    yield request.param
+    chunk._split_entries, amqp._data_bodies, chunk.ACCELERATED = saved
+
+
+def _load_accel() -> Any:
+    """The compiled loops, built here if the developer has not built them yet (gcc is required)."""
+    try:
+        from streamledger.protocol.rabbitmq import _accel
+    except ImportError:
+        from streamledger.protocol.rabbitmq import _accel_build
+
+        _accel_build.build(quiet=True)
+        from streamledger.protocol.rabbitmq import _accel
+    return _accel
 
 
 def h(text: str) -> bytes:
@@ -320,3 +351,85 @@ def test_encode_entry_matches_spec_layout() -> None:
     expected = h("80 00 02 00 00 00 0b 00 00 00 0b 00 00 00 01 78 00 00 00 02 79 7a")
     assert encode_entry(SubBatch([b"x", b"yz"])) == expected
     assert encode_entry(SubBatch([b"a"], codec=1))[0] == 0x90
+
+
+# ---------------------------------------------------------------- C accelerator vs its pure-Python twins
+
+
+@pytest.fixture(scope="module")
+def accel() -> Any:
+    return _load_accel()
+
+
+def _outcome(fn: object, *args: object) -> object:
+    try:
+        return ("ok", fn(*args))  # type: ignore[operator]
+    except ValueError as exc:
+        return ("error", str(exc))
+
+
+_entries_bytes = st.one_of(
+    st.binary(max_size=64),
+    st.lists(st.tuples(st.binary(max_size=20), st.booleans()), max_size=10).map(
+        lambda items: b"".join(((len(r) | (0x80000000 if flag else 0)).to_bytes(4, "big") + r)
+                               for r, flag in items)),
+)
+
+
+@settings(max_examples=300)
+@given(data=_entries_bytes, plain=st.booleans(), cut=st.integers(0, 8))
+def test_split_entries_c_and_python_agree(accel: Any, data: bytes, plain: bool, cut: int) -> None:
+    from streamledger.protocol.rabbitmq.chunk import _split_entries_py
+
+    for candidate in (data, data[: max(len(data) - cut, 0)]):
+        assert _outcome(accel.split_entries, candidate, plain) == _outcome(
+            _split_entries_py, candidate, plain)
+
+
+_amqp_like = st.one_of(
+    st.binary(max_size=20),
+    st.binary(max_size=300).map(encode_message),
+    st.tuples(st.binary(max_size=30), st.integers(0, 255)).map(
+        lambda t: b"\x00\x53\x75\xa0" + bytes([t[1]]) + t[0]),
+    st.binary(max_size=12).map(lambda b: b"\x00\x53\x75\xb0" + len(b).to_bytes(4, "big") + b),
+    st.binary(max_size=12).map(lambda b: b"\x00\x53\x75\xb0" + (len(b) + 1).to_bytes(4, "big") + b),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(_amqp_like, max_size=20))
+def test_data_bodies_c_and_python_agree(accel: Any, records: list[bytes]) -> None:
+    from streamledger.protocol.rabbitmq.amqp import _data_bodies_py
+
+    assert accel.data_bodies(records) == _data_bodies_py(records)
+
+
+def test_accelerated_and_pure_decoders_give_identical_batches(
+    accel: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamledger.protocol.rabbitmq import amqp, chunk
+
+    records = [encode_message(bytes([i % 251]) * (i % 300)) for i in range(400)] + [b"raw", b""]
+    chunks = [
+        build_chunk(records, first_offset=0),
+        build_chunk([SubBatch(records[:200], 1), *records[200:300], SubBatch(records[300:], 0)],
+                    first_offset=9),
+        _sample_chunk(),
+    ]
+
+    def run() -> list[tuple[list[int], list[bytes], list[object] | None]]:
+        out = []
+        for c in chunks:
+            for mode in ("amqp", "raw"):
+                _, b = decode(c, start=20, end=380, mode=mode)
+                out.append((b.offsets, b.bodies, b.properties))
+        return out
+
+    monkeypatch.setattr(chunk, "_split_entries", accel.split_entries)
+    monkeypatch.setattr(amqp, "_data_bodies", accel.data_bodies)
+    monkeypatch.setattr(chunk, "ACCELERATED", True)
+    fast = run()
+    monkeypatch.setattr(chunk, "_split_entries", chunk._split_entries_py)
+    monkeypatch.setattr(amqp, "_data_bodies", amqp._data_bodies_py)
+    monkeypatch.setattr(chunk, "ACCELERATED", False)  # also takes the pure-Python uniform-size paths
+    assert run() == fast

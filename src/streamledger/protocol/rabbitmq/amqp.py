@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import struct
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -706,8 +707,6 @@ _DATA32 = b"\x00\x53\x75\xb0"
 def _decode_one(r: bytes) -> tuple[bytes, dict[str, Any] | None, dict[Any, Any] | None,
                                    dict[Any, Any] | None]:
     """(body, properties, application-properties, message-annotations) of one record; raw if not AMQP."""
-    if r[:4] == _DATA32 and len(r) >= 9 and _u32(r, 4)[0] + 9 == len(r):
-        return r[9:], None, None, None
     try:
         _h, _da, ma, props, app, data, seq, value_set, value, _f = _walk(r)
         if data is not None and len(data) == 1:
@@ -723,25 +722,51 @@ _Columns = tuple[
 ]
 
 
+def _data_bodies_py(records: list[bytes]) -> tuple[list[bytes | None], int]:
+    """Pure-Python twin of ``_accel.data_bodies``: the body of every record that is exactly one
+    data section (vbin8 or vbin32 filling the record), ``None`` for the others, and their count."""
+    d8 = _DATA8
+    # one data section with a vbin8 body, the common shape, checked without a function call
+    bodies: list[bytes | None] = [
+        r[5:] if r[:4] == d8 and len(r) > 4 and r[4] + 5 == len(r) else None for r in records
+    ]
+    misses = bodies.count(None)
+    if misses:
+        d32 = _DATA32
+        for i, b in enumerate(bodies):
+            if b is None:
+                r = records[i]
+                if r[:4] == d32 and len(r) >= 9 and _u32(r, 4)[0] + 9 == len(r):
+                    bodies[i] = r[9:]
+                    misses -= 1
+    return bodies, misses
+
+
+_data_bodies: Callable[[list[bytes]], tuple[list[bytes | None], int]] = _data_bodies_py
+if not os.environ.get("STREAMLEDGER_PURE_PYTHON"):
+    try:
+        from streamledger.protocol.rabbitmq._accel import data_bodies as _data_bodies
+    except ImportError:
+        pass
+
+
 def decode_columns(records: list[bytes]) -> _Columns:
     """Decode many records into (bodies, properties, application_properties, message_annotations).
 
     Records that are not AMQP 1.0 pass through untouched as bodies with ``None`` dicts.
     """
-    d8 = _DATA8
-    # the common shape: one data section with a vbin8 body, checked without a function call
-    bodies: list[Any] = [
-        r[5:] if r[:4] == d8 and len(r) > 4 and r[4] + 5 == len(r) else None for r in records
-    ]
-    m = len(bodies)
-    if None not in bodies:
-        return bodies, [None] * m, [None] * m, [None] * m
+    found, misses = _data_bodies(records)
+    m = len(found)
+    if not misses:
+        return found, [None] * m, [None] * m, [None] * m  # type: ignore[return-value]
+    bodies: list[bytes] = []
     props: list[dict[str, Any] | None] = [None] * m
     apps: list[dict[Any, Any] | None] = [None] * m
     mas: list[dict[Any, Any] | None] = [None] * m
-    for i, b in enumerate(bodies):
+    for i, b in enumerate(found):
         if b is None:
-            bodies[i], props[i], apps[i], mas[i] = _decode_one(records[i])
+            b, props[i], apps[i], mas[i] = _decode_one(records[i])
+        bodies.append(b)
     return bodies, props, apps, mas
 
 

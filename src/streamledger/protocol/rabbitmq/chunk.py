@@ -17,9 +17,10 @@ chunk fails fast and never triggers an allocation larger than the input.
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,7 +68,7 @@ class ChunkHeader:
         return self.first_offset + self.num_records
 
 
-def parse_chunk_header(buf: bytes | memoryview, pos: int = 0) -> ChunkHeader:
+def parse_chunk_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> ChunkHeader:
     """Decode the header at ``buf[pos:]``; :class:`ChunkFormatError` if short or not a chunk."""
     have = len(buf) - pos
     if have < CHUNK_HEADER_SIZE:
@@ -96,27 +97,19 @@ def _bad(first: int, reason: str) -> ChunkFormatError:
 def _plain_records(ub: bytes, count: int, klo: int, khi: int, first: int) -> list[bytes]:
     """Records ``klo..khi-1`` of a decompressed sub-batch (``count`` records, plain uint32 sizes)."""
     n = len(ub)
-    if count and n >= 4:
+    if not ACCELERATED and count and n >= 4:
         s = _u32(ub, 0)[0]
         stride = s + 4
         if stride * count == n and _uniform(ub, stride, count, 4):
             return [ub[p : p + s] for p in range(4 + klo * stride, 4 + khi * stride, stride)]
-    out: list[bytes] = []
-    append = out.append
-    p = 0
     try:
-        for k in range(count):
-            q = p + 4 + _u32(ub, p)[0]
-            if q > n:
-                raise _bad(first, f"sub-batch record {k} runs past the decompressed data")
-            if klo <= k < khi:
-                append(ub[p + 4 : q])
-            p = q
-    except struct.error:
-        raise _bad(first, "sub-batch record list is truncated") from None
-    if p != n:
-        raise _bad(first, f"sub-batch holds {n - p} bytes after its {count} records")
-    return out
+        records = _split_entries(ub, True)
+    except ValueError as exc:
+        raise _bad(first, f"sub-batch record list: {exc}") from None
+    assert records is not None  # plain lists have no sub-batch flag
+    if len(records) != count:
+        raise _bad(first, f"sub-batch holds {len(records)} records, its header says {count}")
+    return records[klo:khi] if klo or khi != count else records
 
 
 def _records(data: bytes, header: ChunkHeader, klo: int, khi: int) -> list[bytes]:
@@ -128,13 +121,16 @@ def _records(data: bytes, header: ChunkHeader, klo: int, khi: int) -> list[bytes
     dl = len(data)
     first = header.first_offset
     n_entries = header.num_entries
-    # fast path: all entries simple and of one size
-    if n_entries == header.num_records and n_entries and dl >= 4:
+    # pure-Python fast path: all entries simple and of one size (the C loop is faster still)
+    if not ACCELERATED and n_entries == header.num_records and n_entries and dl >= 4:
         s = _u32(data, 0)[0]
         stride = s + 4
         if s < 0x80000000 and stride * n_entries == dl and _uniform(data, stride, n_entries, 4):
             return [data[p : p + s] for p in range(4 + klo * stride, 4 + khi * stride, stride)]
-    simple = _simple_entries(data, first)
+    try:
+        simple = _split_entries(data, False)
+    except ValueError as exc:
+        raise _bad(first, str(exc)) from None
     if simple is not None:
         if len(simple) != header.num_records or len(simple) != n_entries:
             raise _bad(first, f"data section holds {len(simple)} simple entries, the header says "
@@ -175,32 +171,45 @@ def _records(data: bytes, header: ChunkHeader, klo: int, khi: int) -> list[bytes
     return out
 
 
-def _simple_entries(data: bytes, first: int) -> list[bytes] | None:
-    """Every record of a data section made only of simple entries; ``None`` at the first sub-batch.
+def _split_entries_py(data: bytes, plain: bool) -> list[bytes] | None:
+    """Every record of a data section (``plain=False``) or of a sub-batch record list (``plain=True``).
 
-    The tightest loop this module has: one unpack, one slice and one append per record. A size
-    running past the end only shortens the last slice (no allocation beyond the input), which
-    the final position check turns into an error.
+    Returns ``None`` at the first sub-batch entry of a data section. The tightest loop of this
+    module (one unpack, one slice, one append per record) and the pure-Python twin of
+    ``_accel.split_entries``, with the same ``ValueError`` texts. A size running past the end
+    only shortens the last slice (never an allocation beyond the input) and is then reported.
     """
     out: list[bytes] = []
     append = out.append
     u32 = _u32
+    limit = 0x100000000 if plain else 0x80000000
     dl = len(data)
     p = 0
     try:
         while p < dl:
             w = u32(data, p)[0]
-            if w >= 0x80000000:
+            if w >= limit:
                 return None
             p += 4
             q = p + w
             append(data[p:q])
             p = q
     except struct.error:
-        raise _bad(first, f"entry header at data byte {p} is truncated") from None
+        raise ValueError(f"entry header at data byte {p} is truncated") from None
     if p != dl:
-        raise _bad(first, f"last entry runs {p - dl} bytes past the data section")
+        raise ValueError(f"last entry runs {p - dl} bytes past the data section")
     return out
+
+
+_split_entries: Callable[[bytes, bool], list[bytes] | None] = _split_entries_py
+if not os.environ.get("STREAMLEDGER_PURE_PYTHON"):
+    try:
+        from streamledger.protocol.rabbitmq._accel import split_entries as _split_entries
+    except ImportError:
+        pass
+
+ACCELERATED = _split_entries is not _split_entries_py
+"""Whether the optional C loops (``_accel``) are in use (``STREAMLEDGER_PURE_PYTHON=1`` disables)."""
 
 
 def _sub_batch(data: bytes, a: int, b: int, flags: int, count: int, ulen: int, klo: int, khi: int,
@@ -226,7 +235,7 @@ def _sub_batch(data: bytes, a: int, b: int, flags: int, count: int, ulen: int, k
 
 
 def decode_chunk(
-    buf: bytes | memoryview,
+    buf: bytes | bytearray | memoryview,
     pos: int,
     *,
     start: int,
@@ -253,7 +262,7 @@ def decode_chunk(
             raise ValueError("decode='amqp' needs a RecordBatch with dict columns (RecordBatch.empty)")
     elif decode != "raw":
         raise ValueError(f"decode must be 'amqp' or 'raw', not {decode!r}")
-    data = bytes(buf[ds:de])
+    data = buf[ds:de] if isinstance(buf, bytes) else bytes(memoryview(buf)[ds:de])
     if verify_crc:
         crc = zlib.crc32(data)
         if crc != h.crc:
@@ -267,7 +276,7 @@ def decode_chunk(
     khi = hi - first
     ts = h.timestamp
     if decode == "amqp":
-        bodies = _amqp_uniform(data, h, klo, khi)
+        bodies = None if ACCELERATED else _amqp_uniform(data, h, klo, khi)
         if bodies is not None:
             m = len(bodies)
             out.bodies.extend(bodies)
