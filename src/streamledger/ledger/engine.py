@@ -1,0 +1,104 @@
+"""The ledger's own database engine, tuned per dialect.
+
+The ledger never borrows Airflow's ORM session (Airflow 3 forbids it in tasks, and a shared
+session would couple the ledger's transactions to the scheduler's). SQLite is the embedded default
+and must stay correct when several task processes write at once, so every connection gets WAL
+journaling and a busy timeout, and write transactions start with ``BEGIN IMMEDIATE`` (the write
+lock is taken up front, so two claims can never both read the same tail before either writes).
+PostgreSQL is reached through psycopg 3 and relies on row locks and constraints instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import URL, Engine, create_engine, event, make_url
+from sqlalchemy.exc import ArgumentError
+
+from streamledger.ledger.errors import LedgerError
+
+IMMEDIATE = "streamledger_immediate"
+"""Execution option: a connection carrying it opens its SQLite transactions with BEGIN IMMEDIATE."""
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def default_url() -> str:
+    """``$STREAMLEDGER_LEDGER_URL``, else a SQLite file under ``$STREAMLEDGER_HOME``."""
+    env = os.environ.get("STREAMLEDGER_LEDGER_URL")
+    if env:
+        return env
+    home = Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger"))
+    return f"sqlite:///{home / 'ledger.sqlite'}"
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL with any password masked, fit for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable database URL>"
+
+
+def parse_url(url: str) -> URL:
+    """Validate a ledger URL and normalise PostgreSQL URLs to the psycopg 3 driver."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise LedgerError(f"ledger database URL is not valid: {safe_url(url)}") from exc
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        if parsed.drivername in ("postgresql", "postgres"):
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return parsed
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            raise LedgerError(
+                "the ledger needs a SQLite file (sqlite:///path/ledger.sqlite), not an in-memory database: "
+                "claims from several processes must see the same data"
+            )
+        return parsed
+    raise LedgerError(
+        f"unsupported ledger database {safe_url(parsed)}: use sqlite:///FILE or postgresql+psycopg://..."
+    )
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" hook, not pysqlite, decide when and how a transaction starts.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA recursive_triggers = OFF")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(conn: Any) -> None:
+    mode = "IMMEDIATE" if conn.get_execution_options().get(IMMEDIATE) else "DEFERRED"
+    conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def make_engine(url: str | URL) -> Engine:
+    """An engine for the ledger at ``url`` with the dialect hooks described above."""
+    parsed = parse_url(url) if isinstance(url, str) else url
+    if parsed.get_backend_name() == "sqlite":
+        database = Path(parsed.database or "")
+        if not database.parent.exists():
+            try:
+                database.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise LedgerError(
+                    f"cannot create the directory of the ledger file {database}: {exc}"
+                ) from exc
+        engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "begin", _sqlite_on_begin)
+        return engine
+    return create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})

@@ -1,0 +1,158 @@
+"""The ledger's tables, as a typed SQLAlchemy 2 ORM with its own ``MetaData``.
+
+The metadata is private to the ledger so the ledger can share a database (Airflow's metadata DB, for
+one) without ever touching, or being touched by, the other tenant's tables; the Alembic environment
+filters on exactly these table names. The migrations in ``streamledger/migrations`` are the source of
+truth for the deployed schema (they also add the triggers and the PostgreSQL exclusion constraint that
+plain metadata cannot express); these classes must describe the same columns and indexes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+PIPELINE_TABLE = "streamledger_pipeline"
+SOURCE_TABLE = "streamledger_source"
+RANGE_TABLE = "streamledger_range"
+LEDGER_TABLES = frozenset({PIPELINE_TABLE, SOURCE_TABLE, RANGE_TABLE})
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
+_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+_ACTIVE = "status IN ('claimed', 'committed')"
+_NONEMPTY_LIVE = "status <> 'failed' AND end_offset > start_offset"
+
+
+class LedgerBase(DeclarativeBase):
+    """Declarative base bound to the ledger's own metadata (never Airflow's)."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Pipeline(LedgerBase):
+    """A consumer: its name is the broker's offset-tracking reference."""
+
+    __tablename__ = PIPELINE_TABLE
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(256), nullable=False, unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
+
+
+class Source(LedgerBase):
+    """One stream (or super-stream partition) a pipeline reads; its row is the claim lock."""
+
+    __tablename__ = SOURCE_TABLE
+    __table_args__ = (UniqueConstraint("pipeline_id", "broker", "stream"),)
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    pipeline_id: Mapped[int] = mapped_column(
+        ForeignKey(f"{PIPELINE_TABLE}.id", ondelete="CASCADE"), nullable=False
+    )
+    broker: Mapped[str] = mapped_column(String(1024), nullable=False)
+    stream: Mapped[str] = mapped_column(String(256), nullable=False)
+    super_stream: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
+
+
+class Range(LedgerBase):
+    """One half-open offset span ``[start_offset, end_offset)`` of a source and who processed it."""
+
+    __tablename__ = RANGE_TABLE
+    __table_args__ = (
+        CheckConstraint("start_offset >= 0", name="start_nonnegative"),
+        CheckConstraint("end_offset >= start_offset", name="end_after_start"),
+        CheckConstraint("status IN ('claimed', 'committed', 'failed', 'lost')", name="status_known"),
+        CheckConstraint("records IS NULL OR records >= 0", name="records_nonnegative"),
+        Index("ix_streamledger_range_source_start", "source_id", "start_offset"),
+        # Claims look for holes left by failed ranges; audits and release_stale for old claims.
+        Index(
+            "ix_streamledger_range_failed",
+            "source_id",
+            "start_offset",
+            postgresql_where=text("status = 'failed'"),
+            sqlite_where=text("status = 'failed'"),
+        ),
+        Index(
+            "ix_streamledger_range_claimed",
+            "claimed_at",
+            postgresql_where=text("status = 'claimed'"),
+            sqlite_where=text("status = 'claimed'"),
+        ),
+        # Reruns are idempotent: one live (claimed/committed) range per run identity and source.
+        Index(
+            "uq_streamledger_range_run",
+            "source_id",
+            "dag_id",
+            "run_id",
+            "task_id",
+            "map_index",
+            unique=True,
+            postgresql_where=text(_ACTIVE),
+            sqlite_where=text(_ACTIVE),
+        ),
+        # No two live non-empty ranges of a source share a start or an end.
+        Index(
+            "uq_streamledger_range_live_start",
+            "source_id",
+            "start_offset",
+            unique=True,
+            postgresql_where=text(_NONEMPTY_LIVE),
+            sqlite_where=text(_NONEMPTY_LIVE),
+        ),
+        Index(
+            "uq_streamledger_range_live_end",
+            "source_id",
+            "end_offset",
+            unique=True,
+            postgresql_where=text(_NONEMPTY_LIVE),
+            sqlite_where=text(_NONEMPTY_LIVE),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    source_id: Mapped[int] = mapped_column(
+        ForeignKey(f"{SOURCE_TABLE}.id", ondelete="CASCADE"), nullable=False
+    )
+    start_offset: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    end_offset: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    dag_id: Mapped[str] = mapped_column(String(250), nullable=False)
+    run_id: Mapped[str] = mapped_column(String(250), nullable=False)
+    task_id: Mapped[str] = mapped_column(String(250), nullable=False)
+    map_index: Mapped[int] = mapped_column(Integer, nullable=False)
+    try_number: Mapped[int] = mapped_column(Integer, nullable=False)
+    records: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    first_seen: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_seen: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    output: Mapped[str | None] = mapped_column(Text, nullable=True)
+    offset_stored: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    offset_verified: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    claimed_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
+    committed_at: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)

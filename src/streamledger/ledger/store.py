@@ -1,0 +1,612 @@
+"""The :class:`Ledger`: claims, commits, failures, lost spans and stale-claim release.
+
+Every mutation runs in one short transaction that first locks the source row (``SELECT ... FOR
+UPDATE`` on PostgreSQL; the whole database via ``BEGIN IMMEDIATE`` on SQLite), so the decisions
+"where does the next range start" and "insert it" can never interleave between two claimers. The
+database re-checks the same rules with constraints and triggers (migration ``0002``), so a bug here
+or a hand-written SQL statement cannot silently break them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, and_, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, aliased
+
+from streamledger.ledger import migrate
+from streamledger.ledger.audit import AuditReport, BrokerOffsetLookup, OffsetQuerier, run_audit
+from streamledger.ledger.engine import IMMEDIATE, default_url, make_engine, safe_url
+from streamledger.ledger.errors import LedgerError
+from streamledger.ledger.models import Pipeline, Range, Source
+from streamledger.ledger.types import (
+    MAX_PIPELINE_LENGTH,
+    OffsetRange,
+    RangeStatus,
+    RunIdentity,
+    SourceRef,
+)
+
+_LIVE = Range.status != RangeStatus.FAILED.value
+_MAX_TEXT = 4000
+
+
+def _now() -> datetime:
+    """Naive UTC: both dialects store ``timestamp without time zone``."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 3] + "..."
+
+
+def _db_message(exc: SQLAlchemyError) -> str:
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_pipeline(pipeline: str) -> None:
+    if not isinstance(pipeline, str) or not pipeline:
+        raise LedgerError("pipeline name must be a non-empty string (it is the broker's consumer reference)")
+    if len(pipeline) > MAX_PIPELINE_LENGTH:
+        raise LedgerError(
+            f"pipeline name {pipeline[:40]!r}... is {len(pipeline)} characters; "
+            f"the broker's consumer reference allows at most {MAX_PIPELINE_LENGTH}"
+        )
+
+
+def _check_offset(name: str, value: object, stream: str | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        where = f" for stream {stream!r}" if stream else ""
+        raise LedgerError(f"{name}{where} must be a non-negative integer offset, got {value!r}")
+    return value
+
+
+def _snapshot(row: Range, pipeline: str, source: Source) -> OffsetRange:
+    return OffsetRange(
+        id=row.id,
+        pipeline=pipeline,
+        source=SourceRef(broker=source.broker, stream=source.stream, super_stream=source.super_stream),
+        start=row.start_offset,
+        end=row.end_offset,
+        status=RangeStatus(row.status),
+        run=RunIdentity(
+            dag_id=row.dag_id,
+            run_id=row.run_id,
+            task_id=row.task_id,
+            map_index=row.map_index,
+            try_number=row.try_number,
+        ),
+        records=row.records,
+        first_seen=row.first_seen,
+        last_seen=row.last_seen,
+        output=row.output,
+        offset_stored=row.offset_stored,
+        offset_verified=row.offset_verified,
+        error=row.error,
+        claimed_at=_utc(row.claimed_at),
+        committed_at=_utc(row.committed_at) if row.committed_at is not None else None,
+    )
+
+
+@functools.cache
+def _head() -> str:
+    return migrate.head()
+
+
+class Ledger:
+    """The offset ledger at one database URL (SQLite file or PostgreSQL), with its own engine.
+
+    ``create=True`` runs the migrations to head first (safe to do from many processes at once);
+    otherwise the schema must already be at head (``streamledger ledger upgrade --db URL``).
+    """
+
+    def __init__(self, url: str | None = None, *, create: bool = False) -> None:
+        self.url = url or default_url()
+        self._engine: Engine = make_engine(self.url)
+        if create:
+            self.upgrade()
+        else:
+            self._check_schema()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The ledger's own engine (for tools and tests; callers should prefer the methods)."""
+        return self._engine
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._engine.dialect.name
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply the shipped Alembic migrations (own version table ``streamledger_ledger_version``)."""
+        migrate.upgrade(self._engine, revision)
+
+    def close(self) -> None:
+        """Release pooled connections."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Ledger({safe_url(self.url)!r})"
+
+    def _check_schema(self) -> None:
+        rev = migrate.current(self._engine)
+        if rev is None:
+            raise LedgerError(
+                f"no ledger schema in {safe_url(self.url)}: run `streamledger ledger upgrade --db URL` "
+                "or open it with Ledger(url, create=True)"
+            )
+        if rev != _head():
+            raise LedgerError(
+                f"the ledger schema in {safe_url(self.url)} is at revision {rev}, this streamledger expects "
+                f"{_head()}: run `streamledger ledger upgrade --db URL`"
+            )
+
+    @contextlib.contextmanager
+    def _tx(self, what: str, *, write: bool = True) -> Iterator[Session]:
+        try:
+            with Session(self._engine, expire_on_commit=False) as session:
+                session.connection(execution_options={IMMEDIATE: True} if write else {})
+                yield session
+                session.commit()
+        except LedgerError:
+            raise
+        except IntegrityError as exc:
+            raise LedgerError(f"{what}: the ledger database refused it: {_db_message(exc)}") from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated or isinstance(exc.orig, ConnectionError):
+                raise LedgerError(f"{what}: lost the ledger database {safe_url(self.url)}") from exc
+            raise LedgerError(f"{what}: ledger database error: {_db_message(exc)}") from exc
+        except SQLAlchemyError as exc:
+            raise LedgerError(f"{what}: ledger database error: {_db_message(exc)}") from exc
+
+    # -- sources ---------------------------------------------------------------------------------
+
+    def _insert(self) -> Callable[[Any], Any]:
+        return postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+
+    def _lock_source(self, session: Session, pipeline: str, src: SourceRef) -> Source:
+        """The source row, created on first use and locked for the rest of the transaction."""
+        query = (
+            select(Source)
+            .join(Pipeline, Pipeline.id == Source.pipeline_id)
+            .where(Pipeline.name == pipeline, Source.broker == src.broker, Source.stream == src.stream)
+            .with_for_update(of=Source)
+        )
+        found = session.scalars(query).one_or_none()
+        if found is not None:
+            return found
+        now = _now()
+        insert = self._insert()
+        session.execute(
+            insert(Pipeline)
+            .values(name=pipeline, created_at=now)
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+        pipeline_id = session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)).one()
+        session.execute(
+            insert(Source)
+            .values(
+                pipeline_id=pipeline_id,
+                broker=src.broker,
+                stream=src.stream,
+                super_stream=src.super_stream,
+                created_at=now,
+            )
+            .on_conflict_do_nothing(index_elements=["pipeline_id", "broker", "stream"])
+        )
+        return session.scalars(query).one()
+
+    def _find_source(self, session: Session, pipeline: str, src: SourceRef) -> Source | None:
+        return session.scalars(
+            select(Source)
+            .join(Pipeline, Pipeline.id == Source.pipeline_id)
+            .where(Pipeline.name == pipeline, Source.broker == src.broker, Source.stream == src.stream)
+        ).one_or_none()
+
+    @staticmethod
+    def _tail(session: Session, source_id: int) -> int | None:
+        """Exclusive end of the source's live ranges (contiguous, so: the one with the greatest start)."""
+        return session.scalars(
+            select(Range.end_offset)
+            .where(Range.source_id == source_id, _LIVE)
+            .order_by(Range.start_offset.desc(), Range.end_offset.desc())
+            .limit(1)
+        ).first()
+
+    @staticmethod
+    def _first_hole(session: Session, source_id: int) -> Range | None:
+        """The earliest failed range no live range overlaps: the next claim must redo it as-is."""
+        live = aliased(Range)
+        covering_end = (
+            select(live.end_offset)
+            .where(
+                live.source_id == Range.source_id,
+                live.status != RangeStatus.FAILED.value,
+                live.start_offset < Range.end_offset,
+            )
+            .order_by(live.start_offset.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        return session.scalars(
+            select(Range)
+            .where(
+                Range.source_id == source_id,
+                Range.status == RangeStatus.FAILED.value,
+                Range.end_offset > Range.start_offset,
+                func.coalesce(covering_end, -1) <= Range.start_offset,
+            )
+            .order_by(Range.start_offset)
+            .limit(1)
+        ).first()
+
+    # -- the API ---------------------------------------------------------------------------------
+
+    def claim(
+        self,
+        pipeline: str,
+        source: SourceRef,
+        end_limit: int,
+        run: RunIdentity,
+        *,
+        initial_start: int | None = None,
+    ) -> OffsetRange:
+        """Claim the next range of ``source`` for ``run`` (see the package docstring for the rules)."""
+        _check_pipeline(pipeline)
+        _check_offset("end_limit", end_limit, source.stream)
+        if initial_start is not None:
+            _check_offset("initial_start", initial_start, source.stream)
+        what = f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}"
+        with self._tx(what) as session:
+            src = self._lock_source(session, pipeline, source)
+            now = _now()
+            mine = session.scalars(
+                select(Range).where(
+                    Range.source_id == src.id,
+                    Range.dag_id == run.dag_id,
+                    Range.run_id == run.run_id,
+                    Range.task_id == run.task_id,
+                    Range.map_index == run.map_index,
+                    Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
+                )
+            ).one_or_none()
+            if mine is not None:
+                if mine.status == RangeStatus.CLAIMED.value and mine.try_number != run.try_number:
+                    mine.try_number = run.try_number
+                    mine.claimed_at = now
+                    mine.updated_at = now
+                    session.flush()
+                return _snapshot(mine, pipeline, src)
+
+            hole = self._first_hole(session, src.id)
+            if hole is not None:
+                start, end = hole.start_offset, hole.end_offset
+            else:
+                tail = self._tail(session, src.id)
+                start_or_none = tail if tail is not None else initial_start
+                if start_or_none is None:
+                    raise LedgerError(
+                        f"{what}: the ledger has no range for this stream yet, so the first claim must give "
+                        "initial_start (the first offset to read)"
+                    )
+                start = start_or_none
+                end = max(start, end_limit)
+            empty = start == end
+            row = Range(
+                source_id=src.id,
+                start_offset=start,
+                end_offset=end,
+                # An empty range is nothing to process: stored already committed (0 records) so the
+                # run stays auditable and idempotent without a claim left open.
+                status=RangeStatus.COMMITTED.value if empty else RangeStatus.CLAIMED.value,
+                dag_id=run.dag_id,
+                run_id=run.run_id,
+                task_id=run.task_id,
+                map_index=run.map_index,
+                try_number=run.try_number,
+                records=0 if empty else None,
+                offset_stored=False,
+                offset_verified=False,
+                claimed_at=now,
+                committed_at=now if empty else None,
+                updated_at=now,
+            )
+            session.add(row)
+            session.flush()
+            return _snapshot(row, pipeline, src)
+
+    def last_end(self, pipeline: str, source: SourceRef) -> int | None:
+        """Where the next new range would start (None before the first range of this source)."""
+        _check_pipeline(pipeline)
+        with self._tx(f"last_end of {pipeline!r} {source.stream!r}", write=False) as session:
+            src = self._find_source(session, pipeline, source)
+            return None if src is None else self._tail(session, src.id)
+
+    def _load(self, session: Session, range_id: int, *, lock: bool) -> tuple[Range, str, Source]:
+        if not isinstance(range_id, int) or isinstance(range_id, bool):
+            raise LedgerError(f"range id must be an integer, got {range_id!r}")
+        query = (
+            select(Range, Source, Pipeline.name)
+            .join(Source, Source.id == Range.source_id)
+            .join(Pipeline, Pipeline.id == Source.pipeline_id)
+            .where(Range.id == range_id)
+        )
+        if lock:
+            query = query.with_for_update(of=Range)
+        found = session.execute(query).one_or_none()
+        if found is None:
+            raise LedgerError(f"range {range_id} does not exist in the ledger")
+        return found[0], found[2], found[1]
+
+    def get(self, range_id: int) -> OffsetRange:
+        """The current state of one range."""
+        with self._tx(f"read range {range_id}", write=False) as session:
+            row, pipeline, src = self._load(session, range_id, lock=False)
+            return _snapshot(row, pipeline, src)
+
+    def commit(
+        self,
+        range_id: int,
+        *,
+        records: int,
+        first_seen: int | None,
+        last_seen: int | None,
+        output: str | None,
+    ) -> OffsetRange:
+        """Mark a claimed range processed; repeating an identical commit returns it unchanged."""
+        with self._tx(f"commit range {range_id}") as session:
+            row, pipeline, src = self._load(session, range_id, lock=True)
+            label = f"range {range_id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset}))"
+            self._check_counts(label, row, records, first_seen, last_seen)
+            if row.status == RangeStatus.COMMITTED.value:
+                if (row.records, row.first_seen, row.last_seen) == (records, first_seen, last_seen):
+                    return _snapshot(row, pipeline, src)
+                raise LedgerError(
+                    f"{label} is already committed with records={row.records} first_seen={row.first_seen} "
+                    f"last_seen={row.last_seen}; refusing a different commit"
+                )
+            if row.status != RangeStatus.CLAIMED.value:
+                raise LedgerError(f"{label} is {row.status}; only a claimed range can be committed")
+            now = _now()
+            row.status = RangeStatus.COMMITTED.value
+            row.records = records
+            row.first_seen = first_seen
+            row.last_seen = last_seen
+            row.output = _clip(output) if output is not None else None
+            row.committed_at = now
+            row.updated_at = now
+            session.flush()
+            return _snapshot(row, pipeline, src)
+
+    @staticmethod
+    def _check_counts(
+        label: str, row: Range, records: int, first_seen: int | None, last_seen: int | None
+    ) -> None:
+        if not isinstance(records, int) or isinstance(records, bool) or records < 0:
+            raise LedgerError(f"{label}: records must be a non-negative integer, got {records!r}")
+        if records == 0:
+            if first_seen is not None or last_seen is not None:
+                raise LedgerError(
+                    f"{label}: 0 records but first_seen/last_seen given ({first_seen}, {last_seen})"
+                )
+            return
+        if first_seen is None or last_seen is None:
+            raise LedgerError(f"{label}: {records} records need first_seen and last_seen")
+        if not row.start_offset <= first_seen <= last_seen < row.end_offset:
+            raise LedgerError(
+                f"{label}: seen offsets {first_seen}..{last_seen} are not inside [{row.start_offset}, "
+                f"{row.end_offset})"
+            )
+        if records > last_seen - first_seen + 1:
+            raise LedgerError(
+                f"{label}: {records} records cannot fit between offsets {first_seen} and {last_seen}"
+            )
+
+    def mark_offset_stored(self, range_id: int, verified: bool) -> None:
+        """Record that the broker offset was stored for this committed range (and read back: verified)."""
+        with self._tx(f"mark offset stored for range {range_id}") as session:
+            row, pipeline, src = self._load(session, range_id, lock=True)
+            if row.status != RangeStatus.COMMITTED.value:
+                raise LedgerError(
+                    f"range {range_id} ({pipeline} {src.stream}) is {row.status}; the broker offset is only "
+                    "stored after a commit"
+                )
+            row.offset_stored = True
+            row.offset_verified = bool(verified)
+            row.updated_at = _now()
+
+    def fail(self, range_id: int, reason: str) -> None:
+        """Give up a claimed range; its span is re-claimed as-is by the next claim of the source."""
+        with self._tx(f"fail range {range_id}") as session:
+            row, pipeline, src = self._load(session, range_id, lock=True)
+            if row.status == RangeStatus.FAILED.value:
+                return
+            if row.status != RangeStatus.CLAIMED.value:
+                raise LedgerError(
+                    f"range {range_id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset})) is "
+                    f"{row.status}; only a claimed range can fail"
+                )
+            row.status = RangeStatus.FAILED.value
+            row.error = _clip(str(reason) or "failed")
+            row.updated_at = _now()
+
+    def record_lost(
+        self, pipeline: str, source: SourceRef, start: int, end: int, run: RunIdentity, reason: str
+    ) -> OffsetRange:
+        """Record ``[start, end)`` as lost (retention removed it) instead of failing the pipeline.
+
+        Allowed at the source's tail, at the start of a hole a failed range left, or at the start of
+        the range ``run`` holds claimed (that claim fails; whatever it covered beyond ``end`` is left
+        as a failed remainder, which the next claim redoes).
+        """
+        _check_pipeline(pipeline)
+        _check_offset("start", start, source.stream)
+        _check_offset("end", end, source.stream)
+        if end <= start:
+            raise LedgerError(f"lost span [{start}, {end}) of stream {source.stream!r} is empty or reversed")
+        what = f"record lost [{start}, {end}) for pipeline {pipeline!r} stream {source.stream!r}"
+        with self._tx(what) as session:
+            src = self._lock_source(session, pipeline, source)
+            now = _now()
+            mine = session.scalars(
+                select(Range).where(
+                    Range.source_id == src.id,
+                    Range.dag_id == run.dag_id,
+                    Range.run_id == run.run_id,
+                    Range.task_id == run.task_id,
+                    Range.map_index == run.map_index,
+                    Range.status == RangeStatus.CLAIMED.value,
+                )
+            ).one_or_none()
+            split: Range | None = None
+            if mine is not None and mine.start_offset == start and end <= mine.end_offset:
+                mine.status = RangeStatus.FAILED.value
+                mine.error = _clip(f"lost: {reason}")
+                mine.updated_at = now
+                session.flush()
+                split = mine
+            else:
+                hole = self._first_hole(session, src.id)
+                tail = self._tail(session, src.id)
+                if hole is not None and hole.start_offset == start and end <= hole.end_offset:
+                    split = hole
+                elif tail is not None and tail != start:
+                    raise LedgerError(
+                        f"{what}: a lost span must start at the ledger's tail {tail}, at a failed hole, "
+                        "or at the start of the claim this run holds"
+                    )
+            lost = self._new_row(src.id, start, end, RangeStatus.LOST, run, now, error=_clip(reason))
+            session.add(lost)
+            if split is not None and end < split.end_offset:
+                remainder_run = RunIdentity(
+                    split.dag_id, split.run_id, split.task_id, split.map_index, split.try_number
+                )
+                session.add(
+                    self._new_row(
+                        src.id,
+                        end,
+                        split.end_offset,
+                        RangeStatus.FAILED,
+                        remainder_run,
+                        now,
+                        error=f"remainder of range {split.id} after lost span [{start}, {end})",
+                    )
+                )
+            session.flush()
+            return _snapshot(lost, pipeline, src)
+
+    @staticmethod
+    def _new_row(
+        source_id: int,
+        start: int,
+        end: int,
+        status: RangeStatus,
+        run: RunIdentity,
+        now: datetime,
+        *,
+        error: str | None = None,
+    ) -> Range:
+        return Range(
+            source_id=source_id,
+            start_offset=start,
+            end_offset=end,
+            status=status.value,
+            dag_id=run.dag_id,
+            run_id=run.run_id,
+            task_id=run.task_id,
+            map_index=run.map_index,
+            try_number=run.try_number,
+            offset_stored=False,
+            offset_verified=False,
+            error=error,
+            claimed_at=now,
+            updated_at=now,
+        )
+
+    def release_stale(self, older_than: timedelta, *, pipeline: str | None = None) -> list[OffsetRange]:
+        """Fail every claim older than ``older_than`` (a crashed worker's), so its span is re-claimed."""
+        if older_than < timedelta(0):
+            raise LedgerError(f"older_than must not be negative, got {older_than}")
+        cutoff = _now() - older_than
+        with self._tx("release stale claims") as session:
+            query = (
+                select(Range, Source, Pipeline.name)
+                .join(Source, Source.id == Range.source_id)
+                .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                .where(Range.status == RangeStatus.CLAIMED.value, Range.claimed_at < cutoff)
+                .order_by(Range.id)
+                .with_for_update(of=Range)
+            )
+            if pipeline is not None:
+                query = query.where(Pipeline.name == pipeline)
+            rows = session.execute(query).all()
+            if not rows:
+                return []
+            now = _now()
+            ids = [r[0].id for r in rows]
+            session.execute(
+                update(Range)
+                .where(and_(Range.id.in_(ids), Range.status == RangeStatus.CLAIMED.value))
+                .values(
+                    status=RangeStatus.FAILED.value,
+                    error=f"released: claim older than {older_than}",
+                    updated_at=now,
+                )
+                .execution_options(synchronize_session=False)
+            )
+            out = []
+            for row, src, name in rows:
+                session.refresh(row)
+                out.append(_snapshot(row, name, src))
+            return out
+
+    def ranges(self, pipeline: str | None = None, *, stream: str | None = None) -> list[OffsetRange]:
+        """All ranges (optionally of one pipeline / stream) ordered by pipeline, stream, start, id."""
+        with self._tx("list ranges", write=False) as session:
+            query = (
+                select(Range, Source, Pipeline.name)
+                .join(Source, Source.id == Range.source_id)
+                .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                .order_by(Pipeline.name, Source.stream, Source.broker, Range.start_offset, Range.id)
+            )
+            if pipeline is not None:
+                query = query.where(Pipeline.name == pipeline)
+            if stream is not None:
+                query = query.where(Source.stream == stream)
+            return [_snapshot(row, name, src) for row, src, name in session.execute(query)]
+
+    def audit(
+        self,
+        pipeline: str | None = None,
+        *,
+        broker: BrokerOffsetLookup | OffsetQuerier | None = None,
+        stale_after: timedelta = timedelta(hours=1),
+    ) -> AuditReport:
+        """Check the invariants in SQL (see :mod:`streamledger.ledger.audit`).
+
+        ``broker`` is ``callable(stream, reference) -> int | None`` or an object with that
+        ``query_offset`` method (a connected ``StreamClient``); it is asked once per audited source.
+        """
+        with self._tx("audit", write=False) as session:
+            return run_audit(session, pipeline=pipeline, broker=broker, stale_after=stale_after, now=_now())
