@@ -16,6 +16,7 @@ from streamledger.protocol.rabbitmq.chunk import (
     CHUNK_HEADER_SIZE,
     CHUNK_TYPE_USER,
     ChunkHeader,
+    EncodedEntry,
     SubBatch,
     build_chunk,
     decode_chunk,
@@ -433,3 +434,29 @@ def test_accelerated_and_pure_decoders_give_identical_batches(
     monkeypatch.setattr(amqp, "_data_bodies", amqp._data_bodies_py)
     monkeypatch.setattr(chunk, "ACCELERATED", False)  # also takes the pure-Python uniform-size paths
     assert run() == fast
+
+
+# ---------------------------------------------------------------- interop: sub-entries as rstream builds them
+
+
+def test_we_read_rstream_sub_entry_batches() -> None:
+    """rstream's gzip/none sub-entry codecs produce the bytes its PublishSubBatching frame carries,
+    which the server stores verbatim as one entry (osiris-chunk.md 5.2)."""
+    from rstream import AMQPMessage
+    from rstream.compression import CompressionHelper, CompressionType
+
+    messages = [AMQPMessage(body=f"m{i}".encode()) for i in range(5)] + [b"raw-record"]
+    entries = []
+    for ctype in (CompressionType.Gzip, CompressionType.No):
+        codec = CompressionHelper.compress(messages, ctype)
+        head = bytes([0x80 | codec.compression_type() << 4])
+        head += codec.messages_count().to_bytes(2, "big") + codec.uncompressed_size().to_bytes(4, "big")
+        head += codec.compressed_size().to_bytes(4, "big")
+        entries.append(EncodedEntry(head + codec.data(), codec.messages_count()))
+    chunk = build_chunk([*entries, bytes(AMQPMessage(body=b"simple"))], first_offset=40)
+    _, batch = decode(chunk, start=41, end=100)
+    one_batch = [b"m0", b"m1", b"m2", b"m3", b"m4", b"raw-record"]
+    assert batch.bodies == [*one_batch[1:], *one_batch, b"simple"]
+    assert batch.offsets == list(range(41, 53))
+    _, raw = decode(chunk, start=45, end=47, mode="raw")
+    assert raw.bodies == [b"raw-record", bytes(AMQPMessage(body=b"m0"))]

@@ -329,8 +329,18 @@ class SubBatch:
     codec: int = CODEC_NONE
 
 
-def encode_entry(entry: bytes | SubBatch) -> bytes:
+@dataclass(frozen=True, slots=True)
+class EncodedEntry:
+    """An entry already in wire form (e.g. built by another client) holding ``records`` records."""
+
+    data: bytes
+    records: int
+
+
+def encode_entry(entry: bytes | SubBatch | EncodedEntry) -> bytes:
     """One entry of a chunk data section (also the entry format of a Publish frame)."""
+    if isinstance(entry, EncodedEntry):
+        return entry.data
     if isinstance(entry, SubBatch):
         plain = b"".join(len(r).to_bytes(4, "big") + bytes(r) for r in entry.records)
         packed = compress(entry.codec, plain)
@@ -344,7 +354,7 @@ def encode_entry(entry: bytes | SubBatch) -> bytes:
 
 
 def build_chunk(
-    entries: Iterable[bytes | SubBatch],
+    entries: Iterable[bytes | SubBatch | EncodedEntry],
     *,
     first_offset: int = 0,
     timestamp: int = 0,
@@ -365,7 +375,12 @@ def build_chunk(
     for e in entries:
         parts.append(encode_entry(e))
         n_entries += 1
-        n_records += len(e.records) if isinstance(e, SubBatch) else 1
+        if isinstance(e, SubBatch):
+            n_records += len(e.records)
+        elif isinstance(e, EncodedEntry):
+            n_records += e.records
+        else:
+            n_records += 1
     data = b"".join(parts)
     header = _HEADER.pack(
         CHUNK_MAGIC_VERSION, chunk_type, n_entries, n_records, timestamp, epoch, first_offset,
