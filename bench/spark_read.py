@@ -1,0 +1,198 @@
+"""Spark data source vs a single-process rstream consumer: the same messages into Parquet, same run.
+
+Setup: a 2-partition super stream on the local 4.3 broker (127.0.0.1:5552) filled with N AMQP messages
+(default 1,000,000 x 100 random bytes, split evenly). Then, in this order:
+
+1. baseline: one Python process with rstream (``amqp_decoder``) consumes both partitions from the
+   first offset to the committed tail and writes Parquet with pyarrow (same schema and the same
+   map/timestamp conversion as the data source);
+2. Spark: ``SparkSession`` start (timed alone: the fixed cost), then the ``rabbitmq_stream`` source
+   with ``superStream`` into Parquet on ``local[2]`` (cold: includes the Python worker start), then
+   the same read again (warm).
+
+Prints msgs/s for each, the ratio Spark/baseline end to end (session start + cold read) and warm, and
+the share of Spark's end-to-end time that is fixed start-up. Figures are noisy on a shared 2-core VM.
+
+Usage: ``python bench/spark_read.py [--messages N] [--size B] [--url URL] [--keep]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pyarrow.parquet as pq
+
+from streamledger.protocol.rabbitmq import StreamClient
+from streamledger.spark.arrow import ARROW_SCHEMA, to_arrow
+
+DEFAULT_URL = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
+
+
+def prepare(url: str, name: str, messages: int, size: int) -> tuple[list[str], dict[str, int]]:
+    """(Re)create the super stream and fill it; returns its partitions and their tails."""
+    payload = os.urandom(size * 4096)
+    with StreamClient.connect(url) as client:
+        client.delete_super_stream(name, missing_ok=True)
+        client.create_super_stream(name, partitions=2)
+        parts = client.partitions(name)
+        t0 = time.perf_counter()
+        for k, part in enumerate(parts):
+            count = messages // len(parts) + (1 if k < messages % len(parts) else 0)
+            bodies = (
+                payload[(i % 4000) * size : (i % 4000) * size + size - 8] + i.to_bytes(8, "little")
+                for i in range(count)
+            )
+            result = client.publish(part, bodies, batch_size=1000)
+            if result.confirmed != count:
+                raise SystemExit(f"publish to {part}: {result.confirmed}/{count} confirmed")
+        took = time.perf_counter() - t0
+        tails = {p: client.committed_tail(p) for p in parts}
+    print(f"published {messages:,} x {size} B into {name} {parts} in {took:.1f}s "
+          f"({messages / took:,.0f} msg/s)", flush=True)
+    return parts, tails
+
+
+async def _rstream_consume(url: str, tails: dict[str, int], out_dir: Path) -> int:
+    from rstream import (
+        AMQPMessage,
+        Consumer,
+        ConsumerOffsetSpecification,
+        MessageContext,
+        OffsetType,
+        amqp_decoder,
+    )
+
+    u = urlsplit(url)
+    consumer = Consumer(u.hostname or "127.0.0.1", u.port or 5552, username=u.username or "guest",
+                        password=u.password or "guest")
+    cols: dict[str, dict[str, list[Any]]] = {
+        p: {"offsets": [], "ts": [], "bodies": [], "props": [], "app": []} for p in tails
+    }
+    writers = {p: pq.ParquetWriter(out_dir / f"{p}.parquet", ARROW_SCHEMA) for p in tails}
+    remaining = {p: t for p, t in tails.items() if t > 0}
+    done = asyncio.Event()
+    total = 0
+
+    def flush(p: str) -> None:
+        c = cols[p]
+        if c["offsets"]:
+            writers[p].write_batch(to_arrow(p, c["offsets"], c["ts"], c["bodies"], c["props"], c["app"]))
+            for v in c.values():
+                v.clear()
+
+    async def on_message(msg: AMQPMessage, ctx: MessageContext) -> None:
+        nonlocal total
+        p = ctx.stream
+        if p not in remaining or ctx.offset >= tails[p]:
+            return
+        c = cols[p]
+        c["offsets"].append(ctx.offset)
+        c["ts"].append(ctx.timestamp)
+        data = msg.body
+        c["bodies"].append(data if isinstance(data, bytes) else b"".join(data))
+        c["props"].append(None)
+        app = msg.application_properties
+        c["app"].append(
+            {k.decode() if isinstance(k, bytes) else k: v for k, v in app.items()} if app else None
+        )
+        total += 1
+        if len(c["offsets"]) >= 65536:
+            flush(p)
+        if ctx.offset >= tails[p] - 1:
+            del remaining[p]
+            if not remaining:
+                done.set()
+
+    await consumer.start()
+    for p in remaining:
+        await consumer.subscribe(p, on_message, decoder=amqp_decoder,
+                                 offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+    if remaining:
+        await asyncio.wait_for(done.wait(), timeout=900)
+    await consumer.close()
+    for p, w in writers.items():
+        flush(p)
+        w.close()
+    return total
+
+
+def baseline(url: str, tails: dict[str, int], out_dir: Path) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    n = asyncio.run(_rstream_consume(url, tails, out_dir))
+    return n, time.perf_counter() - t0
+
+
+def spark_run(spark: Any, url: str, name: str, out: Path) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    (spark.read.format("rabbitmq_stream").option("url", url).option("superStream", name)
+     .load().write.mode("overwrite").parquet(str(out)))
+    took = time.perf_counter() - t0
+    return pq.ParquetDataset(out).read(columns=["offset"]).num_rows, took
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", default=os.environ.get("STREAMLEDGER_RABBITMQ_URL", DEFAULT_URL))
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--name", default="bench-spark-read")
+    ap.add_argument("--keep", action="store_true", help="keep the super stream afterwards")
+    args = ap.parse_args()
+    if args.size < 8:
+        raise SystemExit("--size must be >= 8")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    home = Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger")) / "bench"
+    home.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="spark-read-", dir=home))
+    try:
+        _parts, tails = prepare(args.url, args.name, args.messages, args.size)
+        expected = sum(tails.values())  # fresh partitions: offsets 0..tail-1 are all user records
+
+        (work / "rstream").mkdir()
+        n_base, t_base = baseline(args.url, tails, work / "rstream")
+        assert n_base == expected, (n_base, expected)
+        print(f"rstream baseline : {n_base:,} msgs in {t_base:6.2f}s  -> {n_base / t_base:>10,.0f} msg/s",
+              flush=True)
+
+        t0 = time.perf_counter()
+        from streamledger.spark.session import build_session
+
+        spark = build_session(master="local[2]", app_name="bench-spark-read",
+                              conf={"spark.driver.memory": "4g"})
+        spark.sparkContext.setLogLevel("ERROR")
+        t_start = time.perf_counter() - t0
+        try:
+            n_cold, t_cold = spark_run(spark, args.url, args.name, work / "spark-cold")
+            n_warm, t_warm = spark_run(spark, args.url, args.name, work / "spark-warm")
+        finally:
+            spark.stop()
+        assert n_cold == n_warm == expected, (n_cold, n_warm, expected)
+        e2e = t_start + t_cold
+        print(f"spark session    : {t_start:6.2f}s (fixed start-up)")
+        print(f"spark cold read  : {n_cold:,} msgs in {t_cold:6.2f}s  -> {n_cold / t_cold:>10,.0f} msg/s")
+        print(f"spark warm read  : {n_warm:,} msgs in {t_warm:6.2f}s  -> {n_warm / t_warm:>10,.0f} msg/s")
+        print(f"spark end to end : {e2e:6.2f}s -> {expected / e2e:,.0f} msg/s; "
+              f"start-up share {t_start / e2e:.0%} (session) + "
+              f"{max(0.0, t_cold - t_warm) / e2e:.0%} (first-read warm-up)")
+        print(f"ratio spark/rstream: end to end {t_base / e2e:.2f}x, cold read {t_base / t_cold:.2f}x, "
+              f"warm read {t_base / t_warm:.2f}x (target >= 2x end to end)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            with StreamClient.connect(args.url) as client:
+                client.delete_super_stream(args.name, missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
