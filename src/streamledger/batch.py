@@ -331,7 +331,13 @@ class BatchRun:
         return int(self.broker.resolve_offset(stream, OffsetSpec.timestamp(_millis(moment))))
 
     def _source_ranges(self, stream: str) -> list[OffsetRange]:
-        return [r for r in self.ledger.ranges(self.config.pipeline) if r.source.stream == stream]
+        """The stream's ranges, live ones (committed, then claimed) before failed history rows."""
+        rank = {"committed": 0, "claimed": 1, "failed": 2}
+        found = [
+            r for r in self.ledger.ranges(self.config.pipeline, stream=stream)
+            if r.source.broker == self.result.broker and str(r.status) in rank
+        ]
+        return sorted(found, key=lambda r: rank[str(r.status)])
 
     def _held_by_this_run(self, stream: str) -> OffsetRange | None:
         """The range this run identity already holds for the stream (a retry or a cleared task)."""
@@ -429,9 +435,12 @@ class BatchRun:
                     cfg.pipeline, self._source(part.stream), part.end, self._identity(), initial_start=initial
                 )
             if (rng.start, rng.end) != (part.start, part.end):
+                if str(rng.status) == "claimed" and rng.run.run_id == self.run.run_id:
+                    self.ledger.fail(rng.id, "claimed a range other than planned")
                 raise BatchError(
-                    f"stream {part.stream!r}: ledger claimed [{rng.start}, {rng.end}) for pipeline "
-                    f"{cfg.pipeline!r} but the plan was [{part.start}, {part.end}) (concurrent writer?)"
+                    f"stream {part.stream!r}: the ledger handed out [{rng.start}, {rng.end}) for pipeline "
+                    f"{cfg.pipeline!r} but the plan was [{part.start}, {part.end}): a failed range must be "
+                    "redone first (re-run the run that failed it) or another writer is active"
                 )
             self._ranges[part.stream] = rng
             self._committed_before[part.stream] = str(rng.status) == "committed"

@@ -109,9 +109,7 @@ class OffsetLedgerHook(BaseHook):
                 path = url[len("sqlite:///"):].split("?", 1)[0]
                 if path and path != ":memory:":
                     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self._ledger = Ledger(url)
-            if self.upgrade:
-                self._ledger.upgrade()
+            self._ledger = Ledger(url, create=self.upgrade)
         return self._ledger
 
     def test_connection(self) -> tuple[bool, str]:

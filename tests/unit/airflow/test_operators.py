@@ -69,7 +69,8 @@ def test_sensor_validation() -> None:
 
 def test_trigger_serialisation_round_trip() -> None:
     trigger = StreamBacklogTrigger(pipeline="p", min_backlog=10, super_stream="events",
-                                   rabbitmq_stream_conn_id="rmq", ledger_url="sqlite:///l.db", poll_interval=2)
+                                   rabbitmq_stream_conn_id="rmq", ledger_url="sqlite:///l.db",
+                                   poll_interval=2)
     classpath, kwargs = trigger.serialize()
     module, _, name = classpath.rpartition(".")
     rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
@@ -82,7 +83,7 @@ def test_sensor_builds_the_trigger_it_defers_to() -> None:
     sensor = StreamBacklogSensor(task_id="s", pipeline="p", super_stream="events", min_backlog=5,
                                  poke_interval=7, deferrable=True)
     _, kwargs = sensor.trigger().serialize()
-    assert kwargs["min_backlog"] == 5 and kwargs["poll_interval"] == 7.0 and kwargs["super_stream"] == "events"
+    assert (kwargs["min_backlog"], kwargs["poll_interval"], kwargs["super_stream"]) == (5, 7.0, "events")
 
 
 def test_audit_operator_defaults() -> None:
