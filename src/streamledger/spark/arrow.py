@@ -73,22 +73,40 @@ def stringify(value: Any) -> str | None:
     return str(value)
 
 
-def _map_entries(row: Mapping[Any, Any] | None) -> list[tuple[str, str | None]] | None:
-    if row is None:
-        return None
-    return [(k if isinstance(k, str) else (stringify(k) or ""), stringify(v)) for k, v in row.items()]
-
-
 def map_column(rows: Sequence[Mapping[Any, Any] | None] | None, length: int) -> pa.Array:
-    """A ``map<string,string>`` column; a missing column (``decode="raw"``) becomes all nulls."""
+    """A ``map<string,string>`` column; a missing column (``decode="raw"``) becomes all nulls.
+
+    Built from flat key/value lists plus offsets (one ``MapArray.from_arrays``), which is several
+    times faster than handing pyarrow a list of per-row lists of pairs.
+    """
     if rows is None:
         return pa.nulls(length, type=STRING_MAP)
     if len(rows) != length:
         raise ValueError(f"map column has {len(rows)} rows, expected {length}")
-    if not any(rows):
-        # All None or all empty dicts: keep the distinction cheaply.
-        return pa.array([None if r is None else [] for r in rows], type=STRING_MAP)
-    return pa.array([_map_entries(r) for r in rows], type=STRING_MAP)
+    offsets: list[int] = [0]
+    keys: list[str | None] = []
+    values: list[str | None] = []
+    nulls: list[bool] = []
+    any_null = False
+    for row in rows:
+        if row is None:
+            any_null = True
+            nulls.append(True)
+        else:
+            nulls.append(False)
+            for k, v in row.items():
+                keys.append(k if type(k) is str else (stringify(k) or ""))
+                values.append(v if type(v) is str else stringify(v))
+        offsets.append(len(keys))
+    if not keys and any_null and all(nulls):
+        return pa.nulls(length, type=STRING_MAP)
+    arr = pa.MapArray.from_arrays(
+        pa.array(offsets, type=pa.int32()),
+        pa.array(keys, type=pa.string()),
+        pa.array(values, type=pa.string()),
+        mask=pa.array(nulls, type=pa.bool_()) if any_null else None,
+    )
+    return arr if arr.type.equals(STRING_MAP) else arr.cast(STRING_MAP)
 
 
 def timestamp_column(millis: Sequence[int]) -> pa.Array:
