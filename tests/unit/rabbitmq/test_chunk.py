@@ -30,6 +30,7 @@ from streamledger.protocol.rabbitmq.errors import (
     ProtocolError,
 )
 from streamledger.protocol.rabbitmq.records import RecordBatch
+from tests.unit.rabbitmq import load_accel
 
 
 @pytest.fixture(autouse=True, scope="module", params=["accelerated", "pure-python"])
@@ -37,28 +38,16 @@ def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run every test of this module with the C loops and with their pure-Python twins."""
     from streamledger.protocol.rabbitmq import amqp, chunk
 
-    saved = (chunk._split_entries, amqp._data_bodies, chunk.ACCELERATED)
+    saved = (chunk._split_entries, amqp._data_bodies, amqp._decode_record, chunk.ACCELERATED)
     if request.param == "pure-python":
-        chunk._split_entries, amqp._data_bodies, chunk.ACCELERATED = (
-            chunk._split_entries_py, amqp._data_bodies_py, False)
+        chunk._split_entries, amqp._data_bodies, amqp._decode_record, chunk.ACCELERATED = (
+            chunk._split_entries_py, amqp._data_bodies_py, amqp._no_accel, False)
     else:
-        lib = _load_accel()
-        chunk._split_entries, amqp._data_bodies, chunk.ACCELERATED = (
-            lib.split_entries, lib.data_bodies, True)
+        lib = load_accel()
+        chunk._split_entries, amqp._data_bodies, amqp._decode_record, chunk.ACCELERATED = (
+            lib.split_entries, lib.data_bodies, lib.decode_record, True)
     yield request.param
-    chunk._split_entries, amqp._data_bodies, chunk.ACCELERATED = saved
-
-
-def _load_accel() -> Any:
-    """The compiled loops, built here if the developer has not built them yet (gcc is required)."""
-    try:
-        from streamledger.protocol.rabbitmq import _accel
-    except ImportError:
-        from streamledger.protocol.rabbitmq import _accel_build
-
-        _accel_build.build(quiet=True)
-        from streamledger.protocol.rabbitmq import _accel
-    return _accel
+    chunk._split_entries, amqp._data_bodies, amqp._decode_record, chunk.ACCELERATED = saved
 
 
 def h(text: str) -> bytes:
@@ -359,7 +348,7 @@ def test_encode_entry_matches_spec_layout() -> None:
 
 @pytest.fixture(scope="module")
 def accel() -> Any:
-    return _load_accel()
+    return load_accel()
 
 
 def _outcome(fn: object, *args: object) -> object:
@@ -411,6 +400,9 @@ def test_accelerated_and_pure_decoders_give_identical_batches(
     from streamledger.protocol.rabbitmq import amqp, chunk
 
     records = [encode_message(bytes([i % 251]) * (i % 300)) for i in range(400)] + [b"raw", b""]
+    records[::7] = [encode_message(b"p%d" % i, properties={"message-id": i, "creation-time": i},
+                                   application_properties={"i": i, "s": "x" * (i % 5)},
+                                   message_annotations={"x-i": i}) for i in range(len(records[::7]))]
     chunks = [
         build_chunk(records, first_offset=0),
         build_chunk([SubBatch(records[:200], 1), *records[200:300], SubBatch(records[300:], 0)],
@@ -428,10 +420,12 @@ def test_accelerated_and_pure_decoders_give_identical_batches(
 
     monkeypatch.setattr(chunk, "_split_entries", accel.split_entries)
     monkeypatch.setattr(amqp, "_data_bodies", accel.data_bodies)
+    monkeypatch.setattr(amqp, "_decode_record", accel.decode_record)
     monkeypatch.setattr(chunk, "ACCELERATED", True)
     fast = run()
     monkeypatch.setattr(chunk, "_split_entries", chunk._split_entries_py)
     monkeypatch.setattr(amqp, "_data_bodies", amqp._data_bodies_py)
+    monkeypatch.setattr(amqp, "_decode_record", amqp._no_accel)
     monkeypatch.setattr(chunk, "ACCELERATED", False)  # also takes the pure-Python uniform-size paths
     assert run() == fast
 

@@ -704,8 +704,10 @@ _DATA8 = b"\x00\x53\x75\xa0"
 _DATA32 = b"\x00\x53\x75\xb0"
 
 
-def _decode_one(r: bytes) -> tuple[bytes, dict[str, Any] | None, dict[Any, Any] | None,
-                                   dict[Any, Any] | None]:
+_Decoded = tuple[bytes, "dict[str, Any] | None", "dict[Any, Any] | None", "dict[Any, Any] | None"]
+
+
+def _decode_one(r: bytes) -> _Decoded:
     """(body, properties, application-properties, message-annotations) of one record; raw if not AMQP."""
     try:
         _h, _da, ma, props, app, data, seq, value_set, value, _f = _walk(r)
@@ -742,12 +744,26 @@ def _data_bodies_py(records: list[bytes]) -> tuple[list[bytes | None], int]:
     return bodies, misses
 
 
+def _no_accel(record: bytes) -> _Decoded | None:
+    return None
+
+
+def _uuid_from_bytes(raw: bytes) -> uuid.UUID:
+    return uuid.UUID(bytes=raw)
+
+
 _data_bodies: Callable[[list[bytes]], tuple[list[bytes | None], int]] = _data_bodies_py
+# the C decoder of common message shapes; None means "let _decode_one decide"
+_decode_record: Callable[[bytes], _Decoded | None] = _no_accel
 if not os.environ.get("STREAMLEDGER_PURE_PYTHON"):
     try:
-        from streamledger.protocol.rabbitmq._accel import data_bodies as _data_bodies
+        from streamledger.protocol.rabbitmq import _accel
     except ImportError:
         pass
+    else:
+        _accel.configure(Symbol, _ts, _uuid_from_bytes, PROPERTY_FIELDS)
+        _data_bodies = _accel.data_bodies
+        _decode_record = _accel.decode_record
 
 
 def decode_columns(records: list[bytes]) -> _Columns:
@@ -765,7 +781,8 @@ def decode_columns(records: list[bytes]) -> _Columns:
     mas: list[dict[Any, Any] | None] = [None] * m
     for i, b in enumerate(found):
         if b is None:
-            b, props[i], apps[i], mas[i] = _decode_one(records[i])
+            r = records[i]
+            b, props[i], apps[i], mas[i] = _decode_record(r) or _decode_one(r)
         bodies.append(b)
     return bodies, props, apps, mas
 
