@@ -36,9 +36,9 @@ from streamledger.protocol.rabbitmq.reader import ChunkInfo, probe_chunk, read_r
 from streamledger.protocol.rabbitmq.records import RecordBatch
 from streamledger.protocol.rabbitmq.url import ConnectionParams, to_params
 from streamledger.protocol.rabbitmq.wire import (
-    Reader,
     Writer,
     create_frame,
+    metadata_frame,
     query_offset_frame,
     store_offset_frame,
     stream_stats_frame,
@@ -235,39 +235,26 @@ class StreamClient:
         def call() -> dict[str, StreamMetadata]:
             conn = self._conn
             corr = conn.next_corr()
-            frame = Writer(c.METADATA).u32(corr).string_array(names).frame()
-            conn.send(frame)
-            # Metadata's response has no response code (spec 7.15): read it by hand.
-            return self._read_metadata(corr)
+            # Metadata's response has no response code (spec 7.15), only per-stream codes.
+            r = conn.call(c.METADATA, corr, metadata_frame(corr, names))
+            brokers: dict[int, tuple[str, int]] = {}
+            for _ in range(r.count(8)):
+                ref = r.u16()
+                host = r.string()
+                brokers[ref] = (host, r.u32())
+            result: dict[str, StreamMetadata] = {}
+            for _ in range(r.count(10)):
+                stream = r.string()
+                code = r.u16()
+                leader = r.u16()
+                replicas = [r.u16() for _ in range(r.count(2))]
+                result[stream] = StreamMetadata(
+                    stream, code, c.code_name(code), brokers.get(leader),
+                    [brokers[x] for x in replicas if x in brokers],
+                )
+            return result
 
         return self._retrying(call)
-
-    def _read_metadata(self, corr: int) -> dict[str, StreamMetadata]:
-        conn = self._conn
-        deadline = time.monotonic() + self.timeout
-        while True:
-            key, version, pos, end = conn.read_frame(deadline, "the Metadata response")
-            if key == c.METADATA | c.RESPONSE_BIT:
-                r = Reader(conn.buffer, pos, end, "Metadata response")
-                if r.u32() != corr:
-                    continue
-                brokers: dict[int, tuple[str, int]] = {}
-                for _ in range(r.count(8)):
-                    ref = r.u16()
-                    host = r.string()
-                    brokers[ref] = (host, r.u32())
-                result: dict[str, StreamMetadata] = {}
-                for _ in range(r.count(10)):
-                    stream = r.string()
-                    code = r.u16()
-                    leader = r.u16()
-                    replicas = [r.u16() for _ in range(r.count(2))]
-                    result[stream] = StreamMetadata(
-                        stream, code, c.code_name(code), brokers.get(leader),
-                        [brokers[x] for x in replicas if x in brokers],
-                    )
-                return result
-            conn.dispatch(key, version, pos, end, waiting_for="the Metadata response")
 
     def stream_exists(self, name: str) -> bool:
         _check_name("stream", name)

@@ -408,6 +408,12 @@ class Connection:
 
         The reader is positioned after the response code and is valid until the next read.
         """
+        r = self.call(key, corr, frame, timeout=timeout)
+        return r.u16(), r
+
+    def call(self, key: int, corr: int, frame: bytes, *, timeout: float | None = None) -> Reader:
+        """Send a request and return its response payload, positioned after the correlation id
+        (for Metadata, whose response has no response code)."""
         self.send(frame)
         name = c.command_name(key)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -419,7 +425,7 @@ class Connection:
                 r = Reader(self._reader.buf, pos, end, f"{name} response")
                 if r.u32() != corr:
                     continue  # a late answer to an earlier, timed-out request
-                return r.u16(), r
+                return r
             self.dispatch(fkey, version, pos, end, waiting_for=name)
 
     def dispatch(self, key: int, version: int, pos: int, end: int, *, waiting_for: str = "a frame") -> None:

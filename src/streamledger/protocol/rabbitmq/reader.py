@@ -37,7 +37,12 @@ from streamledger.protocol.rabbitmq.errors import (
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.records import RecordBatch
-from streamledger.protocol.rabbitmq.wire import Writer, credit_frame, subscribe_frame, unsubscribe_frame
+from streamledger.protocol.rabbitmq.wire import (
+    credit_frame,
+    metadata_frame,
+    subscribe_frame,
+    unsubscribe_frame,
+)
 
 if TYPE_CHECKING:
     from streamledger.protocol.rabbitmq.client import StreamClient
@@ -122,8 +127,7 @@ def probe_chunk(
         subscribe(conn, sub_id, stream, spec, 1, props)
         try:
             corr = conn.next_corr()
-            barrier = Writer(c.METADATA).u32(corr).string_array([stream]).frame()
-            conn.request(c.METADATA, corr, barrier)
+            conn.call(c.METADATA, corr, metadata_frame(corr, [stream]))
             deadline = time.monotonic() + wait
             while not seen and time.monotonic() < deadline:
                 try:

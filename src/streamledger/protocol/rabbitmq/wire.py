@@ -384,5 +384,9 @@ def stream_stats_frame(corr: int, stream: str) -> bytes:
     return Writer(_c.STREAM_STATS).u32(corr).string(stream).frame()
 
 
+def metadata_frame(corr: int, streams: Iterable[str]) -> bytes:
+    return Writer(_c.METADATA).u32(corr).string_array(streams).frame()
+
+
 def create_frame(corr: int, stream: str, arguments: Mapping[str, str]) -> bytes:
     return Writer(_c.CREATE).u32(corr).string(stream).string_map(arguments).frame()
