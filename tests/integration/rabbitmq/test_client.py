@@ -9,17 +9,21 @@ import pytest
 
 from streamledger.protocol.rabbitmq import (
     AuthenticationError,
+    ConnectionClosed,
     ConnectionFailed,
     FrameTooLarge,
     InvalidRequest,
     OffsetSpec,
     PreconditionFailed,
+    PublishRejected,
+    PublishResult,
     StreamAlreadyExists,
     StreamClient,
     StreamNotFound,
     UnsupportedByBroker,
 )
 from streamledger.protocol.rabbitmq import constants as c
+from streamledger.protocol.rabbitmq.publisher import _send_all
 from tests.support.rabbitmq import Broker, StreamNames, make_super_stream_310
 
 pytestmark = pytest.mark.rabbitmq
@@ -210,3 +214,32 @@ def test_bad_credentials_and_vhost_are_clear(broker_43: Broker) -> None:
         StreamClient.connect(broker_43.url.rstrip("/") + "/no-such-vhost")
     with pytest.raises(ConnectionFailed, match=r"cannot connect to 127\.0\.0\.1:1"):
         StreamClient.connect("rabbitmq-stream://guest:guest@127.0.0.1:1/", timeout=2)
+
+
+def test_why_3_10_is_never_sent_new_commands(broker_310: Broker) -> None:
+    """Forcing ExchangeCommandVersions onto 3.10 shows what the version gate prevents: the broker
+    closes the connection (Close UNKNOWN_FRAME), which we answer and report, never hang on."""
+    client = StreamClient.connect(broker_310.url)
+    try:
+        with pytest.raises(ConnectionClosed, match=r"closed the connection .*UNKNOWN_FRAME") as info:
+            client.connection._exchange_command_versions()
+        assert info.value.code_name == "UNKNOWN_FRAME"
+        assert client.connection.closed
+        with pytest.raises(ConnectionClosed):
+            client.stream_exists("anything")
+    finally:
+        client.close()
+
+
+def test_publish_error_is_reported(broker_43: Broker, stream_name: StreamNames) -> None:
+    """PublishError frames (here: an undeclared publisher id, code 0x12) are collected per id."""
+    name = stream_name("puberr")
+    with StreamClient.connect(broker_43.url) as client:
+        client.create_stream(name)
+        result = PublishResult()
+        _send_all(client.connection, 99, name, [b"a", b"b"], result, 1, amqp=False, batch_size=10,
+                  app_props=None, timeout=5.0, window=100)
+        assert result.errors == [(1, "PUBLISHER_DOES_NOT_EXIST"), (2, "PUBLISHER_DOES_NOT_EXIST")]
+        assert result.confirmed == 0
+        error = PublishRejected(name, result.errors)
+        assert "2 message(s) rejected (first: publishing id 1, PUBLISHER_DOES_NOT_EXIST)" in str(error)
