@@ -132,7 +132,10 @@ def _check_offset(offset: int) -> None:
 
 
 class StreamClient:
-    """A connection to one broker with the stream, offset, super-stream and publish commands."""
+    """A connection to one broker with the stream, offset, super-stream and publish commands.
+
+    Not thread-safe: use one client per thread (each ``read_range`` already has its own connection).
+    """
 
     def __init__(self, conn: Connection, *, timeout: float = 10.0) -> None:
         self._conn = conn
