@@ -10,7 +10,7 @@ export STREAMLEDGER_HOME ?= /var/tmp/streamledger
 .PHONY: demo test venv lint unit brokers brokers-stop bench clean
 
 venv: $(VENV)/.stamp
-$(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh
+$(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh $(wildcard src/streamledger/protocol/*/*.c)
 	scripts/bootstrap.sh $(VENV)
 	touch $@
 
