@@ -14,6 +14,8 @@ from streamledger.protocol.rabbitmq import (
     RecordBatch,
     StreamClient,
 )
+from streamledger.protocol.rabbitmq import constants as c
+from streamledger.protocol.rabbitmq.wire import declare_publisher_frame, publish_frame, store_offset_frame
 from tests.support.rabbitmq import Broker, StreamNames
 
 pytestmark = pytest.mark.rabbitmq
@@ -144,3 +146,32 @@ def test_start_below_retention_is_data_loss(any_broker: Broker, stream_name: Str
         first = client.first_offset(name)
         got = offsets(list(client.read_range(name, first, tail, decode="raw")))
         assert got and got[0] == first and got[-1] < tail
+
+
+def test_chunk_with_tracking_trailer(any_broker: Broker, stream_name: StreamNames) -> None:
+    """A StoreOffset in the same TCP write as a Publish is stored as the user chunk's trailer
+    (spec 7.10). With chunk_selector=all the trailer bytes follow the data in the Deliver frame;
+    the read must skip them and stay exact."""
+    name = stream_name("trailer")
+    with StreamClient.connect(any_broker.url) as client:
+        client.create_stream(name)
+        conn = client.connection
+        corr = conn.next_corr()
+        code, _ = conn.request(c.DECLARE_PUBLISHER, corr, declare_publisher_frame(corr, 7, "", name))
+        assert code == c.OK
+        confirmed: list[int] = []
+        conn.on_publish_confirm = lambda _v, _buf, _pos, _end: confirmed.append(1)
+        conn.send(publish_frame(7, [(1, b"a"), (2, b"b"), (3, b"c")]) + store_offset_frame("trl", name, 1))
+        deadline = time.monotonic() + 10
+        while not confirmed:
+            conn.dispatch(*conn.read_frame(deadline, "the confirm"))
+        conn.on_publish_confirm = None
+        client.publish(name, [b"d", b"e"], amqp=False)
+        assert client.query_offset(name, "trl") == 1
+        tail = client.committed_tail(name)
+        assert tail == 5  # the stored offset took no offset of its own: it is in chunk 0's trailer
+        batches = list(client.read_range(name, 0, tail, decode="raw"))
+        assert [body for b in batches for body in b.bodies] == [b"a", b"b", b"c", b"d", b"e"]
+        assert offsets(batches)[:3] == [0, 1, 2]
+        middle = list(client.read_range(name, 1, 3, decode="raw"))
+        assert [body for b in middle for body in b.bodies] == [b"b", b"c"]
