@@ -179,6 +179,14 @@ def test_uniform_fast_path_matches_general_path() -> None:
     assert batch.bodies == [b"hello", alike[1]]
 
 
+def test_oversized_sub_batch_claim_is_refused_before_decompressing() -> None:
+    payload = zlib.compress(b"\x00" * 1000)  # tiny input, a 300 MiB claim: refused up front
+    head = bytes([0x90]) + (1).to_bytes(2, "big") + (300 * 1024 * 1024).to_bytes(4, "big")
+    chunk = build_chunk([EncodedEntry(head + len(payload).to_bytes(4, "big") + payload, 1)], first_offset=3)
+    with pytest.raises(ChunkFormatError, match="more than the 268435456 this reader accepts"):
+        decode(chunk)
+
+
 def test_codec_unavailable_names_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
@@ -298,6 +306,7 @@ def _resigned(data: bytes, first: int = 9) -> bytes:
 @pytest.mark.parametrize("data", [
     b"\x7f\xff\xff\xff" + b"x" * 10,                        # simple entry claiming 2 GiB
     b"\x90\x00\x01\xff\xff\xff\xff\x00\x00\x00\x05abcde",   # gzip sub-batch claiming 4 GiB
+    b"\x90\x00\x01\x00\x10\x00\x00\x00\x00\x00\x05abcde",   # gzip sub-batch claiming 1 MiB of 5 bytes
     b"\x80\xff\xff\x00\x00\x00\x08\x00\x00\x00\x08" + b"\x00" * 8,  # 65535 records in 8 bytes
     b"\x80\x00\x01\x00\x00\x00\x08\x00\x00\x00\x08\x00\x00\x00\x09abcd",  # record past its sub-batch
     b"\xd0\x00\x01\x00\x00\x00\x05\x00\x00\x00\x01x",       # codec 5

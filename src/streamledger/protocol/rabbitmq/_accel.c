@@ -1,5 +1,5 @@
 /*
- * Optional C accelerator for the two per-record loops of the chunk decoder.
+ * Optional C accelerator for the per-record loops of the chunk and AMQP decoders.
  *
  * Measured on the shared 2-core machine (bench/decode.py, CPU seconds): the pure-Python loop that
  * walks variable-size entries costs ~0.4 us per record and the lone-data-section check ~0.15 us,

@@ -2,13 +2,21 @@
 
 :func:`decode_chunk` is the read path's hot loop. Per-record Python work is what costs, so:
 
-* records are cut out with one bytes slice each, in a ``while`` loop over the entry sizes, or,
-  when every entry of the chunk is a simple entry of the same size (fixed-size payloads are
-  common), with a single list comprehension after checking all size prefixes at once with
-  strided slices (C-speed, no per-record bytecode);
+* records are cut out of the data section by one loop (``_split_entries``): the optional C
+  accelerator (``_accel.c``) when built, else its pure-Python twin; without the accelerator,
+  chunks whose entries are all simple and of one size (fixed-size payloads are common) are cut
+  with a single list comprehension after checking every size prefix at once with strided slices;
 * offsets and timestamps are appended as ``range``/repeated lists, never per record;
-* AMQP bodies go through :func:`amqp.decode_columns`, whose common case is a byte comparison;
-* nothing outside ``[start, end)`` is cut or decoded, and the scan stops after ``end``.
+* AMQP bodies go through :func:`amqp.decode_columns`, whose common case (a lone data section) is
+  a byte comparison;
+* nothing outside ``[start, end)`` is decoded; the entry walk still covers the whole data section
+  so that the header's entry and record counts are always checked.
+
+Measured with ``bench/decode.py`` (1,000,000 records of ~100 bytes, 500 per chunk, CRC on) on
+the shared 2-core machine, in records per CPU second, C accelerator / pure Python:
+raw fixed-size 9.5 M / 4.3 M, raw varied-size 8.8 M / 2.8 M, AMQP lone data section 7.4 M /
+4.2 M, AMQP varied-size 6.8 M / 1.2 M, AMQP with properties + application-properties 0.6 M /
+0.08 M, gzip sub-batches 2-4 M / ~1 M. CRC-32 is about a quarter of the raw figure.
 
 Corrupt input raises :class:`ChunkFormatError` (or :class:`CrcMismatch`) naming the chunk's first
 offset: every length is checked against the bytes actually present before it is used, so a bad
@@ -38,6 +46,9 @@ CHUNK_MAGIC_VERSION = 0x50
 CHUNK_TYPE_USER = 0
 CHUNK_TYPE_TRACKING_DELTA = 1
 CHUNK_TYPE_TRACKING_SNAPSHOT = 2
+
+# A decompression bomb guard: publishers batch at most a few MiB of records per sub-batch.
+MAX_SUB_BATCH_BYTES = 256 * 1024 * 1024
 
 _HEADER = struct.Struct(">BBHIqQQIIIB3x")
 _u16 = struct.Struct(">H").unpack_from
@@ -217,6 +228,9 @@ def _sub_batch(data: bytes, a: int, b: int, flags: int, count: int, ulen: int, k
     codec = (flags & 0x70) >> 4
     if ulen < 4 * count:
         raise _bad(first, f"sub-batch of {count} records declares only {ulen} uncompressed bytes")
+    if ulen > MAX_SUB_BATCH_BYTES:
+        raise _bad(first, f"sub-batch declares {ulen} uncompressed bytes, more than the "
+                          f"{MAX_SUB_BATCH_BYTES} this reader accepts (MAX_SUB_BATCH_BYTES)")
     if codec == CODEC_NONE:
         ub = data[a:b]
         if len(ub) != ulen:
