@@ -261,6 +261,34 @@ class Ledger:
             .limit(1)
         ).first()
 
+    @staticmethod
+    def _hole_at(session: Session, source_id: int, start: int) -> Range | None:
+        """The failed range starting at ``start`` that no live range overlaps, if any."""
+        for failed in session.scalars(
+            select(Range)
+            .where(
+                Range.source_id == source_id,
+                Range.status == RangeStatus.FAILED.value,
+                Range.start_offset == start,
+                Range.end_offset > Range.start_offset,
+            )
+            .order_by(Range.end_offset.desc())
+        ):
+            overlapping = session.scalars(
+                select(Range.id)
+                .where(
+                    Range.source_id == source_id,
+                    _LIVE,
+                    Range.start_offset < failed.end_offset,
+                    Range.end_offset > failed.start_offset,
+                    Range.end_offset > Range.start_offset,
+                )
+                .limit(1)
+            ).first()
+            if overlapping is None:
+                return failed
+        return None
+
     # -- the API ---------------------------------------------------------------------------------
 
     def claim(
@@ -487,9 +515,9 @@ class Ledger:
                 session.flush()
                 split = mine
             else:
-                hole = self._first_hole(session, src.id)
+                hole = self._hole_at(session, src.id, start)
                 tail = self._tail(session, src.id)
-                if hole is not None and hole.start_offset == start and end <= hole.end_offset:
+                if hole is not None and end <= hole.end_offset:
                     split = hole
                 elif tail is not None and tail != start:
                     raise LedgerError(

@@ -17,10 +17,10 @@ def run(n: int | str, try_number: int = 1, task: str = "read") -> RunIdentity:
     return RunIdentity("dag", f"run-{n}", task, -1, try_number)
 
 
-def check_invariants(ledger: Ledger) -> None:
-    """Per source: live ranges are contiguous and disjoint; every failed range is redone or the first hole."""
+def check_invariants(ledger: Ledger, pipeline: str | None = None) -> None:
+    """Per source: live ranges are contiguous and disjoint; holes are failed spans not yet redone."""
     by_source: dict[tuple[str, str, str], list[OffsetRange]] = {}
-    for r in ledger.ranges():
+    for r in ledger.ranges(pipeline):
         by_source.setdefault((r.pipeline, r.source.broker, r.source.stream), []).append(r)
     for key, rows in by_source.items():
         live = sorted(
