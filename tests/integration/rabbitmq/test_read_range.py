@@ -3,6 +3,8 @@ empty ranges, retention (DataLossError), ends beyond the tail, flow control and 
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 
 import pytest
@@ -175,3 +177,70 @@ def test_chunk_with_tracking_trailer(any_broker: Broker, stream_name: StreamName
         assert offsets(batches)[:3] == [0, 1, 2]
         middle = list(client.read_range(name, 1, 3, decode="raw"))
         assert [body for b in middle for body in b.bodies] == [b"b", b"c"]
+
+
+class DroppingProxy:
+    """A real TCP forwarder in front of the broker that cuts the first connection which carries
+    more than ``limit`` bytes from the broker (the range reader's), once. Loopback only."""
+
+    def __init__(self, port: int, limit: int) -> None:
+        self.target = port
+        self.limit = limit
+        self.dropped = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, from_broker: bool) -> None:
+        moved = 0
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+                moved += len(data)
+                if from_broker and moved > self.limit and not self.dropped:
+                    self.dropped += 1
+                    break
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.sockets:
+            s.close()
+
+
+def test_read_resumes_exactly_after_a_dropped_connection(broker_43: Broker, stream_name: StreamNames) -> None:
+    name = stream_name("resume")
+    with StreamClient.connect(broker_43.url) as client:
+        client.create_stream(name)
+        client.publish(name, (b"%06d" % i for i in range(30_000)), amqp=False, batch_size=100)
+    proxy = DroppingProxy(broker_43.stream_port, limit=300_000)
+    try:
+        url = broker_43.url.replace(f":{broker_43.stream_port}/", f":{proxy.port}/")
+        with StreamClient.connect(url) as client:
+            tail = client.committed_tail(name)
+            batches = list(client.read_range(name, 5, tail, decode="raw", max_batch_records=1000))
+        assert proxy.dropped == 1  # the read really lost its connection once
+        got = [body for b in batches for body in b.bodies]
+        assert offsets(batches) == list(range(5, 30_000))
+        assert got == [b"%06d" % i for i in range(5, 30_000)]
+    finally:
+        proxy.close()

@@ -18,6 +18,7 @@ read buffer: no per-chunk copy.
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 from collections.abc import Iterator
@@ -28,12 +29,15 @@ from streamledger.protocol.rabbitmq import constants as c
 from streamledger.protocol.rabbitmq.chunk import decode_chunk
 from streamledger.protocol.rabbitmq.connection import Connection, raise_for_code
 from streamledger.protocol.rabbitmq.errors import (
+    ConnectionClosed,
+    ConnectionFailed,
     DataLossError,
     InvalidRequest,
     OffsetOutOfRange,
     ProtocolError,
     ResponseError,
     StreamTimeout,
+    TlsError,
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.records import RecordBatch
@@ -50,6 +54,8 @@ if TYPE_CHECKING:
 # magic/version, type, entries, records, timestamp, epoch, first offset (osiris-chunk.md section 2)
 _CHUNK_PREFIX: Final = struct.Struct(">BBHIqQQ")
 _CHUNK_HEADER_SIZE: Final = 48
+_READ_RETRIES: Final = 3
+log = logging.getLogger("streamledger.rabbitmq")
 _CHUNK_RECORDS: Final = struct.Struct(">I")  # NumRecords, at byte 4 of the chunk header
 
 
@@ -200,6 +206,21 @@ def _split(batch: RecordBatch, size: int) -> Iterator[RecordBatch]:
         )
 
 
+@dataclass(slots=True)
+class _Progress:
+    """Where a range read stands; survives a reconnect so a resumed read stays exact."""
+
+    position: int  # next offset not yet decoded (a chunk boundary after the first chunk)
+    batch: RecordBatch
+
+
+def _transient(exc: ConnectionFailed) -> bool:
+    """A dropped connection is worth one more try; a TLS failure or a server Close is not."""
+    if isinstance(exc, TlsError):
+        return False
+    return not (isinstance(exc, ConnectionClosed) and exc.code is not None)
+
+
 def _read(
     client: StreamClient,
     stream: str,
@@ -211,17 +232,47 @@ def _read(
     credit: int,
     max_batch_records: int,
 ) -> Iterator[RecordBatch]:
+    """Read with resume: if the connection drops, reconnect and subscribe again at the first offset
+    not yet decoded (always a chunk boundary), so no record is lost or repeated."""
+    progress = _Progress(start, RecordBatch.empty(stream, decode))
+    retries = 0
+    while True:
+        try:
+            yield from _read_once(client, stream, progress, end, decode=decode, verify_crc=verify_crc,
+                                  credit=credit, max_batch_records=max_batch_records)
+            break
+        except ConnectionFailed as exc:
+            if not _transient(exc) or retries >= _READ_RETRIES:
+                raise
+            retries += 1
+            log.warning("read of stream %r [%d, %d) lost its connection at offset %d (%s); resuming (%d/%d)",
+                        stream, start, end, progress.position, exc, retries, _READ_RETRIES)
+            time.sleep(min(2.0, 0.2 * 2**retries))
+    if len(progress.batch):
+        yield from _split(progress.batch, max_batch_records)
+
+
+def _read_once(
+    client: StreamClient,
+    stream: str,
+    progress: _Progress,
+    end: int,
+    *,
+    decode: Literal["amqp", "raw"],
+    verify_crc: bool,
+    credit: int,
+    max_batch_records: int,
+) -> Iterator[RecordBatch]:
     conn = Connection.open(client.params, timeout=client.timeout)
     sub_id = 0
-    expected = start
+    from_offset = progress.position
     try:
         credit_errors: list[int] = []
         conn.on_credit_error = lambda _sub, code: credit_errors.append(code)
         # chunk_selector=all: every offset is covered by a delivered chunk (module docstring).
-        subscribe(conn, sub_id, stream, OffsetSpec.offset(start), credit, {"chunk_selector": "all"})
+        subscribe(conn, sub_id, stream, OffsetSpec.offset(from_offset), credit, {"chunk_selector": "all"})
         top_up = max(1, credit // 2)
         pending = 0
-        batch = RecordBatch.empty(stream, decode)
         first_chunk = True
         timeout = client.timeout
         send = conn.send
@@ -233,8 +284,8 @@ def _read(
                 conn.dispatch(key, version, pos, frame_end, waiting_for=waiting)
                 if conn.metadata_updates:
                     code, name = conn.metadata_updates[-1]
-                    raise ResponseError(f"read of [{start}, {end}) stopped at offset {expected}", code,
-                                        c.code_name(code), name)
+                    raise ResponseError(f"read up to offset {end} stopped at offset {progress.position}",
+                                        code, c.code_name(code), name)
                 if credit_errors:
                     raise ResponseError("Credit", credit_errors[0], c.code_name(credit_errors[0]), stream)
                 continue
@@ -242,32 +293,32 @@ def _read(
             if view[pos] != sub_id:
                 continue
             chunk = pos + (9 if version >= 2 else 1)
+            batch = progress.batch
             # Hand out the batch before it would outgrow max_batch_records (cheaper than slicing).
             if len(batch) and len(batch) + _CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > max_batch_records:
+                progress.batch = RecordBatch.empty(stream, decode)
                 yield batch
-                batch = RecordBatch.empty(stream, decode)
-            header = decode_chunk(view[:frame_end], chunk, start=start, end=end, decode=decode,
+                batch = progress.batch
+            header = decode_chunk(view[:frame_end], chunk, start=progress.position, end=end, decode=decode,
                                   verify_crc=verify_crc, out=batch)
             if first_chunk:
                 first_chunk = False
-                if header.first_offset > start:
-                    raise DataLossError(stream, start, header.first_offset)
-            expected = header.first_offset + header.num_records
-            if expected >= end:
+                if header.first_offset > from_offset:
+                    raise DataLossError(stream, from_offset, header.first_offset)
+            progress.position = max(progress.position, header.first_offset + header.num_records)
+            if progress.position >= end:
                 break
             pending += 1
             if pending >= top_up:
                 send(credit_frame(sub_id, pending))
                 pending = 0
             if len(batch) >= max_batch_records:
+                progress.batch = RecordBatch.empty(stream, decode)
                 yield from _split(batch, max_batch_records)
-                batch = RecordBatch.empty(stream, decode)
-        if len(batch):
-            yield from _split(batch, max_batch_records)
         unsubscribe(conn, sub_id, stream)
     except StreamTimeout:
         raise StreamTimeout(
-            f"read of stream {stream!r} [{start}, {end}): no chunk after offset {expected} "
+            f"read of stream {stream!r} up to offset {end}: no chunk after offset {progress.position} "
             f"within {client.timeout:g}s"
         ) from None
     finally:
