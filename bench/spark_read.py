@@ -168,7 +168,7 @@ def main() -> int:
         from streamledger.spark.session import build_session
 
         spark = build_session(master="local[2]", app_name="bench-spark-read",
-                              conf={"spark.driver.memory": "4g"})
+                              conf={"spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"})
         spark.sparkContext.setLogLevel("ERROR")
         t_start = time.perf_counter() - t0
         try:

@@ -58,6 +58,15 @@ def test_run_job_manifest_and_idempotent_rerun(
     assert written(out) == {a: list(range(100, 901))}
 
 
+def test_run_job_all_ranges_empty(spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path) -> None:
+    s = stream_name("none")
+    create_stream(rabbitmq_url, s, 3)
+    out = tmp_path / "empty"
+    manifest = run_job(spark, url=rabbitmq_url, ranges={s: (3, 3)}, output=str(out), fmt="json")
+    assert manifest["streams"][s]["records"] == 0
+    assert manifest["streams"][s]["first_offset"] is None
+
+
 def test_run_job_records_loss_or_fails(
     spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path
 ) -> None:
