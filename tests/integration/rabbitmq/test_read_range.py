@@ -179,6 +179,9 @@ def test_chunk_with_tracking_trailer(any_broker: Broker, stream_name: StreamName
         assert [body for b in middle for body in b.bodies] == [b"b", b"c"]
 
 
+PAD = b"." * 94  # 100-byte records: about 3.4 MB, so the cut at 300 kB lands mid-read
+
+
 class DroppingProxy:
     """A real TCP forwarder in front of the broker that cuts the first connection which carries
     more than ``limit`` bytes from the broker (the range reader's), once. Loopback only."""
@@ -227,20 +230,23 @@ class DroppingProxy:
             s.close()
 
 
-def test_read_resumes_exactly_after_a_dropped_connection(broker_43: Broker, stream_name: StreamNames) -> None:
+def test_read_resumes_exactly_after_a_dropped_connection(
+    broker_43: Broker, stream_name: StreamNames, caplog: pytest.LogCaptureFixture
+) -> None:
     name = stream_name("resume")
     with StreamClient.connect(broker_43.url) as client:
         client.create_stream(name)
-        client.publish(name, (b"%06d" % i for i in range(30_000)), amqp=False, batch_size=100)
+        client.publish(name, (b"%06d" % i + PAD for i in range(30_000)), amqp=False, batch_size=100)
     proxy = DroppingProxy(broker_43.stream_port, limit=300_000)
     try:
         url = broker_43.url.replace(f":{broker_43.stream_port}/", f":{proxy.port}/")
         with StreamClient.connect(url) as client:
             tail = client.committed_tail(name)
             batches = list(client.read_range(name, 5, tail, decode="raw", max_batch_records=1000))
-        assert proxy.dropped == 1  # the read really lost its connection once
+        assert proxy.dropped == 1  # the read really lost its connection once, mid-way:
+        assert "lost its connection at offset" in caplog.text and "resuming (1/3)" in caplog.text
         got = [body for b in batches for body in b.bodies]
         assert offsets(batches) == list(range(5, 30_000))
-        assert got == [b"%06d" % i for i in range(5, 30_000)]
+        assert got == [b"%06d" % i + PAD for i in range(5, 30_000)]
     finally:
         proxy.close()

@@ -36,6 +36,7 @@ from streamledger.protocol.rabbitmq.errors import (
     OffsetOutOfRange,
     ProtocolError,
     ResponseError,
+    StreamError,
     StreamTimeout,
     TlsError,
 )
@@ -242,6 +243,8 @@ def _read(
                                   credit=credit, max_batch_records=max_batch_records)
             break
         except ConnectionFailed as exc:
+            if progress.position >= end:
+                break  # every record was decoded; only the goodbye failed
             if not _transient(exc) or retries >= _READ_RETRIES:
                 raise
             retries += 1
@@ -315,7 +318,10 @@ def _read_once(
             if len(batch) >= max_batch_records:
                 progress.batch = RecordBatch.empty(stream, decode)
                 yield from _split(batch, max_batch_records)
-        unsubscribe(conn, sub_id, stream)
+        try:
+            unsubscribe(conn, sub_id, stream)
+        except StreamError:
+            pass  # the range is complete; the connection is closed below anyway
     except StreamTimeout:
         raise StreamTimeout(
             f"read of stream {stream!r} up to offset {end}: no chunk after offset {progress.position} "
