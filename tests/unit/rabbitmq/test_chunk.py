@@ -38,16 +38,21 @@ def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run every test of this module with the C loops and with their pure-Python twins."""
     from streamledger.protocol.rabbitmq import amqp, chunk
 
-    saved = (chunk._split_entries, amqp._data_bodies, amqp._decode_record, chunk.ACCELERATED)
+    names = ("_split_entries", "_split_bodies", "ACCELERATED")
+    saved = [getattr(chunk, n) for n in names], amqp._data_bodies, amqp._decode_record
     if request.param == "pure-python":
-        chunk._split_entries, amqp._data_bodies, amqp._decode_record, chunk.ACCELERATED = (
-            chunk._split_entries_py, amqp._data_bodies_py, amqp._no_accel, False)
+        values = [chunk._split_entries_py, chunk._split_bodies_py, False]
+        amqp._data_bodies, amqp._decode_record = amqp._data_bodies_py, amqp._no_accel
     else:
         lib = load_accel()
-        chunk._split_entries, amqp._data_bodies, amqp._decode_record, chunk.ACCELERATED = (
-            lib.split_entries, lib.data_bodies, lib.decode_record, True)
+        values = [lib.split_entries, lib.split_bodies, True]
+        amqp._data_bodies, amqp._decode_record = lib.data_bodies, lib.decode_record
+    for name, value in zip(names, values, strict=True):
+        setattr(chunk, name, value)
     yield request.param
-    chunk._split_entries, amqp._data_bodies, amqp._decode_record, chunk.ACCELERATED = saved
+    for name, value in zip(names, saved[0], strict=True):
+        setattr(chunk, name, value)
+    amqp._data_bodies, amqp._decode_record = saved[1], saved[2]
 
 
 def h(text: str) -> bytes:
@@ -385,6 +390,20 @@ def test_split_entries_c_and_python_agree(accel: Any, data: bytes, plain: bool, 
             _split_entries_py, candidate, plain)
 
 
+@settings(max_examples=300)
+@given(records=st.lists(st.one_of(st.binary(max_size=30), st.binary(max_size=300).map(encode_message)),
+                        max_size=12),
+       cut=st.integers(0, 6), flag=st.booleans())
+def test_split_bodies_c_and_python_agree(accel: Any, records: list[bytes], cut: int, flag: bool) -> None:
+    from streamledger.protocol.rabbitmq.chunk import _split_bodies_py
+
+    data = b"".join(encode_entry(r) for r in records)
+    if flag:
+        data += encode_entry(SubBatch([b"x"]))
+    for candidate in (data, data[: max(len(data) - cut, 0)]):
+        assert _outcome(accel.split_bodies, candidate) == _outcome(_split_bodies_py, candidate)
+
+
 _amqp_like = st.one_of(
     st.binary(max_size=20),
     st.binary(max_size=300).map(encode_message),
@@ -428,11 +447,13 @@ def test_accelerated_and_pure_decoders_give_identical_batches(
         return out
 
     monkeypatch.setattr(chunk, "_split_entries", accel.split_entries)
+    monkeypatch.setattr(chunk, "_split_bodies", accel.split_bodies)
     monkeypatch.setattr(amqp, "_data_bodies", accel.data_bodies)
     monkeypatch.setattr(amqp, "_decode_record", accel.decode_record)
     monkeypatch.setattr(chunk, "ACCELERATED", True)
     fast = run()
     monkeypatch.setattr(chunk, "_split_entries", chunk._split_entries_py)
+    monkeypatch.setattr(chunk, "_split_bodies", chunk._split_bodies_py)
     monkeypatch.setattr(amqp, "_data_bodies", amqp._data_bodies_py)
     monkeypatch.setattr(amqp, "_decode_record", amqp._no_accel)
     monkeypatch.setattr(chunk, "ACCELERATED", False)  # also takes the pure-Python uniform-size paths

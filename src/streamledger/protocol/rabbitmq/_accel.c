@@ -125,6 +125,77 @@ static PyObject *data_bodies(PyObject *self, PyObject *arg)
     return Py_BuildValue("(Nn)", out, misses);
 }
 
+/*
+ * split_bodies(data: bytes) -> tuple[list[bytes], list[int]] | None
+ *
+ * split_entries(data, False) and data_bodies() in one pass, without building the records that are
+ * a lone data section: item i is the body of record i, or the whole record when it is another
+ * shape (its index is then in the second list, for the general decoder). None at a sub-batch.
+ */
+static PyObject *split_bodies(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*", &view))
+        return NULL;
+    const unsigned char *d = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len, p = 0, count = 0;
+    while (p < n) {
+        if (n - p < 4) {
+            PyBuffer_Release(&view);
+            return PyErr_Format(PyExc_ValueError, "entry header at data byte %zd is truncated", p);
+        }
+        uint32_t w = be32(d + p);
+        if (w & 0x80000000u) {
+            PyBuffer_Release(&view);
+            Py_RETURN_NONE;
+        }
+        p += 4;
+        if ((Py_ssize_t)w > n - p) {
+            Py_ssize_t over = p + (Py_ssize_t)w - n;
+            PyBuffer_Release(&view);
+            return PyErr_Format(PyExc_ValueError, "last entry runs %zd bytes past the data section", over);
+        }
+        p += (Py_ssize_t)w;
+        count++;
+    }
+    PyObject *items = PyList_New(count);
+    PyObject *misses = PyList_New(0);
+    if (items == NULL || misses == NULL)
+        goto fail;
+    p = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t len = (Py_ssize_t)be32(d + p);
+        const unsigned char *s = d + p + 4;
+        p += 4 + len;
+        PyObject *item;
+        if (len >= 5 && s[0] == 0x00 && s[1] == 0x53 && s[2] == 0x75 && s[3] == 0xa0 && (Py_ssize_t)s[4] + 5 == len) {
+            item = PyBytes_FromStringAndSize((const char *)s + 5, len - 5);
+        } else if (len >= 9 && s[0] == 0x00 && s[1] == 0x53 && s[2] == 0x75 && s[3] == 0xb0
+                   && (Py_ssize_t)be32(s + 4) + 9 == len) {
+            item = PyBytes_FromStringAndSize((const char *)s + 9, len - 9);
+        } else {
+            item = PyBytes_FromStringAndSize((const char *)s, len);
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(misses, index) < 0) {
+                Py_XDECREF(index);
+                Py_XDECREF(item);
+                goto fail;
+            }
+            Py_DECREF(index);
+        }
+        if (item == NULL)
+            goto fail;
+        PyList_SET_ITEM(items, i, item);
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NN)", items, misses);
+fail:
+    Py_XDECREF(items);
+    Py_XDECREF(misses);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------------------------
  * decode_record(record: bytes) -> (body, properties, application_properties, message_annotations)
  *                                 | None
@@ -528,6 +599,7 @@ static PyObject *configure(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"split_entries", split_entries, METH_VARARGS, "Records of a data section or sub-batch (see chunk.py)."},
     {"data_bodies", data_bodies, METH_O, "Bodies of lone-data-section AMQP records (see amqp.py)."},
+    {"split_bodies", split_bodies, METH_VARARGS, "split_entries + data_bodies in one pass (see chunk.py)."},
     {"decode_record", decode_record, METH_O, "Common AMQP message shapes, or None (see amqp.py)."},
     {"configure", configure, METH_VARARGS, "configure(Symbol, ts, uuid_from_bytes, property_names)."},
     {NULL, NULL, 0, NULL},

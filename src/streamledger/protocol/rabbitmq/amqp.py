@@ -787,6 +787,24 @@ def decode_columns(records: list[bytes]) -> _Columns:
     return bodies, props, apps, mas
 
 
+def decode_misses(
+    items: list[bytes], misses: list[int]
+) -> tuple[list[dict[str, Any] | None], list[dict[Any, Any] | None], list[dict[Any, Any] | None]]:
+    """Finish columns whose lone-data-section bodies are already cut out.
+
+    ``items[i]`` for ``i`` in ``misses`` is a whole record of another shape: it is replaced by its
+    body (or left as is when it is not AMQP); returns the three dict columns.
+    """
+    m = len(items)
+    props: list[dict[str, Any] | None] = [None] * m
+    apps: list[dict[Any, Any] | None] = [None] * m
+    mas: list[dict[Any, Any] | None] = [None] * m
+    for i in misses:
+        r = items[i]
+        items[i], props[i], apps[i], mas[i] = _decode_record(r) or _decode_one(r)
+    return props, apps, mas
+
+
 # --------------------------------------------------------------------------------------------
 # encoding
 

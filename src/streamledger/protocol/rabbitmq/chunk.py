@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from streamledger.protocol.rabbitmq.amqp import decode_columns
+from streamledger.protocol.rabbitmq.amqp import _data_bodies_py, decode_columns, decode_misses
 from streamledger.protocol.rabbitmq.compression import CODEC_NONE, codec_name, compress, decompress
 from streamledger.protocol.rabbitmq.errors import (
     ChunkFormatError,
@@ -219,6 +219,28 @@ if not os.environ.get("STREAMLEDGER_PURE_PYTHON"):
     except ImportError:
         pass
 
+def _split_bodies_py(data: bytes) -> tuple[list[bytes], list[int]] | None:
+    """Pure-Python twin of ``_accel.split_bodies``: records of a simple-entries data section with
+    lone data sections already reduced to their bodies, and the indexes of the other records."""
+    records = _split_entries_py(data, False)
+    if records is None:
+        return None
+    found, n_misses = _data_bodies_py(records)
+    if not n_misses:
+        return found, []  # type: ignore[return-value]
+    misses = [i for i, b in enumerate(found) if b is None]
+    for i in misses:
+        found[i] = records[i]
+    return found, misses  # type: ignore[return-value]
+
+
+_split_bodies: Callable[[bytes], tuple[list[bytes], list[int]] | None] = _split_bodies_py
+if not os.environ.get("STREAMLEDGER_PURE_PYTHON"):
+    try:
+        from streamledger.protocol.rabbitmq._accel import split_bodies as _split_bodies
+    except ImportError:
+        pass
+
 ACCELERATED = _split_entries is not _split_entries_py
 """Whether the optional C loops (``_accel``) are in use (``STREAMLEDGER_PURE_PYTHON=1`` disables)."""
 
@@ -291,13 +313,25 @@ def decode_chunk(
     ts = h.timestamp
     if decode == "amqp":
         bodies = None if ACCELERATED else _amqp_uniform(data, h, klo, khi)
+        misses: list[int] = []
+        if bodies is None:
+            fused = _fused_bodies(data, h, klo, khi)
+            if fused is not None:
+                bodies, misses = fused
         if bodies is not None:
             m = len(bodies)
-            out.bodies.extend(bodies)
-            nones: list[None] = [None] * m
-            out.properties.extend(nones)  # type: ignore[union-attr]
-            out.application_properties.extend(nones)  # type: ignore[union-attr]
-            out.message_annotations.extend(nones)  # type: ignore[union-attr]
+            if misses:
+                props, apps, mas = decode_misses(bodies, misses)  # replaces those records by bodies
+                out.bodies.extend(bodies)
+                out.properties.extend(props)  # type: ignore[union-attr]
+                out.application_properties.extend(apps)  # type: ignore[union-attr]
+                out.message_annotations.extend(mas)  # type: ignore[union-attr]
+            else:
+                out.bodies.extend(bodies)
+                nones: list[None] = [None] * m
+                out.properties.extend(nones)  # type: ignore[union-attr]
+                out.application_properties.extend(nones)  # type: ignore[union-attr]
+                out.message_annotations.extend(nones)  # type: ignore[union-attr]
         else:
             recs = _records(data, h, klo, khi)
             m = len(recs)
@@ -315,6 +349,25 @@ def decode_chunk(
     out.offsets.extend(range(lo, hi))
     out.chunk_timestamps.extend([ts] * m)
     return h
+
+
+def _fused_bodies(data: bytes, h: ChunkHeader, klo: int, khi: int) -> tuple[list[bytes], list[int]] | None:
+    """Bodies (and the indexes still to decode) of records ``klo..khi-1`` of a simple-entries chunk."""
+    try:
+        fused = _split_bodies(data)
+    except ValueError as exc:
+        raise _bad(h.first_offset, str(exc)) from None
+    if fused is None:
+        return None
+    items, misses = fused
+    n = len(items)
+    if n != h.num_records or n != h.num_entries:
+        raise _bad(h.first_offset, f"data section holds {n} simple entries, the header says "
+                                   f"{h.num_entries} entries and {h.num_records} records")
+    if klo or khi != n:
+        items = items[klo:khi]
+        misses = [i - klo for i in misses if klo <= i < khi]
+    return items, misses
 
 
 def _amqp_uniform(data: bytes, h: ChunkHeader, klo: int, khi: int) -> list[bytes] | None:
