@@ -159,8 +159,20 @@ def read_slice(options: ReadOptions, part: StreamSlice) -> Iterator[Any]:
 
     buffer = BatchBuffer(part.stream, options.batch_rows)
     with StreamClient.connect(options.url) as client:
+        start = part.start
+        if not options.fail_on_data_loss:
+            # Retention may have moved since planning; like the planner, skip what is gone.
+            first = client.first_offset(part.stream)
+            if first > start:
+                log.warning(
+                    "stream %r: offsets [%d, %d) were removed by retention after planning; skipped",
+                    part.stream, start, min(first, part.end),
+                )
+                start = min(first, part.end)
+        if start >= part.end:
+            return
         for batch in client.read_range(
-            part.stream, part.start, part.end, decode=options.decode, max_batch_records=options.batch_rows
+            part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows
         ):
             full = buffer.add(
                 batch.offsets,
