@@ -105,7 +105,7 @@ class AuthenticationError(ResponseError):
 class PublishRejected(StreamError):
     """The broker answered some published messages with PublishError."""
 
-    def __init__(self, stream: str, errors: list[tuple[int, str]]) -> None:
+    def __init__(self, stream: str, errors: list[tuple[int, str]], result: object | None = None) -> None:
         first_id, first_code = errors[0]
         super().__init__(
             f"publish to stream {stream!r}: {len(errors)} message(s) rejected "
@@ -113,6 +113,7 @@ class PublishRejected(StreamError):
         )
         self.stream = stream
         self.errors = errors
+        self.result = result  # the PublishResult, with what was confirmed
 
 
 class UnsupportedByBroker(StreamError):

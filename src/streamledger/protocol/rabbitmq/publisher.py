@@ -109,9 +109,7 @@ def publish(
             except Exception:
                 pass
     if result.errors:
-        err = PublishRejected(stream, result.errors)
-        err.result = result  # type: ignore[attr-defined]
-        raise err
+        raise PublishRejected(stream, result.errors, result)
     return result
 
 
