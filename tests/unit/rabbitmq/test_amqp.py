@@ -285,7 +285,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-@settings(suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_values)
 def test_value_round_trip(value: Any) -> None:
     raw = encode_value(value)
@@ -320,6 +320,7 @@ _props = st.fixed_dictionaries(
 )
 
 
+@settings(deadline=None)
 @given(
     body=st.binary(max_size=600),
     props=_props,
@@ -401,6 +402,7 @@ def test_truncated_messages_are_valid_prefixes_or_typed_errors() -> None:
         assert decode_columns([raw[:cut]])[0] is not None
 
 
+@settings(deadline=None)
 @given(st.data())
 def test_mutated_messages_never_raise_untyped_errors(data: st.DataObject) -> None:
     raw = bytearray(_complex_message())
@@ -534,7 +536,7 @@ _sections = st.one_of(
 )
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(sections=st.lists(_sections, min_size=1, max_size=5), mutate=st.lists(
     st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2), cut=st.integers(0, 3))
 def test_c_record_decoder_agrees_with_python(

@@ -213,7 +213,7 @@ _entry = st.one_of(
 )
 
 
-@settings(max_examples=150)
+@settings(deadline=None, max_examples=150)
 @given(
     entries=st.lists(_entry, max_size=12),
     first=st.integers(0, 2**40),
@@ -324,7 +324,7 @@ def test_hostile_entries_fail_fast(data: bytes) -> None:
     assert time.monotonic() - t0 < 5  # generous: only guards against pathological loops
 
 
-@settings(max_examples=200)
+@settings(deadline=None, max_examples=200)
 @given(st.data())
 def test_random_corruption_gives_typed_errors_only(data: st.DataObject) -> None:
     chunk = bytearray(_sample_chunk())
@@ -380,7 +380,7 @@ _entries_bytes = st.one_of(
 )
 
 
-@settings(max_examples=300)
+@settings(deadline=None, max_examples=300)
 @given(data=_entries_bytes, plain=st.booleans(), cut=st.integers(0, 8))
 def test_split_entries_c_and_python_agree(accel: Any, data: bytes, plain: bool, cut: int) -> None:
     from streamledger.protocol.rabbitmq.chunk import _split_entries_py
@@ -390,7 +390,7 @@ def test_split_entries_c_and_python_agree(accel: Any, data: bytes, plain: bool, 
             _split_entries_py, candidate, plain)
 
 
-@settings(max_examples=300)
+@settings(deadline=None, max_examples=300)
 @given(records=st.lists(st.one_of(st.binary(max_size=30), st.binary(max_size=300).map(encode_message)),
                         max_size=12),
        cut=st.integers(0, 6), flag=st.booleans())
@@ -414,7 +414,7 @@ _amqp_like = st.one_of(
 )
 
 
-@settings(max_examples=300)
+@settings(deadline=None, max_examples=300)
 @given(st.lists(_amqp_like, max_size=20))
 def test_data_bodies_c_and_python_agree(accel: Any, records: list[bytes]) -> None:
     from streamledger.protocol.rabbitmq.amqp import _data_bodies_py

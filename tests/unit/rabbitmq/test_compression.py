@@ -6,7 +6,7 @@ import gzip
 import sys
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamledger.protocol.rabbitmq import compression
@@ -37,6 +37,7 @@ def test_all_codecs_are_available_here(codec: int) -> None:
 
 
 @pytest.mark.parametrize("codec", ALL)
+@settings(deadline=None)
 @given(data=st.binary(max_size=200_000))
 def test_round_trip(codec: int, data: bytes) -> None:
     packed = compress(codec, data)

@@ -2,10 +2,12 @@
 
 Written from amqp10-message.md. Two audiences:
 
-* the hot path (:func:`decode_columns`) turns a list of stream records into body/properties/
-  application-properties/message-annotations columns. Most records are a lone data section
-  (``00 53 75 a0 <len> body``), which is recognised by a byte comparison inside a list
-  comprehension; only other shapes go through the general section walker.
+* the hot path (:func:`decode_columns`, :func:`decode_misses`) turns stream records into body/
+  properties/application-properties/message-annotations columns. Most records are a lone data
+  section (``00 53 75 a0 <len> body``), recognised by a byte comparison; other shapes go through
+  the section walker. Both have C versions in ``_accel.c`` (optional; the C walker handles the
+  common shapes and returns ``None`` for the rest, which this module's walker, the reference,
+  then decodes).
 * everything else (:func:`decode_message`, :func:`decode_value`, :func:`encode_value`,
   :func:`encode_message`) covers the whole type system and round-trips.
 
@@ -32,12 +34,18 @@ Section dicts: properties and header use the spec's field names (``message-id``,
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
+import importlib.util
 import json
 import os
 import struct
+import sys
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal
 
 from streamledger.protocol.rabbitmq.errors import AmqpDecodeError
@@ -752,18 +760,43 @@ def _uuid_from_bytes(raw: bytes) -> uuid.UUID:
     return uuid.UUID(bytes=raw)
 
 
+def load_accelerator() -> ModuleType | None:
+    """The optional C loops (``_accel``), or ``None`` to use the pure-Python ones.
+
+    ``None`` when ``STREAMLEDGER_PURE_PYTHON`` is set, when the module is not built, or when the
+    built file is older than ``_accel.c`` next to it (a stale build after a source update: it is
+    not even imported, and a warning says how to rebuild).
+    """
+    if os.environ.get("STREAMLEDGER_PURE_PYTHON"):
+        return None
+    name = f"{__package__}._accel"
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return None
+    source = Path(__file__).with_name("_accel.c")
+    try:
+        stale = source.stat().st_mtime > Path(spec.origin).stat().st_mtime
+    except OSError:
+        stale = False  # no source next to the build (an installed wheel)
+    if stale and name not in sys.modules:
+        warnings.warn(f"{spec.origin} is older than {source.name}; using the pure-Python decoder "
+                      f"(rebuild: python -m {__package__}._accel_build)", RuntimeWarning, stacklevel=2)
+        return None
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        return None
+    module.configure(Symbol, _ts, _uuid_from_bytes, PROPERTY_FIELDS)
+    return module
+
+
+ACCEL = load_accelerator()
 _data_bodies: Callable[[list[bytes]], tuple[list[bytes | None], int]] = _data_bodies_py
 # the C decoder of common message shapes; None means "let _decode_one decide"
 _decode_record: Callable[[bytes], _Decoded | None] = _no_accel
-if not os.environ.get("STREAMLEDGER_PURE_PYTHON"):
-    try:
-        from streamledger.protocol.rabbitmq import _accel
-    except ImportError:
-        pass
-    else:
-        _accel.configure(Symbol, _ts, _uuid_from_bytes, PROPERTY_FIELDS)
-        _data_bodies = _accel.data_bodies
-        _decode_record = _accel.decode_record
+if ACCEL is not None:
+    _data_bodies = ACCEL.data_bodies
+    _decode_record = ACCEL.decode_record
 
 
 def decode_columns(records: list[bytes]) -> _Columns:
