@@ -7,7 +7,8 @@ one ``RecordBatch`` per chunk as ``read_range`` yields them. Prints records/s pe
 ``decode_only_figures(n)`` returns the same figures as a dict for ``bench/read_range.py``;
 its ``"raw"`` and ``"amqp"`` keys are the headline cases (100-byte records/bodies, simple entries).
 
-Run: ``.venv/bin/python bench/decode.py [N] [--profile SCENARIO]``
+Run: ``.venv/bin/python bench/decode.py [N] [--only SCENARIO] [--profile SCENARIO]``; set
+``STREAMLEDGER_PURE_PYTHON=1`` for the figures without the optional C accelerator.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from streamledger.protocol.rabbitmq.amqp import encode_message
-from streamledger.protocol.rabbitmq.chunk import SubBatch, build_chunk, decode_chunk
+from streamledger.protocol.rabbitmq.chunk import ACCELERATED, SubBatch, build_chunk, decode_chunk
 from streamledger.protocol.rabbitmq.compression import CODEC_GZIP
 from streamledger.protocol.rabbitmq.records import RecordBatch
 
@@ -133,7 +134,9 @@ def main() -> None:
         cProfile.runctx("_time_decode(chunks, mode)", globals(), env, "/tmp/decode.prof")
         pstats.Stats("/tmp/decode.prof").sort_stats("tottime").print_stats(12)
         return
-    print(f"decode-only, {args.n:,} records of ~100 bytes, {RECORDS_PER_CHUNK} records/chunk, CRC checked")
+    accel = "C accelerator" if ACCELERATED else "pure Python (STREAMLEDGER_PURE_PYTHON or _accel not built)"
+    print(f"decode-only, {args.n:,} records of ~100 bytes, {RECORDS_PER_CHUNK} records/chunk, CRC checked, "
+          f"{accel}")
     figures = decode_only_figures(args.n, args.only)
     print(f"  {'scenario':24s} {'M rec/s (wall)':>15s} {'M rec/s (CPU)':>14s}")
     for name, rate in figures.items():
