@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from streamledger.protocol.rabbitmq import constants as c
+from streamledger.protocol.rabbitmq.chunk import ChunkHeader
 from streamledger.protocol.rabbitmq.connection import Connection, raise_for_code
 from streamledger.protocol.rabbitmq.errors import (
     InvalidRequest,
@@ -32,7 +33,7 @@ from streamledger.protocol.rabbitmq.errors import (
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.publisher import PublishResult, publish
-from streamledger.protocol.rabbitmq.reader import ChunkInfo, probe_chunk, read_range
+from streamledger.protocol.rabbitmq.reader import probe_chunk, read_range
 from streamledger.protocol.rabbitmq.records import RecordBatch
 from streamledger.protocol.rabbitmq.url import ConnectionParams, to_params
 from streamledger.protocol.rabbitmq.wire import (
@@ -293,7 +294,7 @@ class StreamClient:
 
         return self._retrying(call)
 
-    def _probe(self, name: str, spec: OffsetSpec, *, all_chunks: bool) -> ChunkInfo | None:
+    def _probe(self, name: str, spec: OffsetSpec, *, all_chunks: bool) -> ChunkHeader | None:
         return probe_chunk(self._conn, self._next_sub_id(), name, spec, all_chunks=all_chunks)
 
     def first_offset(self, name: str) -> int:

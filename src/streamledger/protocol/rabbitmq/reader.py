@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
 from streamledger.protocol.rabbitmq import constants as c
-from streamledger.protocol.rabbitmq.chunk import decode_chunk
+from streamledger.protocol.rabbitmq.chunk import ChunkHeader, decode_chunk, parse_chunk_header
 from streamledger.protocol.rabbitmq.connection import Connection, raise_for_code
 from streamledger.protocol.rabbitmq.errors import (
     ConnectionClosed,
@@ -52,26 +52,10 @@ from streamledger.protocol.rabbitmq.wire import (
 if TYPE_CHECKING:
     from streamledger.protocol.rabbitmq.client import StreamClient
 
-# magic/version, type, entries, records, timestamp, epoch, first offset (osiris-chunk.md section 2)
-_CHUNK_PREFIX: Final = struct.Struct(">BBHIqQQ")
 _CHUNK_HEADER_SIZE: Final = 48
 _READ_RETRIES: Final = 3
 log = logging.getLogger("streamledger.rabbitmq")
 _CHUNK_RECORDS: Final = struct.Struct(">I")  # NumRecords, at byte 4 of the chunk header
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkInfo:
-    """What a probe learns from one delivered chunk's header."""
-
-    first_offset: int
-    num_records: int
-    chunk_type: int
-    timestamp: int
-
-    @property
-    def next_offset(self) -> int:
-        return self.first_offset + self.num_records
 
 
 def chunk_position(version: int, buf: bytearray, pos: int, end: int) -> tuple[int, int]:
@@ -80,14 +64,6 @@ def chunk_position(version: int, buf: bytearray, pos: int, end: int) -> tuple[in
     if chunk + _CHUNK_HEADER_SIZE > end:
         raise ProtocolError(f"Deliver frame of {end - pos + 4} bytes is too short for a chunk header")
     return buf[pos], chunk
-
-
-def peek_chunk(buf: bytearray, chunk: int) -> ChunkInfo:
-    """The header fields a probe needs (the full header is the chunk decoder's business)."""
-    magic, ctype, _entries, records, timestamp, _epoch, first = _CHUNK_PREFIX.unpack_from(buf, chunk)
-    if magic != 0x50:
-        raise ProtocolError(f"chunk header starts with 0x{magic:02x}, expected 0x50")
-    return ChunkInfo(first, records, ctype, timestamp)
 
 
 def subscribe(
@@ -113,19 +89,19 @@ def unsubscribe(conn: Connection, sub_id: int, stream: str) -> None:
 
 def probe_chunk(
     conn: Connection, sub_id: int, stream: str, spec: OffsetSpec, *, all_chunks: bool, wait: float = 0.05
-) -> ChunkInfo | None:
+) -> ChunkHeader | None:
     """Header of the first chunk a subscription at ``spec`` would get, or ``None`` if there is none.
 
     The server writes the chunks available at subscribe time right after the Subscribe response,
     before it reads our next request; a Metadata request is therefore a barrier: if no Deliver
     came before its response, no chunk exists at ``spec``. ``wait`` is a small extra grace period.
     """
-    seen: list[ChunkInfo] = []
+    seen: list[ChunkHeader] = []
 
     def on_deliver(version: int, buf: bytearray, pos: int, end: int) -> None:
         sid, chunk = chunk_position(version, buf, pos, end)
         if sid == sub_id and not seen:
-            seen.append(peek_chunk(buf, chunk))
+            seen.append(parse_chunk_header(memoryview(buf)[:end], chunk))
 
     previous = conn.on_deliver
     conn.on_deliver = on_deliver
