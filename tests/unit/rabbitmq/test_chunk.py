@@ -348,6 +348,14 @@ def test_wrong_out_batch_for_mode() -> None:
     with pytest.raises(ValueError):
         decode_chunk(SPEC_CHUNK, 0, start=0, end=10**9, decode="amqp", verify_crc=True,
                      out=RecordBatch.empty("s", "raw"))
+    with pytest.raises(ValueError):
+        decode_chunk(SPEC_CHUNK, 0, start=0, end=10**9, decode="raw", verify_crc=True,
+                     out=RecordBatch.empty("s", "amqp"))
+    with pytest.raises(ValueError):
+        decode_chunk(SPEC_CHUNK, 0, start=0, end=10**9, decode="json", verify_crc=True,  # type: ignore[arg-type]
+                     out=RecordBatch.empty("s", "raw"))
+    with pytest.raises(ValueError):
+        RecordBatch.empty("s", "json")  # type: ignore[arg-type]
 
 
 def test_encode_entry_matches_spec_layout() -> None:

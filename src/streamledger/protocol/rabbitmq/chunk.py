@@ -52,9 +52,7 @@ CHUNK_TYPE_TRACKING_SNAPSHOT = 2
 MAX_SUB_BATCH_BYTES = 256 * 1024 * 1024
 
 _HEADER = struct.Struct(">BBHIqQQIIIB3x")
-_u16 = struct.Struct(">H").unpack_from
 _u32 = struct.Struct(">I").unpack_from
-_two_u32 = struct.Struct(">II").unpack_from
 _SUB_HEADER = struct.Struct(">BHII")
 _DATA8 = b"\x00\x53\x75\xa0"
 
@@ -291,6 +289,8 @@ def decode_chunk(
             raise ValueError("decode='amqp' needs a RecordBatch with dict columns (RecordBatch.empty)")
     elif decode != "raw":
         raise ValueError(f"decode must be 'amqp' or 'raw', not {decode!r}")
+    elif out.properties is not None:
+        raise ValueError("decode='raw' needs a RecordBatch without dict columns (RecordBatch.empty)")
     data = buf[ds:de] if isinstance(buf, bytes) else bytes(memoryview(buf)[ds:de])
     if verify_crc:
         crc = zlib.crc32(data)
