@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -51,7 +51,7 @@ class StreamSlice(InputPartition):
 class ReadOptions:
     """The data source options, parsed and validated once (values arrive as strings)."""
 
-    url: str
+    url: str = field(repr=False)  # carries credentials: never in a repr or a log line
     streams: tuple[str, ...]
     super_stream: str | None
     ranges: dict[str, tuple[int, int]] | None
@@ -76,9 +76,9 @@ class ReadOptions:
         super_stream = (get("superStream") or "").strip() or None
         ranges = parse_ranges(get("ranges") or "") if get("ranges") else None
         if ranges is not None and (streams or super_stream):
-            extra = set(streams) - set(ranges)
-            if extra:
-                raise PlanningError(f"{DATA_SOURCE_NAME}: streams {sorted(extra)} have no entry in 'ranges'")
+            raise PlanningError(
+                f"{DATA_SOURCE_NAME}: 'ranges' names its streams; drop 'stream'/'superStream'"
+            )
         if ranges is None and not streams and not super_stream:
             raise PlanningError(f"{DATA_SOURCE_NAME}: give 'stream', 'superStream' or 'ranges'")
         if streams and super_stream:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -38,6 +39,9 @@ def test_single_stream_all_records_with_properties(spark: Any, rabbitmq_url: str
     assert {r["stream"] for r in rows} == {s}
     assert all(r["application_properties"] == {"source": "spark-tests"} for r in rows)
     assert all(r["chunk_timestamp"] is not None for r in rows)
+    password = urlsplit(rabbitmq_url).password
+    if password:  # Spark redacts options named like "url" in plans (spark.sql.redaction.options.regex)
+        assert password not in df._jdf.queryExecution().toString()
 
     raw = read_df(spark, rabbitmq_url, stream=s, decode="raw", endingOffsets="10").collect()
     assert len(raw) == 10

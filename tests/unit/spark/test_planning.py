@@ -125,12 +125,15 @@ def test_read_options_validation() -> None:
         {"url": "rabbitmq-stream://h:5552/", "superStream": "x", "maxRecordsPerPartition": "5"}
     )
     assert ok.super_stream == "x" and ok.max_records_per_partition == 5 and ok.fail_on_data_loss
+    secret = ReadOptions.parse({"url": "rabbitmq-stream://u:s3cret@h:5552/", "stream": "a"})
+    assert "s3cret" not in repr(secret)
     bad = [
         ({"stream": "a"}, "'url' is required"),
         ({"url": "u"}, "give 'stream', 'superStream' or 'ranges'"),
         ({"url": "u", "stream": "a", "superStream": "b"}, "not both"),
         ({"url": "u", "ranges": '{"a": [0, 1]}', "startingOffsets": "earliest"}, "fixes both ends"),
         ({"url": "u", "stream": "a", "decode": "json"}, "amqp or raw"),
+        ({"url": "u", "stream": "a", "ranges": '{"a": [0, 1]}'}, "names its streams"),
         ({"url": "u", "stream": "a", "maxRecordsPerPartition": "0"}, "positive integer"),
     ]
     for opts, msg in bad:
