@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -184,7 +185,12 @@ def start_standalone(root: Path, *, cores: int = 2, memory: str = "2g") -> Stand
 @pytest.fixture(scope="session")
 def spark_standalone() -> Iterator[StandaloneCluster]:
     """A real Spark standalone cluster (master + one worker) for spark-submit tests."""
-    root = _home() / "spark" / f"standalone-{os.getpid()}"
+    base = _home() / "spark"
+    for old in base.glob("standalone-*"):  # left by earlier sessions whose process is gone
+        pid = old.name.removeprefix("standalone-")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    root = base / f"standalone-{os.getpid()}"
     cluster = start_standalone(root)
     try:
         yield cluster
