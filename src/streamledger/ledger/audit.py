@@ -191,7 +191,7 @@ FROM streamledger_range r {_SCOPE}
   AND r.status = 'failed' AND r.end_offset > r.start_offset
   AND COALESCE((SELECT l.end_offset FROM streamledger_range l
                 WHERE l.source_id = r.source_id AND l.status <> 'failed' AND l.start_offset < r.end_offset
-                ORDER BY l.start_offset DESC LIMIT 1), -1) <= r.start_offset
+                ORDER BY l.start_offset DESC, l.end_offset DESC LIMIT 1), -1) <= r.start_offset
 ORDER BY r.source_id, r.start_offset
 LIMIT :cap
 """

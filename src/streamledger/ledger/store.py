@@ -217,6 +217,14 @@ class Ledger:
         )
         return session.scalars(query).one()
 
+    def _lock_sources(self, session: Session, source_ids: list[int]) -> None:
+        """Take the claim lock of these sources (in id order, so two lockers never deadlock)."""
+        if self.dialect != "postgresql" or not source_ids:
+            return  # SQLite: BEGIN IMMEDIATE already holds the database's single write lock
+        session.execute(
+            select(Source.id).where(Source.id.in_(source_ids)).order_by(Source.id).with_for_update()
+        ).all()
+
     def _find_source(self, session: Session, pipeline: str, src: SourceRef) -> Source | None:
         return session.scalars(
             select(Source)
@@ -245,7 +253,7 @@ class Ledger:
                 live.status != RangeStatus.FAILED.value,
                 live.start_offset < Range.end_offset,
             )
-            .order_by(live.start_offset.desc())
+            .order_by(live.start_offset.desc(), live.end_offset.desc())
             .limit(1)
             .scalar_subquery()
         )
@@ -467,6 +475,9 @@ class Ledger:
     def fail(self, range_id: int, reason: str) -> None:
         """Give up a claimed range; its span is re-claimed as-is by the next claim of the source."""
         with self._tx(f"fail range {range_id}") as session:
+            row, pipeline, src = self._load(session, range_id, lock=False)
+            # Failing shrinks the live set, which claims read: serialise with them on the source.
+            self._lock_sources(session, [src.id])
             row, pipeline, src = self._load(session, range_id, lock=True)
             if row.status == RangeStatus.FAILED.value:
                 return
@@ -584,11 +595,14 @@ class Ledger:
                 .join(Pipeline, Pipeline.id == Source.pipeline_id)
                 .where(Range.status == RangeStatus.CLAIMED.value, Range.claimed_at < cutoff)
                 .order_by(Range.id)
-                .with_for_update(of=Range)
             )
             if pipeline is not None:
                 query = query.where(Pipeline.name == pipeline)
-            rows = session.execute(query).all()
+            candidates = session.execute(query).all()
+            if not candidates:
+                return []
+            self._lock_sources(session, sorted({src.id for _r, src, _n in candidates}))
+            rows = session.execute(query.with_for_update(of=Range)).all()
             if not rows:
                 return []
             now = _now()

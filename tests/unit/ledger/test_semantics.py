@@ -168,3 +168,21 @@ def test_ranges_listing(ledger: Ledger) -> None:
     assert len(ledger.ranges("p", stream="events-1")) == 1
     d = ledger.ranges("q")[0].to_dict()
     assert d["status"] == "claimed" and d["super_stream"] == "events" and d["committed_at"] is None
+
+
+def test_redone_hole_next_to_empty_ranges_is_not_redone_twice(ledger: Ledger) -> None:
+    """Empty ranges share their start with the next range; they must not hide that a hole was redone."""
+    a = ledger.claim("p", SRC, 15, run(1), initial_start=0)
+    ledger.commit(a.id, records=0, first_seen=None, last_seen=None, output=None)
+    for n in range(2, 6):
+        assert ledger.claim("p", SRC, 15, run(n)).empty
+    b = ledger.claim("p", SRC, 20, run(6))
+    for n in range(7, 10):
+        assert ledger.claim("p", SRC, 20, run(n)).empty
+    ledger.fail(b.id, "x")
+    redo = ledger.claim("p", SRC, 20, run(10))
+    assert (redo.start, redo.end) == (15, 20)
+    nxt = ledger.claim("p", SRC, 30, run(11))
+    assert (nxt.start, nxt.end) == (20, 30)
+    check_invariants(ledger)
+    assert ledger.audit().clean

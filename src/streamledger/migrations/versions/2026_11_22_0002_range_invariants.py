@@ -80,7 +80,7 @@ BEGIN
                 AND o.start_offset >= NEW.start_offset AND o.start_offset < NEW.end_offset)
       OR (SELECT p.end_offset FROM streamledger_range p
           WHERE p.source_id = NEW.source_id AND p.status <> 'failed' AND p.start_offset < NEW.start_offset
-          ORDER BY p.start_offset DESC LIMIT 1) > NEW.start_offset);
+          ORDER BY p.start_offset DESC, p.end_offset DESC LIMIT 1) > NEW.start_offset);
 END
 """
 
