@@ -1,11 +1,170 @@
-"""`streamledger ledger ...` commands (placeholder: filled in by the ledger work)."""
+"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale`` commands.
+
+The database comes from ``--db URL`` (default ``$STREAMLEDGER_LEDGER_URL`` or the SQLite file under
+``$STREAMLEDGER_HOME``). ``audit`` exits 0 when the ledger is clean and 1 on any violation, so it
+can gate a pipeline; with ``--broker-url`` it also compares the broker's stored offsets (the
+RabbitMQ client is imported only then).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
+
+from streamledger.ledger import Ledger, OffsetRange
+from streamledger.ledger.engine import default_url, safe_url
+
+
+def _db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="ledger database: sqlite:///FILE or postgresql+psycopg://user@host:port/db "
+        "(default: $STREAMLEDGER_LEDGER_URL or $STREAMLEDGER_HOME/ledger.sqlite)",
+    )
+
+
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS keeps a top-level `streamledger --json ledger ...` from being reset to False.
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+
+
+def _url(args: argparse.Namespace) -> str:
+    return str(args.db or default_url())
+
+
+def _migrate(args: argparse.Namespace, action: str) -> int:
+    from streamledger.ledger import migrate
+    from streamledger.ledger.engine import make_engine
+
+    url = _url(args)
+    engine = make_engine(url)
+    try:
+        before = migrate.current(engine)
+        if action == "upgrade":
+            migrate.upgrade(engine, args.revision)
+        else:
+            migrate.downgrade(engine, args.revision)
+        after = migrate.current(engine)
+    finally:
+        engine.dispose()
+    print(f"ledger at {safe_url(url)}: {before or 'empty'} -> {after or 'empty'}")
+    return 0
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    return _migrate(args, "upgrade")
+
+
+def _downgrade(args: argparse.Namespace) -> int:
+    return _migrate(args, "downgrade")
+
+
+def _audit(args: argparse.Namespace) -> int:
+    with Ledger(_url(args)) as ledger:
+        stale = timedelta(seconds=args.stale_after)
+        if args.broker_url:
+            from streamledger.protocol.rabbitmq import StreamClient
+
+            with StreamClient.connect(args.broker_url) as client:
+                report = ledger.audit(args.pipeline, broker=client.query_offset, stale_after=stale)
+        else:
+            report = ledger.audit(args.pipeline, stale_after=stale)
+        if args.html:
+            from streamledger.ledger.html import render_html
+
+            Path(args.html).write_text(render_html(ledger, report, pipeline=args.pipeline), encoding="utf-8")
+    print(report.to_json() if getattr(args, "json", False) else report.to_text())
+    if args.html:
+        print(f"HTML report written to {args.html}", file=sys.stderr)
+    return 0 if report.clean else 1
+
+
+def _range_line(r: OffsetRange) -> str:
+    seen = f" seen {r.first_seen}..{r.last_seen}" if r.first_seen is not None else ""
+    records = f" records={r.records}" if r.records is not None else ""
+    stored = " offset-stored" + ("+verified" if r.offset_verified else "") if r.offset_stored else ""
+    err = f" error={r.error!r}" if r.error else ""
+    return (
+        f"{r.id:>8} {r.pipeline} {r.source.stream} [{r.start}, {r.end}) {r.status.value:<9} "
+        f"{r.run}{records}{seen}{stored}{err}"
+    )
+
+
+def _ranges(args: argparse.Namespace) -> int:
+    with Ledger(_url(args)) as ledger:
+        rows = ledger.ranges(args.pipeline, stream=args.stream)
+    if getattr(args, "json", False):
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+    else:
+        for r in rows:
+            print(_range_line(r))
+        print(f"{len(rows)} range(s)", file=sys.stderr)
+    return 0
+
+
+def _release_stale(args: argparse.Namespace) -> int:
+    with Ledger(_url(args)) as ledger:
+        released = ledger.release_stale(timedelta(seconds=args.older_than), pipeline=args.pipeline)
+    if getattr(args, "json", False):
+        print(json.dumps([r.to_dict() for r in released], indent=2))
+    else:
+        for r in released:
+            print("released " + _range_line(r))
+        print(f"{len(released)} stale claim(s) released", file=sys.stderr)
+    return 0
 
 
 def register(sub: Any) -> None:
-    """Add this group's sub-commands to the top-level parser."""
-    del sub
+    """Add the ``ledger`` command group to the top-level parser."""
+    group = sub.add_parser("ledger", help="the SQL offset ledger: migrate, audit, list, release")
+    cmds = group.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND")
+
+    p = cmds.add_parser("upgrade", help="create or migrate the ledger schema (Alembic, own version table)")
+    _db_option(p)
+    p.add_argument("--revision", default="head", help="target revision (default: head)")
+    p.set_defaults(func=_upgrade)
+
+    p = cmds.add_parser("downgrade", help="migrate the ledger schema back (`base` drops the ledger tables)")
+    _db_option(p)
+    p.add_argument("--revision", required=True, help="target revision, or base")
+    p.set_defaults(func=_downgrade)
+
+    p = cmds.add_parser("audit", help="check gaps, overlaps, stuck claims, failures, counts, broker drift")
+    _db_option(p)
+    p.add_argument("--pipeline", default=None, help="audit only this pipeline")
+    p.add_argument(
+        "--broker-url",
+        default=None,
+        metavar="URL",
+        help="also compare each source's stored offset on this RabbitMQ stream broker",
+    )
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="claims older than this count as stuck (default 3600)",
+    )
+    p.add_argument("--html", default=None, metavar="FILE", help="also write an HTML report with coverage")
+    _json_option(p)
+    p.set_defaults(func=_audit)
+
+    p = cmds.add_parser("ranges", help="list the ranges")
+    _db_option(p)
+    p.add_argument("--pipeline", default=None)
+    p.add_argument("--stream", default=None)
+    _json_option(p)
+    p.set_defaults(func=_ranges)
+
+    p = cmds.add_parser("release-stale", help="fail claims older than --older-than so they are re-claimed")
+    _db_option(p)
+    p.add_argument("--older-than", type=float, required=True, metavar="SECONDS")
+    p.add_argument("--pipeline", default=None)
+    _json_option(p)
+    p.set_defaults(func=_release_stale)
