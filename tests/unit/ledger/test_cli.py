@@ -1,0 +1,93 @@
+"""`streamledger ledger ...`: exit codes, JSON, HTML, and clear errors (SQLite; PostgreSQL and a real
+broker in tests/integration/ledger/test_cli_pg.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamledger.cli import main
+from streamledger.ledger import Ledger
+from tests.unit.ledger.util import SRC, raw, run
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(["ledger", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def make_history(url: str) -> Ledger:
+    ledger = Ledger(url)
+    for n, end in enumerate((10, 20, 30), start=1):
+        r = ledger.claim("p", SRC, end, run(n), initial_start=0)
+        ledger.commit(r.id, records=1, first_seen=r.start, last_seen=r.start, output=f"/out/{n}")
+    return ledger
+
+
+def test_upgrade_audit_ranges_release(
+    capsys: pytest.CaptureFixture[str], sqlite_url: str, tmp_path: Path
+) -> None:
+    rc, out, _ = cli(capsys, "upgrade", "--db", sqlite_url)
+    assert rc == 0 and "empty -> 0002_range_invariants" in out
+    rc, out, _ = cli(capsys, "upgrade", "--db", sqlite_url)
+    assert rc == 0 and "0002_range_invariants -> 0002_range_invariants" in out
+    ledger = make_history(sqlite_url)
+
+    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url)
+    assert rc == 0 and "CLEAN" in out
+    rc, out, _ = cli(capsys, "ranges", "--db", sqlite_url, "--json")
+    rows = json.loads(out)
+    assert rc == 0 and [(r["start"], r["end"], r["status"]) for r in rows] == [
+        (0, 10, "committed"),
+        (10, 20, "committed"),
+        (20, 30, "committed"),
+    ]
+    rc, out, err = cli(capsys, "ranges", "--db", sqlite_url, "--pipeline", "p")
+    assert rc == 0 and "[10, 20) committed" in out and "3 range(s)" in err
+
+    middle = rows[1]["id"]
+    raw(ledger, "DELETE FROM streamledger_range WHERE id = :id", id=middle)
+    html = tmp_path / "audit.html"
+    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--json", "--html", str(html))
+    report = json.loads(out)
+    assert rc == 1 and report["clean"] is False and report["violations"][0]["kind"] == "gap"
+    assert "gap [10, 20)" in html.read_text()
+    rc = main(["--json", "ledger", "audit", "--db", sqlite_url])  # the top-level --json counts too
+    out = capsys.readouterr().out
+    assert rc == 1 and json.loads(out)["violation_counts"] == {"gap": 1}
+
+    ledger.claim("p", SRC, 40, run(9), initial_start=0)
+    rc, out, err = cli(capsys, "release-stale", "--db", sqlite_url, "--older-than", "0")
+    assert rc == 0 and "[30, 40) failed" in out and "1 stale claim(s) released" in err
+    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--pipeline", "nobody")
+    assert rc == 0
+    rc, out, _ = cli(capsys, "downgrade", "--db", sqlite_url, "--revision", "base")
+    assert rc == 0 and "-> empty" in out
+    ledger.close()
+
+
+def test_errors_are_one_line_without_secrets(capsys: pytest.CaptureFixture[str], sqlite_url: str) -> None:
+    rc, _out, err = cli(capsys, "audit", "--db", sqlite_url)
+    assert rc == 1 and err.startswith("streamledger: error: no ledger schema") and err.count("\n") == 1
+    rc, _out, err = cli(capsys, "audit", "--db", "postgresql://alice:s3cret@127.0.0.1:1/x")
+    assert rc == 1 and "s3cret" not in err and "***" in err
+
+
+def test_installed_entry_point(sqlite_url: str) -> None:
+    exe = Path(sys.executable).with_name("streamledger")
+    proc = subprocess.run(
+        [str(exe), "ledger", "upgrade", "--db", sqlite_url], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run(
+        [str(exe), "ledger", "audit", "--db", sqlite_url, "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0 and json.loads(proc.stdout)["clean"] is True
