@@ -13,12 +13,13 @@
   so that the header's entry and record counts are always checked.
 
 Measured with ``bench/decode.py`` (1,000,000 records of ~100 bytes, 500 per chunk, CRC on) on
-the shared, heavily loaded 2-core machine, in records per CPU second, C accelerator / pure
-Python: raw fixed-size 10 M / 3.2 M, raw varied-size 6.9 M / 1.9 M, AMQP lone data section
-9.3 M / 2.5 M (split and body cut fused in one C pass), AMQP varied-size 5.2 M / 1.1 M, AMQP with
-properties + application-properties 0.5 M / 0.08 M, gzip sub-batches 2-3 M / ~1 M. CRC-32 is
-about a quarter of the raw figure. End to end (``read_range`` from a local 4.3 broker) the
-reader spends about a fifth of its CPU here and mostly waits for the broker.
+the shared, heavily loaded 2-core machine, in records per CPU second over several runs, C
+accelerator / pure Python: raw fixed-size 6.8-10 M / 3.2-3.5 M, raw varied-size 6.9-7.8 M /
+1.9-2.4 M, AMQP lone data section 6.6-9.3 M / 2.5-3.7 M (split and body cut fused in one C
+pass), AMQP varied-size 5.2-7.0 M / 1.1-1.7 M, AMQP with properties + application-properties
+0.4-0.6 M / 0.07 M, gzip sub-batches 2.3-3.1 M / 1.0-1.5 M. CRC-32 is about a quarter of the
+raw figure. End to end (``read_range`` from a local 4.3 broker) the reader spends about a fifth
+of its CPU here and mostly waits for the broker.
 
 Corrupt input raises :class:`ChunkFormatError` (or :class:`CrcMismatch`) naming the chunk's first
 offset: every length is checked against the bytes actually present before it is used, so a bad
