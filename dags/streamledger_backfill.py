@@ -5,7 +5,9 @@ first offset stamped at or after the run's data interval end (chunk timestamps a
 clock at publish), writes them to ``<output>/<pipeline>/<partition>/<start>-<end>/`` as Parquet,
 commits the ranges in the ledger and stores the broker offset. With ``catchup=True`` the scheduler
 creates one run per missed interval; ``max_active_runs=1`` keeps them in order, which the ledger's
-contiguity requires. The Asset event of each run carries the ranges it processed.
+contiguity requires. The Asset event of each run carries the ranges it processed, and each run
+ends by auditing the pipeline (ledger invariants and the broker's stored offsets), so an
+inconsistency fails the run that caused it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from _streamledger_settings import (
 )
 from airflow.sdk import DAG, Asset
 
+from streamledger.operators.audit import LedgerAuditOperator
 from streamledger.operators.batch import StreamBatchOperator
 
 events = Asset(name=f"streamledger-{PIPELINE}", uri=f"x-streamledger://{PIPELINE}/{SUPER_STREAM}")
@@ -36,7 +39,7 @@ with DAG(
     tags=["streamledger", "example"],
     doc_md=__doc__,
 ):
-    StreamBatchOperator(
+    read = StreamBatchOperator(
         task_id="read_interval",
         pipeline=PIPELINE,
         super_stream=SUPER_STREAM,
@@ -46,3 +49,7 @@ with DAG(
         output_root=OUTPUT_ROOT,
         outlets=[events],
     )
+    audit = LedgerAuditOperator(
+        task_id="audit", pipeline=PIPELINE, rabbitmq_stream_conn_id="rabbitmq_stream_default", retries=0
+    )
+    read >> audit

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ class AirflowHome:
 
     home: Path
     env: dict[str, str] = field(default_factory=dict)
+    timings: list[tuple[str, float]] = field(default_factory=list)
 
     def environ(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         merged = dict(os.environ)
@@ -48,7 +50,11 @@ class AirflowHome:
 
     def dags_test(self, dag_id: str, logical_date: str, *, env: Mapping[str, str] | None = None,
                   check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return self.airflow("dags", "test", dag_id, logical_date, env=env, check=check, timeout=timeout)
+        began = time.monotonic()
+        try:
+            return self.airflow("dags", "test", dag_id, logical_date, env=env, check=check, timeout=timeout)
+        finally:
+            self.timings.append((dag_id, time.monotonic() - began))
 
     def python(self, code: str, *, env: Mapping[str, str] | None = None) -> str:
         """Run Python with this home's environment (for reading Airflow state after a run)."""

@@ -1,0 +1,58 @@
+"""Scaling out: the batch's Spark job submitted with the apache-spark provider's SparkSubmitHook to a
+real Spark standalone cluster (master + worker on loopback), then verified, committed and stored
+like an in-process run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pyarrow.parquet as pq
+import pytest
+
+from streamledger.batch import BatchConfig, RunId, run_batch
+from streamledger.ledger import Ledger
+from streamledger.operators.batch import SparkSubmitRunner
+from streamledger.protocol.rabbitmq import StreamClient
+
+pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.slow]
+
+
+def test_batch_through_spark_submit_on_a_standalone_cluster(
+    spark_standalone: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    master = urlsplit(spark_standalone.master_url)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", json.dumps(
+        {"conn_type": "spark", "host": f"spark://{master.hostname}", "port": master.port}))
+    bin_dir = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+
+    stream = stream_name("submit")
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_stream(stream)
+        client.publish(stream, [json.dumps({"id": i}).encode() for i in range(40)])
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
+    config = BatchConfig(pipeline="submit-p", url=rabbitmq_url, output_root=str(tmp_path / "out"),
+                         stream=stream, splits=2)
+    runner = SparkSubmitRunner("spark_cluster", conf={"spark.cores.max": "1"}, name="streamledger-test")
+    with StreamClient.connect(rabbitmq_url) as broker:
+        result = run_batch(config, run=RunId("dag", "run", "task"), ledger=ledger, broker=broker,
+                           runner=runner)
+
+    (part,) = result.partitions
+    assert (part.start, part.end, part.records, part.status) == (0, 40, 40, "committed")
+    assert part.output is not None
+    ids = [json.loads(b)["id"] for f in sorted(Path(part.output).glob("*.parquet"))
+           for b in pq.read_table(f, columns=["body"]).column("body").to_pylist()]
+    assert sorted(ids) == list(range(40))
+    (committed,) = ledger.ranges("submit-p")
+    assert committed.offset_verified and committed.records == 40
+    with StreamClient.connect(rabbitmq_url) as client:
+        assert client.query_offset(stream, "submit-p") == 39
