@@ -36,8 +36,10 @@ class _LedgerMetadata:
 def _airflow_url() -> str:
     from airflow import settings
 
-    url: str = settings.SQL_ALCHEMY_CONN
-    return url
+    url = settings.SQL_ALCHEMY_CONN
+    if not url:
+        raise RuntimeError("Airflow's [database] sql_alchemy_conn is not configured")
+    return str(url)
 
 
 class LedgerDBManager(BaseDBManager):
@@ -72,7 +74,10 @@ class LedgerDBManager(BaseDBManager):
         self._upgrade()
 
     def upgradedb(
-        self, to_revision: str | None = None, from_revision: str | None = None, show_sql_only: bool = False,
+        self,
+        to_revision: str | None = None,
+        from_revision: str | None = None,
+        show_sql_only: bool = False,
         use_migration_files: bool = False,
     ) -> None:
         """Upgrade the ledger tables to ``to_revision`` (default: head)."""
