@@ -112,6 +112,13 @@ def test_spec_example_inside_a_deliver_v1_frame() -> None:
     assert (batch.offsets, batch.bodies) == ([101, 102], [b"x", b"yz"])
 
 
+def test_spec_example_inside_a_deliver_v2_frame() -> None:
+    frame = h("00 00 00 61 00 08 00 02 00 00 00 00 00 00 00 00 64") + SPEC_CHUNK
+    assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+    _, batch = decode(frame, 17)
+    assert batch.offsets == [100, 101, 102]
+
+
 @pytest.mark.parametrize(("start", "end", "expected"), [
     (0, 100, []), (100, 101, [100]), (101, 102, [101]), (102, 200, [102]), (103, 200, []),
     (0, 2**64, [100, 101, 102]), (101, 101, []),
@@ -242,6 +249,34 @@ def test_build_then_decode_gives_exactly_the_range(
         assert all(b == records[o - first] or records[o - first].startswith(b"\x00")
                    for o, b in zip(expected, batch.bodies, strict=True))
         assert len(batch.properties or []) == len(expected)
+
+
+_messages = st.tuples(
+    st.binary(max_size=300),
+    st.dictionaries(st.text(max_size=6), st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=8)),
+                    max_size=3),
+)
+
+
+@settings(deadline=None, max_examples=100)
+@given(groups=st.lists(st.tuples(st.lists(_messages, min_size=1, max_size=6),
+                                 st.sampled_from([-1, 0, 1, 2, 3, 4])),  # -1: simple entries
+                       min_size=1, max_size=5),
+       bounds=st.tuples(st.integers(0, 30), st.integers(0, 30)))
+def test_amqp_messages_in_any_entry_kind_decode_to_their_columns(
+    groups: list[tuple[list[tuple[bytes, dict[str, Any]]], int]], bounds: tuple[int, int]
+) -> None:
+    entries: list[bytes | SubBatch] = []
+    expected: list[tuple[bytes, dict[str, Any] | None]] = []
+    for messages, codec in groups:
+        encoded = [encode_message(body, application_properties=app) for body, app in messages]
+        expected.extend((body, app or None) for body, app in messages)
+        entries.extend(encoded if codec < 0 else [SubBatch(encoded, codec)])
+    _, batch = decode(build_chunk(entries, first_offset=1000), start=1000 + bounds[0], end=1000 + bounds[1])
+    want = expected[bounds[0] : max(bounds[0], bounds[1])]
+    assert batch.bodies == [b for b, _ in want]
+    assert batch.application_properties == [a for _, a in want]
+    assert batch.properties == [None] * len(want) and batch.message_annotations == [None] * len(want)
 
 
 # ---------------------------------------------------------------- corrupt and truncated chunks
