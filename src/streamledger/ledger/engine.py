@@ -101,4 +101,6 @@ def make_engine(url: str | URL) -> Engine:
         event.listen(engine, "connect", _sqlite_on_connect)
         event.listen(engine, "begin", _sqlite_on_begin)
         return engine
-    return create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+    # No pre-ping: it would add a round trip to every claim; connections are recycled instead and a
+    # dropped one surfaces as a LedgerError for that call.
+    return create_engine(parsed, pool_recycle=1800, connect_args={"connect_timeout": 10})

@@ -13,9 +13,24 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, select, update
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Engine,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, aliased
@@ -34,6 +49,98 @@ from streamledger.ledger.types import (
 )
 
 _LIVE = Range.status != RangeStatus.FAILED.value
+
+# The hot statements are built once: constructing SQLAlchemy statements costs more Python time than
+# running them, and a reused statement also reuses its compiled form (cache key memoised).
+_SOURCE_BY_NAME = (
+    select(Source)
+    .join(Pipeline, Pipeline.id == Source.pipeline_id)
+    .where(
+        Pipeline.name == bindparam("pipeline"),
+        Source.broker == bindparam("broker"),
+        Source.stream == bindparam("stream"),
+    )
+)
+_LOCK_SOURCE_BY_NAME = _SOURCE_BY_NAME.with_for_update(of=Source)
+_TAIL = (
+    select(Range.end_offset)
+    .where(Range.source_id == bindparam("source_id"), _LIVE)
+    .order_by(Range.start_offset.desc(), Range.end_offset.desc())
+    .limit(1)
+)
+_LIVE_ALIAS = aliased(Range)
+_COVERING_END = (
+    select(_LIVE_ALIAS.end_offset)
+    .where(
+        _LIVE_ALIAS.source_id == Range.source_id,
+        _LIVE_ALIAS.status != RangeStatus.FAILED.value,
+        _LIVE_ALIAS.start_offset < Range.end_offset,
+    )
+    .order_by(_LIVE_ALIAS.start_offset.desc(), _LIVE_ALIAS.end_offset.desc())
+    .limit(1)
+    .scalar_subquery()
+)
+_FIRST_HOLE = (
+    select(Range)
+    .where(
+        Range.source_id == bindparam("source_id"),
+        Range.status == RangeStatus.FAILED.value,
+        Range.end_offset > Range.start_offset,
+        func.coalesce(_COVERING_END, -1) <= Range.start_offset,
+    )
+    .order_by(Range.start_offset)
+    .limit(1)
+)
+_HELD_BY_RUN = select(Range).where(
+    Range.source_id == bindparam("source_id"),
+    Range.dag_id == bindparam("dag_id"),
+    Range.run_id == bindparam("run_id"),
+    Range.task_id == bindparam("task_id"),
+    Range.map_index == bindparam("map_index"),
+    Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
+)
+_FIRST_HOLE_ROW = _FIRST_HOLE.with_only_columns(Range.start_offset, Range.end_offset).subquery()
+_CLAIM_STATE = select(
+    _HELD_BY_RUN.with_only_columns(Range.id).limit(1).scalar_subquery(),
+    select(_FIRST_HOLE_ROW.c.start_offset).scalar_subquery(),
+    select(_FIRST_HOLE_ROW.c.end_offset).scalar_subquery(),
+    _TAIL.scalar_subquery(),
+)
+_RANGES = Range.__table__
+assert isinstance(_RANGES, Table)
+_INSERT_RANGE = insert(_RANGES).returning(_RANGES.c.id)
+# The common commit in one statement: a claimed range whose span holds the seen offsets.
+_COMMIT_CLAIMED = (
+    update(_RANGES)
+    .where(
+        _RANGES.c.id == bindparam("range_id"),
+        _RANGES.c.status == RangeStatus.CLAIMED.value,
+        or_(
+            bindparam("empty_commit", type_=Boolean()),
+            and_(
+                _RANGES.c.start_offset <= bindparam("v_first", type_=BigInteger()),
+                _RANGES.c.end_offset > bindparam("v_last", type_=BigInteger()),
+            ),
+        ),
+    )
+    .values(
+        status=RangeStatus.COMMITTED.value,
+        records=bindparam("v_records"),
+        first_seen=bindparam("v_first", type_=BigInteger()),
+        last_seen=bindparam("v_last", type_=BigInteger()),
+        output=bindparam("v_output", type_=Text()),
+        committed_at=bindparam("v_now", type_=DateTime()),
+        updated_at=bindparam("v_now", type_=DateTime()),
+    )
+    .returning(*_RANGES.c)
+)
+_LOAD = (
+    select(Range, Source, Pipeline.name)
+    .join(Source, Source.id == Range.source_id)
+    .join(Pipeline, Pipeline.id == Source.pipeline_id)
+    .where(Range.id == bindparam("range_id"))
+)
+_LOAD_LOCKED = _LOAD.with_for_update(of=Range)
 _MAX_TEXT = 4000
 
 
@@ -73,11 +180,17 @@ def _check_offset(name: str, value: object, stream: str | None = None) -> int:
     return value
 
 
-def _snapshot(row: Range, pipeline: str, source: Source) -> OffsetRange:
+def _snapshot(row: Any, pipeline: str, source: Source | SourceRef) -> OffsetRange:
+    """``row``: a ``Range`` or a Core row / namespace with the same attribute names."""
+    ref = (
+        source
+        if isinstance(source, SourceRef)
+        else SourceRef(broker=source.broker, stream=source.stream, super_stream=source.super_stream)
+    )
     return OffsetRange(
         id=row.id,
         pipeline=pipeline,
-        source=SourceRef(broker=source.broker, stream=source.stream, super_stream=source.super_stream),
+        source=ref,
         start=row.start_offset,
         end=row.end_offset,
         status=RangeStatus(row.status),
@@ -115,6 +228,7 @@ class Ledger:
     def __init__(self, url: str | None = None, *, create: bool = False) -> None:
         self.url = url or default_url()
         self._engine: Engine = make_engine(self.url)
+        self._sources: dict[int, tuple[str, SourceRef]] = {}
         if create:
             self.upgrade()
         else:
@@ -187,13 +301,8 @@ class Ledger:
 
     def _lock_source(self, session: Session, pipeline: str, src: SourceRef) -> Source:
         """The source row, created on first use and locked for the rest of the transaction."""
-        query = (
-            select(Source)
-            .join(Pipeline, Pipeline.id == Source.pipeline_id)
-            .where(Pipeline.name == pipeline, Source.broker == src.broker, Source.stream == src.stream)
-            .with_for_update(of=Source)
-        )
-        found = session.scalars(query).one_or_none()
+        names = {"pipeline": pipeline, "broker": src.broker, "stream": src.stream}
+        found = session.scalars(_LOCK_SOURCE_BY_NAME, names).one_or_none()
         if found is not None:
             return found
         now = _now()
@@ -215,7 +324,7 @@ class Ledger:
             )
             .on_conflict_do_nothing(index_elements=["pipeline_id", "broker", "stream"])
         )
-        return session.scalars(query).one()
+        return session.scalars(_LOCK_SOURCE_BY_NAME, names).one()
 
     def _lock_sources(self, session: Session, source_ids: list[int]) -> None:
         """Take the claim lock of these sources (in id order, so two lockers never deadlock)."""
@@ -226,48 +335,18 @@ class Ledger:
         ).all()
 
     def _find_source(self, session: Session, pipeline: str, src: SourceRef) -> Source | None:
-        return session.scalars(
-            select(Source)
-            .join(Pipeline, Pipeline.id == Source.pipeline_id)
-            .where(Pipeline.name == pipeline, Source.broker == src.broker, Source.stream == src.stream)
-        ).one_or_none()
+        names = {"pipeline": pipeline, "broker": src.broker, "stream": src.stream}
+        return session.scalars(_SOURCE_BY_NAME, names).one_or_none()
 
     @staticmethod
     def _tail(session: Session, source_id: int) -> int | None:
         """Exclusive end of the source's live ranges (contiguous, so: the one with the greatest start)."""
-        return session.scalars(
-            select(Range.end_offset)
-            .where(Range.source_id == source_id, _LIVE)
-            .order_by(Range.start_offset.desc(), Range.end_offset.desc())
-            .limit(1)
-        ).first()
+        return session.scalars(_TAIL, {"source_id": source_id}).first()
 
     @staticmethod
     def _first_hole(session: Session, source_id: int) -> Range | None:
         """The earliest failed range no live range overlaps: the next claim must redo it as-is."""
-        live = aliased(Range)
-        covering_end = (
-            select(live.end_offset)
-            .where(
-                live.source_id == Range.source_id,
-                live.status != RangeStatus.FAILED.value,
-                live.start_offset < Range.end_offset,
-            )
-            .order_by(live.start_offset.desc(), live.end_offset.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-        return session.scalars(
-            select(Range)
-            .where(
-                Range.source_id == source_id,
-                Range.status == RangeStatus.FAILED.value,
-                Range.end_offset > Range.start_offset,
-                func.coalesce(covering_end, -1) <= Range.start_offset,
-            )
-            .order_by(Range.start_offset)
-            .limit(1)
-        ).first()
+        return session.scalars(_FIRST_HOLE, {"source_id": source_id}).first()
 
     @staticmethod
     def _hole_at(session: Session, source_id: int, start: int) -> Range | None:
@@ -317,59 +396,63 @@ class Ledger:
         with self._tx(what) as session:
             src = self._lock_source(session, pipeline, source)
             now = _now()
-            mine = session.scalars(
-                select(Range).where(
-                    Range.source_id == src.id,
-                    Range.dag_id == run.dag_id,
-                    Range.run_id == run.run_id,
-                    Range.task_id == run.task_id,
-                    Range.map_index == run.map_index,
-                    Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
-                )
-            ).one_or_none()
-            if mine is not None:
+            # One round trip answers all three questions: held by this run? a hole to redo? the tail?
+            held_id, hole_start, hole_end, tail = session.execute(
+                _CLAIM_STATE,
+                {
+                    "source_id": src.id,
+                    "dag_id": run.dag_id,
+                    "run_id": run.run_id,
+                    "task_id": run.task_id,
+                    "map_index": run.map_index,
+                },
+            ).one()
+            if held_id is not None:
+                mine = session.get_one(Range, held_id)
                 if mine.status == RangeStatus.CLAIMED.value and mine.try_number != run.try_number:
                     mine.try_number = run.try_number
                     mine.claimed_at = now
                     mine.updated_at = now
                     session.flush()
                 return _snapshot(mine, pipeline, src)
-
-            hole = self._first_hole(session, src.id)
-            if hole is not None:
-                start, end = hole.start_offset, hole.end_offset
+            if hole_start is not None:
+                start, end = int(hole_start), int(hole_end)
             else:
-                tail = self._tail(session, src.id)
                 start_or_none = tail if tail is not None else initial_start
                 if start_or_none is None:
                     raise LedgerError(
                         f"{what}: the ledger has no range for this stream yet, so the first claim must give "
                         "initial_start (the first offset to read)"
                     )
-                start = start_or_none
+                start = int(start_or_none)
                 end = max(start, end_limit)
             empty = start == end
-            row = Range(
-                source_id=src.id,
-                start_offset=start,
-                end_offset=end,
-                # An empty range is nothing to process: stored already committed (0 records) so the
-                # run stays auditable and idempotent without a claim left open.
-                status=RangeStatus.COMMITTED.value if empty else RangeStatus.CLAIMED.value,
-                dag_id=run.dag_id,
-                run_id=run.run_id,
-                task_id=run.task_id,
-                map_index=run.map_index,
-                try_number=run.try_number,
-                records=0 if empty else None,
-                offset_stored=False,
-                offset_verified=False,
-                claimed_at=now,
-                committed_at=now if empty else None,
-                updated_at=now,
-            )
-            session.add(row)
-            session.flush()
+            values: dict[str, Any] = {
+                "source_id": src.id,
+                "start_offset": start,
+                "end_offset": end,
+                # An empty range is nothing to process: stored already committed (0 records) so
+                # the run stays auditable and idempotent without a claim left open.
+                "status": RangeStatus.COMMITTED.value if empty else RangeStatus.CLAIMED.value,
+                "dag_id": run.dag_id,
+                "run_id": run.run_id,
+                "task_id": run.task_id,
+                "map_index": run.map_index,
+                "try_number": run.try_number,
+                "records": 0 if empty else None,
+                "first_seen": None,
+                "last_seen": None,
+                "output": None,
+                "offset_stored": False,
+                "offset_verified": False,
+                "error": None,
+                "claimed_at": now,
+                "committed_at": now if empty else None,
+                "updated_at": now,
+            }
+            values["id"] = session.execute(_INSERT_RANGE, values).scalar_one()
+            row = SimpleNamespace(**values)
+            self._sources[src.id] = (pipeline, source)
             return _snapshot(row, pipeline, src)
 
     def last_end(self, pipeline: str, source: SourceRef) -> int | None:
@@ -382,15 +465,7 @@ class Ledger:
     def _load(self, session: Session, range_id: int, *, lock: bool) -> tuple[Range, str, Source]:
         if not isinstance(range_id, int) or isinstance(range_id, bool):
             raise LedgerError(f"range id must be an integer, got {range_id!r}")
-        query = (
-            select(Range, Source, Pipeline.name)
-            .join(Source, Source.id == Range.source_id)
-            .join(Pipeline, Pipeline.id == Source.pipeline_id)
-            .where(Range.id == range_id)
-        )
-        if lock:
-            query = query.with_for_update(of=Range)
-        found = session.execute(query).one_or_none()
+        found = session.execute(_LOAD_LOCKED if lock else _LOAD, {"range_id": range_id}).one_or_none()
         if found is None:
             raise LedgerError(f"range {range_id} does not exist in the ledger")
         return found[0], found[2], found[1]
@@ -411,7 +486,24 @@ class Ledger:
         output: str | None,
     ) -> OffsetRange:
         """Mark a claimed range processed; repeating an identical commit returns it unchanged."""
+        self._check_counts(f"range {range_id}", None, records, first_seen, last_seen)
         with self._tx(f"commit range {range_id}") as session:
+            fast = session.execute(
+                _COMMIT_CLAIMED,
+                {
+                    "range_id": range_id,
+                    "empty_commit": records == 0,
+                    "v_records": records,
+                    "v_first": first_seen,
+                    "v_last": last_seen,
+                    "v_output": _clip(output) if output is not None else None,
+                    "v_now": _now(),
+                },
+            ).first()
+            if fast is not None:
+                pipeline, ref = self._source_info(session, fast.source_id)
+                return _snapshot(fast, pipeline, ref)
+            # Not a plain claimed range whose span fits: find out why (or an identical repeat).
             row, pipeline, src = self._load(session, range_id, lock=True)
             label = f"range {range_id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset}))"
             self._check_counts(label, row, records, first_seen, last_seen)
@@ -435,9 +527,22 @@ class Ledger:
             session.flush()
             return _snapshot(row, pipeline, src)
 
+    def _source_info(self, session: Session, source_id: int) -> tuple[str, SourceRef]:
+        """Pipeline name and source of a source id (sources never change, so cached per Ledger)."""
+        known = self._sources.get(source_id)
+        if known is None:
+            name, broker, stream, super_stream = session.execute(
+                select(Pipeline.name, Source.broker, Source.stream, Source.super_stream)
+                .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                .where(Source.id == source_id)
+            ).one()
+            known = (name, SourceRef(broker, stream, super_stream))
+            self._sources[source_id] = known
+        return known
+
     @staticmethod
     def _check_counts(
-        label: str, row: Range, records: int, first_seen: int | None, last_seen: int | None
+        label: str, row: Range | None, records: int, first_seen: int | None, last_seen: int | None
     ) -> None:
         if not isinstance(records, int) or isinstance(records, bool) or records < 0:
             raise LedgerError(f"{label}: records must be a non-negative integer, got {records!r}")
@@ -449,7 +554,9 @@ class Ledger:
             return
         if first_seen is None or last_seen is None:
             raise LedgerError(f"{label}: {records} records need first_seen and last_seen")
-        if not row.start_offset <= first_seen <= last_seen < row.end_offset:
+        if first_seen > last_seen:
+            raise LedgerError(f"{label}: first_seen {first_seen} is after last_seen {last_seen}")
+        if row is not None and not row.start_offset <= first_seen <= last_seen < row.end_offset:
             raise LedgerError(
                 f"{label}: seen offsets {first_seen}..{last_seen} are not inside [{row.start_offset}, "
                 f"{row.end_offset})"
