@@ -127,7 +127,7 @@ with StreamClient.connect(sys.argv[1]) as c:
     stored = {p: c.query_offset(p, pipeline) for p in c.partitions("demo-events")}
 print(f"broker stored offsets for {pipeline}: {stored}")
 print("audit:", "CLEAN" if report.clean else "VIOLATIONS")
-print(report)
+print("\n".join("   " + line for line in report.to_text().splitlines()))
 root = Path(os.environ["STREAMLEDGER_OUTPUT_ROOT"]) / pipeline
 files = sorted(root.glob("*/*/*.parquet"))
 rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)

@@ -622,7 +622,11 @@ class LocalSparkRunner:
 
     def __init__(self, master: str = "local[2]", conf: Mapping[str, str] | None = None) -> None:
         self.master = master
-        self.conf = {"spark.sql.shuffle.partitions": "2", **dict(conf or {})}
+        self.conf = {
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.showConsoleProgress": "false",  # progress bars only garble task logs
+            **dict(conf or {}),
+        }
         self._spark: Any = None
 
     def session(self) -> Any:

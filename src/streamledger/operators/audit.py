@@ -54,7 +54,7 @@ class LedgerAuditOperator(BaseOperator):
         else:
             report = ledger.audit(pipeline)
         data: dict[str, Any] = json.loads(report.to_json())
-        self.log.info("ledger audit%s:\n%s", f" of {pipeline}" if pipeline else "", report)
+        self.log.info("ledger audit%s:\n%s", f" of {pipeline}" if pipeline else "", report.to_text())
         if not report.clean and self.fail_on_violations:
             context["ti"].xcom_push(key="audit", value=data)
             raise LedgerAuditFailed(
