@@ -15,7 +15,10 @@ offset range ``[start, end)``, and the ledger is the source of truth for which r
    initial position (``first``, ``tail``, a data-interval timestamp or an offset). ``end`` is the
    committed tail (so a read never waits for data), optionally capped at ``start + max_records``
    offsets or, for backfills, at the first offset stamped at or after the data interval's end
-   (chunk timestamps are broker time at publish; resolution is chunk-granular).
+   (chunk timestamps are broker time at publish; resolution is chunk-granular). A start below the
+   first retained offset (retention ran first) fails the batch, or with ``on_data_loss="record"`` the
+   span is recorded as ``lost`` in the ledger (the audit shows it) and reading starts at the first
+   retained offset.
 2. **claim**: the ledger records ``[start, end)`` as ``claimed`` under the run identity (dag, run,
    task, map index). Claiming again for the same identity returns the same range, which is what
    makes retries and cleared tasks deterministic. Empty ranges are never claimed: nothing happens.
@@ -140,6 +143,7 @@ class BatchConfig:
     splits: int = 1
     store_offset: bool = True
     store_timeout: float = 10.0
+    on_data_loss: Literal["fail", "record"] = "fail"
 
     def __post_init__(self) -> None:
         if not self.pipeline or len(self.pipeline) > 256:
@@ -150,6 +154,8 @@ class BatchConfig:
             raise BatchError(f"pipeline {self.pipeline!r}: max_records must be >= 1, got {self.max_records}")
         if self.splits < 1:
             raise BatchError(f"pipeline {self.pipeline!r}: splits must be >= 1, got {self.splits}")
+        if self.on_data_loss not in ("fail", "record"):
+            raise BatchError(f"pipeline {self.pipeline!r}: on_data_loss must be 'fail' or 'record'")
         if isinstance(self.initial_position, int):
             if self.initial_position < 0:
                 raise BatchError(f"pipeline {self.pipeline!r}: initial offset must be >= 0")
@@ -194,6 +200,7 @@ class PartitionResult:
     output: str | None = None
     status: str = "planned"
     offset_stored: int | None = None
+    lost: tuple[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -406,11 +413,21 @@ class BatchRun:
                 f"stream {stream!r}: pipeline {cfg.pipeline!r} would start at {start} ({origin}) "
                 f"but the committed tail is {tail}"
             )
+        lost: tuple[int, int] | None = None
+        first = self.broker.first_offset(stream)
+        if start < first:
+            if cfg.on_data_loss == "fail":
+                raise BatchError(
+                    f"stream {stream!r}: pipeline {cfg.pipeline!r} must resume at offset {start} ({origin}) "
+                    f"but retention removed everything below {first}; set on_data_loss='record' to record "
+                    f"[{start}, {first}) as lost and go on"
+                )
+            lost, start = (start, first), first
         end = cap
         if cfg.max_records is not None:
             end = min(end, start + cfg.max_records)
         # An interval that ends before our position holds nothing new for us: empty, not an error.
-        return PartitionResult(stream, start, max(end, start), origin)
+        return PartitionResult(stream, start, max(end, start), origin, lost=lost)
 
     def plan(self) -> list[PartitionResult]:
         self.result.partitions = [self.plan_partition(s) for s in self.streams()]
@@ -421,6 +438,14 @@ class BatchRun:
     def claim(self) -> None:
         cfg = self.config
         for part in self.result.partitions:
+            if part.lost is not None:
+                lost_start, lost_end = part.lost
+                self.ledger.record_lost(
+                    cfg.pipeline, self._source(part.stream), lost_start, lost_end, self._identity(),
+                    f"retention removed offsets below {lost_end} before pipeline {cfg.pipeline} read them",
+                )
+                log.warning("stream %s: recorded [%d, %d) as lost (retention)", part.stream, lost_start,
+                            lost_end)
             if part.start == part.end and part.range_id is None:
                 part.status = "empty"
                 continue

@@ -119,6 +119,9 @@ class StreamBatchOperator(BaseOperator):
     :param spark_conf: extra Spark configuration.
     :param skip_on_empty: mark the task *skipped* when every range is empty (default: succeed as a no-op).
     :param store_offset: store and verify the broker offset after commit (default ``True``).
+    :param on_data_loss: when retention already removed offsets the pipeline has not read:
+        ``"fail"`` (default, the task fails naming the span) or ``"record"`` (the span is recorded as
+        ``lost`` in the ledger, visible in the audit, and reading goes on from the first retained offset).
     """
 
     template_fields: Sequence[str] = (
@@ -146,6 +149,7 @@ class StreamBatchOperator(BaseOperator):
         spark_conf: Mapping[str, str] | None = None,
         skip_on_empty: bool = False,
         store_offset: bool = True,
+        on_data_loss: str = "fail",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -162,6 +166,8 @@ class StreamBatchOperator(BaseOperator):
             raise ValueError(f"{self.task_id}: fmt {fmt!r} is not parquet, orc or json")
         if splits < 1:
             raise ValueError(f"{self.task_id}: splits must be >= 1")
+        if on_data_loss not in ("fail", "record"):
+            raise ValueError(f"{self.task_id}: on_data_loss must be 'fail' or 'record', got {on_data_loss!r}")
         self.pipeline = pipeline
         self.stream = stream
         self.super_stream = super_stream
@@ -179,6 +185,7 @@ class StreamBatchOperator(BaseOperator):
         self.spark_conf = dict(spark_conf or {})
         self.skip_on_empty = skip_on_empty
         self.store_offset = store_offset
+        self.on_data_loss = on_data_loss
 
     def _runner(self) -> JobRunner:
         if self.spark_conn_id:
@@ -211,6 +218,7 @@ class StreamBatchOperator(BaseOperator):
             fmt=self.fmt,
             splits=self.splits,
             store_offset=self.store_offset,
+            on_data_loss="record" if self.on_data_loss == "record" else "fail",
         )
 
     def execute(self, context: Context) -> dict[str, Any]:

@@ -314,3 +314,16 @@ def test_a_new_run_of_the_same_interval_takes_over_a_dead_claim_only(
     assert result.ranges() == {"ev-0": [0, 10]}
     live = [r for r in ledger.ranges("pipe") if r.status.value != "failed"]
     assert [(r.start, r.end, r.status.value, r.run.run_id) for r in live] == [(0, 10, "committed", "second")]
+
+
+def test_retention_loss_fails_or_is_recorded(tmp_path: Path, ledger: Ledger, broker: BrokerView) -> None:
+    cfg = config(tmp_path, stream="ev-0", super_stream=None, max_records=10)
+    run_batch(cfg, run=run("a"), ledger=ledger, broker=broker, runner=Runner(broker))
+    broker.chunks["ev-0"] = broker.chunks["ev-0"][2:]  # retention dropped [0, 21)
+    with pytest.raises(BatchError, match=r"must resume at offset 10 .* removed everything below 21"):
+        run_batch(cfg, run=run("b"), ledger=ledger, broker=broker, runner=Runner(broker))
+    result = run_batch(config(tmp_path, stream="ev-0", super_stream=None, on_data_loss="record"),
+                       run=run("c"), ledger=ledger, broker=broker, runner=Runner(broker))
+    assert result.ranges() == {"ev-0": [21, 31]} and result.partitions[0].lost == (10, 21)
+    spans = [(r.start, r.end, r.status.value) for r in ledger.ranges("pipe")]
+    assert spans == [(0, 10, "committed"), (10, 21, "lost"), (21, 31, "committed")]
