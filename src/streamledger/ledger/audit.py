@@ -138,23 +138,24 @@ class AuditReport:
         return "\n".join(lines)
 
 
-_SCOPE = """
-  JOIN streamledger_source s ON s.id = r.source_id
-  JOIN streamledger_pipeline p ON p.id = s.pipeline_id
-  WHERE (:pipeline IS NULL OR p.name = :pipeline)
-"""
+# Restricting to one pipeline is a semi-join on its sources; without it, no join at all.
+_PIPELINE_SCOPE = """r.source_id IN (SELECT s.id FROM streamledger_source s
+  JOIN streamledger_pipeline p ON p.id = s.pipeline_id WHERE p.name = :pipeline)"""
 
-# Each live range against the greatest end of the live ranges before it (a running MAX rather than
-# a plain LAG, so a range hidden inside an earlier, longer one still counts as an overlap). A gap
-# that failed ranges fill is reported as "failed, never retried" instead.
-_GAPS_OVERLAPS = f"""
+# Each live non-empty range against the greatest end of the live ranges before it (a running MAX
+# rather than a plain LAG, so a range hidden inside an earlier, longer one still counts as an
+# overlap). The rows come in the order of the partial unique index on (source_id, start_offset),
+# which on PostgreSQL also carries end_offset and id: an index-only scan feeding the window, no
+# sort. Empty ranges cannot open a gap or overlap anything. A gap that failed ranges fill is
+# reported as "failed, never retried" instead.
+_GAPS_OVERLAPS = """
 WITH live AS (
   SELECT r.id, r.source_id, r.start_offset, r.end_offset,
          MAX(r.end_offset) OVER (
-           PARTITION BY r.source_id ORDER BY r.start_offset, r.end_offset, r.id
+           PARTITION BY r.source_id ORDER BY r.start_offset
            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-  FROM streamledger_range r {_SCOPE}
-    AND r.status <> 'failed'
+  FROM streamledger_range r
+  WHERE {scope} AND r.status <> 'failed' AND r.end_offset > r.start_offset
 )
 SELECT l.id, l.source_id, l.start_offset, l.end_offset, l.prev_end
 FROM live l
@@ -167,28 +168,40 @@ ORDER BY l.source_id, l.start_offset
 LIMIT :cap
 """
 
-_ROW_CHECKS = f"""
+# One scan for the per-row checks and the status counts: rows that break a rule keep their id,
+# all others collapse into one group per status.
+_ROW_CHECKS_AND_COUNTS = """
+SELECT x.status, x.bad, COUNT(*) FROM (
+  SELECT r.status,
+         CASE WHEN (r.status = 'claimed' AND r.claimed_at < :cutoff)
+                OR (r.status = 'committed' AND (
+                      r.records IS NULL
+                   OR (r.records = 0 AND (r.first_seen IS NOT NULL OR r.last_seen IS NOT NULL))
+                   OR (r.records > 0 AND (
+                         r.first_seen IS NULL OR r.last_seen IS NULL OR r.first_seen > r.last_seen
+                      OR r.first_seen < r.start_offset OR r.last_seen >= r.end_offset
+                      OR r.records > r.last_seen - r.first_seen + 1))))
+              THEN r.id END AS bad
+  FROM streamledger_range r
+  WHERE {scope}
+) x
+GROUP BY x.status, x.bad
+"""
+
+_ROW_DETAILS = """
 SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.status, r.claimed_at,
        r.records, r.first_seen, r.last_seen, r.dag_id, r.run_id, r.task_id, r.map_index
-FROM streamledger_range r {_SCOPE}
-  AND ((r.status = 'claimed' AND r.claimed_at < :cutoff)
-    OR (r.status = 'committed' AND (
-          r.records IS NULL
-       OR (r.records = 0 AND (r.first_seen IS NOT NULL OR r.last_seen IS NOT NULL))
-       OR (r.records > 0 AND (
-             r.first_seen IS NULL OR r.last_seen IS NULL OR r.first_seen > r.last_seen
-          OR r.first_seen < r.start_offset OR r.last_seen >= r.end_offset
-          OR r.records > r.last_seen - r.first_seen + 1)))))
+FROM streamledger_range r
+WHERE r.id IN :ids
 ORDER BY r.source_id, r.start_offset
-LIMIT :cap
 """
 
 # A failed range is retried once a live range overlaps it (a re-claim of the same span, or a lost
 # span recorded over it). The live range with the greatest start below its end decides.
-_FAILED = f"""
+_FAILED = """
 SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.error, r.claimed_at
-FROM streamledger_range r {_SCOPE}
-  AND r.status = 'failed' AND r.end_offset > r.start_offset
+FROM streamledger_range r
+WHERE {scope} AND r.status = 'failed' AND r.end_offset > r.start_offset
   AND COALESCE((SELECT l.end_offset FROM streamledger_range l
                 WHERE l.source_id = r.source_id AND l.status <> 'failed' AND l.start_offset < r.end_offset
                 ORDER BY l.start_offset DESC, l.end_offset DESC LIMIT 1), -1) <= r.start_offset
@@ -201,11 +214,6 @@ SELECT s.id, p.name, s.stream, s.broker
 FROM streamledger_source s JOIN streamledger_pipeline p ON p.id = s.pipeline_id
 WHERE (:pipeline IS NULL OR p.name = :pipeline)
 ORDER BY p.name, s.stream, s.broker
-"""
-
-_STATUS_COUNTS = f"""
-SELECT r.status, COUNT(*) FROM streamledger_range r {_SCOPE}
-GROUP BY r.status
 """
 
 # The newest committed span, and the newest record any committed range saw.
@@ -296,7 +304,20 @@ def run_audit(
         name, stream, url = where(source_id)
         findings.append(Violation(kind, name, stream, url, start, end, rid, why))
 
-    rows: Sequence[Any] = session.execute(text(_GAPS_OVERLAPS).bindparams(pipeline_param), params).all()
+    scope = "TRUE" if pipeline is None else _PIPELINE_SCOPE
+
+    def query(template: str, **types: Any) -> Any:
+        clause = text(template.format(scope=scope))
+        binds = [bindparam(name, type_=t) for name, t in types.items()]
+        if pipeline is not None:
+            binds.append(pipeline_param)
+        return clause.bindparams(*binds) if binds else clause
+
+    if session.bind is not None and session.get_bind().dialect.name == "postgresql":
+        # The window and the grouping below stay in memory instead of spilling to disk.
+        session.execute(text("SET LOCAL work_mem = '64MB'"))
+
+    rows: Sequence[Any] = session.execute(query(_GAPS_OVERLAPS), params).all()
     truncated |= len(rows) >= MAX_FINDINGS_PER_CHECK
     for rid, sid, start, end, prev_end in rows:
         if start > prev_end:
@@ -319,9 +340,19 @@ def run_audit(
             )
 
     cutoff = now - stale_after
-    row_query = text(_ROW_CHECKS).bindparams(pipeline_param, bindparam("cutoff", type_=DateTime()))
-    rows = session.execute(row_query, {**params, "cutoff": cutoff}).all()
-    truncated |= len(rows) >= MAX_FINDINGS_PER_CHECK
+    by_status: dict[str, int] = {}
+    bad_ids: list[int] = []
+    for status, bad, count in session.execute(
+        query(_ROW_CHECKS_AND_COUNTS, cutoff=DateTime()), {**params, "cutoff": cutoff}
+    ):
+        by_status[str(status)] = by_status.get(str(status), 0) + int(count)
+        if bad is not None:
+            bad_ids.append(int(bad))
+    truncated |= len(bad_ids) > MAX_FINDINGS_PER_CHECK
+    details = text(_ROW_DETAILS).bindparams(bindparam("ids", expanding=True))
+    rows = (
+        session.execute(details, {"ids": sorted(bad_ids)[:MAX_FINDINGS_PER_CHECK]}).all() if bad_ids else []
+    )
     for rid, sid, start, end, status, claimed_at, records, first, last, dag, run, task, idx in rows:
         if status == "claimed":
             claimed = _as_utc(claimed_at)
@@ -345,7 +376,7 @@ def run_audit(
                 f"records={records} disagrees with first_seen={first} last_seen={last} in [{start}, {end})",
             )
 
-    rows = session.execute(text(_FAILED).bindparams(pipeline_param), params).all()
+    rows = session.execute(query(_FAILED), params).all()
     truncated |= len(rows) >= MAX_FINDINGS_PER_CHECK
     for rid, sid, start, end, error, _claimed in rows:
         add(
@@ -372,10 +403,6 @@ def run_audit(
             if why is not None:
                 add(ViolationKind.BROKER_DRIFT, sid, None, None, None, why)
 
-    by_status = {
-        str(s): int(n)
-        for s, n in session.execute(text(_STATUS_COUNTS).bindparams(pipeline_param), {"pipeline": pipeline})
-    }
     findings.sort(key=lambda v: (v.pipeline, v.stream, v.broker, v.start if v.start is not None else -1))
     return AuditReport(
         violations=findings,

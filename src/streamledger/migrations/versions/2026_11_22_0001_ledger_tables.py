@@ -111,15 +111,24 @@ def upgrade() -> None:
         postgresql_where=sa.text(_ACTIVE),
         sqlite_where=sa.text(_ACTIVE),
     )
-    for column in ("start_offset", "end_offset"):
-        op.create_index(
-            f"uq_streamledger_range_live_{column.split('_')[0]}",
-            "streamledger_range",
-            ["source_id", column],
-            unique=True,
-            postgresql_where=sa.text(_NONEMPTY_LIVE),
-            sqlite_where=sa.text(_NONEMPTY_LIVE),
-        )
+    # The audit's gap/overlap window reads only this index on PostgreSQL (index-only scan).
+    op.create_index(
+        "uq_streamledger_range_live_start",
+        "streamledger_range",
+        ["source_id", "start_offset"],
+        unique=True,
+        postgresql_include=["end_offset", "id"],
+        postgresql_where=sa.text(_NONEMPTY_LIVE),
+        sqlite_where=sa.text(_NONEMPTY_LIVE),
+    )
+    op.create_index(
+        "uq_streamledger_range_live_end",
+        "streamledger_range",
+        ["source_id", "end_offset"],
+        unique=True,
+        postgresql_where=sa.text(_NONEMPTY_LIVE),
+        sqlite_where=sa.text(_NONEMPTY_LIVE),
+    )
 
 
 def downgrade() -> None:
