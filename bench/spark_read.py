@@ -14,7 +14,8 @@ Prints msgs/s for each, the ratio baseline time / Spark time end to end (session
 for the read alone, and the share of Spark's end-to-end time that is fixed start-up. Figures are noisy
 on a shared 2-core VM; compare within one run.
 
-Usage: ``python bench/spark_read.py [--messages N] [--size B] [--decode amqp|raw] [--url URL] [--keep]``
+Usage: ``python bench/spark_read.py [--messages N] [--size B] [--decode amqp|raw] [--splits K]
+[--url URL] [--keep]``
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--name", default="bench-spark-read")
     ap.add_argument("--decode", default="amqp", choices=("amqp", "raw"))
+    ap.add_argument("--splits", type=int, default=1, help="Spark partitions per stream partition")
     ap.add_argument("--keep", action="store_true", help="keep the super stream afterwards")
     args = ap.parse_args()
     if args.size < 8:
@@ -183,7 +185,8 @@ def main() -> int:
         try:
             first = json.dumps({parts[0]: [0, 1]})
             _, t_warmup = spark_read(spark, args.url, args.decode, work / "spark-warmup", ranges=first)
-            n_spark, t_read = spark_read(spark, args.url, args.decode, work / "spark", superStream=args.name)
+            n_spark, t_read = spark_read(spark, args.url, args.decode, work / "spark", superStream=args.name,
+                                         splitsPerStream=str(args.splits))
         finally:
             spark.stop()
         assert n_spark == expected, (n_spark, expected)
