@@ -54,7 +54,7 @@ def pg_database(server: str, name: str, *, fresh: bool) -> str:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def latency(url: str, label: str, pairs: int) -> None:
@@ -62,7 +62,9 @@ def latency(url: str, label: str, pairs: int) -> None:
     src = SourceRef("rabbitmq://127.0.0.1:5552/", f"bench-{time.time_ns()}")
     timings: list[float] = []
     claim_t: list[float] = []
+    cpu = 0.0
     for i in range(pairs + 20):
+        c0 = time.process_time()
         run = RunIdentity("bench", f"run-{i}", "read")
         t0 = time.perf_counter()
         r = ledger.claim("bench", src, (i + 1) * 100, run, initial_start=0)
@@ -70,12 +72,15 @@ def latency(url: str, label: str, pairs: int) -> None:
         ledger.commit(r.id, records=100, first_seen=r.start, last_seen=r.end - 1, output=None)
         t2 = time.perf_counter()
         if i >= 20:
+            cpu += time.process_time() - c0
             timings.append((t2 - t0) * 1000)
             claim_t.append((t1 - t0) * 1000)
     ledger.close()
     print(
-        f"{label:<11} claim+commit p50 {statistics.median(timings):6.2f} ms  p99 {percentile(timings, 0.99):6.2f} ms"
-        f"  (claim alone p50 {statistics.median(claim_t):.2f} ms; {pairs} pairs)"
+        f"{label:<11} claim+commit p50 {statistics.median(timings):6.2f} ms  "
+        f"p99 {percentile(timings, 0.99):6.2f} ms  "
+        f"(claim alone p50 {statistics.median(claim_t):.2f} ms; client CPU "
+        f"{cpu / pairs * 1000:.2f} ms/pair; {pairs} pairs)"
     )
 
 
@@ -92,11 +97,13 @@ def load_audit_db(url: str, sources: int, per_source: int) -> None:
         conn.execute("TRUNCATE streamledger_range, streamledger_source, streamledger_pipeline CASCADE")
         now = datetime.now(UTC).replace(tzinfo=None)
         pid = conn.execute(
-            "INSERT INTO streamledger_pipeline (name, created_at) VALUES ('bench-audit', %s) RETURNING id", (now,)
+            "INSERT INTO streamledger_pipeline (name, created_at) VALUES ('bench-audit', %s) RETURNING id",
+            (now,),
         ).fetchone()[0]  # type: ignore[index]
         with conn.cursor() as cur:
             cur.executemany(
-                "INSERT INTO streamledger_source (pipeline_id, broker, stream, created_at) VALUES (%s, %s, %s, %s)",
+                "INSERT INTO streamledger_source (pipeline_id, broker, stream, created_at) "
+                "VALUES (%s, %s, %s, %s)",
                 [(pid, "rabbitmq://127.0.0.1:5552/", f"s-{i:04d}", now) for i in range(sources)],
             )
         sids = [row[0] for row in conn.execute("SELECT id FROM streamledger_source ORDER BY id")]
@@ -104,7 +111,8 @@ def load_audit_db(url: str, sources: int, per_source: int) -> None:
         conn.execute("ALTER TABLE streamledger_range DISABLE TRIGGER streamledger_range_guard")
         columns = (
             "source_id, start_offset, end_offset, status, dag_id, run_id, task_id, map_index, try_number, "
-            "records, first_seen, last_seen, offset_stored, offset_verified, claimed_at, committed_at, updated_at"
+            "records, first_seen, last_seen, offset_stored, offset_verified, claimed_at, committed_at, "
+            "updated_at"
         )
         with conn.cursor().copy(f"COPY streamledger_range ({columns}) FROM STDIN") as copy:
             for sid in sids:
@@ -152,7 +160,11 @@ def main() -> int:
     for suffix in ("", "-wal", "-shm"):
         Path(f"{sqlite_file}{suffix}").unlink(missing_ok=True)
     server = pg_server()
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpu(s); PostgreSQL via {server.split('@')[-1]}")
+    load = os.getloadavg()[0]
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cpu(s), load average {load:.1f}; "
+        f"PostgreSQL via {server.split('@')[-1]}"
+    )
     latency(f"sqlite:///{sqlite_file}", "sqlite", args.pairs)
     latency(pg_database(server, "sl_bench_latency", fresh=True), "postgresql", args.pairs)
     if not args.skip_audit:

@@ -278,11 +278,16 @@ class Ledger:
 
     @contextlib.contextmanager
     def _tx(self, what: str, *, write: bool = True) -> Iterator[Session]:
+        with self._errors(what), Session(self._engine, expire_on_commit=False) as session:
+            session.connection(execution_options={IMMEDIATE: True} if write else {})
+            yield session
+            session.commit()
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Turn database errors into one-line LedgerErrors (never with the URL's password)."""
         try:
-            with Session(self._engine, expire_on_commit=False) as session:
-                session.connection(execution_options={IMMEDIATE: True} if write else {})
-                yield session
-                session.commit()
+            yield
         except LedgerError:
             raise
         except IntegrityError as exc:
@@ -487,19 +492,27 @@ class Ledger:
     ) -> OffsetRange:
         """Mark a claimed range processed; repeating an identical commit returns it unchanged."""
         self._check_counts(f"range {range_id}", None, records, first_seen, last_seen)
-        with self._tx(f"commit range {range_id}") as session:
-            fast = session.execute(
-                _COMMIT_CLAIMED,
-                {
-                    "range_id": range_id,
-                    "empty_commit": records == 0,
-                    "v_records": records,
-                    "v_first": first_seen,
-                    "v_last": last_seen,
-                    "v_output": _clip(output) if output is not None else None,
-                    "v_now": _now(),
-                },
-            ).first()
+        what = f"commit range {range_id}"
+        params = {
+            "range_id": range_id,
+            "empty_commit": records == 0,
+            "v_records": records,
+            "v_first": first_seen,
+            "v_last": last_seen,
+            "v_output": _clip(output) if output is not None else None,
+            "v_now": _now(),
+        }
+        if self.dialect == "postgresql":
+            # The common case is one atomic statement: run it without BEGIN/COMMIT round trips.
+            with self._errors(what), self._engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+                fast = conn.execute(_COMMIT_CLAIMED, params).first()
+                if fast is not None:
+                    with Session(conn) as session:
+                        pipeline, ref = self._source_info(session, fast.source_id)
+                    return _snapshot(fast, pipeline, ref)
+        with self._tx(what) as session:
+            fast = None if self.dialect == "postgresql" else session.execute(_COMMIT_CLAIMED, params).first()
             if fast is not None:
                 pipeline, ref = self._source_info(session, fast.source_id)
                 return _snapshot(fast, pipeline, ref)
