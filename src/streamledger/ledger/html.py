@@ -24,15 +24,15 @@ _ISLANDS = """
 SELECT s.id, p.name, s.stream, i.status, MIN(i.start_offset), MAX(i.end_offset), COUNT(*)
 FROM (
   SELECT x.source_id, x.status, x.start_offset, x.end_offset,
-         SUM(x.brk) OVER (PARTITION BY x.source_id ORDER BY x.start_offset, x.end_offset, x.id
+         SUM(x.brk) OVER (PARTITION BY x.source_id ORDER BY x.start_offset
                           ROWS UNBOUNDED PRECEDING) AS island
   FROM (
-    SELECT r.id, r.source_id, r.status, r.start_offset, r.end_offset,
+    SELECT r.source_id, r.status, r.start_offset, r.end_offset,
            CASE WHEN LAG(r.status) OVER w = r.status AND LAG(r.end_offset) OVER w = r.start_offset
                 THEN 0 ELSE 1 END AS brk
     FROM streamledger_range r
     WHERE r.status <> 'failed' AND r.end_offset > r.start_offset
-    WINDOW w AS (PARTITION BY r.source_id ORDER BY r.start_offset, r.end_offset, r.id)
+    WINDOW w AS (PARTITION BY r.source_id ORDER BY r.start_offset)
   ) x
 ) i
 JOIN streamledger_source s ON s.id = i.source_id

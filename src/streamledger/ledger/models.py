@@ -121,7 +121,7 @@ class Range(LedgerBase):
             "source_id",
             "start_offset",
             unique=True,
-            postgresql_include=["end_offset", "id"],  # the audit's window reads only this index
+            postgresql_include=["end_offset", "id", "status"],  # audit window + HTML read only this
             postgresql_where=text(_NONEMPTY_LIVE),
             sqlite_where=text(_NONEMPTY_LIVE),
         ),

@@ -117,7 +117,7 @@ def upgrade() -> None:
         "streamledger_range",
         ["source_id", "start_offset"],
         unique=True,
-        postgresql_include=["end_offset", "id"],
+        postgresql_include=["end_offset", "id", "status"],
         postgresql_where=sa.text(_NONEMPTY_LIVE),
         sqlite_where=sa.text(_NONEMPTY_LIVE),
     )
