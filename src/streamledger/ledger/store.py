@@ -491,8 +491,15 @@ class Ledger:
         output: str | None,
     ) -> OffsetRange:
         """Mark a claimed range processed; repeating an identical commit returns it unchanged."""
-        self._check_counts(f"range {range_id}", None, records, first_seen, last_seen)
         what = f"commit range {range_id}"
+        try:
+            self._check_counts(f"range {range_id}", None, records, first_seen, last_seen)
+        except LedgerError:
+            with self._tx(what, write=False) as session:  # name the stream and span in the error
+                row, pipeline, src = self._load(session, range_id, lock=False)
+                label = f"range {range_id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset}))"
+                self._check_counts(label, row, records, first_seen, last_seen)
+            raise
         params = {
             "range_id": range_id,
             "empty_commit": records == 0,
