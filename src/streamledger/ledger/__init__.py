@@ -43,8 +43,9 @@ new live range starts where the live ranges end (or exactly at a failed hole); c
 ranges are therefore contiguous. ``audit()`` re-checks all of it in SQL, plus stuck claims,
 unretried failures, record counts and drift against the broker's stored offset.
 
-Concurrency: PostgreSQL claims lock the source row (``SELECT ... FOR UPDATE``); SQLite write
-transactions start with ``BEGIN IMMEDIATE`` under WAL with a 30 s busy timeout.
+Concurrency: PostgreSQL claims lock the source row (``SELECT ... FOR UPDATE``, inside the
+server-side function ``streamledger_claim`` of migration 0003, so a claim is one round trip);
+SQLite write transactions start with ``BEGIN IMMEDIATE`` under WAL with a 30 s busy timeout.
 """
 
 from streamledger.ledger.audit import AuditReport, BrokerOffsetLookup, OffsetQuerier, Violation, ViolationKind

@@ -21,6 +21,8 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Engine,
+    Integer,
+    String,
     Table,
     Text,
     and_,
@@ -29,6 +31,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -133,6 +136,21 @@ _COMMIT_CLAIMED = (
         updated_at=bindparam("v_now", type_=DateTime()),
     )
     .returning(*_RANGES.c)
+)
+_PG_CLAIM = (
+    text(
+        "SELECT * FROM streamledger_claim(:pipeline, :broker, :stream, :super_stream, :end_limit, "
+        ":dag_id, :run_id, :task_id, :map_index, :try_number, :initial, :now)"
+    )
+    .bindparams(
+        bindparam("super_stream", type_=String()),
+        bindparam("end_limit", type_=BigInteger()),
+        bindparam("map_index", type_=Integer()),
+        bindparam("try_number", type_=Integer()),
+        bindparam("initial", type_=BigInteger()),
+        bindparam("now", type_=DateTime()),
+    )
+    .columns(*_RANGES.c)
 )
 _LOAD = (
     select(Range, Source, Pipeline.name)
@@ -398,6 +416,8 @@ class Ledger:
         if initial_start is not None:
             _check_offset("initial_start", initial_start, source.stream)
         what = f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}"
+        if self.dialect == "postgresql":
+            return self._claim_pg(what, pipeline, source, end_limit, run, initial_start)
         with self._tx(what) as session:
             src = self._lock_source(session, pipeline, source)
             now = _now()
@@ -459,6 +479,41 @@ class Ledger:
             row = SimpleNamespace(**values)
             self._sources[src.id] = (pipeline, source)
             return _snapshot(row, pipeline, src)
+
+    def _claim_pg(
+        self,
+        what: str,
+        pipeline: str,
+        source: SourceRef,
+        end_limit: int,
+        run: RunIdentity,
+        initial_start: int | None,
+    ) -> OffsetRange:
+        """PostgreSQL: the same rules in one server-side call (migration 0003), one round trip."""
+        params = {
+            "pipeline": pipeline,
+            "broker": source.broker,
+            "stream": source.stream,
+            "super_stream": source.super_stream,
+            "end_limit": end_limit,
+            "dag_id": run.dag_id,
+            "run_id": run.run_id,
+            "task_id": run.task_id,
+            "map_index": run.map_index,
+            "try_number": run.try_number,
+            "initial": initial_start,
+            "now": _now(),
+        }
+        with self._errors(what), self._engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")  # the call is its own transaction
+            row = conn.execute(_PG_CLAIM, params).first()
+        if row is None:
+            raise LedgerError(
+                f"{what}: the ledger has no range for this stream yet, so the first claim must give "
+                "initial_start (the first offset to read)"
+            )
+        self._sources[row.source_id] = (pipeline, source)
+        return _snapshot(row, pipeline, source)
 
     def last_end(self, pipeline: str, source: SourceRef) -> int | None:
         """Where the next new range would start (None before the first range of this source)."""

@@ -34,16 +34,18 @@ def test_upgrade_and_downgrade_step_by_step(db_url: str) -> None:
         assert migrate.current(engine) == "0001_ledger_tables"
         assert tables(db_url) >= LEDGER_TABLES
         migrate.upgrade(engine)
-        assert migrate.current(engine) == migrate.head() == "0002_range_invariants"
+        assert migrate.current(engine) == migrate.head() == "0003_pg_claim_function"
         migrate.upgrade(engine)  # idempotent
         with engine.connect() as conn:
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "airflow_head"
             assert conn.execute(text("SELECT version_num FROM streamledger_ledger_version")).scalar() == (
-                "0002_range_invariants"
+                "0003_pg_claim_function"
             )
         led = Ledger(db_url)
         r = led.claim("p", SRC, 10, run(1), initial_start=0)
         led.close()
+        migrate.downgrade(engine, "0002_range_invariants")
+        assert migrate.current(engine) == "0002_range_invariants"
         migrate.downgrade(engine, "0001_ledger_tables")  # drops the guards, keeps the data
         assert migrate.current(engine) == "0001_ledger_tables"
         with pytest.raises(LedgerError, match="at revision 0001_ledger_tables"):
