@@ -15,7 +15,7 @@ for the read alone, and the share of Spark's end-to-end time that is fixed start
 on a shared 2-core VM; compare within one run.
 
 Usage: ``python bench/spark_read.py [--messages N] [--size B] [--decode amqp|raw] [--splits K]
-[--url URL] [--keep]``
+[--quick-start] [--url URL] [--keep]``
 """
 
 from __future__ import annotations
@@ -156,6 +156,7 @@ def main() -> int:
     ap.add_argument("--name", default="bench-spark-read")
     ap.add_argument("--decode", default="amqp", choices=("amqp", "raw"))
     ap.add_argument("--splits", type=int, default=1, help="Spark partitions per stream partition")
+    ap.add_argument("--quick-start", action="store_true", help="C1-only JIT + serial GC for the Spark JVM")
     ap.add_argument("--keep", action="store_true", help="keep the super stream afterwards")
     args = ap.parse_args()
     if args.size < 8:
@@ -178,7 +179,7 @@ def main() -> int:
         t0 = time.perf_counter()
         from streamledger.spark.session import build_session
 
-        spark = build_session(master="local[2]", app_name="bench-spark-read",
+        spark = build_session(master="local[2]", app_name="bench-spark-read", quick_start=args.quick_start,
                               conf={"spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"})
         spark.sparkContext.setLogLevel("ERROR")
         t_start = time.perf_counter() - t0

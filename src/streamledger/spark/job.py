@@ -201,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", default="amqp", choices=("amqp", "raw"))
     p.add_argument("--allow-data-loss", action="store_true",
                    help="clamp starts below retention and record the lost span instead of failing")
+    p.add_argument("--quick-start", action="store_true",
+                   help="start the local JVM with C1-only JIT + serial GC (faster start, slower long reads)")
     p.add_argument("--master", default=None,
                    help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit: spark-submit's)")
     return p
@@ -225,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan_job(args.url, ranges, fail_on_data_loss=not args.allow_data_loss)
         submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched us and owns the master
         master = args.master or (None if submitted else DEFAULT_MASTER)
-        spark = build_session(master=master, app_name="streamledger-read")
+        spark = build_session(master=master, app_name="streamledger-read", quick_start=args.quick_start)
         try:
             manifest = run_job(
                 spark, url=args.url, ranges=ranges, output=args.output, fmt=args.format,
