@@ -91,3 +91,12 @@ def test_installed_entry_point(sqlite_url: str) -> None:
         check=False,
     )
     assert proc.returncode == 0 and json.loads(proc.stdout)["clean"] is True
+
+
+def test_unreachable_broker_is_a_clear_error(capsys: pytest.CaptureFixture[str], sqlite_url: str) -> None:
+    assert main(["ledger", "upgrade", "--db", sqlite_url]) == 0
+    capsys.readouterr()
+    rc, _out, err = cli(
+        capsys, "audit", "--db", sqlite_url, "--broker-url", "rabbitmq-stream://u:pw1234@127.0.0.1:1/"
+    )
+    assert rc == 1 and err.startswith("streamledger: error:") and "pw1234" not in err
