@@ -8,11 +8,14 @@ port gets 8715), login/password = optional user and secret for authenticated mas
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
 from streamledger.provider import TUBEMQ_UI
+
+if TYPE_CHECKING:
+    from streamledger.protocol.tubemq import MasterClient
 
 DEFAULT_MASTER_PORT = 8715
 
@@ -73,14 +76,21 @@ class TubeMQHook(BaseHook):
             "timeout": float(conn.extra_dejson.get("timeout") or 10.0),
         }
 
-    def client_module(self) -> Any:
-        """The TubeMQ protocol package, imported on demand."""
-        import importlib
+    def get_client(self, **options: Any) -> MasterClient:
+        """A :class:`~streamledger.protocol.tubemq.MasterClient` for the connection's masters.
 
-        return importlib.import_module("streamledger.protocol.tubemq")
+        ``options`` go to the client (heartbeat periods, retries); use it as a context manager so
+        its registrations are closed.
+        """
+        from streamledger.protocol.tubemq import Credentials, MasterClient
+
+        info = self.get_conn()
+        credentials = Credentials(info["user"], info["secret"] or "") if info["user"] else None
+        options.setdefault("rpc_timeout", info["timeout"])
+        return MasterClient(info["masters"], credentials=credentials, **options)
 
     def test_connection(self) -> tuple[bool, str]:
-        """Reachability of the masters: at least one accepts a TCP connection."""
+        """Reachability of the masters: at least one accepts a TCP connection (no registration)."""
         try:
             info = self.get_conn()
         except Exception as exc:

@@ -119,3 +119,19 @@ def test_tubemq_test_connection_sees_a_listening_master(monkeypatch: pytest.Monk
         ok, message = TubeMQHook("tube").test_connection()
     assert ok, message
     assert f"127.0.0.1:{port}" in message
+
+
+def test_tubemq_hook_client_registers_with_the_emulated_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook's client against the TubeMQ master emulator (the test double of tests/support)."""
+    from tests.support.tubemq_emulator import TubeMQMasterEmulator
+
+    with TubeMQMasterEmulator(users={"alice": "s3cret"}) as master:
+        host, port = master.address
+        monkeypatch.setenv("AIRFLOW_CONN_TUBE_AUTH", json.dumps(
+            {"conn_type": "tubemq", "host": f"{host}:{port}", "login": "alice", "password": "s3cret",
+             "extra": {"timeout": 2}}))
+        with TubeMQHook("tube_auth").get_client(background_heartbeat=False) as client:
+            registration = client.register_producer(["demo"])
+            assert registration.master == master.address_str
+            assert [p.key for p in registration.partitions("demo")]
+        assert master.producers == {}
