@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.airflow import AirflowHome, airflow_home, make_airflow_home  # noqa: F401
 
-INTERVAL_S = 3
+INTERVAL_S = 4
 
 
 def connection_json(url: str) -> str:
