@@ -72,8 +72,8 @@ def plan_job(
         return plan_ranges(client, bounds, fail_on_data_loss=fail_on_data_loss)
 
 
-def _written_stats(spark: Any, path: Path, fmt: str) -> dict[str, tuple[int, int, int]]:
-    """``{stream: (records, first_offset, last_offset)}`` from one aggregate over the written files."""
+def _written_stats(spark: Any, path: Path, fmt: str) -> dict[str, tuple[int, int, int, int]]:
+    """``{stream: (records, distinct offsets, first, last)}`` from one aggregate over the written files."""
     from pyspark.sql import functions as F
 
     # An explicit schema: no inference pass, and an all-empty output still reads as zero rows.
@@ -82,10 +82,15 @@ def _written_stats(spark: Any, path: Path, fmt: str) -> dict[str, tuple[int, int
         .schema(SPARK_SCHEMA_DDL)
         .load(str(path))
         .groupBy("stream")
-        .agg(F.count(F.lit(1)).alias("n"), F.min("offset").alias("lo"), F.max("offset").alias("hi"))
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.countDistinct("offset").alias("d"),
+            F.min("offset").alias("lo"),
+            F.max("offset").alias("hi"),
+        )
         .collect()
     )
-    return {r["stream"]: (int(r["n"]), int(r["lo"]), int(r["hi"])) for r in rows}
+    return {r["stream"]: (int(r["n"]), int(r["d"]), int(r["lo"]), int(r["hi"])) for r in rows}
 
 
 def run_job(
@@ -109,6 +114,8 @@ def run_job(
         raise PlanningError(f"format {fmt!r} is not supported; use one of {', '.join(FORMATS)}")
     if splits < 1:
         raise PlanningError(f"splits must be >= 1, got {splits}")
+    if decode not in ("amqp", "raw"):
+        raise PlanningError(f"decode must be amqp or raw, got {decode!r}")
     out_dir = _local_dir(output)
     planned = plan_job(url, ranges, fail_on_data_loss=fail_on_data_loss)
 
@@ -130,12 +137,14 @@ def run_job(
 
     streams: dict[str, Any] = {}
     for r in planned:
-        n, lo, hi = stats.pop(r.stream, (0, None, None))
-        if n and (lo < r.start or hi >= r.end or n > r.end - r.start):  # type: ignore[operator]
+        n, distinct, lo, hi = stats.pop(r.stream, (0, 0, None, None))
+        if n and (lo < r.start or hi >= r.end):  # type: ignore[operator]
             raise JobError(
                 f"stream {r.stream!r}: wrote {n} records with offsets [{lo}, {hi}] outside the planned "
                 f"range [{r.start}, {r.end})"
             )
+        if distinct != n:
+            raise JobError(f"stream {r.stream!r}: wrote {n} records but only {distinct} distinct offsets")
         entry: dict[str, Any] = {
             "start": r.requested_start,
             "end": r.end,
