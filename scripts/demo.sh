@@ -50,9 +50,8 @@ scripts/rabbitmq.sh provision 4.3 && scripts/rabbitmq.sh start 4.3 && scripts/ra
 
 step "2. Airflow home $AIRFLOW_HOME"
 mkdir -p "$AIRFLOW_HOME" "$LOGS"
-if [ ! -f "$AIRFLOW_HOME/airflow.db" ]; then
-  "$AIRFLOW" db migrate >"$LOGS/db-migrate.log" 2>&1 || { tail -30 "$LOGS/db-migrate.log"; exit 1; }
-fi
+# Idempotent; also brings the ledger tables the provider's db-manager owns up to date after upgrades.
+"$AIRFLOW" db migrate >"$LOGS/db-migrate.log" 2>&1 || { tail -30 "$LOGS/db-migrate.log"; exit 1; }
 "$AIRFLOW" providers list 2>/dev/null | grep -E '^streamledger ' || { echo "streamledger provider not registered" >&2; exit 1; }
 
 step "3. clean demo state + create the super stream (DAG streamledger_create_super_stream)"
