@@ -186,3 +186,23 @@ def test_redone_hole_next_to_empty_ranges_is_not_redone_twice(ledger: Ledger) ->
     assert (nxt.start, nxt.end) == (20, 30)
     check_invariants(ledger)
     assert ledger.audit().clean
+
+
+def test_lost_span_at_a_hole_away_from_the_tail(ledger: Ledger) -> None:
+    """A lost span may start at any hole; the rest of that hole stays failed for the next claim."""
+    ledger.claim("p", SRC, 60, run(1), initial_start=0)
+    ledger.claim("p", SRC, 72, run(2))
+    c = ledger.claim("p", SRC, 106, run(3))
+    ledger.record_lost("p", SRC, 60, 71, run(2), "cut")  # run 2's claim fails, [71, 72) stays open
+    ledger.fail(c.id, "x")  # hole [72, 106)
+    assert ledger.last_end("p", SRC) == 71
+    lost = ledger.record_lost("p", SRC, 72, 76, run(9), "retention")
+    assert (lost.start, lost.end, lost.status) == (72, 76, RangeStatus.LOST)
+    open_spans = ledger.audit(stale_after=timedelta(days=1)).violations
+    assert [(v.kind.value, v.start, v.end) for v in open_spans] == [
+        ("failed_not_retried", 71, 72),
+        ("failed_not_retried", 76, 106),
+    ]
+    redo = [ledger.claim("p", SRC, 500, run(n)) for n in (10, 11)]
+    assert [(r.start, r.end) for r in redo] == [(71, 72), (76, 106)]
+    check_invariants(ledger)
