@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -75,6 +76,9 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+        # py4j logs "Closing down clientserver connection" at INFO from __del__ at interpreter exit, when
+        # the streams a test's logging handler wrote to are already closed: keep that noise out of the run.
+        logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @dataclass
