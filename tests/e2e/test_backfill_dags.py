@@ -27,7 +27,8 @@ BACKFILL = "streamledger_backfill"
 
 def _committed(scenario: Scenario) -> list:  # type: ignore[type-arg]
     return sorted(
-        (r for r in scenario.ledger().ranges(scenario.pipeline) if str(r.status) == "committed" and not r.empty),
+        (r for r in scenario.ledger().ranges(scenario.pipeline)
+         if str(r.status) == "committed" and not r.empty),
         key=lambda r: (r.source.stream, r.start),
     )
 
