@@ -88,13 +88,15 @@ class StoreNotVerified(MewbaseError):
 class ServerError(MewbaseError):
     """The server answered ``ok: false``; carries its ``errCode`` and ``errMsg``."""
 
-    def __init__(self, operation: str, err_code: str | None, err_msg: str | None) -> None:
+    def __init__(
+        self, operation: str, err_code: str | None, err_msg: str | None, *, message: str | None = None
+    ) -> None:
         self.operation = operation
         self.err_code = err_code
         self.err_msg = err_msg
         code = err_code if err_code is not None else "no errCode"
         detail = f": {one_line(err_msg)}" if err_msg else ""
-        super().__init__(f"{operation} refused by the server: {code}{detail}")
+        super().__init__(message or f"{operation} refused by the server: {code}{detail}")
 
 
 class AuthenticationFailed(ServerError):

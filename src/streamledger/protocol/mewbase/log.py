@@ -113,7 +113,10 @@ class MewbaseLog:
             doc = next((d for d in docs if d.get(cv.ID_FIELD) == channel), None)
             if doc is None:
                 raise ChannelNotFound(
-                    f"channel lookup of {channel!r}", cv.ERR_NO_SUCH_CHANNEL, "no such channel"
+                    f"channel lookup of {channel!r}",
+                    cv.ERR_NO_SUCH_CHANNEL,
+                    None,
+                    message=f"channel {channel!r} does not exist on the server (not in {cv.CHANNELS_BINDER})",
                 )
             first = _int_field(doc, cv.FIRST_POS_FIELD, channel)
             last = _int_field(doc, cv.LAST_POS_FIELD, channel)
