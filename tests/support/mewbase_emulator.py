@@ -259,8 +259,8 @@ class MewbaseServerEmulator:
         now = int(time.time() * 1000)
         stamp = timestamp if timestamp is not None else max(now, chan.last_timestamp)
         position = chan.next_pos if pos is None else pos
-        if position < chan.next_pos:
-            raise ValueError(f"position {position} is below the channel's next position {chan.next_pos}")
+        if chan.records and position <= chan.records[-1].pos:
+            raise ValueError(f"position {position} does not follow the channel's last {chan.records[-1].pos}")
         record = _Record(position, stamp, raw, bson.decode(raw))
         size = len(bson.encode({"timestamp": Int64(stamp), "event": RawBSONDocument(raw)}))
         chan.records.append(record)
