@@ -22,8 +22,17 @@ LIMIT = 4096
 _VALID = [
     bson.encode({"type": "RESPONSE", "frame": {"ok": True, "rID": 1}}),
     bson.encode({"type": "SUBRESPONSE", "frame": {"ok": True, "rID": 2, "subID": 0}}),
-    bson.encode({"type": "RECEV", "frame": {"subID": 0, "timestamp": Int64(1), "pos": Int64(2),
-                                            "event": {"a": [1, 2.5, "x", None, True]}}}),
+    bson.encode(
+        {
+            "type": "RECEV",
+            "frame": {
+                "subID": 0,
+                "timestamp": Int64(1),
+                "pos": Int64(2),
+                "event": {"a": [1, 2.5, "x", None, True]},
+            },
+        }
+    ),
     bson.encode({"type": "QUERYRESPONSE", "frame": {"queryID": 1, "ok": True, "numResults": 1}}),
     bson.encode({"type": "QUERYRESULT", "frame": {"queryID": 1, "result": {"id": "x"}, "last": True}}),
 ]
