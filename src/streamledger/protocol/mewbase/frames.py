@@ -122,7 +122,6 @@ FRAMES: Final[dict[str, tuple[Field, ...]]] = {**CLIENT_FRAMES, **SERVER_FRAMES}
 DECODE_OPTIONS: Final[CodecOptions[dict[str, Any]]] = CodecOptions(
     datetime_conversion=DatetimeConversion.DATETIME_AUTO
 )
-_RAW_OPTIONS: Final[CodecOptions[RawBSONDocument]] = CodecOptions(document_class=RawBSONDocument)
 _LENGTH = struct.Struct("<i")
 _RANGES = {"int32": (cv.INT32_MIN, cv.INT32_MAX), "int64": (cv.INT64_MIN, cv.INT64_MAX)}
 
@@ -274,10 +273,67 @@ def decode_frame(data: bytes, *, table: Mapping[str, tuple[Field, ...]] = SERVER
             continue
         _check_value(frame_type, field, value)
     event = None
-    if "event" in body and any(f.name == "event" for f in fields):
-        raw = bson.decode(data, _RAW_OPTIONS)["frame"]["event"]
-        event = bytes(raw.raw)
+    if frame_type == RECEV:
+        event = _event_bytes(data)
     return Frame(frame_type, body, len(data), event)
+
+
+# Bytes after an element's name, for the BSON types of fixed size (the others are measured below).
+_FIXED = {
+    0x01: 8,
+    0x06: 0,
+    0x07: 12,
+    0x08: 1,
+    0x09: 8,
+    0x0A: 0,
+    0x10: 4,
+    0x11: 8,
+    0x12: 8,
+    0x13: 16,
+    0x7F: 0,
+    0xFF: 0,
+}
+
+
+def _element_end(data: bytes, kind: int, pos: int) -> int:
+    """Where the value of a ``kind`` element starting at ``pos`` ends (input already validated)."""
+    fixed = _FIXED.get(kind)
+    if fixed is not None:
+        return pos + fixed
+    if kind in (0x02, 0x0D, 0x0E):  # string, code, symbol: int32 length + bytes
+        return pos + 4 + _LENGTH.unpack_from(data, pos)[0]
+    if kind in (0x03, 0x04, 0x0F):  # document, array, code with scope: int32 total length
+        return pos + _LENGTH.unpack_from(data, pos)[0]
+    if kind == 0x05:  # binary: int32 length + subtype + bytes
+        return pos + 5 + _LENGTH.unpack_from(data, pos)[0]
+    if kind == 0x0C:  # DBPointer: string + 12-byte id
+        return pos + 4 + _LENGTH.unpack_from(data, pos)[0] + 12
+    if kind == 0x0B:  # regex: two C strings
+        return data.index(b"\x00", data.index(b"\x00", pos) + 1) + 1
+    raise ValueError(f"BSON type 0x{kind:02x}")
+
+
+def _find(data: bytes, start: int, end: int, name: bytes, kind: int) -> tuple[int, int]:
+    """The value span of the element ``name`` (of type ``kind``) in the document at ``start``."""
+    pos = start + 4
+    while pos < end - 1:
+        element = data[pos]
+        name_end = data.index(b"\x00", pos + 1)
+        value_end = _element_end(data, element, name_end + 1)
+        if element == kind and data[pos + 1 : name_end] == name:
+            return name_end + 1, value_end
+        pos = value_end
+    raise ValueError(f"no {name!r}")
+
+
+def _event_bytes(data: bytes) -> bytes:
+    """A RECEV's event document, sliced from the validated frame without decoding it again."""
+    try:
+        frame_start, frame_end = _find(data, 0, len(data), b"frame", 0x03)
+        event_start, event_end = _find(data, frame_start, frame_end, b"event", 0x03)
+    except (ValueError, IndexError, struct.error) as exc:  # pragma: no cover - bson.decode accepted it
+        raise FrameError(f"RECEV frame: cannot locate the event ({exc})") from None
+    return data[event_start:event_end]
 
 
 def decode_event(data: bytes) -> dict[str, Any]:
