@@ -133,3 +133,36 @@ def test_decode_event_turns_bad_bytes_into_frame_errors() -> None:
     # Datetimes outside Python's range do not break decoding.
     far = decode_event(b"\x10\x00\x00\x00\x09d\x00" + struct.pack("<q", 2**62) + b"\x00")
     assert int(far["d"]) == 2**62
+
+
+def test_event_slicing_skips_every_bson_type_before_it() -> None:
+    import datetime
+    import re
+
+    from bson import Code, DBRef, Decimal128, MaxKey, MinKey, ObjectId, Regex, Timestamp
+
+    extra = {
+        "f": 1.5,
+        "s": "str",
+        "d": {"n": 1},
+        "a": [1, "x"],
+        "b": b"\x00\x01",
+        "oid": ObjectId(),
+        "t": True,
+        "dt": datetime.datetime(2026, 1, 1),
+        "n": None,
+        "re": Regex("a.*", "i"),
+        "re2": re.compile("b+"),
+        "code": Code("f()"),
+        "scoped": Code("g()", {"x": 1}),
+        "i32": 7,
+        "ts": Timestamp(1, 2),
+        "i64": Int64(9),
+        "dec": Decimal128("1.5"),
+        "min": MinKey(),
+        "max": MaxKey(),
+        "ref": DBRef("c", 1),
+    }
+    event = {"payload": "x" * 10}
+    data = frame("RECEV", {**extra, "subID": 0, "timestamp": Int64(1), "pos": Int64(2), "event": event})
+    assert decode_frame(data).event == bson.encode(event)

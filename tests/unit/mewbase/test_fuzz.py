@@ -102,3 +102,32 @@ def test_valid_streams_decode_identically_however_they_are_cut(frames: list[byte
     assert [f.size for f in got] == [len(f) for f in frames]
     assert [bson.encode({"type": f.type, "frame": f.body}) for f in got] == frames
     assert decoder.buffered == 0
+
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text("abc", max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@FUZZ
+@given(
+    st.dictionaries(st.text("xyz", min_size=1, max_size=4), _VALUES, max_size=4),
+    st.dictionaries(st.text("ab", max_size=4), _VALUES, max_size=4),
+)
+def test_recev_event_bytes_are_sliced_exactly(extra: dict[str, object], event: dict[str, object]) -> None:
+    """Whatever fields a server puts around the event, the event's bytes come out unchanged."""
+    body = {**extra, "subID": 1, "timestamp": Int64(2), "pos": Int64(3), "event": event}
+    decoded = FrameDecoder(max_frame_size=1 << 20).feed(bson.encode({"type": "RECEV", "frame": body}))
+    assert decoded[0].event == bson.encode(event)

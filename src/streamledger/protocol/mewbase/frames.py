@@ -300,16 +300,17 @@ def _element_end(data: bytes, kind: int, pos: int) -> int:
     fixed = _FIXED.get(kind)
     if fixed is not None:
         return pos + fixed
-    if kind in (0x02, 0x0D, 0x0E):  # string, code, symbol: int32 length + bytes
-        return pos + 4 + _LENGTH.unpack_from(data, pos)[0]
-    if kind in (0x03, 0x04, 0x0F):  # document, array, code with scope: int32 total length
-        return pos + _LENGTH.unpack_from(data, pos)[0]
-    if kind == 0x05:  # binary: int32 length + subtype + bytes
-        return pos + 5 + _LENGTH.unpack_from(data, pos)[0]
-    if kind == 0x0C:  # DBPointer: string + 12-byte id
-        return pos + 4 + _LENGTH.unpack_from(data, pos)[0] + 12
     if kind == 0x0B:  # regex: two C strings
         return data.index(b"\x00", data.index(b"\x00", pos) + 1) + 1
+    length: int = _LENGTH.unpack_from(data, pos)[0]
+    if kind in (0x02, 0x0D, 0x0E):  # string, code, symbol: int32 length + bytes
+        return pos + 4 + length
+    if kind in (0x03, 0x04, 0x0F):  # document, array, code with scope: int32 total length
+        return pos + length
+    if kind == 0x05:  # binary: int32 length + subtype + bytes
+        return pos + 5 + length
+    if kind == 0x0C:  # DBPointer: string + 12-byte id
+        return pos + 4 + length + 12
     raise ValueError(f"BSON type 0x{kind:02x}")
 
 
