@@ -106,10 +106,15 @@ def test_stored_position_round_trip(emu: MewbaseServerEmulator, log: MewbaseLog)
 def test_storing_beyond_the_last_event_or_with_a_bad_name(
     emu: MewbaseServerEmulator, log: MewbaseLog
 ) -> None:
-    last = [emu.append("s", {"n": i}) for i in range(3)][-1]
+    positions = [emu.append("s", {"n": i}) for i in range(3)]
+    last = positions[-1]
+    log.store_offset_verified("s", "pipe", positions[0])
     with pytest.raises(OffsetOutOfRange, match=f"cannot store position {last + 1} for 'pipe'"):
         log.store_offset_verified("s", "pipe", last + 1, timeout=0.3)
-    assert log.query_offset("s", "pipe") is None
+    assert log.query_offset("s", "pipe") == positions[0]  # the stored position was left alone
+    emu.create_channel("empty")
+    with pytest.raises(OffsetOutOfRange, match="the last event is at none"):
+        log.store_offset_verified("empty", "pipe", 0)
     with pytest.raises(InvalidRequest, match="no '/'"):
         log.query_offset("a/b", "pipe")
     with pytest.raises(InvalidRequest, match="position >= 0"):

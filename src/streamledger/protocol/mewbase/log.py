@@ -188,8 +188,9 @@ class MewbaseLog:
 
         The durable subscription is re-created at ``offset`` (UNSUBSCRIBE deletes the old state), the
         first event at or after ``offset`` is awaited (an ACKEV needs a delivered event) and
-        acknowledged with ``pos = offset``; SUBCLOSE keeps the new state. OffsetOutOfRange if no event
-        at or after ``offset`` exists, StoreNotVerified if the read-back differs.
+        acknowledged with ``pos = offset``; SUBCLOSE keeps the new state. OffsetOutOfRange (with the
+        old state untouched) if no event at or after ``offset`` exists, StoreNotVerified if the
+        read-back differs.
         """
         if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= cv.INT64_MAX:
             raise InvalidRequest(
@@ -199,6 +200,13 @@ class MewbaseLog:
         current = self.query_offset(channel, reference)
         if current == offset:
             return
+        # Check before touching the stored state: an acknowledgement needs an event at or after offset.
+        last = self.channel_info(channel).last_pos
+        if last is None or offset > last:
+            raise OffsetOutOfRange(
+                f"channel {channel!r}: cannot store position {offset} for {reference!r}: the last event "
+                f"is at {'none' if last is None else last}"
+            )
         if current is not None:
             self.client.subscribe(channel, durable_id=did, timeout=timeout).unsubscribe(timeout=timeout)
         sub = self.client.subscribe(channel, durable_id=did, start_pos=offset, timeout=timeout)
