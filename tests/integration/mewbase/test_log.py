@@ -130,3 +130,13 @@ def test_a_server_that_ignores_the_ack_position_is_caught(make_emulator: Make) -
         with pytest.raises(StoreNotVerified, match=f"stored position {positions[2] - 1} for 'pipe'"):
             log.store_offset_verified("s", "pipe", positions[2] - 1, timeout=0.5)
         assert log.query_offset("s", "pipe") not in (None, positions[2] - 1)
+
+
+def test_read_range_in_the_batch_cores_call_shape(emu: MewbaseServerEmulator, log: MewbaseLog) -> None:
+    for pos in (3, 8, 13):
+        emu.append("r", {"at": pos}, pos=pos)
+    batches = log.read_range("r", 4, 13, decode="raw")
+    assert [p for b in batches for p in b.offsets] == [8]
+    assert list(log.read_range("r", 9, 13, decode="raw")) == []  # only a gap inside: no batch at all
+    with pytest.raises(InvalidRequest, match="use 'raw' or 'bson'"):
+        log.read_range("r", 0, 13, decode="amqp")

@@ -280,9 +280,23 @@ class MewbaseLog:
     # -- reading ------------------------------------------------------------------------------------
 
     def read_range(
-        self, channel: str, start: int, end: int, *, timeout: float | None = None, batch_events: int = 1000
+        self,
+        channel: str,
+        start: int,
+        end: int,
+        *,
+        timeout: float | None = None,
+        batch_events: int = 1000,
+        decode: str = "raw",
     ) -> Iterator[EventBatch]:
-        """Exactly the events with ``start <= pos < end`` (see :meth:`MewbaseClient.read_range`)."""
+        """Exactly the events with ``start <= pos < end`` (see :meth:`MewbaseClient.read_range`).
+
+        ``decode`` exists for the batch core, which calls ``read_range(..., decode="raw")`` on any
+        source: events always arrive as BSON bytes ("raw", or "bson"); ``EventBatch.documents()``
+        decodes them.
+        """
+        if decode not in ("raw", "bson"):
+            raise InvalidRequest(f"decode={decode!r}: mewbase events are BSON; use 'raw' or 'bson'")
         return self.client.read_range(channel, start, end, timeout=timeout, batch_events=batch_events)
 
 
