@@ -144,6 +144,14 @@ class MewbaseLog:
         self._scanned[channel] = (first, last, stamp)
         return ChannelInfo(channel, first, last, stamp, None, exact=False)
 
+    def partitions(self, name: str) -> list[str]:
+        """A channel is not partitioned: ``[name]`` once the channel is known to exist.
+
+        Present so a channel fits wherever a super stream's partition list is asked for.
+        """
+        self.channel_info(name)
+        return [name]
+
     def first_offset(self, channel: str) -> int:
         """Position of the channel's first event; the tail (0) when the channel is empty."""
         info = self.channel_info(channel)
