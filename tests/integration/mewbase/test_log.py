@@ -140,3 +140,32 @@ def test_read_range_in_the_batch_cores_call_shape(emu: MewbaseServerEmulator, lo
     assert list(log.read_range("r", 9, 13, decode="raw")) == []  # only a gap inside: no batch at all
     with pytest.raises(InvalidRequest, match="use 'raw' or 'bson'"):
         log.read_range("r", 0, 13, decode="amqp")
+
+
+def test_a_scan_of_a_channel_written_without_pause_still_ends(make_emulator: Make) -> None:
+    import threading
+    import time
+
+    emu = make_emulator(channel_stats=False)
+    emu.append("busy", {"n": -1})
+    stop = threading.Event()
+
+    def writer() -> None:
+        n = 0
+        while not stop.is_set():
+            emu.append("busy", {"n": n})
+            n += 1
+            time.sleep(0.01)  # far more often than the probe timeout
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        with MewbaseLog.connect(emu.url(), timeout=1.0, probe_timeout=0.5) as log:
+            started = time.monotonic()
+            tail = log.committed_tail("busy")
+            assert time.monotonic() - started < 4
+            assert tail - 1 in emu.positions("busy")  # a real, persisted position + 1
+            assert log.committed_tail("busy") >= tail
+    finally:
+        stop.set()
+        thread.join()

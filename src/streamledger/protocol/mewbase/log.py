@@ -133,14 +133,22 @@ class MewbaseLog:
         return self._scan(channel)
 
     def _scan(self, channel: str) -> ChannelInfo:
-        """Read the channel from the last position seen before until it stays quiet (no statistics)."""
+        """Read the channel from the last position seen before until it stays quiet (no statistics).
+
+        The scan also ends after the connection's timeout in total, so a channel that is written to
+        without pause cannot hold it for ever: every position seen is persisted, so the last one + 1
+        is a valid (if not the newest) committed tail, and the next scan continues from there.
+        """
         first, last, stamp = self._scanned.get(channel, (None, None, None))
         start = 0 if last is None else last
+        budget_end = time.monotonic() + self.client.connection.timeout
         with self.client.subscribe(channel, start_pos=start) as sub:
             while (event := sub.poll(self.probe_timeout)) is not None:
                 if first is None:
                     first = event.pos
                 last, stamp = event.pos, event.timestamp
+                if time.monotonic() >= budget_end:
+                    break
         self._scanned[channel] = (first, last, stamp)
         return ChannelInfo(channel, first, last, stamp, None, exact=False)
 
