@@ -30,9 +30,10 @@ What it models:
 * **Auth and versions**: ``users = {name: password}`` (None: anyone), ``versions``; a refused CONNECT
   gets ``ok: false`` and the connection is closed; a frame before CONNECT likewise.
 
-Test controls: ``ignore_next(frame_type, n)`` (never answer: client timeouts), ``send_raw(data)`` (write
-arbitrary bytes to every connection), ``close_all_connections()``, ``frames`` (every frame received),
-``violations`` (protocol violations seen). Not modelled: persistence across restarts, retention,
+Test controls: ``events_before_subresponse`` (stored events overtake the SUBRESPONSE, as they may on
+an asynchronous server), ``ignore_next(frame_type, n)`` (never answer: client timeouts),
+``send_raw(data)`` (write arbitrary bytes to every connection), ``close_all_connections()``, ``frames``
+(every frame received), ``violations`` (protocol violations seen). Not modelled: persistence across restarts, retention,
 clustering, subscription flow control (the draft has none), binders' write side over the wire.
 """
 
@@ -123,6 +124,7 @@ class MewbaseServerEmulator:
         channel_stats: bool = True,
         ackev_pos: bool = True,
         connect_rid: int | None = None,
+        events_before_subresponse: bool = False,
         host: str = "127.0.0.1",
     ) -> None:
         self.users = users
@@ -134,6 +136,7 @@ class MewbaseServerEmulator:
         self.channel_stats = channel_stats
         self.ackev_pos = ackev_pos
         self.connect_rid = connect_rid
+        self.events_before_subresponse = events_before_subresponse
         self.host = host
         self.channels: dict[str, _Channel] = {}
         self.binders: dict[str, dict[str, dict[str, Any]]] = {}
@@ -510,6 +513,12 @@ class MewbaseServerEmulator:
             sub = _Subscription(conn.next_sub, channel, cursor, body.get("matcher"), durable_id)
             conn.next_sub += 1
             conn.subs[sub.sub_id] = sub
+        if self.events_before_subresponse:
+            # An asynchronous server may let stored events overtake the SUBRESPONSE.
+            self._spawn(self._deliver, "mewbase-emulator-sub", conn, chan, sub)
+            time.sleep(0.1)
+            self._respond(conn, rid, True, frame_type="SUBRESPONSE", subID=sub.sub_id)
+            return
         # The SUBRESPONSE goes out before the first RECEV of the subscription.
         self._respond(conn, rid, True, frame_type="SUBRESPONSE", subID=sub.sub_id)
         self._spawn(self._deliver, "mewbase-emulator-sub", conn, chan, sub)

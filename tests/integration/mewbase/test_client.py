@@ -17,6 +17,7 @@ from streamledger.protocol.mewbase import (
     ConnectionClosed,
     EventTooLarge,
     FrameLengthError,
+    InvalidRequest,
     MewbaseClient,
     MewbaseConnectionError,
     MewbaseTimeout,
@@ -291,3 +292,27 @@ def test_server_closing_the_connection(emulator: MewbaseServerEmulator, client: 
     with pytest.raises(ConnectionClosed, match="closed the connection"):
         client.publish("c", {}, timeout=5)
     timer.join()
+
+
+def test_events_that_overtake_their_subresponse_are_kept(make_emulator: Make) -> None:
+    emu = make_emulator(events_before_subresponse=True)
+    positions = [emu.append("early", {"n": i}) for i in range(5)]
+    with MewbaseClient.connect(emu.url(), timeout=2) as client:
+        with client.subscribe("early", start_pos=0) as sub:
+            assert [sub.receive(2).pos for _ in range(5)] == positions
+        assert client.connection.dropped_events == 0
+        assert [p for b in client.read_range("early", 0, positions[-1] + 1) for p in b.positions] == positions
+
+
+def test_acknowledging_beyond_what_was_received_is_refused_locally(
+    emulator: MewbaseServerEmulator, client: MewbaseClient
+) -> None:
+    positions = [emulator.append("acks", {"n": i}) for i in range(3)]
+    with client.subscribe("acks", start_pos=0, durable_id="acks/r") as sub:
+        with pytest.raises(InvalidRequest, match="has received no event"):
+            sub.ack()
+        first = sub.receive(2)
+        with pytest.raises(InvalidRequest, match=f"cannot acknowledge position {positions[2]} beyond"):
+            sub.ack(positions[2])
+        sub.ack(first.pos)
+    assert emulator.violations == []

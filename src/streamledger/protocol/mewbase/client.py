@@ -113,6 +113,11 @@ class Subscription:
                     f"subscription {self.sub_id} on {self.channel!r} has received no event to ack"
                 )
             pos = self.last_pos
+        elif self.last_pos is None or pos > self.last_pos:
+            raise InvalidRequest(
+                f"subscription {self.sub_id} on {self.channel!r}: cannot acknowledge position {pos} "
+                f"beyond the last one received ({self.last_pos})"
+            )
         self._client.connection.send(fr.ACKEV, {"subID": self.sub_id, cv.ACKEV_POS: _position("pos", pos)})
 
     def close(self, *, timeout: float | None = None) -> None:
