@@ -33,8 +33,9 @@ What it models:
 Test controls: ``events_before_subresponse`` (stored events overtake the SUBRESPONSE, as they may on
 an asynchronous server), ``ignore_next(frame_type, n)`` (never answer: client timeouts),
 ``send_raw(data)`` (write arbitrary bytes to every connection), ``close_all_connections()``, ``frames``
-(every frame received), ``violations`` (protocol violations seen). Not modelled: persistence across restarts, retention,
-clustering, subscription flow control (the draft has none), binders' write side over the wire.
+(every frame received), ``violations`` (protocol violations seen). Not modelled: persistence across
+restarts, retention, clustering, subscription flow control (the draft has none), binders' write side
+over the wire.
 """
 
 from __future__ import annotations
