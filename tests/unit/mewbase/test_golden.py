@@ -120,6 +120,57 @@ QUERYRESULT = b"".join([
     b"\x00", b"\x00",
 ])
 
+# STARTTX {sessID: 1, rID: 3} (COMMITTX / ABORTTX have the same fields)
+STARTTX = b"".join([
+    b"\x38\x00\x00\x00",                                   # 56
+    b"\x02", b"type\x00", b"\x08\x00\x00\x00", b"STARTTX\x00",
+    b"\x03", b"frame\x00", b"\x1a\x00\x00\x00",            # 26
+    b"\x10", b"sessID\x00", le32(1),
+    b"\x10", b"rID\x00", le32(3),
+    b"\x00", b"\x00",
+])
+
+# SUBCLOSE {subID: 0, rID: 4} (UNSUBSCRIBE has the same fields)
+SUBCLOSE = b"".join([
+    b"\x38\x00\x00\x00",                                   # 56
+    b"\x02", b"type\x00", b"\x09\x00\x00\x00", b"SUBCLOSE\x00",
+    b"\x03", b"frame\x00", b"\x19\x00\x00\x00",            # 25
+    b"\x10", b"subID\x00", le32(0),
+    b"\x10", b"rID\x00", le32(4),
+    b"\x00", b"\x00",
+])
+
+# QUERYACK {queryID: 1}
+QUERYACK = b"".join([
+    b"\x31\x00\x00\x00",                                   # 49
+    b"\x02", b"type\x00", b"\x09\x00\x00\x00", b"QUERYACK\x00",
+    b"\x03", b"frame\x00", b"\x12\x00\x00\x00",            # 18
+    b"\x10", b"queryID\x00", le32(1),
+    b"\x00", b"\x00",
+])
+
+# SUBRESPONSE {ok: true, rID: 2, subID: 0}
+SUBRESPONSE = b"".join([
+    b"\x40\x00\x00\x00",                                   # 64
+    b"\x02", b"type\x00", b"\x0c\x00\x00\x00", b"SUBRESPONSE\x00",
+    b"\x03", b"frame\x00", b"\x1e\x00\x00\x00",            # 30
+    b"\x08", b"ok\x00", b"\x01",
+    b"\x10", b"rID\x00", le32(2),
+    b"\x10", b"subID\x00", le32(0),
+    b"\x00", b"\x00",
+])
+
+# QUERYRESPONSE {queryID: 1, ok: true, numResults: 1}: numResults is our addition (choice 8)
+QUERYRESPONSE = b"".join([
+    b"\x4b\x00\x00\x00",                                   # 75
+    b"\x02", b"type\x00", b"\x0e\x00\x00\x00", b"QUERYRESPONSE\x00",
+    b"\x03", b"frame\x00", b"\x27\x00\x00\x00",            # 39
+    b"\x10", b"queryID\x00", le32(1),
+    b"\x08", b"ok\x00", b"\x01",
+    b"\x10", b"numResults\x00", le32(1),
+    b"\x00", b"\x00",
+])
+
 CLIENT_CASES: list[tuple[str, dict[str, Any], dict[str, Any], bytes]] = [
     # (type, body given to encode_frame, the same document with explicit BSON types, golden bytes)
     ("CONNECT", {"version": "1.0", "username": "tim", "password": "1234"},
@@ -131,6 +182,9 @@ CLIENT_CASES: list[tuple[str, dict[str, Any], dict[str, Any], bytes]] = [
     ("ACKEV", {"subID": 0, "pos": 1024}, {"subID": 0, "pos": Int64(1024)}, ACKEV),
     ("QUERY", {"queryID": 1, "binder": "_mb.durableSubs", "matcher": {"id": "orders/p1"}},
      {"queryID": 1, "binder": "_mb.durableSubs", "matcher": {"id": "orders/p1"}}, QUERY),
+    ("STARTTX", {"sessID": 1, "rID": 3}, {"sessID": 1, "rID": 3}, STARTTX),
+    ("SUBCLOSE", {"subID": 0, "rID": 4}, {"subID": 0, "rID": 4}, SUBCLOSE),
+    ("QUERYACK", {"queryID": 1}, {"queryID": 1}, QUERYACK),
 ]
 
 
@@ -174,3 +228,20 @@ def test_server_frames_decode_from_the_golden_bytes() -> None:
     assert result.body == {"queryID": 1, "result": {"id": "orders/p1", "lastAcked": 1024}, "last": True}
     assert bson.encode({"type": "QUERYRESULT", "frame": {"queryID": 1, "result": {
         "id": "orders/p1", "lastAcked": Int64(1024)}, "last": True}}) == QUERYRESULT
+
+
+def test_same_layout_frames_differ_only_in_their_type() -> None:
+    for kind in ("COMMITTX", "ABORTTX"):
+        data = encode_frame(kind, {"sessID": 1, "rID": 3})
+        assert bson.decode(data) == {"type": kind, "frame": {"sessID": 1, "rID": 3}}
+    unsubscribe = encode_frame("UNSUBSCRIBE", {"subID": 0, "rID": 4})
+    assert unsubscribe[len(unsubscribe) - 27 :] == SUBCLOSE[len(SUBCLOSE) - 27 :]  # identical frame body
+
+
+def test_subscription_and_query_answers_decode_from_the_golden_bytes() -> None:
+    sub = decode_frame(SUBRESPONSE)
+    assert sub.body == {"ok": True, "rID": 2, "subID": 0}
+    assert bson.encode({"type": "SUBRESPONSE", "frame": sub.body}) == SUBRESPONSE
+    query = decode_frame(QUERYRESPONSE)
+    assert query.body == {"queryID": 1, "ok": True, "numResults": 1}
+    assert bson.encode({"type": "QUERYRESPONSE", "frame": query.body}) == QUERYRESPONSE
