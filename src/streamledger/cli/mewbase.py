@@ -1,0 +1,198 @@
+"""`streamledger mewbase publish|read`: publish test events to a mewbase channel, or write an exact
+range of one to a file.
+
+The server comes from ``--mewbase-url mewbase://[user:pass@]host:port`` or
+``$STREAMLEDGER_MEWBASE_URL``. Both commands print one JSON summary line; every deliberate failure is a
+``StreamledgerError`` that the CLI main turns into one line on stderr (never with the password).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from streamledger.errors import StreamledgerError
+
+URL_ENV = "STREAMLEDGER_MEWBASE_URL"
+
+
+def register(sub: Any) -> None:
+    """Add this group's sub-commands to the top-level parser."""
+    group = sub.add_parser("mewbase", help="publish to or read exact ranges of a mewbase channel")
+    cmds = group.add_subparsers(dest="mewbase_command", required=True, metavar="SUBCOMMAND")
+
+    p = cmds.add_parser("publish", help="publish N test events of about B bytes, print a JSON summary")
+    p.add_argument("channel")
+    p.add_argument("--count", type=int, required=True, help="number of events")
+    p.add_argument("--size", type=int, default=100, help="approximate BSON size of each event (default 100)")
+    p.add_argument("--window", type=int, default=256, help="unconfirmed events in flight (default 256)")
+    _common(p)
+    p.set_defaults(func=_publish)
+
+    p = cmds.add_parser("read", help="write exactly the events of [START, END) to a file")
+    p.add_argument("channel")
+    p.add_argument("--start", required=True, help="position, first, last, tail or timestamp:<ms>")
+    p.add_argument("--end", required=True, help="exclusive end: position, tail or timestamp:<ms>")
+    p.add_argument("--output", required=True, help="FILE.jsonl or FILE.parquet")
+    _common(p)
+    p.set_defaults(func=_read)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mewbase-url",
+        default=os.environ.get(URL_ENV),
+        help=f"mewbase://[user:pass@]host:port (default: ${URL_ENV})",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds per request and per silence (default 10)"
+    )
+
+
+def _connect(args: argparse.Namespace) -> Any:
+    from streamledger.protocol.mewbase import MewbaseLog
+
+    if not args.mewbase_url:
+        raise StreamledgerError(f"no mewbase server: pass --mewbase-url or set ${URL_ENV}")
+    return MewbaseLog.connect(args.mewbase_url, timeout=args.timeout)
+
+
+def _events(count: int, size: int) -> Iterator[dict[str, Any]]:
+    # {"n": int32, "data": string}: 23 bytes of BSON around the string, so pad to reach `size`.
+    for i in range(count):
+        yield {"n": i, "data": "x" * max(0, size - 23)}
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from streamledger.protocol.mewbase import InvalidRequest
+
+    if args.count < 0 or args.size < 0:
+        raise InvalidRequest("--count and --size must not be negative")
+    with _connect(args) as log:
+        started = time.perf_counter()
+        confirmed = log.client.publish_many(args.channel, _events(args.count, args.size), window=args.window)
+        elapsed = time.perf_counter() - started
+    rate = confirmed / elapsed if elapsed > 0 else 0.0
+    print(
+        json.dumps(
+            {
+                "channel": args.channel,
+                "published": args.count,
+                "confirmed": confirmed,
+                "seconds": round(elapsed, 3),
+                "events_per_s": round(rate),
+            }
+        )
+    )
+    return 0
+
+
+def _bound(log: Any, channel: str, text: str) -> int:
+    return int(log.resolve_offset(channel, text))
+
+
+def _write_jsonl(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, int | None]:
+    from bson import json_util
+
+    from streamledger.protocol.mewbase.frames import decode_event
+
+    options = json_util.RELAXED_JSON_OPTIONS
+    records, first, last = 0, None, None
+    with path.open("w", encoding="utf-8") as fh:
+        for batch in batches:
+            for pos, stamp, raw in zip(batch.positions, batch.timestamps, batch.events, strict=True):
+                event = json_util.dumps(decode_event(raw), json_options=options)
+                fh.write(f'{{"pos": {pos}, "timestamp": {stamp}, "event": {event}}}\n')
+            if len(batch):
+                first = batch.positions[0] if first is None else first
+                last = batch.positions[-1]
+                records += len(batch)
+    return records, first, last
+
+
+PARQUET_COLUMNS = ("channel", "pos", "timestamp", "event", "event_json")
+
+
+def _write_parquet(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, int | None]:
+    """Columns: channel, pos (int64), timestamp (ms, UTC), event (BSON bytes), event_json (relaxed JSON)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from bson import json_util
+
+    from streamledger.protocol.mewbase.frames import decode_event
+
+    schema = pa.schema(
+        [
+            pa.field("channel", pa.string(), nullable=False),
+            pa.field("pos", pa.int64(), nullable=False),
+            pa.field("timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+            pa.field("event", pa.binary(), nullable=False),
+            pa.field("event_json", pa.string(), nullable=False),
+        ]
+    )
+    options = json_util.RELAXED_JSON_OPTIONS
+    records, first, last = 0, None, None
+    with pq.ParquetWriter(str(path), schema) as writer:
+        for batch in batches:
+            n = len(batch)
+            if not n:
+                continue
+            texts = [json_util.dumps(decode_event(raw), json_options=options) for raw in batch.events]
+            writer.write_batch(
+                pa.record_batch(
+                    [
+                        pa.array([batch.channel] * n, pa.string()),
+                        pa.array(batch.positions, pa.int64()),
+                        pa.array(batch.timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+                        pa.array(batch.events, pa.binary()),
+                        pa.array(texts, pa.string()),
+                    ],
+                    schema=schema,
+                )
+            )
+            first = batch.positions[0] if first is None else first
+            last = batch.positions[-1]
+            records += n
+    return records, first, last
+
+
+def _read(args: argparse.Namespace) -> int:
+    from streamledger.protocol.mewbase import InvalidRequest
+
+    output = Path(args.output)
+    suffix = output.suffix.lower()
+    if suffix not in (".parquet", ".jsonl"):
+        raise InvalidRequest(f"--output {args.output}: the file name must end in .parquet or .jsonl")
+    if not output.parent.exists():
+        raise InvalidRequest(f"--output {args.output}: directory {output.parent} does not exist")
+    with _connect(args) as log:
+        start = _bound(log, args.channel, args.start)
+        end = _bound(log, args.channel, args.end)
+        batches = log.read_range(args.channel, start, end)
+        tmp = output.with_name(output.name + ".part")
+        try:
+            writer = _write_parquet if suffix == ".parquet" else _write_jsonl
+            records, first, last = writer(tmp, batches)
+            os.replace(tmp, output)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+    print(
+        json.dumps(
+            {
+                "channel": args.channel,
+                "start": start,
+                "end": end,
+                "records": records,
+                "first_pos": first,
+                "last_pos": last,
+                "output": str(output),
+            }
+        )
+    )
+    return 0
