@@ -195,7 +195,7 @@ def build_stream_batch_asset(
                 )
             result = run_batch(
                 config, run=run, ledger=ledger, broker=client, runner=runner,
-                holder_alive=holder_alive(context.instance, context.run_id),
+                holder_alive=holder_alive(context.instance, context.run.run_id),
             )
         for p in result.to_dict()["partitions"]:
             context.log.info(
