@@ -83,23 +83,37 @@ def _millis(moment: datetime) -> int:
 
 
 def check_window_order(
-    client: Any, ledger: Any, *, pipeline: str, streams: Sequence[str], window_start: datetime, partition: str
+    client: Any,
+    ledger: Any,
+    *,
+    pipeline: str,
+    streams: Sequence[str],
+    window_start: datetime,
+    partition: str,
+    first_window_start: datetime | None,
 ) -> None:
     """Refuse a window while offsets stamped before it are neither processed nor in flight.
 
     The ledger's live ranges (claimed, committed, lost) end where the pipeline continues; if that is
     below the first offset of the window, the gap belongs to earlier windows that were not run (or
-    whose range failed). With no ledger history there is nothing to order against.
+    whose range failed). Without ledger history the pipeline begins at the first window of the
+    partitions definition (``first_window_start``; ``None`` when it starts elsewhere, e.g. "first").
     """
     from streamledger.protocol.rabbitmq import OffsetSpec
+
+    def offset_at(stream: str, moment: datetime) -> int:
+        return int(client.resolve_offset(stream, OffsetSpec.timestamp(_millis(moment))))
 
     for stream in streams:
         ranges = ledger.ranges(pipeline, stream=stream)
         live = [r for r in ranges if str(r.status) in ("claimed", "committed", "lost")]
-        if not live:
+        if live:
+            end = max(r.end for r in live)
+        elif first_window_start is not None and first_window_start < window_start:
+            end = offset_at(stream, first_window_start)
+        else:
             continue
-        end = max(r.end for r in live)
-        begin = int(client.resolve_offset(stream, OffsetSpec.timestamp(_millis(window_start))))
+        begin = offset_at(stream, window_start)
         if end < begin:
             raise StreamBatchOrderError(
                 f"stream {stream!r}: offsets [{end}, {begin}) were published before partition {partition} "
@@ -159,6 +173,9 @@ def build_stream_batch_asset(
         fmt=fmt, splits=splits, store_offset=store_offset, on_data_loss=on_data_loss,
     )
     source = f"super stream {super_stream}" if super_stream else f"stream {stream}"
+    first_window_start: datetime | None = None
+    if isinstance(partitions_def, TimeWindowPartitionsDefinition) and position == "interval_start":
+        first_window_start = partitions_def.start
     asset_key = AssetKey.from_coercible(key)
 
     @asset(
@@ -192,6 +209,7 @@ def build_stream_batch_asset(
                 check_window_order(
                     client, ledger, pipeline=pipeline, streams=streams,
                     window_start=config.interval_start, partition=context.partition_key,
+                    first_window_start=first_window_start,
                 )
             result = run_batch(
                 config, run=run, ledger=ledger, broker=client, runner=runner,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dagster import Definitions, EnvVar
+from dagster import Definitions, EnvVar, in_process_executor
 
 from streamledger.dagster import (
     RabbitMQStreamResource,
@@ -61,6 +61,9 @@ defs = Definitions(
     assets=[stream_batch],
     asset_checks=[stream_batch_audit],
     sensors=[stream_batch_sensor],
+    # One process per run: the Spark session started by the batch step is not paid for twice, and the
+    # audit check that follows needs no process of its own.
+    executor=in_process_executor,
     resources={
         "rabbitmq": RabbitMQStreamResource(url=_secret("STREAMLEDGER_RABBITMQ_URL", DEFAULT_URL)),
         "ledger": StreamLedgerResource(url=_secret("STREAMLEDGER_LEDGER_URL", None)),

@@ -171,7 +171,9 @@ def build_stream_backlog_sensor(
         required_resource_keys={broker_resource_key, ledger_resource_key},
         description=f"Requests a batch of pipeline {pipeline} when its streams have uncommitted offsets.",
     )
-    def _backlog_sensor(context: SensorEvaluationContext) -> SensorResult:
+    def _backlog_sensor(context: SensorEvaluationContext, **_direct: Any) -> SensorResult:
+        # Resources come from context.resources (keys are configurable); a direct call, as in tests,
+        # also passes them as keyword arguments, which ``_direct`` absorbs.
         ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         with getattr(context.resources, broker_resource_key).get_client() as client:
             streams = client.partitions(super_stream) if super_stream else names
