@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dagster import Definitions, EnvVar, in_process_executor
+from dagster import Definitions, EnvVar, define_asset_job, in_process_executor
 
 from streamledger.dagster import (
     RabbitMQStreamResource,
@@ -52,6 +52,7 @@ stream_batch = build_stream_batch_asset(
     output_root=OUTPUT_ROOT,
     group_name="streamledger",
 )
+stream_batch_job = define_asset_job("stream_batch_job", selection=[stream_batch.key])
 stream_batch_audit = build_ledger_audit_check(stream_batch, pipeline=PIPELINE)
 stream_batch_sensor = build_stream_backlog_sensor(
     stream_batch, pipeline=PIPELINE, super_stream=SUPER_STREAM, minimum_interval_seconds=30
@@ -60,6 +61,7 @@ stream_batch_sensor = build_stream_backlog_sensor(
 defs = Definitions(
     assets=[stream_batch],
     asset_checks=[stream_batch_audit],
+    jobs=[stream_batch_job],
     sensors=[stream_batch_sensor],
     # One process per run: the Spark session started by the batch step is not paid for twice, and the
     # audit check that follows needs no process of its own.

@@ -11,7 +11,7 @@ from dagster import AssetKey, DagsterInstance, materialize
 from streamledger.dagster import build_ledger_audit_check, build_stream_batch_asset
 from tests.integration.dagster.conftest import Setup, materializations
 
-pytestmark = [pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(180)]
 
 
 def test_two_materializations_read_consecutive_ranges_once(setup: Setup) -> None:

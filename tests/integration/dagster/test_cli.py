@@ -14,7 +14,7 @@ import pytest
 from streamledger.ledger import Ledger
 from tests.integration.dagster.conftest import Setup
 
-pytestmark = [pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(240)]
 REPO = Path(__file__).resolve().parents[3]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
 

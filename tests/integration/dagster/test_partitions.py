@@ -14,7 +14,7 @@ from dagster import DagsterInstance, TimeWindowPartitionsDefinition, materialize
 from streamledger.dagster import build_stream_batch_asset
 from tests.integration.dagster.conftest import Setup, materializations
 
-pytestmark = [pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(240)]
 FMT = "%Y-%m-%d-%H:%M"
 
 

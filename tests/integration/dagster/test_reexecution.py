@@ -10,7 +10,7 @@ from dagster import DagsterInstance, DagsterRunStatus, ReexecutionOptions, execu
 from tests.integration.dagster import jobs
 from tests.integration.dagster.conftest import Setup
 
-pytestmark = [pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(180)]
 
 
 def test_killed_run_reexecuted_from_failure_writes_each_event_once(

@@ -15,7 +15,7 @@ from streamledger.batch import JobRunner
 from streamledger.dagster import StreamSparkResource, build_stream_backlog_sensor, build_stream_batch_asset
 from tests.integration.dagster.conftest import Setup
 
-pytestmark = [pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(180)]
 
 
 class BrokenSparkResource(StreamSparkResource):
