@@ -6,8 +6,9 @@
 #  3. publish a first wave of events, then `dagster asset materialize -m streamledger.dagster.example
 #     --select stream_batch`: one range per partition, read by local Spark into Parquet, committed in
 #     the ledger (SQLite), broker offsets stored; the ledger-audit asset check runs after it
-#  4. a run killed after claiming (the Spark step dies once its output is written), then the same
-#     run re-executed from failure with `dagster job` APIs: same root run id -> the same ranges
+#  4. a run killed after claiming (the Spark step dies once its staging output is written), then
+#     the same run re-executed from failure with Dagster's Python API: same root run id -> the
+#     same ranges, committed and published once
 #  5. a second wave and a second materialization (the next ranges)
 #  6. print the ranges, the audit and the Parquet row counts (each event exactly once)
 #
@@ -87,11 +88,31 @@ materialize run-1
 
 step "4. wave 2; a run killed after claiming, then re-executed from failure (same root run id)"
 publish "$PER_WAVE" "$PER_WAVE"
-# Re-execution has no CLI command: use Dagster's Python API on a reconstructable job (a module function).
+# Re-execution has no CLI command: use Dagster's Python API on a reconstructable job (a module
+# function). The demo's job is the example's, with a Spark resource that can "kill" its step right
+# after the Spark job wrote its staging output (a BaseException: none of the batch's clean-up runs).
 cat >"$DEMO/demo_jobs.py" <<'PYEOF'
+import os
+from dagster import Definitions, in_process_executor
+from streamledger.batch import InjectedCrash
+from streamledger.dagster import StreamSparkResource, example
+
+class KillableSpark(StreamSparkResource):
+    def get_runner(self):
+        real = super().get_runner()
+        def runner(**kwargs):
+            manifest = real(**kwargs)
+            if os.environ.get("DEMO_KILL") == "1":
+                raise InjectedCrash("demo: killed after the Spark job wrote its staging output")
+            return manifest
+        return runner
+
 def stream_batch_job():
-    from streamledger.dagster import example
-    return example.defs.resolve_job_def("stream_batch_job")
+    defs = Definitions(
+        assets=[example.stream_batch], jobs=[example.stream_batch_job], executor=in_process_executor,
+        resources={**example.defs.resources, "spark": KillableSpark(quick_start=True)},
+    )
+    return defs.resolve_job_def("stream_batch_job")
 PYEOF
 PYTHONPATH="$DEMO${PYTHONPATH:+:$PYTHONPATH}" "$PY" - <<'PYEOF' 2>"$LOGS/reexecute.log"
 import os
@@ -102,10 +123,12 @@ from streamledger.ledger import Ledger
 
 job = demo_jobs.stream_batch_job
 instance = DagsterInstance.get()
-os.environ["STREAMLEDGER_CRASH_AT"], os.environ["STREAMLEDGER_CRASH_MODE"] = "after_write", "raise"
+os.environ["DEMO_KILL"] = "1"
 with execute_job(reconstructable(job), instance=instance, raise_on_error=False) as killed:
     print(f"   run {killed.run_id[:8]}: success={killed.success} (Spark step died after writing, nothing committed)")
-del os.environ["STREAMLEDGER_CRASH_AT"]
+del os.environ["DEMO_KILL"]
+if not instance.get_run_by_id(killed.run_id).is_finished:
+    instance.report_run_failed(instance.get_run_by_id(killed.run_id))  # what run monitoring does
 ledger = Ledger(os.environ["STREAMLEDGER_LEDGER_URL"])
 held = [r for r in ledger.ranges(example.PIPELINE) if r.status.value == "claimed"]
 print("   ledger: " + ", ".join(f"{r.source.stream} [{r.start}, {r.end}) claimed" for r in held))

@@ -2,18 +2,22 @@
 
 :func:`build_stream_batch_asset` returns an ordinary ``AssetsDefinition`` whose step runs
 :func:`streamledger.batch.run_batch` once: one half-open offset range per partition of the super
-stream (or the one stream), read by Spark into ``<output_root>/<pipeline>/<stream>/<start>-<end>/``,
-committed in the ledger, then stored as the broker offset. The delivery rules are those of
-:mod:`streamledger.batch`; this module only adds the Dagster side:
+stream (or the one stream), read by one Spark job into staging, committed in the ledger, published
+as ``<output_root>/<pipeline>/<stream>/<start>-<end>/``, then the broker's stored offset follows the
+ledger's low watermark. The delivery rules are those of :mod:`streamledger.batch`; this module only
+adds the Dagster side:
 
 * **identity** — the range is claimed under (root run id, asset key, partition key), see
   :mod:`streamledger.dagster.identity`. A step retry or a re-execution of a failed or killed run
-  gets the very same range back, so its output directory is overwritten, not duplicated.
+  gets the very same range back (and finishes it); a new run continues after it. A killed run's
+  claim is released for others once the Dagster instance reports its run finished, or after the
+  batch's ``claim_timeout`` without heartbeat.
 * **time-window partitions** (optional) — partition ``[t0, t1)`` reads, per stream, from the
   ledger's end up to the first offset stamped at or after ``t1`` (chunk timestamps, broker clock,
   chunk granularity). Windows must be done in order; a window whose predecessors still hold
   unprocessed offsets is refused with an error naming them, instead of silently folding their data
-  into the later window. Empty windows need no run.
+  into the later window. Empty windows need no run; a window run again after it was done finds
+  nothing new (its range is in the ledger and its directory is published once).
 * **metadata** — ranges, records, output paths and stored offsets of every stream, from
   ``BatchResult.to_dict()``.
 """
@@ -131,7 +135,7 @@ def build_stream_batch_asset(
     key: AssetKey | str | Sequence[str] = "stream_batch",
     partitions_def: PartitionsDefinition[str] | None = None,
     initial_position: Literal["first", "tail", "interval_start"] | int | None = None,
-    max_records: int | None = None,
+    max_offsets: int | None = None,
     fmt: str = "parquet",
     splits: int = 1,
     store_offset: bool = True,
@@ -153,7 +157,7 @@ def build_stream_batch_asset(
         ``TimeWindowPartitionsDefinition`` (each partition reads its window, in order).
     :param initial_position: where a stream without history starts: ``"first"`` (default when
         unpartitioned), ``"interval_start"`` (default when partitioned), ``"tail"`` or an offset.
-    :param max_records: cap a run at that many offsets per stream (bounded catch-up).
+    :param max_offsets: cap a new range at that many offsets per stream (bounded catch-up).
     :param broker_resource_key: key of a :class:`RabbitMQStreamResource` (likewise ledger / spark).
     """
     if partitions_def is not None and not isinstance(partitions_def, TimeWindowPartitionsDefinition):
@@ -168,7 +172,7 @@ def build_stream_batch_asset(
     placeholder = datetime.fromtimestamp(0).astimezone()
     base = BatchConfig(
         pipeline=pipeline, url="rabbitmq-stream://configured-at-run-time/", output_root=output_root,
-        stream=stream, super_stream=super_stream, initial_position=position, max_records=max_records,
+        stream=stream, super_stream=super_stream, initial_position=position, max_offsets=max_offsets,
         interval_start=placeholder if windowed else None, interval_end=placeholder if windowed else None,
         fmt=fmt, splits=splits, store_offset=store_offset, on_data_loss=on_data_loss,
     )

@@ -8,8 +8,11 @@ promise; a failed or killed run leaves it where it was, still covering that run'
 
 Per tick:
 
-* a range still ``claimed`` means a run is in flight (or was killed): no request, the skip reason
-  names the range and its run (re-executing a killed run gets the same range back);
+* a range still ``claimed`` by a live holder means a run is in flight: no request, the skip reason
+  names the range and its run. A claim is *gone* when the Dagster instance reports every run of the
+  holder's re-execution family finished (a killed run, once marked failed) or its heartbeat is
+  older than the batch's ``claim_timeout``; a run is then requested, and the batch redoes that span
+  (re-executing the killed run would get the same range back, too);
 * otherwise, if the streams hold at least ``min_backlog`` user records beyond the frontier, one run
   is requested with a run key made of the frontier and the ids of failed, not yet redone ranges. The
   key repeats while nothing changes (Dagster then starts no duplicate), and changes after a commit
@@ -24,8 +27,9 @@ each batch request the next one, forever, for a range holding only that tracking
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from dagster import (
@@ -40,12 +44,16 @@ from dagster import (
     sensor,
 )
 
+from streamledger.batch import BatchConfig, RunId
 from streamledger.dagster.assets import DEFAULT_BROKER_KEY, DEFAULT_LEDGER_KEY
+from streamledger.dagster.identity import holder_alive
 from streamledger.errors import StreamledgerError
 
 PIPELINE_TAG = "streamledger/pipeline"
 BACKLOG_TAG = "streamledger/backlog_offsets"
 _DONE = ("committed", "lost")
+#: The batch's default; a claim without heartbeat for this long is redone by the next run.
+DEFAULT_CLAIM_TIMEOUT: float = BatchConfig.__dataclass_fields__["claim_timeout"].default  # type: ignore[assignment]
 
 
 @dataclass
@@ -58,6 +66,7 @@ class StreamState:
     start: int  # where the next batch begins: the frontier, else stored offset + 1, else first
     claimed: list[Any] = field(default_factory=list)
     failed: list[Any] = field(default_factory=list)
+    gone: list[Any] = field(default_factory=list)  # claims whose holder is gone: work to redo
 
     @property
     def offsets(self) -> int:
@@ -101,7 +110,25 @@ def frontier(ranges: Sequence[Any]) -> int | None:
     return end
 
 
-def stream_state(client: Any, ledger: Any, pipeline: str, stream: str) -> StreamState:
+def claim_gone(rng: Any, alive: Callable[[RunId], bool], claim_timeout: float, now: datetime) -> bool:
+    """A claim nobody will finish: its heartbeat stopped, or the instance saw its run family end."""
+    beat = rng.heartbeat_at or rng.claimed_at
+    if beat.tzinfo is None:
+        beat = beat.replace(tzinfo=UTC)
+    if (now - beat).total_seconds() > claim_timeout:
+        return True
+    h = rng.run
+    return not alive(RunId(h.dag_id, h.run_id, h.task_id, h.map_index, h.try_number))
+
+
+def stream_state(
+    client: Any,
+    ledger: Any,
+    pipeline: str,
+    stream: str,
+    alive: Callable[[RunId], bool] = lambda holder: True,
+    claim_timeout: float = DEFAULT_CLAIM_TIMEOUT,
+) -> StreamState:
     ranges = ledger.ranges(pipeline, stream=stream)
     front = frontier(ranges)
     tail = int(client.committed_tail(stream))
@@ -111,20 +138,25 @@ def stream_state(client: Any, ledger: Any, pipeline: str, stream: str) -> Stream
         stored = client.query_offset(stream, pipeline)
         start = int(stored) + 1 if stored is not None else int(client.first_offset(stream))
     below = front if front is not None else -1
-    claimed = [r for r in ranges if str(r.status) == "claimed"]
+    now = datetime.now(UTC)
+    open_claims = [r for r in ranges if str(r.status) == "claimed"]
+    gone = [r for r in open_claims if claim_gone(r, alive, claim_timeout, now)]
+    claimed = [r for r in open_claims if r not in gone]
     redone = {(r.start, r.end) for r in ranges if str(r.status) in _DONE}
     failed = [
         r for r in ranges
         if str(r.status) == "failed" and r.end > below and (r.start, r.end) not in redone
     ]
-    return StreamState(stream, front, tail, start, claimed, failed)
+    return StreamState(stream, front, tail, start, claimed, failed, gone)
 
 
 def cursor_of(states: Sequence[StreamState]) -> dict[str, Any]:
-    """The sensor's memory: the frontier per stream and the failed ranges still to redo."""
+    """The sensor's memory: the frontier per stream and the failed or abandoned ranges to redo."""
     return {
         "committed": {s.stream: s.frontier for s in states},
-        "failed": {s.stream: sorted(int(r.id) for r in s.failed) for s in states if s.failed},
+        "failed": {
+            s.stream: sorted(int(r.id) for r in s.failed + s.gone) for s in states if s.failed or s.gone
+        },
     }
 
 
@@ -141,6 +173,7 @@ def build_stream_backlog_sensor(
     stream: str | None = None,
     name: str | None = None,
     min_backlog: int = 1,
+    claim_timeout: float = DEFAULT_CLAIM_TIMEOUT,
     minimum_interval_seconds: int = 30,
     default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED,
     broker_resource_key: str = DEFAULT_BROKER_KEY,
@@ -149,7 +182,8 @@ def build_stream_backlog_sensor(
     """A sensor that requests a materialization of ``asset`` when ``pipeline`` has unread offsets.
 
     :param asset: the (unpartitioned) stream batch asset, or its key.
-    :param min_backlog: offsets (summed over the streams) that make a run worth starting.
+    :param min_backlog: user records (summed over the streams) that make a run worth starting.
+    :param claim_timeout: the asset's ``BatchConfig.claim_timeout`` (when a silent claim is abandoned).
     """
     if (super_stream is None) == (stream is None):
         raise StreamledgerError(f"pipeline {pipeline!r}: give exactly one of stream or super_stream")
@@ -177,7 +211,8 @@ def build_stream_backlog_sensor(
         ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         with getattr(context.resources, broker_resource_key).get_client() as client:
             streams = client.partitions(super_stream) if super_stream else names
-            states = [stream_state(client, ledger, pipeline, s) for s in streams]
+            alive = holder_alive(context.instance, current_run_id="")
+            states = [stream_state(client, ledger, pipeline, s, alive, claim_timeout) for s in streams]
             cursor = cursor_of(states)
             text = json.dumps(cursor, sort_keys=True)
             claimed = [(s.stream, r) for s in states for r in s.claimed]
@@ -186,7 +221,7 @@ def build_stream_backlog_sensor(
                 return SensorResult(
                     skip_reason=SkipReason(
                         f"pipeline {pipeline}: {held_stream} [{held.start}, {held.end}) is claimed by "
-                        f"{held.run.dag_id}/{held.run.run_id} (in flight, or killed: re-execute that run)"
+                        f"{held.run.dag_id}/{held.run.run_id}, still running"
                     ),
                     cursor=text,
                 )

@@ -59,4 +59,4 @@ def test_nothing_new_is_an_empty_materialization(setup: Setup) -> None:
     [mat] = materializations(result)
     meta: dict[str, Any] = {k: v.value for k, v in mat.metadata.items()}
     assert meta["records"] == 0 and meta["empty"] is True and meta["outputs"] == {}
-    assert setup.ranges() == []
+    assert all(r.empty for r in setup.ranges())  # at most empty bookkeeping rows, nothing to read

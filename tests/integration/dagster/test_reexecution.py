@@ -1,11 +1,11 @@
-"""A run killed after claiming (its Spark step wrote output, nothing was committed) and then
+"""A run killed after claiming (its Spark step wrote staging output, nothing was committed) and then
 re-executed from failure: the re-execution has a new run id but the same root run id, gets the same
-ranges from the ledger, overwrites the same output directories, and every event is written once."""
+ranges from the ledger, publishes them once, and every event is written exactly once."""
 
 from __future__ import annotations
 
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus, ReexecutionOptions, execute_job, reconstructable
+from dagster import DagsterInstance, DagsterRunStatus, ReexecutionOptions, execute_job
 
 from tests.integration.dagster import jobs
 from tests.integration.dagster.conftest import Setup
@@ -16,15 +16,12 @@ pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pyte
 def test_killed_run_reexecuted_from_failure_writes_each_event_once(
     setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key, value in setup.env().items():
-        monkeypatch.setenv(key, value)
     setup.publish(range(50))
     instance = DagsterInstance.ephemeral()
-    job = reconstructable(jobs.batch_job)
+    job = jobs.reconstructable_batch_job(setup.env())
 
     # 1. the "kill": the step dies after the Spark job wrote its output, with no clean-up at all
-    monkeypatch.setenv("STREAMLEDGER_CRASH_AT", "after_write")
-    monkeypatch.setenv("STREAMLEDGER_CRASH_MODE", "raise")
+    monkeypatch.setenv(jobs.KILL_ENV, "1")
     # InjectedCrash is a BaseException: the batch's own clean-up (marking ranges failed) never runs.
     # Dagster still records the step as failed; after a real kill run monitoring does the same.
     with execute_job(job, instance=instance, raise_on_error=False) as crashed:
@@ -32,13 +29,13 @@ def test_killed_run_reexecuted_from_failure_writes_each_event_once(
         [failure] = crashed.get_step_failure_events()
         assert failure.step_key == "stream_batch"
     [killed] = instance.get_runs()
-    monkeypatch.delenv("STREAMLEDGER_CRASH_AT")
+    monkeypatch.delenv(jobs.KILL_ENV)
     claimed = setup.ranges()
     assert {(r.source.stream, r.start, r.end, str(r.status)) for r in claimed} == {
         (p, 0, 25, "claimed") for p in setup.partitions
     }
     assert {r.run.run_id for r in claimed} == {killed.run_id}
-    assert sorted(setup.written_ids()) == list(range(50))  # output written, not committed
+    assert setup.written_ids() == []  # read into staging, never committed, so never published
 
     # 2. the run is failed (run monitoring would mark a killed process so); more data arrives meanwhile
     if not killed.is_finished:
@@ -66,3 +63,29 @@ def test_killed_run_reexecuted_from_failure_writes_each_event_once(
         assert result.success
     ids = setup.written_ids()
     assert sorted(ids) == list(range(80)) and len(ids) == len(set(ids))
+
+
+def test_new_run_takes_over_a_killed_runs_claim_once_dagster_reports_it_finished(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setup.publish(range(20))
+    instance = DagsterInstance.ephemeral()
+    job = jobs.reconstructable_batch_job(setup.env())
+    monkeypatch.setenv(jobs.KILL_ENV, "1")
+    with execute_job(job, instance=instance, raise_on_error=False) as crashed:
+        assert not crashed.success
+        killed = crashed.dagster_run
+    monkeypatch.delenv(jobs.KILL_ENV)
+    if not instance.get_run_by_id(killed.run_id).is_finished:
+        instance.report_run_failed(killed)
+
+    # a brand-new run (another root): the killed holder is finished, so its claims are released
+    # and the ledger hands exactly those spans to the new run
+    with execute_job(job, instance=instance) as result:
+        assert result.success
+        fresh = result.dagster_run.run_id
+    by_status = {(r.source.stream, r.start, r.end, str(r.status), r.run.run_id) for r in setup.ranges()}
+    assert by_status == {(p, 0, 10, "failed", killed.run_id) for p in setup.partitions} | {
+        (p, 0, 10, "committed", fresh) for p in setup.partitions
+    }
+    assert sorted(setup.written_ids()) == list(range(20))
