@@ -78,6 +78,10 @@ def test_windows_read_their_own_events_in_order(setup: Setup) -> None:
     assert again.metadata["records"].value == 0
     ids = setup.written_ids()
     assert sorted(ids) == list(range(70))
-    assert {(r.source.stream, r.start, r.end) for r in setup.ranges() if str(r.status) == "committed" and not r.empty} == {
-        (p, *ranges_a[p]) for p in setup.partitions
-    } | {(p, *ranges_b[p]) for p in setup.partitions}
+    done = {
+        (r.source.stream, r.start, r.end)
+        for r in setup.ranges()
+        if str(r.status) == "committed" and not r.empty  # empty windows leave empty bookkeeping rows
+    }
+    expected = {(p, *ranges_a[p]) for p in setup.partitions} | {(p, *ranges_b[p]) for p in setup.partitions}
+    assert done == expected
