@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(VENV))/bin/python
 export STREAMLEDGER_HOME ?= /var/tmp/streamledger
 
-.PHONY: demo test venv lint unit brokers brokers-stop bench clean
+.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench clean
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh $(wildcard src/streamledger/protocol/*/*.c)
@@ -28,6 +28,10 @@ unit: venv
 
 demo: venv
 	scripts/demo.sh
+
+# The Dagster example (streamledger.dagster.example) end to end with the dagster CLI; see docs/dagster.md.
+demo-dagster: venv
+	scripts/demo_dagster.sh
 
 # The three RabbitMQ brokers (4.3 default, 4.0, 3.10) on loopback; see docs/servers.md.
 brokers:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create/refresh the project venv with everything the demo and the tests need. Idempotent.
 # - Java 17 for local Spark (installed from the system's apt sources if missing)
-# - the package in editable mode with all extras
+# - the package in editable mode with all extras (the Airflow and Dagster extras share this one venv)
 # - pyspark restored after the apache-spark provider's pyspark-client overwrote its files
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
 fi
-"$VENV/bin/pip" install -q -e ".[dev,compression,postgres,spark,airflow]" "pyspark==$PYSPARK_VERSION"
+"$VENV/bin/pip" install -q -e ".[dev,compression,postgres,spark,airflow,dagster]" "pyspark==$PYSPARK_VERSION"
 
 # apache-airflow-providers-apache-spark depends on pyspark-client, which writes into site-packages/pyspark/
 # as well; whichever installed last wins. Put the full pyspark back when the versions disagree.

@@ -1,8 +1,7 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -90,7 +89,7 @@ class RegisterResponseM2P(_message.Message):
     brokerInfos: _containers.RepeatedScalarFieldContainer[str]
     authorizedInfo: MasterAuthorizedInfo
     appdConfig: ApprovedClientConfig
-    def __init__(self, success: _Optional[bool] = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ..., brokerCheckSum: _Optional[int] = ..., brokerInfos: _Optional[_Iterable[str]] = ..., authorizedInfo: _Optional[_Union[MasterAuthorizedInfo, _Mapping]] = ..., appdConfig: _Optional[_Union[ApprovedClientConfig, _Mapping]] = ...) -> None: ...
+    def __init__(self, success: bool = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ..., brokerCheckSum: _Optional[int] = ..., brokerInfos: _Optional[_Iterable[str]] = ..., authorizedInfo: _Optional[_Union[MasterAuthorizedInfo, _Mapping]] = ..., appdConfig: _Optional[_Union[ApprovedClientConfig, _Mapping]] = ...) -> None: ...
 
 class HeartRequestP2M(_message.Message):
     __slots__ = ("clientId", "brokerCheckSum", "hostName", "topicList", "authInfo", "appdConfig")
@@ -128,7 +127,7 @@ class HeartResponseM2P(_message.Message):
     requireAuth: bool
     authorizedInfo: MasterAuthorizedInfo
     appdConfig: ApprovedClientConfig
-    def __init__(self, success: _Optional[bool] = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ..., brokerCheckSum: _Optional[int] = ..., topicInfos: _Optional[_Iterable[str]] = ..., brokerInfos: _Optional[_Iterable[str]] = ..., requireAuth: _Optional[bool] = ..., authorizedInfo: _Optional[_Union[MasterAuthorizedInfo, _Mapping]] = ..., appdConfig: _Optional[_Union[ApprovedClientConfig, _Mapping]] = ...) -> None: ...
+    def __init__(self, success: bool = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ..., brokerCheckSum: _Optional[int] = ..., topicInfos: _Optional[_Iterable[str]] = ..., brokerInfos: _Optional[_Iterable[str]] = ..., requireAuth: bool = ..., authorizedInfo: _Optional[_Union[MasterAuthorizedInfo, _Mapping]] = ..., appdConfig: _Optional[_Union[ApprovedClientConfig, _Mapping]] = ...) -> None: ...
 
 class CloseRequestP2M(_message.Message):
     __slots__ = ("clientId", "authInfo")
@@ -146,7 +145,7 @@ class CloseResponseM2P(_message.Message):
     success: bool
     errCode: int
     errMsg: str
-    def __init__(self, success: _Optional[bool] = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ...) -> None: ...
+    def __init__(self, success: bool = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ...) -> None: ...
 
 class RegisterRequestC2M(_message.Message):
     __slots__ = ("clientId", "groupName", "hostName", "topicList", "subscribeInfo", "topicCondition", "requireBound", "sessionTime", "sessionKey", "totalCount", "requiredPartition", "notAllocated", "selectBig", "groupFlowCheckId", "defFlowCheckId", "ssdStoreId", "qryPriorityId", "authInfo", "jdkVersion")
@@ -188,7 +187,7 @@ class RegisterRequestC2M(_message.Message):
     qryPriorityId: int
     authInfo: MasterCertificateInfo
     jdkVersion: str
-    def __init__(self, clientId: _Optional[str] = ..., groupName: _Optional[str] = ..., hostName: _Optional[str] = ..., topicList: _Optional[_Iterable[str]] = ..., subscribeInfo: _Optional[_Iterable[str]] = ..., topicCondition: _Optional[_Iterable[str]] = ..., requireBound: _Optional[bool] = ..., sessionTime: _Optional[int] = ..., sessionKey: _Optional[str] = ..., totalCount: _Optional[int] = ..., requiredPartition: _Optional[str] = ..., notAllocated: _Optional[bool] = ..., selectBig: _Optional[bool] = ..., groupFlowCheckId: _Optional[int] = ..., defFlowCheckId: _Optional[int] = ..., ssdStoreId: _Optional[int] = ..., qryPriorityId: _Optional[int] = ..., authInfo: _Optional[_Union[MasterCertificateInfo, _Mapping]] = ..., jdkVersion: _Optional[str] = ...) -> None: ...
+    def __init__(self, clientId: _Optional[str] = ..., groupName: _Optional[str] = ..., hostName: _Optional[str] = ..., topicList: _Optional[_Iterable[str]] = ..., subscribeInfo: _Optional[_Iterable[str]] = ..., topicCondition: _Optional[_Iterable[str]] = ..., requireBound: bool = ..., sessionTime: _Optional[int] = ..., sessionKey: _Optional[str] = ..., totalCount: _Optional[int] = ..., requiredPartition: _Optional[str] = ..., notAllocated: bool = ..., selectBig: bool = ..., groupFlowCheckId: _Optional[int] = ..., defFlowCheckId: _Optional[int] = ..., ssdStoreId: _Optional[int] = ..., qryPriorityId: _Optional[int] = ..., authInfo: _Optional[_Union[MasterCertificateInfo, _Mapping]] = ..., jdkVersion: _Optional[str] = ...) -> None: ...
 
 class RegisterResponseM2C(_message.Message):
     __slots__ = ("success", "errCode", "errMsg", "topicInfo", "notAllocated", "defFlowCheckId", "defFlowControlInfo", "groupFlowCheckId", "groupFlowControlInfo", "ssdStoreId", "qryPriorityId", "authorizedInfo")
@@ -216,7 +215,7 @@ class RegisterResponseM2C(_message.Message):
     ssdStoreId: int
     qryPriorityId: int
     authorizedInfo: MasterAuthorizedInfo
-    def __init__(self, success: _Optional[bool] = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ..., topicInfo: _Optional[_Iterable[str]] = ..., notAllocated: _Optional[bool] = ..., defFlowCheckId: _Optional[int] = ..., defFlowControlInfo: _Optional[str] = ..., groupFlowCheckId: _Optional[int] = ..., groupFlowControlInfo: _Optional[str] = ..., ssdStoreId: _Optional[int] = ..., qryPriorityId: _Optional[int] = ..., authorizedInfo: _Optional[_Union[MasterAuthorizedInfo, _Mapping]] = ...) -> None: ...
+    def __init__(self, success: bool = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ..., topicInfo: _Optional[_Iterable[str]] = ..., notAllocated: bool = ..., defFlowCheckId: _Optional[int] = ..., defFlowControlInfo: _Optional[str] = ..., groupFlowCheckId: _Optional[int] = ..., groupFlowControlInfo: _Optional[str] = ..., ssdStoreId: _Optional[int] = ..., qryPriorityId: _Optional[int] = ..., authorizedInfo: _Optional[_Union[MasterAuthorizedInfo, _Mapping]] = ...) -> None: ...
 
 class HeartRequestC2M(_message.Message):
     __slots__ = ("clientId", "groupName", "subscribeInfo", "reportSubscribeInfo", "event", "defFlowCheckId", "groupFlowCheckId", "ssdStoreId", "qryPriorityId", "authInfo")
@@ -240,7 +239,7 @@ class HeartRequestC2M(_message.Message):
     ssdStoreId: int
     qryPriorityId: int
     authInfo: MasterCertificateInfo
-    def __init__(self, clientId: _Optional[str] = ..., groupName: _Optional[str] = ..., subscribeInfo: _Optional[_Iterable[str]] = ..., reportSubscribeInfo: _Optional[bool] = ..., event: _Optional[_Union[EventProto, _Mapping]] = ..., defFlowCheckId: _Optional[int] = ..., groupFlowCheckId: _Optional[int] = ..., ssdStoreId: _Optional[int] = ..., qryPriorityId: _Optional[int] = ..., authInfo: _Optional[_Union[MasterCertificateInfo, _Mapping]] = ...) -> None: ...
+    def __init__(self, clientId: _Optional[str] = ..., groupName: _Optional[str] = ..., subscribeInfo: _Optional[_Iterable[str]] = ..., reportSubscribeInfo: bool = ..., event: _Optional[_Union[EventProto, _Mapping]] = ..., defFlowCheckId: _Optional[int] = ..., groupFlowCheckId: _Optional[int] = ..., ssdStoreId: _Optional[int] = ..., qryPriorityId: _Optional[int] = ..., authInfo: _Optional[_Union[MasterCertificateInfo, _Mapping]] = ...) -> None: ...
 
 class HeartResponseM2C(_message.Message):
     __slots__ = ("success", "errCode", "errMsg", "event", "notAllocated", "defFlowCheckId", "defFlowControlInfo", "groupFlowCheckId", "groupFlowControlInfo", "ssdStoreId", "qryPriorityId", "requireAuth", "authorizedInfo")
@@ -270,7 +269,7 @@ class HeartResponseM2C(_message.Message):
     qryPriorityId: int
     requireAuth: bool
     authorizedInfo: MasterAuthorizedInfo
-    def __init__(self, success: _Optional[bool] = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ..., event: _Optional[_Union[EventProto, _Mapping]] = ..., notAllocated: _Optional[bool] = ..., defFlowCheckId: _Optional[int] = ..., defFlowControlInfo: _Optional[str] = ..., groupFlowCheckId: _Optional[int] = ..., groupFlowControlInfo: _Optional[str] = ..., ssdStoreId: _Optional[int] = ..., qryPriorityId: _Optional[int] = ..., requireAuth: _Optional[bool] = ..., authorizedInfo: _Optional[_Union[MasterAuthorizedInfo, _Mapping]] = ...) -> None: ...
+    def __init__(self, success: bool = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ..., event: _Optional[_Union[EventProto, _Mapping]] = ..., notAllocated: bool = ..., defFlowCheckId: _Optional[int] = ..., defFlowControlInfo: _Optional[str] = ..., groupFlowCheckId: _Optional[int] = ..., groupFlowControlInfo: _Optional[str] = ..., ssdStoreId: _Optional[int] = ..., qryPriorityId: _Optional[int] = ..., requireAuth: bool = ..., authorizedInfo: _Optional[_Union[MasterAuthorizedInfo, _Mapping]] = ...) -> None: ...
 
 class CloseRequestC2M(_message.Message):
     __slots__ = ("clientId", "groupName", "authInfo")
@@ -290,4 +289,4 @@ class CloseResponseM2C(_message.Message):
     success: bool
     errCode: int
     errMsg: str
-    def __init__(self, success: _Optional[bool] = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ...) -> None: ...
+    def __init__(self, success: bool = ..., errCode: _Optional[int] = ..., errMsg: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,230 @@
+"""Stream batches as Dagster assets: each materialization is one ledgered, bounded batch.
+
+:func:`build_stream_batch_asset` returns an ordinary ``AssetsDefinition`` whose step runs
+:func:`streamledger.batch.run_batch` once: one half-open offset range per partition of the super
+stream (or the one stream), read by one Spark job into staging, committed in the ledger, published
+as ``<output_root>/<pipeline>/<stream>/<start>-<end>/``, then the broker's stored offset follows the
+ledger's low watermark. The delivery rules are those of :mod:`streamledger.batch`; this module only
+adds the Dagster side:
+
+* **identity** — the range is claimed under (root run id, asset key, partition key), see
+  :mod:`streamledger.dagster.identity`. A step retry or a re-execution of a failed or killed run
+  gets the very same range back (and finishes it); a new run continues after it. A killed run's
+  claim is released for others once the Dagster instance reports its run finished, or after the
+  batch's ``claim_timeout`` without heartbeat.
+* **time-window partitions** (optional) — partition ``[t0, t1)`` reads, per stream, from the
+  ledger's end up to the first offset stamped at or after ``t1`` (chunk timestamps, broker clock,
+  chunk granularity). Windows must be done in order; a window whose predecessors still hold
+  unprocessed offsets is refused with an error naming them, instead of silently folding their data
+  into the later window. Empty windows need no run; a window run again after it was done finds
+  nothing new (its range is in the ledger and its directory is published once).
+* **metadata** — ranges, records, output paths and stored offsets of every stream, from
+  ``BatchResult.to_dict()``.
+"""
+
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal
+
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    PartitionsDefinition,
+    TimeWindowPartitionsDefinition,
+    asset,
+)
+
+from streamledger.batch import BatchConfig, BatchResult, run_batch
+from streamledger.dagster.identity import holder_alive, run_id_for
+from streamledger.errors import StreamledgerError
+
+DEFAULT_BROKER_KEY = "rabbitmq"
+DEFAULT_LEDGER_KEY = "ledger"
+DEFAULT_SPARK_KEY = "spark"
+
+
+class StreamBatchOrderError(StreamledgerError):
+    """A time-window partition was asked for while earlier windows still hold unprocessed offsets."""
+
+
+def batch_metadata(result: BatchResult) -> dict[str, Any]:
+    """Materialization metadata of one batch (one entry per stream in each JSON value)."""
+    summary = result.to_dict()
+    parts: list[dict[str, Any]] = summary["partitions"]
+    rows = [
+        f"| {p['stream']} | [{p['start']}, {p['end']}) | {p['records']} | {p['status']} | "
+        f"{'' if p.get('offset_stored') is None else p['offset_stored']} | {p.get('output') or ''} |"
+        for p in parts
+    ]
+    table = "\n".join(
+        ["| stream | range | records | status | stored offset | output |", "|---|---|---|---|---|---|", *rows]
+    )
+    return {
+        "dagster/row_count": MetadataValue.int(int(summary["records"])),
+        "records": MetadataValue.int(int(summary["records"])),
+        "pipeline": MetadataValue.text(str(summary["pipeline"])),
+        "broker": MetadataValue.text(str(summary["broker"])),
+        "empty": MetadataValue.bool(bool(summary["empty"])),
+        "ranges": MetadataValue.json(summary["ranges"]),
+        "outputs": MetadataValue.json({p["stream"]: p.get("output") for p in parts if p.get("output")}),
+        "stored_offsets": MetadataValue.json(
+            {p["stream"]: p["offset_stored"] for p in parts if p.get("offset_stored") is not None}
+        ),
+        "ledger_range_ids": MetadataValue.json(
+            {p["stream"]: p["range_id"] for p in parts if p.get("range_id") is not None}
+        ),
+        "batch": MetadataValue.md(table),
+    }
+
+
+def _millis(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def check_window_order(
+    client: Any,
+    ledger: Any,
+    *,
+    pipeline: str,
+    streams: Sequence[str],
+    window_start: datetime,
+    partition: str,
+    first_window_start: datetime | None,
+) -> None:
+    """Refuse a window while offsets stamped before it are neither processed nor in flight.
+
+    The ledger's live ranges (claimed, committed, lost) end where the pipeline continues; if that is
+    below the first offset of the window, the gap belongs to earlier windows that were not run (or
+    whose range failed). Without ledger history the pipeline begins at the first window of the
+    partitions definition (``first_window_start``; ``None`` when it starts elsewhere, e.g. "first").
+    """
+    from streamledger.protocol.rabbitmq import OffsetSpec
+
+    def offset_at(stream: str, moment: datetime) -> int:
+        return int(client.resolve_offset(stream, OffsetSpec.timestamp(_millis(moment))))
+
+    for stream in streams:
+        ranges = ledger.ranges(pipeline, stream=stream)
+        live = [r for r in ranges if str(r.status) in ("claimed", "committed", "lost")]
+        if live:
+            end = max(r.end for r in live)
+        elif first_window_start is not None and first_window_start < window_start:
+            end = offset_at(stream, first_window_start)
+        else:
+            continue
+        begin = offset_at(stream, window_start)
+        if end < begin:
+            raise StreamBatchOrderError(
+                f"stream {stream!r}: offsets [{end}, {begin}) were published before partition {partition} "
+                f"and pipeline {pipeline!r} has not processed them; materialize the earlier partitions "
+                "first (time windows run in order)"
+            )
+
+
+def build_stream_batch_asset(
+    *,
+    pipeline: str,
+    output_root: str,
+    super_stream: str | None = None,
+    stream: str | None = None,
+    key: AssetKey | str | Sequence[str] = "stream_batch",
+    partitions_def: PartitionsDefinition[str] | None = None,
+    initial_position: Literal["first", "tail", "interval_start"] | int | None = None,
+    max_offsets: int | None = None,
+    fmt: str = "parquet",
+    splits: int = 1,
+    store_offset: bool = True,
+    on_data_loss: Literal["fail", "record"] = "fail",
+    broker_resource_key: str = DEFAULT_BROKER_KEY,
+    ledger_resource_key: str = DEFAULT_LEDGER_KEY,
+    spark_resource_key: str = DEFAULT_SPARK_KEY,
+    group_name: str | None = None,
+    description: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> AssetsDefinition:
+    """An asset whose materialization is one bounded batch of ``pipeline`` (see the module docstring).
+
+    :param pipeline: consumer reference; one pipeline per asset (two assets sharing one would split
+        each other's ranges).
+    :param output_root: directory under which each range's files are written.
+    :param super_stream: read every partition of this super stream; or give ``stream``.
+    :param partitions_def: ``None`` (each run reads up to the committed tail), or a
+        ``TimeWindowPartitionsDefinition`` (each partition reads its window, in order).
+    :param initial_position: where a stream without history starts: ``"first"`` (default when
+        unpartitioned), ``"interval_start"`` (default when partitioned), ``"tail"`` or an offset.
+    :param max_offsets: cap a new range at that many offsets per stream (bounded catch-up).
+    :param broker_resource_key: key of a :class:`RabbitMQStreamResource` (likewise ledger / spark).
+    """
+    if partitions_def is not None and not isinstance(partitions_def, TimeWindowPartitionsDefinition):
+        raise StreamledgerError(
+            f"pipeline {pipeline!r}: partitions_def must be a TimeWindowPartitionsDefinition "
+            f"(got {type(partitions_def).__name__}); time windows are mapped to offsets by chunk timestamps"
+        )
+    windowed = partitions_def is not None
+    default_position: Literal["first", "interval_start"] = "interval_start" if windowed else "first"
+    position = initial_position if initial_position is not None else default_position
+    # Built now so a bad configuration fails when the definitions load, not at the first run.
+    placeholder = datetime.fromtimestamp(0).astimezone()
+    base = BatchConfig(
+        pipeline=pipeline, url="rabbitmq-stream://configured-at-run-time/", output_root=output_root,
+        stream=stream, super_stream=super_stream, initial_position=position, max_offsets=max_offsets,
+        interval_start=placeholder if windowed else None, interval_end=placeholder if windowed else None,
+        fmt=fmt, splits=splits, store_offset=store_offset, on_data_loss=on_data_loss,
+    )
+    source = f"super stream {super_stream}" if super_stream else f"stream {stream}"
+    first_window_start: datetime | None = None
+    if isinstance(partitions_def, TimeWindowPartitionsDefinition) and position == "interval_start":
+        first_window_start = partitions_def.start
+    asset_key = AssetKey.from_coercible(key)
+
+    @asset(
+        key=asset_key,
+        partitions_def=partitions_def,
+        required_resource_keys={broker_resource_key, ledger_resource_key, spark_resource_key},
+        group_name=group_name,
+        description=description
+        or f"Bounded batches of {source} (pipeline {pipeline}) written as {fmt} under {output_root}.",
+        kinds={"rabbitmq", "spark", fmt},
+        tags=dict(tags or {}),
+        metadata={"pipeline": pipeline, "source": source, "output_root": output_root},
+    )
+    def _stream_batch(context: AssetExecutionContext) -> MaterializeResult:  # type: ignore[type-arg]
+        broker = getattr(context.resources, broker_resource_key)
+        ledger = getattr(context.resources, ledger_resource_key).get_ledger()
+        runner = getattr(context.resources, spark_resource_key).get_runner()
+        changes: dict[str, Any] = {"url": broker.connection_url()}
+        if windowed:
+            window = context.partition_time_window
+            changes.update(interval_start=window.start, interval_end=window.end)
+        config = dataclasses.replace(base, **changes)
+        run = run_id_for(context)
+        context.log.info(
+            "pipeline %s on %s: batch as %s/%s/%s try %d",
+            pipeline, broker.describe(), run.dag_id, run.run_id, run.task_id, run.try_number,
+        )
+        with broker.get_client() as client:
+            if config.interval_start is not None:
+                streams: list[str] = client.partitions(super_stream) if super_stream else [str(stream)]
+                check_window_order(
+                    client, ledger, pipeline=pipeline, streams=streams,
+                    window_start=config.interval_start, partition=context.partition_key,
+                    first_window_start=first_window_start,
+                )
+            result = run_batch(
+                config, run=run, ledger=ledger, broker=client, runner=runner,
+                holder_alive=holder_alive(context.instance, context.run.run_id),
+            )
+        for p in result.to_dict()["partitions"]:
+            context.log.info(
+                "%s [%d, %d) %s: %d records, stored offset %s, output %s",
+                p["stream"], p["start"], p["end"], p["status"], p["records"], p.get("offset_stored"),
+                p.get("output"),
+            )
+        return MaterializeResult(metadata=batch_metadata(result))
+
+    return _stream_batch

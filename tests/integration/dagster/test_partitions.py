@@ -1,0 +1,87 @@
+"""Time-window partitions mapped to offsets through chunk timestamps: one-minute windows (the finest
+cron step), two waves of events published in two consecutive minutes of broker time. Each window
+reads exactly its wave; a window asked for before an earlier one with data is refused; a repeated
+window run again finds nothing new."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from dagster import DagsterInstance, TimeWindowPartitionsDefinition, materialize
+
+from streamledger.dagster import build_stream_batch_asset
+from tests.integration.dagster.conftest import Setup, materializations
+
+pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(240)]
+FMT = "%Y-%m-%d-%H:%M"
+
+
+def minute(moment: float) -> datetime:
+    return datetime.fromtimestamp(moment - moment % 60, UTC)
+
+
+def sleep_into_next_minute() -> None:
+    now = time.time()
+    time.sleep(60 - now % 60 + 0.5)
+
+
+def test_windows_read_their_own_events_in_order(setup: Setup) -> None:
+    if time.time() % 60 > 50:  # keep a wave from straddling a minute boundary
+        sleep_into_next_minute()
+    wave_a = minute(time.time())
+    setup.publish(range(40))
+    sleep_into_next_minute()
+    wave_b = minute(time.time())
+    assert wave_b == wave_a + timedelta(minutes=1)
+    setup.publish(range(40, 70))
+
+    partitions = TimeWindowPartitionsDefinition(
+        cron_schedule="* * * * *", start=wave_a - timedelta(minutes=1), fmt=FMT, end_offset=1
+    )
+    asset = build_stream_batch_asset(
+        pipeline=setup.pipeline, super_stream=setup.super_stream, output_root=setup.output_root,
+        partitions_def=partitions,
+    )
+    instance = DagsterInstance.ephemeral()
+
+    def run(window: datetime, ok: bool = True) -> object:
+        result = materialize(
+            [asset], resources=setup.resources(), instance=instance, partition_key=window.strftime(FMT),
+            raise_on_error=False,
+        )
+        assert result.success is ok
+        return result
+
+    # wave B's window first: refused, wave A's window holds unprocessed offsets
+    refused = run(wave_b, ok=False)
+    [failure] = refused.get_step_failure_events()  # type: ignore[attr-defined]
+    message = failure.step_failure_data.error.to_string()
+    assert "StreamBatchOrderError" in message and "materialize the earlier partitions first" in message
+    assert setup.ranges() == []
+
+    # the window before wave A is empty; wave A's window reads exactly wave A
+    [empty] = materializations(run(wave_a - timedelta(minutes=1)))
+    assert empty.metadata["records"].value == 0
+    [mat_a] = materializations(run(wave_a))
+    assert mat_a.metadata["records"].value == 40
+    assert sorted(setup.written_ids()) == list(range(40))
+
+    [mat_b] = materializations(run(wave_b))
+    assert mat_b.metadata["records"].value == 30
+    ranges_a, ranges_b = mat_a.metadata["ranges"].value, mat_b.metadata["ranges"].value
+    assert all(ranges_b[p][0] == ranges_a[p][1] for p in setup.partitions)  # consecutive, no overlap
+
+    # wave A's window again (a new run): its range is done, so nothing new and nothing duplicated
+    [again] = materializations(run(wave_a))
+    assert again.metadata["records"].value == 0
+    ids = setup.written_ids()
+    assert sorted(ids) == list(range(70))
+    done = {
+        (r.source.stream, r.start, r.end)
+        for r in setup.ranges()
+        if str(r.status) == "committed" and not r.empty  # empty windows leave empty bookkeeping rows
+    }
+    expected = {(p, *ranges_a[p]) for p in setup.partitions} | {(p, *ranges_b[p]) for p in setup.partitions}
+    assert done == expected
