@@ -114,10 +114,10 @@ class Figures:
             f"missing: {self.missing}",
             f"duplicates: {self.duplicates}",
             f"unexpected: {self.unexpected}",
-            f"DAG runs: {self.dag_runs} ({', '.join(f'{k} {v}' for k, v in sorted(self.dag_run_states.items()))})",
+            f"DAG runs: {self.dag_runs} ({_counts(self.dag_run_states)})",
             f"task tries: {self.task_tries}; operator clears: {self.clears}",
-            f"ledger ranges: {', '.join(f'{k} {v}' for k, v in sorted(self.ranges.items())) or '-'}",
-            f"idle stream growth (offsets written by live idle runs): {self.idle_growth or 'none'}",
+            f"ledger ranges: {_counts(self.ranges)}",
+            f"idle stream growth (offsets written by idle runs): {self.idle_growth or 'none'}",
             f"stored offset vs watermark samples during the run: {self.offset_samples}",
             f"wall time: {self.wall_s:.0f} s",
         ]
@@ -132,6 +132,10 @@ class ChaosResult:
     @property
     def clean(self) -> bool:
         return not self.violations
+
+
+def _counts(counter: Counter[str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "-"
 
 
 def _log(msg: str) -> None:
@@ -192,12 +196,12 @@ class Publisher(threading.Thread):
                         if result.confirmed != len(bodies):
                             raise RuntimeError(f"{stream}: {result.confirmed} of {len(bodies)} confirmed")
                         break
-                    except Exception:  # noqa: BLE001 - connection loss during a restart
+                    except Exception:
                         self.retries += 1
                         if client is not None:
                             try:
                                 client.close()
-                            except Exception:  # noqa: BLE001
+                            except Exception:
                                 pass
                             client = None
                         time.sleep(0.5)
@@ -268,7 +272,9 @@ def watermarks(ranges: list[Any], streams: list[str]) -> dict[str, int | None]:
                       key=lambda r: (r.start, r.end))
         end: int | None = None
         for r in live:
-            if r.status not in (RangeStatus.COMMITTED, RangeStatus.LOST) or (end is not None and r.start != end):
+            if r.status not in (RangeStatus.COMMITTED, RangeStatus.LOST):
+                break
+            if end is not None and r.start != end:
                 break
             end = r.end
         out[stream] = None if end is None else end - 1
@@ -436,7 +442,8 @@ class ChaosRun:
             if run["state"] != "failed":
                 continue
             self.af.api("POST", f"dags/{DAG_ID}/clearTaskInstances", {
-                "dry_run": False, "only_failed": True, "reset_dag_runs": True, "dag_run_id": run["dag_run_id"],
+                "dry_run": False, "only_failed": True, "reset_dag_runs": True,
+                "dag_run_id": run["dag_run_id"],
             })
             self.fig.clears += 1
             self.event(f"operator cleared failed tasks of {run['dag_run_id']}")
@@ -473,7 +480,7 @@ class ChaosRun:
                 continue
             self.fig.kills += 1
             self.fig.kills_by_target[target] += 1
-            self.event(f"kill -9 #{self.fig.kills} {target} of {self._task_of(tp.ti_id)} ti {tp.ti_id[:8]}"
+            self.event(f"kill -9 #{self.fig.kills} {target} of {self._task_of(tp.ti_id)} ti ..{tp.ti_id[-8:]}"
                        f"{' (spark up)' if spark else ''}")
             return
         self.violation("no running task to kill for 600 s")
@@ -487,7 +494,7 @@ class ChaosRun:
             self.violation("no read_interval task with a Spark job showed up in 300 s: broker not restarted")
             return
         time.sleep(self.rng.uniform(1.0, 4.0))
-        self.event(f"broker stop (read_interval ti {tp.ti_id[:8]} running: {tp.runner.is_running()})")
+        self.event(f"broker stop (read_interval ti ..{tp.ti_id[-8:]} running: {tp.runner.is_running()})")
         took = self.broker.restart()
         self.fig.broker_restarts += 1
         self.event(f"broker back after {took:.1f}s")
@@ -497,7 +504,8 @@ class ChaosRun:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             self.af.check_alive()
-            fresh = [p for p in self.output_root.glob("**/_manifest.json") if str(p) not in self._seen_manifests]
+            fresh = [p for p in self.output_root.glob("**/_manifest.json")
+                     if str(p) not in self._seen_manifests]
             self._seen_manifests.update(str(p) for p in fresh)
             if fresh and any(tp for tp in task_processes(self.af.procs["scheduler"].pid)):
                 self.event(f"postgres stop (manifest {fresh[0].parent.name} just written)")
@@ -553,18 +561,14 @@ class ChaosRun:
         self._quiesce()
 
     def _watch_idle(self, last: float) -> None:
-        """Idle runs must not write to the stream (each StoreOffset writes a tracking chunk).
-
-        They only can once the scheduler has caught up with the clock: a tracking chunk is stamped
-        after the interval of the run that wrote it, so only a later *live* interval contains it.
+        """Intervals without new data must not write to the stream (a StoreOffset writes a tracking
+        chunk, which the next interval would read and store again, forever).
         """
         interval = self.opts.interval
-        if self._wait_runs_until(max(last, time.time()), "the present (idle backlog)") is None:
-            return
         with self.client() as client:
             tails = {s: client.committed_tail(s) for s in self.streams}
-        idle_until = time.time() + self.opts.idle_runs * interval
-        if self._wait_runs_until(idle_until, f"{self.opts.idle_runs} live idle intervals"):
+        idle_until = last + self.opts.idle_runs * interval
+        if self._wait_runs_until(idle_until, f"{self.opts.idle_runs} idle intervals"):
             with self.client() as client:
                 after = {s: client.committed_tail(s) for s in self.streams}
             self.fig.idle_growth = {s: after[s] - tails[s] for s in self.streams if after[s] != tails[s]}
@@ -640,13 +644,13 @@ class ChaosRun:
                     if not files:
                         raise FileNotFoundError(f"no parquet files in {r.output}")
                     tables = [pq.read_table(f, columns=["stream", "offset", "body"]) for f in files]
-                except Exception as exc:  # noqa: BLE001 - any unreadable output is the finding
+                except Exception as exc:
                     self.violation(f"committed range {where} ({r.records} records): output unreadable: {exc}")
                     continue
                 offsets = []
                 for t in tables:
-                    for stream, offset, body in zip(*(t.column(c).to_pylist() for c in ("stream", "offset", "body")),
-                                                    strict=True):
+                    columns = (t.column(c).to_pylist() for c in ("stream", "offset", "body"))
+                    for stream, offset, body in zip(*columns, strict=True):
                         if stream != r.source.stream or not r.start <= offset < r.end:
                             self.violation(f"committed range {where}: output holds {stream} offset {offset}")
                         offsets.append(offset)
@@ -660,13 +664,16 @@ class ChaosRun:
             missing = sorted(want - set(ids))
             dupes = sorted(i for i, n in ids.items() if n > 1)
             strangers = sorted(set(ids) - want)
-            self.fig.missing, self.fig.duplicates, self.fig.unexpected = len(missing), len(dupes), len(strangers)
+            self.fig.missing, self.fig.duplicates = len(missing), len(dupes)
+            self.fig.unexpected = len(strangers)
             if missing:
-                self.violation(f"{len(missing)} confirmed records in no committed output (ids {missing[:8]}...)")
+                self.violation(f"{len(missing)} confirmed records in no committed output "
+                               f"(ids {missing[:8]}...)")
             if dupes:
                 self.violation(f"{len(dupes)} records in more than one committed output (ids {dupes[:8]}...)")
             if strangers:
-                self.violation(f"{len(strangers)} records in outputs that were never confirmed (ids {strangers[:8]})")
+                self.violation(f"{len(strangers)} records in outputs that were never confirmed "
+                               f"(ids {strangers[:8]})")
             self._check_offsets(ranges, rows_by_stream)
             with self.client() as client:
                 report = ledger.audit(self.pipeline, broker=client)
@@ -688,16 +695,18 @@ class ChaosRun:
                 if stored == watermark:
                     continue
                 if watermark is None:
-                    self.violation(f"{stream}: broker stored offset {stored} but the ledger has no committed prefix")
+                    self.violation(f"{stream}: broker stored offset {stored} but the ledger has no "
+                                   "committed prefix")
                 elif stored is None:
                     if user:
                         self.violation(f"{stream}: no stored offset, ledger watermark {watermark}")
                 elif stored > watermark:
-                    self.violation(f"{stream}: stored offset {stored} passes the ledger watermark {watermark}")
+                    self.violation(f"{stream}: stored offset {stored} passes the ledger watermark "
+                                   f"{watermark}")
                 elif any(stored < o <= watermark for o in user):
                     n = sum(stored < o <= watermark for o in user)
-                    self.violation(f"{stream}: stored offset {stored} lags the watermark {watermark} over {n} "
-                                   "committed records")
+                    self.violation(f"{stream}: stored offset {stored} lags the watermark {watermark} "
+                                   f"over {n} committed records")
 
     def _airflow_figures(self) -> None:
         runs = self.af.dag_runs(DAG_ID)
@@ -739,7 +748,7 @@ class ChaosRun:
                 continue
             try:
                 fn()
-            except Exception as exc:  # noqa: BLE001 - tear down the rest anyway
+            except Exception as exc:
                 _log(f"teardown of {what} failed: {exc}")
         if not self.violations and not self.opts.keep:
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -756,5 +765,6 @@ def report(result: ChaosResult) -> str:
         lines.extend(f"  {v}" for v in result.violations)
         lines.append(f"scratch kept for inspection: {result.scratch}")
     else:
-        lines.append("CLEAN: every record exactly once, stored offsets = watermark, no claim left, audit clean")
+        lines.append("CLEAN: every record exactly once, stored offsets = watermark, no claim left, "
+                     "audit clean")
     return "\n".join(lines)

@@ -100,7 +100,8 @@ class PrivatePostgres:
         import psycopg
 
         admin = self.start()
-        with psycopg.connect(admin.replace("postgresql+psycopg://", "postgresql://", 1), autocommit=True) as c:
+        dsn = admin.replace("postgresql+psycopg://", "postgresql://", 1)
+        with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             c.execute(f'CREATE DATABASE "{name}"')
         return admin.rsplit("/", 1)[0] + f"/{name}"
@@ -225,7 +226,8 @@ class AirflowCluster:
 
     def environ(self) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-        pythonpath = os.pathsep.join([str(REPO / "src"), str(REPO), base.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        paths = [str(REPO / "src"), str(REPO), base.get("PYTHONPATH", "")]
+        pythonpath = os.pathsep.join(p for p in paths if p)
         return {
             **base,
             "PYTHONPATH": pythonpath,
