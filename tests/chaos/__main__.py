@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -31,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         postgres_restart=not a.no_postgres_restart, settle_timeout=a.settle_timeout, scratch=a.scratch,
         broker_home=a.broker_home, keep=a.keep,
     )
+    # Tear the servers down on SIGTERM/SIGINT too (a background job starts with SIGINT ignored).
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     result = run_chaos(opts)
     print(report(result))
     return 0 if result.clean else 1

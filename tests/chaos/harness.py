@@ -727,8 +727,8 @@ class ChaosRun:
             self.chaos()
             self.settle()
             self.verify()
-        except (ServerError, OSError) as exc:
-            self.violation(f"harness: {exc}".splitlines()[0])
+        except Exception as exc:  # a harness that cannot finish is a failed run; say why in one line
+            self.violation(f"harness stopped: {type(exc).__name__}: {exc}".splitlines()[0])
         finally:
             self.fig.broker_restarts = self.broker.restarts
             self.fig.postgres_restarts = self.pg.restarts
