@@ -70,6 +70,7 @@ class ChaosOptions:
     rate: float = 20.0  # records per second, over all partitions
     broker_restart: bool = True
     postgres_restart: bool = True
+    clear_delay: tuple[float, float] = (5.0, 60.0)  # seconds an operator takes to clear a failed run
     idle_runs: int = 2  # intervals with no new data to watch after the last record is covered
     settle_timeout: float = 2400.0  # for the final intervals to run and all DAG runs to succeed
     scratch: Path | None = None
@@ -342,6 +343,7 @@ class ChaosRun:
         self.streams: list[str] = []
         self._seen_manifests: set[str] = set()
         self._ti_tasks: dict[str, str] = {}
+        self._failed_since: dict[str, float] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -437,16 +439,26 @@ class ChaosRun:
     # -- the operator ------------------------------------------------------------------------
 
     def clear_failed(self) -> None:
-        """What an on-call operator does: clear the failed tasks of failed runs, again and again."""
+        """What an on-call operator does: clear the failed tasks of failed runs, again and again.
+
+        Not at once: each failure waits a seeded 5-60 s first, so later runs often go ahead of a
+        failed one (``max_active_runs=1`` only counts running runs), as they would in production.
+        """
+        now = time.monotonic()
         for run in self.af.dag_runs(DAG_ID):
+            key = run["dag_run_id"]
             if run["state"] != "failed":
+                self._failed_since.pop(key, None)
+                continue
+            due = self._failed_since.setdefault(key, now + self.rng.uniform(*self.opts.clear_delay))
+            if now < due:
                 continue
             self.af.api("POST", f"dags/{DAG_ID}/clearTaskInstances", {
-                "dry_run": False, "only_failed": True, "reset_dag_runs": True,
-                "dag_run_id": run["dag_run_id"],
+                "dry_run": False, "only_failed": True, "reset_dag_runs": True, "dag_run_id": key,
             })
+            del self._failed_since[key]
             self.fig.clears += 1
-            self.event(f"operator cleared failed tasks of {run['dag_run_id']}")
+            self.event(f"operator cleared failed tasks of {key}")
 
     # -- chaos -------------------------------------------------------------------------------
 
