@@ -323,6 +323,8 @@ class ChaosRun:
     def __init__(self, opts: ChaosOptions) -> None:
         self.opts = opts
         self.rng = random.Random(opts.seed)
+        # its own stream of draws: how often the operator looks depends on timing, the kill plan must not
+        self.operator_rng = random.Random(opts.seed + 1_000_003)
         self.fig = Figures()
         self.violations: list[str] = []
         base = Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger"))
@@ -450,7 +452,7 @@ class ChaosRun:
             if run["state"] != "failed":
                 self._failed_since.pop(key, None)
                 continue
-            due = self._failed_since.setdefault(key, now + self.rng.uniform(*self.opts.clear_delay))
+            due = self._failed_since.setdefault(key, now + self.operator_rng.uniform(*self.opts.clear_delay))
             if now < due:
                 continue
             self.af.api("POST", f"dags/{DAG_ID}/clearTaskInstances", {
