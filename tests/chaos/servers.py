@@ -108,7 +108,8 @@ class PrivatePostgres:
 
     def destroy(self) -> None:
         try:
-            self.stop()
+            if self.offset:  # never started: nothing to stop (and no other node's epmd to hit)
+                self.stop()
         finally:
             shutil.rmtree(self.home / "pg", ignore_errors=True)
 
@@ -133,10 +134,6 @@ class PrivateBroker:
     instance: str = field(default_factory=lambda: f"chaos{os.getpid()}")
     offset: int = 0
     restarts: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.offset:
-            self.offset = self._free_offset()
 
     @staticmethod
     def _free_offset() -> int:
@@ -166,9 +163,18 @@ class PrivateBroker:
                     f"rabbitmq.sh {' '.join(args)} (instance {self.instance})")
 
     def start(self) -> None:
+        """Provision if needed, pick a free port block and start, under a lock: two chaos runs
+        starting at once must not pick the same block."""
+        import fcntl
+
         self._script("provision", "4.3", timeout=900)
-        self._script("start", "4.3")
-        self._script("wait", "4.3", "180", timeout=240)
+        lock_path = self.broker_home / "rabbitmq" / ".chaos-instances.lock"
+        with open(lock_path, "a+") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            if not self.offset:
+                self.offset = self._free_offset()
+            self._script("start", "4.3")
+            self._script("wait", "4.3", "180", timeout=240)
 
     def stop(self) -> None:
         self._script("stop", "4.3", timeout=120)
@@ -184,7 +190,8 @@ class PrivateBroker:
 
     def destroy(self) -> None:
         try:
-            self.stop()
+            if self.offset:  # never started: nothing to stop (and no other node's epmd to hit)
+                self.stop()
         finally:
             base = self.broker_home / "rabbitmq" / "4.3"
             shutil.rmtree(base / "instances" / self.instance, ignore_errors=True)
