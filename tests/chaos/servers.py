@@ -158,8 +158,9 @@ class PrivateBroker:
             "STREAMLEDGER_RABBITMQ_PORT_OFFSET": str(self.offset),
         }
 
-    def _script(self, *args: str, timeout: float = 300) -> str:
-        return _run([str(REPO / "scripts" / "rabbitmq.sh"), *args], self._env, timeout,
+    def _script(self, *args: str, timeout: float = 300, instance: bool = True) -> str:
+        env = self._env if instance else {"STREAMLEDGER_HOME": str(self.broker_home)}
+        return _run([str(REPO / "scripts" / "rabbitmq.sh"), *args], env, timeout,
                     f"rabbitmq.sh {' '.join(args)} (instance {self.instance})")
 
     def start(self) -> None:
@@ -167,7 +168,7 @@ class PrivateBroker:
         starting at once must not pick the same block."""
         import fcntl
 
-        self._script("provision", "4.3", timeout=900)
+        self._script("provision", "4.3", timeout=900, instance=False)  # the shared installation
         lock_path = self.broker_home / "rabbitmq" / ".chaos-instances.lock"
         with open(lock_path, "a+") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
