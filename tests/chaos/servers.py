@@ -108,8 +108,7 @@ class PrivatePostgres:
 
     def destroy(self) -> None:
         try:
-            if self.offset:  # never started: nothing to stop (and no other node's epmd to hit)
-                self.stop()
+            self.stop()
         finally:
             shutil.rmtree(self.home / "pg", ignore_errors=True)
 
