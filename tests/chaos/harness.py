@@ -472,12 +472,18 @@ class ChaosRun:
     # -- chaos -------------------------------------------------------------------------------
 
     def _wait_task(self, want: Callable[[TaskProcess], bool], timeout: float) -> TaskProcess | None:
+        """The first running task ``want`` accepts; the operator keeps clearing failures meanwhile
+        (when every run fails, only a clear brings a task back)."""
         deadline = time.monotonic() + timeout
+        next_clear = time.monotonic() + 2
         while time.monotonic() < deadline:
             self.af.check_alive()
             for tp in task_processes(self.af.procs["scheduler"].pid):
                 if want(tp):
                     return tp
+            if time.monotonic() >= next_clear:
+                self.clear_failed()
+                next_clear = time.monotonic() + 2
             time.sleep(0.2)
         return None
 
