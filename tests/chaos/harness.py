@@ -253,7 +253,9 @@ def task_processes(scheduler_pid: int) -> list[TaskProcess]:
             if not title.startswith(prefix) or "<idle>" in title:
                 continue
             ti_id = title[len(prefix):].strip()
-            runners = [c for c in worker.children() if "java" not in (c.name() or "")]
+            # a killed runner stays a zombie until its supervisor reaps it: not a target any more
+            runners = [c for c in worker.children()
+                       if "java" not in (c.name() or "") and c.status() != psutil.STATUS_ZOMBIE]
         except psutil.Error:
             continue
         if runners:
@@ -379,10 +381,13 @@ class ChaosRun:
         assert self.airflow is not None
         return self.airflow
 
-    def _task_of(self, ti_id: str) -> str:
-        if ti_id not in self._ti_tasks:
-            for ti in self.af.task_instances(DAG_ID, state=["running", "queued"]):
-                self._ti_tasks[ti["id"]] = ti["task_id"]
+    def _task_of(self, ti_id: str, *, refresh: bool = False) -> str:
+        """The task id of a running task instance try, ``?`` when it is not running (any more)."""
+        if refresh or ti_id not in self._ti_tasks:
+            running = {ti["id"]: ti["task_id"] for ti in self.af.task_instances(DAG_ID, state=["running"])}
+            self._ti_tasks.update(running)
+            if refresh:
+                return running.get(ti_id, "?")
         return self._ti_tasks.get(ti_id, "?")
 
     def _pause(self, seconds: float, step: Callable[[], None] | None = None) -> None:
@@ -497,7 +502,9 @@ class ChaosRun:
             time.sleep(self.rng.uniform(0.0, 12.0))
             target = "task runner" if self.rng.random() < 0.7 else "worker+task"
             try:
-                if not tp.runner.is_running():
+                if not tp.runner.is_running() or tp.runner.status() == psutil.STATUS_ZOMBIE:
+                    raise psutil.NoSuchProcess(tp.runner.pid)
+                if self._task_of(tp.ti_id, refresh=True) == "?":  # its try already ended
                     raise psutil.NoSuchProcess(tp.runner.pid)
                 spark = tp.has_spark()
                 for p in [tp.runner] if target == "task runner" else [tp.worker, tp.runner]:
