@@ -4,6 +4,12 @@
 #   scripts/rabbitmq.sh provision|start|wait|stop|status VERSION|all
 #   scripts/rabbitmq.sh cli VERSION COMMAND [ARGS...]    e.g. cli 4.3 rabbitmqctl list_queues
 #
+# STREAMLEDGER_RABBITMQ_INSTANCE=NAME (lower-case letters and digits) runs a private node of an
+# already provisioned VERSION instead of the shared one: node <node>x<NAME>, every port shifted by
+# STREAMLEDGER_RABBITMQ_PORT_OFFSET (default 1000), no TLS listener, its own config and data
+# (inside the chroot under /etc/rabbitmq-instances/NAME and /var/lib/rabbitmq/instances/NAME).
+# The chaos harness restarts such a node without disturbing anyone using the shared broker.
+#
 # VERSION: 4.3 (Debian sid package in a debootstrap chroot; the default broker, with a TLS
 # stream listener), 4.0 (Debian trixie package in a chroot), 3.10 (Debian bookworm's own
 # package on the host). All three can run at once: each has its own ports, node name and epmd.
@@ -43,8 +49,12 @@ select_version() {
   D=$BASE/$V
   R=$D/rootfs                        # chroot brokers only
   STAMP=$D/provisioned.stamp
-  PIDFILE=$D/run/broker.pid
-  STDOUT_LOG=$D/logs/stdout.log
+  RUN_DIR=$D/run
+  LOG_DIR=$D/logs
+  INSTANCE=${STREAMLEDGER_RABBITMQ_INSTANCE:-}
+  if [ -n "$INSTANCE" ]; then select_instance; fi
+  PIDFILE=$RUN_DIR/broker.pid
+  STDOUT_LOG=$LOG_DIR/stdout.log
   if [ "$KIND" = chroot ]; then
     ETC_IN=/etc/rabbitmq              # as the broker sees it
     ETC_HOST=$R/etc/rabbitmq          # as this script sees it
@@ -54,7 +64,39 @@ select_version() {
     ETC_HOST=$D/etc
     DATA_IN=$D/var
   fi
-  mkdir -p "$D/run" "$D/logs"
+  if [ -n "$INSTANCE" ]; then
+    if [ "$KIND" = chroot ]; then
+      ETC_IN=/etc/rabbitmq-instances/$INSTANCE
+      ETC_HOST=$R$ETC_IN
+      DATA_IN=/var/lib/rabbitmq/instances/$INSTANCE
+    else
+      ETC_IN=$D/instances/$INSTANCE/etc
+      ETC_HOST=$ETC_IN
+      DATA_IN=$D/instances/$INSTANCE/var
+    fi
+  fi
+  mkdir -p "$RUN_DIR" "$LOG_DIR"
+}
+
+# A private node of VERSION (see the header): same installation, everything else its own.
+select_instance() {
+  [[ $INSTANCE =~ ^[a-z0-9]{1,24}$ ]] || die "STREAMLEDGER_RABBITMQ_INSTANCE must be 1-24 lower-case letters/digits"
+  local off=${STREAMLEDGER_RABBITMQ_PORT_OFFSET:-1000}
+  [[ $off =~ ^[0-9]+$ ]] && [ "$off" -gt 0 ] || die "STREAMLEDGER_RABBITMQ_PORT_OFFSET must be a positive integer"
+  NODE=${NODE}x$INSTANCE
+  STREAM_PORT=$((STREAM_PORT + off)) AMQP_PORT=$((AMQP_PORT + off)) MGMT_PORT=$((MGMT_PORT + off))
+  DIST_PORT=$((DIST_PORT + off)) EPMD_PORT=$((EPMD_PORT + off)) TLS_PORT=
+  RUN_DIR=$D/instances/$INSTANCE/run
+  LOG_DIR=$D/instances/$INSTANCE/logs
+}
+
+# Whether a node other than this one runs from the same chroot (its /proc must stay mounted).
+other_node_alive() {
+  local f
+  for f in "$D/run/broker.pid" "$D"/instances/*/run/broker.pid; do
+    [ -f "$f" ] && [ "$f" != "$PIDFILE" ] && kill -0 "$(cat "$f")" 2>/dev/null && return 0
+  done
+  return 1
 }
 
 # The host's main Debian mirror (not the security one): deb822 *.sources first, then the
@@ -93,7 +135,7 @@ as_broker() {
   local env=(/usr/bin/env -i HOME=/var/lib/rabbitmq LANG=C.UTF-8
              PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin)
   if [ "$KIND" = chroot ]; then
-    chroot --userspec="$(broker_ids)" "$R" "${env[@]}" "$@"
+    chroot --userspec="$(broker_ids)" "$R" "${env[@]}" RABBITMQ_CONF_ENV_FILE="$ETC_IN/rabbitmq-env.conf" "$@"
   else
     setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups \
       "${env[@]}" RABBITMQ_CONF_ENV_FILE="$ETC_HOST/rabbitmq-env.conf" "$@"
@@ -196,6 +238,12 @@ write_config() {
     plugins=$plugins,rabbitmq_auth_mechanism_ssl
   fi
   echo "[${plugins}]." > "$ETC_HOST/enabled_plugins"
+  if [ -n "$INSTANCE" ]; then
+    local data_host=$DATA_IN
+    [ "$KIND" = chroot ] && data_host=$R$DATA_IN
+    mkdir -p "$data_host/mnesia" "$data_host/log"
+    chown -R "$ids" "$data_host"
+  fi
   chown "$ids" "$ETC_HOST/rabbitmq-env.conf" "$ETC_HOST/rabbitmq.conf" "$ETC_HOST/enabled_plugins"
 }
 
@@ -213,7 +261,7 @@ start() {
   # setsid: the broker gets its own session and outlives the caller (pytest, make).
   if [ "$KIND" = chroot ]; then
     setsid chroot --userspec="$(broker_ids)" "$R" /usr/bin/env -i HOME=/var/lib/rabbitmq LANG=C.UTF-8 \
-      PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin RABBITMQ_CONF_ENV_FILE="$ETC_IN/rabbitmq-env.conf" \
       /usr/lib/rabbitmq/bin/rabbitmq-server > "$STDOUT_LOG" 2>&1 < /dev/null {lockfd}>&- &
   else
     setsid setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups \
@@ -222,8 +270,8 @@ start() {
       /usr/lib/rabbitmq/bin/rabbitmq-server > "$STDOUT_LOG" 2>&1 < /dev/null {lockfd}>&- &
   fi
   echo $! > "$PIDFILE"
-  date +%s.%N > "$D/run/started_at"
-  rm -f "$D/run/boot_seconds"
+  date +%s.%N > "$RUN_DIR/started_at"
+  rm -f "$RUN_DIR/boot_seconds"
   log "started pid $(cat "$PIDFILE") (stdout: $STDOUT_LOG)"
 }
 
@@ -255,11 +303,11 @@ wait_ready() {
   [ -n "$TLS_PORT" ] && ! port_open "$TLS_PORT" && die "TLS stream port $TLS_PORT is not open"
   post_start
   # Boot time = start -> ready, recorded by the first wait after a start.
-  if [ -f "$D/run/started_at" ] && [ ! -f "$D/run/boot_seconds" ]; then
-    since "$(cat "$D/run/started_at")" > "$D/run/boot_seconds"
+  if [ -f "$RUN_DIR/started_at" ] && [ ! -f "$RUN_DIR/boot_seconds" ]; then
+    since "$(cat "$RUN_DIR/started_at")" > "$RUN_DIR/boot_seconds"
   fi
   local boot=""
-  [ -f "$D/run/boot_seconds" ] && boot=" (boot took $(cat "$D/run/boot_seconds")s)"
+  [ -f "$RUN_DIR/boot_seconds" ] && boot=" (boot took $(cat "$RUN_DIR/boot_seconds")s)"
   log "ready: RabbitMQ $(cat "$STAMP") stream 127.0.0.1:$STREAM_PORT${TLS_PORT:+ tls :$TLS_PORT}$boot"
 }
 
@@ -274,10 +322,12 @@ stop() {
   elif [ -f "$STAMP" ] && port_open "$STREAM_PORT"; then
     as_broker rabbitmqctl -q shutdown >/dev/null 2>&1 || true
   fi
-  rm -f "$PIDFILE" "$D/run/started_at" "$D/run/boot_seconds"
+  rm -f "$PIDFILE" "$RUN_DIR/started_at" "$RUN_DIR/boot_seconds"
   # epmd daemonizes and outlives the node; each broker has its own on its own port.
   if [ -f "$STAMP" ]; then as_broker epmd -port "$EPMD_PORT" -kill >/dev/null 2>&1 || true; fi
-  if [ "$KIND" = chroot ] && mountpoint -q "$R/proc"; then umount "$R/proc" || umount -l "$R/proc"; fi
+  if [ "$KIND" = chroot ] && mountpoint -q "$R/proc" && ! other_node_alive; then
+    umount "$R/proc" || umount -l "$R/proc"
+  fi
   log "stopped in $(since "$t")s"
 }
 
