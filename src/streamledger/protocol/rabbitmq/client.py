@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -35,6 +35,7 @@ from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.publisher import PublishResult, publish
 from streamledger.protocol.rabbitmq.reader import probe_chunk, read_range
 from streamledger.protocol.rabbitmq.records import RecordBatch
+from streamledger.protocol.rabbitmq.stats import StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams, to_params
 from streamledger.protocol.rabbitmq.wire import (
     Writer,
@@ -48,21 +49,6 @@ from streamledger.protocol.rabbitmq.wire import (
 T = TypeVar("T")
 _MAX_AGE = re.compile(r"^[1-9][0-9]*[YMDhms]$")
 _MAX_SEGMENT = 3_000_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStats:
-    """StreamStats (3.12+): chunk ids, and ``committed_offset`` (4.3+; ``None`` when absent).
-
-    ``-1`` from the broker ("none yet") is reported as ``None``.
-    """
-
-    stream: str
-    first_chunk_id: int | None
-    committed_chunk_id: int | None
-    last_chunk_id: int | None
-    committed_offset: int | None
-    raw: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal, Protocol
 
 from streamledger.protocol.rabbitmq import constants as c
 from streamledger.protocol.rabbitmq.chunk import ChunkHeader, decode_chunk, parse_chunk_header
@@ -42,6 +42,8 @@ from streamledger.protocol.rabbitmq.errors import (
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.records import RecordBatch
+from streamledger.protocol.rabbitmq.stats import StreamStats
+from streamledger.protocol.rabbitmq.url import ConnectionParams
 from streamledger.protocol.rabbitmq.wire import (
     credit_frame,
     metadata_frame,
@@ -49,8 +51,25 @@ from streamledger.protocol.rabbitmq.wire import (
     unsubscribe_frame,
 )
 
-if TYPE_CHECKING:
-    from streamledger.protocol.rabbitmq.client import StreamClient
+
+class RangeSource(Protocol):
+    """What a range read needs from the client that plans it (``StreamClient`` is one).
+
+    A narrow interface instead of the client itself, so this module does not import the client
+    (which imports this module): where to connect, how long to wait, and the stream's bounds.
+    """
+
+    @property
+    def params(self) -> ConnectionParams: ...
+
+    @property
+    def timeout(self) -> float: ...
+
+    def supports(self, key: int) -> bool: ...
+
+    def stream_stats(self, name: str) -> StreamStats: ...
+
+    def committed_tail(self, name: str, *, stats: StreamStats | None = None) -> int: ...
 
 _CHUNK_HEADER_SIZE: Final = 48
 _READ_RETRIES: Final = 3
@@ -126,7 +145,7 @@ def probe_chunk(
 
 
 def read_range(
-    client: StreamClient,
+    client: RangeSource,
     stream: str,
     start: int,
     end: int,
@@ -199,7 +218,7 @@ def _transient(exc: ConnectionFailed) -> bool:
 
 
 def _read(
-    client: StreamClient,
+    client: RangeSource,
     stream: str,
     start: int,
     end: int,
@@ -232,7 +251,7 @@ def _read(
 
 
 def _read_once(
-    client: StreamClient,
+    client: RangeSource,
     stream: str,
     progress: _Progress,
     end: int,
