@@ -36,7 +36,7 @@ from streamledger.protocol.amqp10.codec.decoder import (
     value_to_json_bytes,
     walk_sections,
 )
-from streamledger.protocol.amqp10.codec.encoder import encode_message, encode_value
+from streamledger.protocol.amqp10.codec.encoder import encode_message, encode_value, encode_value_message
 from streamledger.protocol.amqp10.codec.errors import AmqpDecodeError
 from streamledger.protocol.amqp10.codec.types import (
     HEADER_FIELDS,
@@ -64,5 +64,5 @@ __all__ = [
     "HEADER_FIELDS", "PROPERTY_FIELDS", "AmqpDecodeError", "AmqpMessage", "Array", "Byte", "Char",
     "Decimal32", "Decimal64", "Decimal128", "Described", "Float32", "Int", "Long", "Short", "Symbol",
     "UByte", "UInt", "ULong", "UShort", "decode_message", "decode_record", "decode_value",
-    "encode_message", "encode_value", "value_to_json_bytes", "walk_sections",
+    "encode_message", "encode_value", "encode_value_message", "value_to_json_bytes", "walk_sections",
 ]

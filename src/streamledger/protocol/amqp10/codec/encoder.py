@@ -347,3 +347,19 @@ def encode_message(
         parts.append(_section(0x74, _enc(dict(application_properties))))
     parts.append(_section(0x75, _vlen(0xA0, 0xB0, bytes(body))))
     return b"".join(parts)
+
+
+def encode_value_message(
+    value: Any,
+    *,
+    properties: Mapping[str, Any] | None = None,
+    application_properties: Mapping[str, Any] | None = None,
+) -> bytes:
+    """A message whose body is one amqp-value section (what RabbitMQ's ``/management`` node reads)."""
+    parts: list[bytes] = []
+    if properties:
+        parts.append(_encode_properties(properties))
+    if application_properties:
+        parts.append(_section(0x74, _enc(dict(application_properties))))
+    parts.append(_section(0x77, _enc(value)))
+    return b"".join(parts)
