@@ -30,10 +30,10 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # KIND=host runs the host's own package with all state under $D.
 select_version() {
   V=$1
-  TLS_PORT=
+  TLS_PORT= AMQPS_PORT=
   case $V in
     4.3) KIND=chroot SUITE=sid NODE=rabbit43 STREAM_PORT=5552 AMQP_PORT=5672 MGMT_PORT=15672 \
-           DIST_PORT=25672 EPMD_PORT=4369 TLS_PORT=5551 ;;
+           DIST_PORT=25672 EPMD_PORT=4369 TLS_PORT=5551 AMQPS_PORT=5671 ;;
     4.0) KIND=chroot SUITE=trixie NODE=rabbit40 STREAM_PORT=5562 AMQP_PORT=5682 MGMT_PORT=15682 \
            DIST_PORT=25682 EPMD_PORT=4379 ;;
     3.10) KIND=host SUITE=bookworm NODE=rabbit310 STREAM_PORT=5572 AMQP_PORT=5692 MGMT_PORT=15692 \
@@ -176,7 +176,8 @@ render() { # template -> stdout with this broker's values
   sed -e "s#@VERSION@#$ver#g" -e "s#@NODE@#$NODE#g" -e "s#@ETC@#$ETC_IN#g" -e "s#@DATA@#$DATA_IN#g" \
       -e "s#@PLUGINS_DIR@#/usr/lib/rabbitmq/plugins:/usr/lib/rabbitmq/lib/rabbitmq_server-$ver/plugins#g" \
       -e "s#@DIST_PORT@#$DIST_PORT#g" -e "s#@EPMD_PORT@#$EPMD_PORT#g" -e "s#@AMQP_PORT@#$AMQP_PORT#g" \
-      -e "s#@STREAM_PORT@#$STREAM_PORT#g" -e "s#@MGMT_PORT@#$MGMT_PORT#g" -e "s#@TLS_PORT@#$TLS_PORT#g" "$1"
+      -e "s#@STREAM_PORT@#$STREAM_PORT#g" -e "s#@MGMT_PORT@#$MGMT_PORT#g" -e "s#@TLS_PORT@#$TLS_PORT#g" \
+      -e "s#@AMQPS_PORT@#$AMQPS_PORT#g" "$1"
 }
 
 # Regenerated on every start, so a template change reaches an already provisioned broker.
@@ -240,6 +241,13 @@ post_start() {
     as_broker rabbitmqctl -q clear_password "$user" >/dev/null
   fi
   as_broker rabbitmqctl -q set_permissions -p / "$user" '.*' '.*' '.*' >/dev/null
+  # AMQP 1.0 over TLS (amqps): in the config template; a node started from an older template gets the
+  # listener at run time, with the same ssl_options, instead of a restart under other users' feet.
+  if [ -n "$AMQPS_PORT" ] && ! port_open "$AMQPS_PORT"; then
+    as_broker rabbitmqctl -q eval "{ok, S} = application:get_env(rabbit, ssl_options),
+      rabbit_networking:start_ssl_listener({\"127.0.0.1\", $AMQPS_PORT}, S, 1, 1)." >/dev/null \
+      || die "could not start the AMQPS listener on $AMQPS_PORT"
+  fi
 }
 
 wait_ready() {
