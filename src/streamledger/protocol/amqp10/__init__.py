@@ -22,6 +22,7 @@ from streamledger.protocol.amqp10.errors import (
     NotAmqp10Broker,
     NotFound,
     RemoteClosed,
+    RequestTooLarge,
 )
 from streamledger.protocol.amqp10.management import (
     Management,
@@ -36,6 +37,6 @@ __all__ = [
     "MANAGEMENT_NODE", "AccessRefused", "Amqp10Connection", "Amqp10ConnectionError", "Amqp10Error",
     "Amqp10Params", "Amqp10ProtocolError", "Amqp10Timeout", "Amqp10TlsError", "AuthenticationFailed",
     "BadRequest", "Conflict", "FrameTooLarge", "InvalidUrl", "Management", "ManagementError",
-    "NotAmqp10Broker", "NotFound", "QueueInfo", "RemoteClosed", "Response", "StreamOptions",
+    "NotAmqp10Broker", "NotFound", "QueueInfo", "RemoteClosed", "RequestTooLarge", "Response", "StreamOptions",
     "parse_amqp_url", "partition_names", "segment",
 ]

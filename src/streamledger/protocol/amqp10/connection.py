@@ -8,7 +8,7 @@ the answer is the transfer on the receiver whose ``correlation-id`` is the reque
 
 Every wait has a deadline (``timeout``); every frame's size is checked against our max-frame-size
 before its body is read, and a delivery spanning several transfers is capped at ``max_message_size``.
-Requests are sent pre-settled (the broker's management node accepts that), and the receiver is
+Requests are single-frame transfers (what RabbitMQ's management node accepts), sent pre-settled (the broker's management node accepts that), and the receiver is
 granted credit in blocks, so no disposition traffic is needed. A small thread sends an empty frame when
 the connection has been quiet for half the broker's idle-time-out, so a client held open between
 requests is not dropped.
@@ -40,6 +40,7 @@ from streamledger.protocol.amqp10.errors import (
     AuthenticationFailed,
     NotAmqp10Broker,
     RemoteClosed,
+    RequestTooLarge,
 )
 from streamledger.protocol.amqp10.url import Amqp10Params, to_params
 
@@ -51,6 +52,7 @@ _SENDER: Final = 0  # handles of the link pair on our side
 _RECEIVER: Final = 1
 _CREDIT: Final = 64
 _WINDOW: Final = 1 << 16
+_TRANSFER_OVERHEAD: Final = 32  # 8-byte header + transfer performative with a 4-byte tag, rounded up
 _PRE_OPEN_MAX: Final = 1 << 16  # frames before open is agreed (spec: 512; a little slack for big opens)
 
 
@@ -203,6 +205,12 @@ class Amqp10Connection:
             body, properties={"message-id": message_id, "to": path, "subject": method, "reply-to": "$me"}
         )
         what = f"{method} {path}"
+        # RabbitMQ's management node takes a request in one transfer frame only (a multi-frame one ends the
+        # session with an internal error), so a larger one is refused here, before anything is sent.
+        room = self.peer_max_frame_size - _TRANSFER_OVERHEAD
+        if len(message) > room:
+            raise RequestTooLarge(f"{what}: request of {len(message)} bytes does not fit the broker's "
+                                  f"max-frame-size of {self.peer_max_frame_size} bytes")
         while self._sender_credit <= 0 or self._remote_incoming_window <= 0:
             self._dispatch(self._read_frame(deadline, f"link credit for {what}"))
         self._transfer(message)
@@ -273,22 +281,8 @@ class Amqp10Connection:
 
     def _transfer(self, message: bytes) -> None:
         delivery_id = self._next_outgoing_id
-        tag = delivery_id.to_bytes(4, "big")
-        room = self.peer_max_frame_size - 64  # transfer performative overhead, generously
-        chunks = [message[i : i + room] for i in range(0, len(message), room)] or [b""]
-        for i, chunk in enumerate(chunks):
-            first = i == 0
-            self._send(
-                fr.transfer_frame(
-                    0,
-                    _SENDER,
-                    delivery_id if first else None,
-                    tag if first else None,
-                    settled=True,
-                    more=i < len(chunks) - 1,
-                    payload=chunk,
-                )
-            )
+        self._send(fr.transfer_frame(0, _SENDER, delivery_id, delivery_id.to_bytes(4, "big"), settled=True,
+                                     more=False, payload=message))
         self._next_outgoing_id += 1
         self._remote_incoming_window -= 1
         self._sender_credit -= 1

@@ -19,6 +19,10 @@ class InvalidUrl(Amqp10Error, ValueError):
     """The broker URL (or an argument) was rejected before anything was sent."""
 
 
+class RequestTooLarge(Amqp10Error, ValueError):
+    """A management request does not fit one frame of the broker's max-frame-size (refused unsent)."""
+
+
 class Amqp10ProtocolError(Amqp10Error):
     """Bytes received do not follow AMQP 1.0 (bad header, bad frame, frame above the agreed size)."""
 
