@@ -8,8 +8,9 @@ the answer is the transfer on the receiver whose ``correlation-id`` is the reque
 
 Every wait has a deadline (``timeout``); every frame's size is checked against our max-frame-size
 before its body is read, and a delivery spanning several transfers is capped at ``max_message_size``.
-Requests are single-frame transfers (what RabbitMQ's management node accepts), sent pre-settled (the broker's management node accepts that), and the receiver is
-granted credit in blocks, so no disposition traffic is needed. A small thread sends an empty frame when
+Requests are single-frame transfers, sent pre-settled (what RabbitMQ's management node accepts; a
+larger request is refused unsent), and the receiver is granted credit in blocks, so no disposition
+traffic is needed. A small thread sends an empty frame when
 the connection has been quiet for half the broker's idle-time-out, so a client held open between
 requests is not dropped.
 """
