@@ -36,7 +36,7 @@ export STREAMLEDGER_SUPER_STREAM=demo-events
 export STREAMLEDGER_PARTITIONS=3
 export STREAMLEDGER_PIPELINE=demo-backfill
 export STREAMLEDGER_INTERVAL=${INTERVAL_S}s
-export STREAMLEDGER_LEDGER_URL=sqlite:///$DEMO/ledger.db
+export STREAMLEDGER_LEDGER_URL=sqlite:///$DEMO/ledger.sqlite
 export STREAMLEDGER_OUTPUT_ROOT=$DEMO/output
 export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1}
 export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$PY}
@@ -61,7 +61,7 @@ from streamledger.protocol.rabbitmq import StreamClient
 with StreamClient.connect(sys.argv[1]) as c:
     c.delete_super_stream("demo-events", missing_ok=True)
 EOF
-rm -rf "$DEMO/output" "$DEMO/ledger.db"
+rm -rf "$DEMO/output" "$DEMO/ledger.sqlite"
 dags_test() { # dag_id logical_date log_name
   if ! "$AIRFLOW" dags test "$1" "$2" >"$LOGS/$3.log" 2>&1; then
     tail -40 "$LOGS/$3.log"; echo "demo: airflow dags test $1 $2 failed (log: $LOGS/$3.log)" >&2; exit 1

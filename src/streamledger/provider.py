@@ -104,7 +104,7 @@ LEDGER_UI: dict[str, Any] = {
     "relabeling": {"schema": "Database / SQLite file"},
     "placeholders": {
         "host": "db.example.internal (empty for SQLite)",
-        "schema": "streamledger  or  /var/tmp/streamledger/ledger.db",
+        "schema": "streamledger  or  /var/tmp/streamledger/ledger.sqlite",
         "extra": '{"dialect": "postgresql+psycopg"}',
     },
 }

@@ -27,7 +27,8 @@ BACKFILL = "streamledger_backfill"
 
 def _committed(scenario: Scenario) -> list:  # type: ignore[type-arg]
     return sorted(
-        (r for r in scenario.ledger().ranges(scenario.pipeline) if str(r.status) == "committed"),
+        (r for r in scenario.ledger().ranges(scenario.pipeline)
+         if str(r.status) == "committed" and not r.empty),
         key=lambda r: (r.source.stream, r.start),
     )
 
@@ -76,9 +77,11 @@ def test_backfill_intervals_then_rerun(scenario: Scenario) -> None:
             assert r.records == len(ids)
     scenario.assert_exactly_once(set(scenario.published))
     stored = _stored_offsets(scenario)
-    assert stored == {s: rs[-1].end - 1 for s, rs in by_stream.items()}
+    # The broker stores the last committed record (the watermark), never more.
+    assert stored == {s: rs[-1].last_seen for s, rs in by_stream.items()}
 
-    # Re-run the middle interval: same ranges, same directories overwritten, still exactly once.
+    # Re-run the middle interval (``dags test`` makes a new run): nothing is read again, no published
+    # directory is rewritten, still exactly once.
     middle = {s: rs[1] for s, rs in by_stream.items()}
     before = {s: _manifest(Path(r.output))["written_at"] for s, r in middle.items()}
     scenario.dags_test(BACKFILL, ends[1])
@@ -89,7 +92,7 @@ def test_backfill_intervals_then_rerun(scenario: Scenario) -> None:
     for s, r in middle.items():
         manifest = _manifest(Path(r.output))
         assert manifest["streams"][s]["start"] == r.start and manifest["streams"][s]["end"] == r.end
-        assert manifest["written_at"] >= before[s]
+        assert manifest["written_at"] == before[s]
     scenario.assert_exactly_once(set(scenario.published))
     assert _stored_offsets(scenario) == stored, "re-running an old interval must not move the broker offset"
 
@@ -102,23 +105,23 @@ def test_backfill_intervals_then_rerun(scenario: Scenario) -> None:
 
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("scenario", [1], indirect=True)
-@pytest.mark.parametrize("step", ["after_write", "after_commit"])
+@pytest.mark.parametrize("step", ["read", "published"])
 def test_kill_then_retry_is_exactly_once(scenario: Scenario, step: str) -> None:
     scenario.create_super_stream()
     (end,) = scenario.publish_waves(waves=1, per_wave=50)
 
     proc = scenario.af.dags_test(
-        BACKFILL, end.isoformat(), env={**scenario.env, "STREAMLEDGER_CRASH_AT": step}, check=False
+        BACKFILL, end.isoformat(), env={**scenario.env, "STREAMLEDGER_TEST_KILL_AFTER": step}, check=False
     )
     assert proc.returncode == 137, proc.stdout[-3000:]
     (stream,) = _stored_offsets(scenario)
     ranges = scenario.ledger().ranges(scenario.pipeline)
     assert len(ranges) == 1
     (killed,) = ranges
-    assert str(killed.status) == ("claimed" if step == "after_write" else "committed")
+    assert str(killed.status) == ("claimed" if step == "read" else "committed")
     assert _stored_offsets(scenario) == {stream: None}, "the kill happened before StoreOffset"
-    if step == "after_commit":
-        assert not _audit(scenario).clean, "the audit must see the ledger ahead of the broker"
+    if step == "published":
+        assert not _audit(scenario).clean, "the audit must see the broker behind the ledger"
         # ... and so does the example audit DAG, which fails on it
         proc = scenario.af.dags_test("streamledger_audit", _now().isoformat(), env=scenario.env, check=False)
         assert proc.returncode != 0
@@ -131,17 +134,17 @@ def test_kill_then_retry_is_exactly_once(scenario: Scenario, step: str) -> None:
     ranges = scenario.ledger().ranges(scenario.pipeline)
     (final,) = [r for r in ranges if str(r.status) != "failed"]
     history = [r for r in ranges if str(r.status) == "failed"]
-    if step == "after_write":
-        # the dead run's claim was taken over (kept as failed history), the new run redid the same span
+    if step == "read":
+        # the dead run's claim was released (kept as failed history), the new run redid the same span
         assert [(r.start, r.end) for r in history] == [(killed.start, killed.end)]
-        assert history[0].error and "taken over" in history[0].error
+        assert history[0].error and "holder gone" in history[0].error
     else:
-        assert history == [], "a committed range is re-read, never re-claimed"
+        assert history == [], "a committed range is published and stored, never re-claimed"
     assert str(final.status) == "committed"
     assert (final.start, final.end) == (killed.start, killed.end)
     assert final.records == 50
     scenario.assert_exactly_once(set(scenario.published))
-    assert _stored_offsets(scenario) == {stream: final.end - 1}
+    assert _stored_offsets(scenario) == {stream: final.last_seen}
     report = _audit(scenario)
     assert report.clean, report
 

@@ -118,6 +118,10 @@ def make_airflow_home(home: Path, *, extra_env: Mapping[str, str] | None = None)
         "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
     }
     env.update(extra_env or {})
+    # The tests' cluster policy (a kill switch for the batch operator) lives in $AIRFLOW_HOME/config.
+    (home / "config").mkdir(exist_ok=True)
+    policy = Path(__file__).parent / "airflow_policy" / "airflow_local_settings.py"
+    (home / "config" / "airflow_local_settings.py").write_text(policy.read_text())
     af = AirflowHome(home=home, env=env)
     if not (home / "airflow.db").exists():
         af.airflow("db", "migrate", timeout=300)

@@ -1,4 +1,4 @@
-"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale`` commands.
+"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker`` commands.
 
 The database comes from ``--db URL`` (default ``$STREAMLEDGER_LEDGER_URL`` or the SQLite file under
 ``$STREAMLEDGER_HOME``). ``audit`` exits 0 when the ledger is clean and 1 on any violation, so it
@@ -120,6 +120,13 @@ def _release_stale(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rename_broker(args: argparse.Namespace) -> int:
+    with Ledger(_url(args)) as ledger:
+        moved = ledger.rename_broker(args.old, args.new, pipeline=args.pipeline)
+    print(f"{moved} source(s) moved from {args.old} to {args.new}")
+    return 0
+
+
 def register(sub: Any) -> None:
     """Add the ``ledger`` command group to the top-level parser."""
     group = sub.add_parser("ledger", help="the SQL offset ledger: migrate, audit, list, release")
@@ -162,7 +169,14 @@ def register(sub: Any) -> None:
     _json_option(p)
     p.set_defaults(func=_ranges)
 
-    p = cmds.add_parser("release-stale", help="fail claims older than --older-than so they are re-claimed")
+    p = cmds.add_parser("rename-broker", help="move histories to another broker identity (one per cluster)")
+    _db_option(p)
+    p.add_argument("old", help="e.g. rabbitmq://127.0.0.1:5552/%%2F (the 0.1 host:port form)")
+    p.add_argument("new", help="e.g. rabbitmq://rabbit@node1/%%2F (the broker's cluster name)")
+    p.add_argument("--pipeline", default=None)
+    p.set_defaults(func=_rename_broker)
+
+    p = cmds.add_parser("release-stale", help="fail claims not heard from for --older-than seconds")
     _db_option(p)
     p.add_argument("--older-than", type=float, required=True, metavar="SECONDS")
     p.add_argument("--pipeline", default=None)

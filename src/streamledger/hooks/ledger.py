@@ -8,7 +8,8 @@ always gets its own SQLAlchemy engine. Where the URL comes from, first match win
 2. the connection ``ledger_conn_id``: extra ``url``, else ``{dialect}://login:password@host:port/schema``
    (dialect from extra, default ``postgresql+psycopg``), else ``sqlite:///<schema>`` when host is empty;
 3. ``STREAMLEDGER_LEDGER_URL``;
-4. the SQLite file ``$STREAMLEDGER_HOME/ledger.db`` (default ``/var/tmp/streamledger``).
+4. the SQLite file ``$STREAMLEDGER_HOME/ledger.sqlite`` (default ``/var/tmp/streamledger``), the
+   same default as the library and the CLI (``streamledger.ledger.engine.default_url``).
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ if TYPE_CHECKING:
 
 
 def default_ledger_url() -> str:
-    """``STREAMLEDGER_LEDGER_URL`` or the SQLite file under ``$STREAMLEDGER_HOME``."""
-    if url := os.environ.get("STREAMLEDGER_LEDGER_URL"):
-        return url
-    home = os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger")
-    return f"sqlite:///{os.path.join(home, 'ledger.db')}"
+    """``STREAMLEDGER_LEDGER_URL`` or the SQLite file under ``$STREAMLEDGER_HOME``: the library's one
+    default, so the CLI's ``ledger audit`` without ``--db`` audits what the DAGs wrote."""
+    from streamledger.ledger.engine import default_url
+
+    return default_url()
 
 
 def ledger_url_from_connection(

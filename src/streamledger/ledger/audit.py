@@ -22,6 +22,7 @@ from sqlalchemy import DateTime, String, bindparam, text
 from sqlalchemy.orm import Session
 
 from streamledger.errors import StreamledgerError
+from streamledger.ledger.types import Watermark
 
 BrokerOffsetLookup = Callable[[str, str], int | None]
 """``(stream, reference) -> stored offset`` (inclusive: the last processed record), None when unset."""
@@ -46,6 +47,7 @@ class ViolationKind(enum.StrEnum):
     RECORD_COUNT = "record_count"
     BROKER_DRIFT = "broker_drift"
     BROKER_ERROR = "broker_error"
+    BEHIND_OPEN_CLAIM = "behind_open_claim"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,9 @@ class AuditReport:
     broker_checked: bool
     truncated: bool = False
     elapsed_s: float = 0.0
+    notes: tuple[Violation, ...] = ()
+    """Findings about work in flight that do not make the ledger wrong (e.g. committed ranges
+    waiting behind a claim that is still beating); they become violations once the claim is stale."""
 
     @property
     def clean(self) -> bool:
@@ -115,6 +120,7 @@ class AuditReport:
             "elapsed_s": round(self.elapsed_s, 3),
             "violation_counts": {k.value: len(self.of_kind(k)) for k in ViolationKind if self.of_kind(k)},
             "violations": [v.to_dict() for v in self.violations],
+            "notes": [v.to_dict() for v in self.notes],
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -136,6 +142,9 @@ class AuditReport:
         else:
             lines.append(f"VIOLATIONS: {len(self.violations)}" + (" (truncated)" if self.truncated else ""))
             lines.extend("  " + v.to_text() for v in self.violations)
+        if self.notes:
+            lines.append(f"NOTES (work in flight): {len(self.notes)}")
+            lines.extend("  " + v.to_text() for v in self.notes)
         return "\n".join(lines)
 
 
@@ -174,7 +183,7 @@ LIMIT :cap
 _ROW_CHECKS_AND_COUNTS = """
 SELECT x.status, x.bad, COUNT(*) FROM (
   SELECT r.status,
-         CASE WHEN (r.status = 'claimed' AND r.claimed_at < :cutoff)
+         CASE WHEN (r.status = 'claimed' AND COALESCE(r.heartbeat_at, r.claimed_at) < :cutoff)
                 OR (r.status = 'committed' AND (
                       r.records IS NULL
                    OR (r.records = 0 AND (r.first_seen IS NOT NULL OR r.last_seen IS NOT NULL))
@@ -190,8 +199,9 @@ GROUP BY x.status, x.bad
 """
 
 _ROW_DETAILS = """
-SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.status, r.claimed_at,
-       r.records, r.first_seen, r.last_seen, r.dag_id, r.run_id, r.task_id, r.map_index
+SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.status,
+       COALESCE(r.heartbeat_at, r.claimed_at), r.records, r.first_seen, r.last_seen,
+       r.dag_id, r.run_id, r.task_id, r.map_index
 FROM streamledger_range r
 WHERE r.id IN :ids
 ORDER BY r.source_id, r.start_offset
@@ -217,41 +227,35 @@ WHERE (:pipeline IS NULL OR p.name = :pipeline)
 ORDER BY p.name, s.stream, s.broker
 """
 
-# The newest committed span, and the newest record any committed range saw.
-_LAST_COMMITTED = """
-SELECT r.id, r.start_offset, r.end_offset, r.offset_stored,
-       (SELECT x.last_seen FROM streamledger_range x
-        WHERE x.source_id = r.source_id AND x.status = 'committed' AND x.last_seen IS NOT NULL
-        ORDER BY x.start_offset DESC LIMIT 1) AS last_record
-FROM streamledger_range r
-WHERE r.source_id = :source_id AND r.status = 'committed' AND r.end_offset > r.start_offset
-ORDER BY r.start_offset DESC LIMIT 1
+# Committed ranges that wait behind an open claim (the watermark stops at the claim).
+_BEHIND = """
+SELECT COUNT(*), MIN(r.start_offset), MAX(r.end_offset) FROM streamledger_range r
+WHERE r.source_id = :source_id AND r.status = 'committed' AND r.start_offset >= :mark
+  AND r.end_offset > r.start_offset
 """
 
 
-def _drift(stored: int | None, last_row: Any) -> str | None:
-    """Why the broker's stored offset disagrees with the ledger, or None when it agrees.
+def _drift(stored: int | None, mark: Watermark) -> str | None:
+    """Why the broker's stored offset disagrees with the watermark, or None when it agrees.
 
-    The broker stores the last processed record (inclusive). Offsets between that record and the
-    end of the newest committed range hold no records, so any stored offset in
-    ``[last record, end - 1]`` resumes at the same place and is accepted.
+    The broker stores the last processed record (inclusive). It must cover every committed record
+    of the done prefix (not behind ``last_record``: a consumer resuming from it would read them
+    again) and must not pass the prefix (not beyond ``end - 1``: a consumer would skip offsets no
+    range has committed). Between the two lie only offsets without user records.
     """
-    if last_row is None:
-        if stored is None:
-            return None
-        return f"the broker stores offset {stored} but the ledger has no committed range"
-    rid, start, end, offset_stored, last_record = last_row
-    high = int(end) - 1
-    if stored is not None and (last_record is None or int(last_record) <= stored) and stored <= high:
+    if mark.accepts(stored):
         return None
-    if stored is None and last_record is None:
-        return None
-    note = "" if offset_stored else " (the ledger never recorded storing it)"
     shown = "no offset" if stored is None else f"offset {stored}"
-    seen = f"last record {last_record}" if last_record is not None else "no record"
+    seen = f"last record {mark.last_record}" if mark.last_record is not None else "no record"
+    if stored is not None and mark.end is not None and stored > mark.end - 1:
+        return (
+            f"the broker stores {shown}, AHEAD of the watermark: offsets from {mark.end} are not done "
+            f"(ledger: {seen}, done prefix ends at {mark.end}); a consumer resuming from the broker "
+            "would skip them"
+        )
     return (
-        f"the broker stores {shown}; the ledger expects {seen} of committed ranges, at most {high} "
-        f"(newest committed range {rid} [{start}, {end})){note}"
+        f"the broker stores {shown}, BEHIND the ledger's {seen} of the done prefix (ends at "
+        f"{mark.end}); a consumer resuming from the broker would read committed records again"
     )
 
 
@@ -280,8 +284,13 @@ def run_audit(
     broker: BrokerOffsetLookup | OffsetQuerier | None,
     stale_after: timedelta,
     now: datetime,
+    watermark: Callable[[int], Watermark] | None = None,
 ) -> AuditReport:
-    """Run every check inside ``session`` (one read transaction) and collect the findings."""
+    """Run every check inside ``session`` (one read transaction) and collect the findings.
+
+    ``watermark(source_id)`` is the ledger's one rule for the done prefix (``Ledger.watermark``);
+    the broker check and the "behind an open claim" check both measure against it.
+    """
     started = time.perf_counter()
     params: dict[str, Any] = {"pipeline": pipeline, "cap": MAX_FINDINGS_PER_CHECK}
     pipeline_param = bindparam("pipeline", type_=String())
@@ -297,6 +306,7 @@ def run_audit(
         return sources.get(source_id, ("?", "?", "?"))
 
     findings: list[Violation] = []
+    notes: list[Violation] = []
     truncated = False
 
     def add(
@@ -364,8 +374,8 @@ def run_audit(
                 start,
                 end,
                 rid,
-                f"claimed by {dag}/{run}/{task}[{idx}] {int(age.total_seconds())} s ago, never committed "
-                "or failed (release it with `streamledger ledger release-stale`)",
+                f"claimed by {dag}/{run}/{task}[{idx}], not heard from for {int(age.total_seconds())} s "
+                "and never committed or failed (release it with `streamledger ledger release-stale`)",
             )
         else:
             add(
@@ -389,10 +399,35 @@ def run_audit(
             f"failed ({error or 'no reason given'}) and no later range redid it",
         )
 
+    marks = {sid: watermark(sid) for sid in sources} if watermark is not None else {}
+    for sid, mark in marks.items():
+        claim = mark.blocked_by
+        if claim is None or mark.end is None:
+            continue
+        count, low, high = session.execute(text(_BEHIND), {"source_id": sid, "mark": mark.end}).one()
+        if not count:
+            continue
+        beat = claim.heartbeat_at or claim.claimed_at
+        quiet = int((now.replace(tzinfo=UTC) - beat).total_seconds())
+        held_for = int((now.replace(tzinfo=UTC) - claim.claimed_at).total_seconds())
+        name, stream, url = where(sid)
+        finding = Violation(
+            ViolationKind.BEHIND_OPEN_CLAIM,
+            name,
+            stream,
+            url,
+            int(low),
+            int(high),
+            claim.id,
+            f"{count} committed range(s) in [{low}, {high}) wait behind claim {claim.id} "
+            f"[{claim.start}, {claim.end}) of {claim.run}, claimed {held_for} s ago, last heartbeat "
+            f"{quiet} s ago; the broker offset cannot pass it until it commits or fails",
+        )
+        (findings if quiet > stale_after.total_seconds() else notes).append(finding)
+
     if broker is not None:
         lookup = _as_lookup(broker)
         for sid, (name, stream, _url) in sources.items():
-            last_row = session.execute(text(_LAST_COMMITTED), {"source_id": sid}).first()
             try:
                 stored = lookup(stream, name)
             except StreamledgerError as exc:
@@ -400,7 +435,7 @@ def run_audit(
                     ViolationKind.BROKER_ERROR, sid, None, None, None, f"cannot read the stored offset: {exc}"
                 )
                 continue
-            why = _drift(stored, last_row)
+            why = _drift(stored, marks.get(sid) or Watermark(None, None))
             if why is not None:
                 add(ViolationKind.BROKER_DRIFT, sid, None, None, None, why)
 
@@ -416,4 +451,5 @@ def run_audit(
         broker_checked=broker is not None,
         truncated=truncated,
         elapsed_s=time.perf_counter() - started,
+        notes=tuple(notes),
     )

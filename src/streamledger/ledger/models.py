@@ -157,3 +157,7 @@ class Range(LedgerBase):
     claimed_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
     committed_at: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
+    # 0004: a running batch beats on its claims; a claim not heard from is abandoned, not old.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
+    # 0004: where a committed range's verified output waited before its publish (a rename).
+    staging: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -44,11 +44,12 @@ from streamledger.ledger.engine import IMMEDIATE, default_url, make_engine, safe
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Pipeline, Range, Source
 from streamledger.ledger.types import (
-    MAX_PIPELINE_LENGTH,
     OffsetRange,
     RangeStatus,
     RunIdentity,
     SourceRef,
+    Watermark,
+    pipeline_name_problem,
 )
 
 _LIVE = Range.status != RangeStatus.FAILED.value
@@ -102,13 +103,6 @@ _HELD_BY_RUN = select(Range).where(
     Range.map_index == bindparam("map_index"),
     Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
 )
-_FIRST_HOLE_ROW = _FIRST_HOLE.with_only_columns(Range.start_offset, Range.end_offset).subquery()
-_CLAIM_STATE = select(
-    _HELD_BY_RUN.with_only_columns(Range.id).limit(1).scalar_subquery(),
-    select(_FIRST_HOLE_ROW.c.start_offset).scalar_subquery(),
-    select(_FIRST_HOLE_ROW.c.end_offset).scalar_subquery(),
-    _TAIL.scalar_subquery(),
-)
 _RANGES = Range.__table__
 assert isinstance(_RANGES, Table)
 _INSERT_RANGE = insert(_RANGES).returning(_RANGES.c.id)
@@ -132,6 +126,7 @@ _COMMIT_CLAIMED = (
         first_seen=bindparam("v_first", type_=BigInteger()),
         last_seen=bindparam("v_last", type_=BigInteger()),
         output=bindparam("v_output", type_=Text()),
+        staging=bindparam("v_staging", type_=Text()),
         committed_at=bindparam("v_now", type_=DateTime()),
         updated_at=bindparam("v_now", type_=DateTime()),
     )
@@ -140,7 +135,7 @@ _COMMIT_CLAIMED = (
 _PG_CLAIM = (
     text(
         "SELECT * FROM streamledger_claim(:pipeline, :broker, :stream, :super_stream, :end_limit, "
-        ":dag_id, :run_id, :task_id, :map_index, :try_number, :initial, :now)"
+        ":dag_id, :run_id, :task_id, :map_index, :try_number, :initial, :now, :max_span, :abandon_before)"
     )
     .bindparams(
         bindparam("super_stream", type_=String()),
@@ -149,6 +144,8 @@ _PG_CLAIM = (
         bindparam("try_number", type_=Integer()),
         bindparam("initial", type_=BigInteger()),
         bindparam("now", type_=DateTime()),
+        bindparam("max_span", type_=BigInteger()),
+        bindparam("abandon_before", type_=DateTime()),
     )
     .columns(*_RANGES.c)
 )
@@ -182,13 +179,9 @@ def _db_message(exc: SQLAlchemyError) -> str:
 
 
 def _check_pipeline(pipeline: str) -> None:
-    if not isinstance(pipeline, str) or not pipeline:
-        raise LedgerError("pipeline name must be a non-empty string (it is the broker's consumer reference)")
-    if len(pipeline) > MAX_PIPELINE_LENGTH:
-        raise LedgerError(
-            f"pipeline name {pipeline[:40]!r}... is {len(pipeline)} characters; "
-            f"the broker's consumer reference allows at most {MAX_PIPELINE_LENGTH}"
-        )
+    problem = pipeline_name_problem(pipeline)
+    if problem is not None:
+        raise LedgerError(problem)
 
 
 def _check_offset(name: str, value: object, stream: str | None = None) -> int:
@@ -228,6 +221,8 @@ def _snapshot(row: Any, pipeline: str, source: Source | SourceRef) -> OffsetRang
         error=row.error,
         claimed_at=_utc(row.claimed_at),
         committed_at=_utc(row.committed_at) if row.committed_at is not None else None,
+        heartbeat_at=_utc(row.heartbeat_at) if getattr(row, "heartbeat_at", None) is not None else None,
+        staging=getattr(row, "staging", None),
     )
 
 
@@ -409,21 +404,43 @@ class Ledger:
         run: RunIdentity,
         *,
         initial_start: int | None = None,
+        max_span: int | None = None,
+        abandon_after: timedelta | None = None,
     ) -> OffsetRange:
-        """Claim the next range of ``source`` for ``run`` (see the package docstring for the rules)."""
+        """The range ``run`` processes next for ``pipeline`` and ``source``: the one claim rule.
+
+        In one transaction, under the source's lock:
+
+        1. the range ``run``'s key already holds (claimed or committed), whatever ``end_limit``
+           says; a claimed one gets its ``try_number`` and heartbeat refreshed;
+        2. else, after failing every other claim not heard from for ``abandon_after`` (its holder
+           is gone), the oldest failed hole, redone with exactly its span;
+        3. else ``[tail, min(max(tail, end_limit), tail + max_span))``; ``initial_start`` is the
+           tail of a source without ranges (required then, ignored afterwards).
+
+        An empty result is stored already committed with 0 records. Callers never re-derive this
+        rule: they ask here and process what they get.
+        """
         _check_pipeline(pipeline)
         _check_offset("end_limit", end_limit, source.stream)
         if initial_start is not None:
             _check_offset("initial_start", initial_start, source.stream)
+        if max_span is not None and (not isinstance(max_span, int) or max_span < 1):
+            raise LedgerError(
+                f"max_span for stream {source.stream!r} must be a positive integer, got {max_span!r}"
+            )
+        if abandon_after is not None and abandon_after < timedelta(0):
+            raise LedgerError(f"abandon_after must not be negative, got {abandon_after}")
         what = f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}"
+        now = _now()
+        abandon_before = None if abandon_after is None else now - abandon_after
         if self.dialect == "postgresql":
-            return self._claim_pg(what, pipeline, source, end_limit, run, initial_start)
+            return self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
+                                  abandon_before, now)
         with self._tx(what) as session:
             src = self._lock_source(session, pipeline, source)
-            now = _now()
-            # One round trip answers all three questions: held by this run? a hole to redo? the tail?
-            held_id, hole_start, hole_end, tail = session.execute(
-                _CLAIM_STATE,
+            mine = session.scalars(
+                _HELD_BY_RUN,
                 {
                     "source_id": src.id,
                     "dag_id": run.dag_id,
@@ -431,18 +448,21 @@ class Ledger:
                     "task_id": run.task_id,
                     "map_index": run.map_index,
                 },
-            ).one()
-            if held_id is not None:
-                mine = session.get_one(Range, held_id)
-                if mine.status == RangeStatus.CLAIMED.value and mine.try_number != run.try_number:
+            ).first()
+            if mine is not None:
+                if mine.status == RangeStatus.CLAIMED.value:
                     mine.try_number = run.try_number
-                    mine.claimed_at = now
+                    mine.heartbeat_at = now
                     mine.updated_at = now
                     session.flush()
                 return _snapshot(mine, pipeline, src)
-            if hole_start is not None:
-                start, end = int(hole_start), int(hole_end)
+            if abandon_before is not None:
+                self._abandon(session, src.id, abandon_before, now)
+            hole = self._first_hole(session, src.id)
+            if hole is not None:
+                start, end = hole.start_offset, hole.end_offset
             else:
+                tail = self._tail(session, src.id)
                 start_or_none = tail if tail is not None else initial_start
                 if start_or_none is None:
                     raise LedgerError(
@@ -451,6 +471,8 @@ class Ledger:
                     )
                 start = int(start_or_none)
                 end = max(start, end_limit)
+                if max_span is not None:
+                    end = min(end, start + max_span)
             empty = start == end
             values: dict[str, Any] = {
                 "source_id": src.id,
@@ -474,11 +496,28 @@ class Ledger:
                 "claimed_at": now,
                 "committed_at": now if empty else None,
                 "updated_at": now,
+                "heartbeat_at": now,
+                "staging": None,
             }
             values["id"] = session.execute(_INSERT_RANGE, values).scalar_one()
             row = SimpleNamespace(**values)
             self._sources[src.id] = (pipeline, source)
             return _snapshot(row, pipeline, src)
+
+    @staticmethod
+    def _abandon(session: Session, source_id: int, before: datetime, now: datetime) -> None:
+        """Fail the source's claims whose holder has not beaten since ``before`` (SQLite path)."""
+        seen = func.coalesce(Range.heartbeat_at, Range.claimed_at)
+        for row in session.scalars(
+            select(Range).where(
+                Range.source_id == source_id, Range.status == RangeStatus.CLAIMED.value, seen < before
+            )
+        ):
+            last = row.heartbeat_at or row.claimed_at
+            row.status = RangeStatus.FAILED.value
+            row.error = f"abandoned: no heartbeat since {last}"
+            row.updated_at = now
+        session.flush()
 
     def _claim_pg(
         self,
@@ -488,8 +527,11 @@ class Ledger:
         end_limit: int,
         run: RunIdentity,
         initial_start: int | None,
+        max_span: int | None,
+        abandon_before: datetime | None,
+        now: datetime,
     ) -> OffsetRange:
-        """PostgreSQL: the same rules in one server-side call (migration 0003), one round trip."""
+        """PostgreSQL: the same rule in one server-side call (migration 0004), one round trip."""
         params = {
             "pipeline": pipeline,
             "broker": source.broker,
@@ -502,7 +544,9 @@ class Ledger:
             "map_index": run.map_index,
             "try_number": run.try_number,
             "initial": initial_start,
-            "now": _now(),
+            "now": now,
+            "max_span": max_span,
+            "abandon_before": abandon_before,
         }
         with self._errors(what), self._engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT")  # the call is its own transaction
@@ -514,6 +558,130 @@ class Ledger:
             )
         self._sources[row.source_id] = (pipeline, source)
         return _snapshot(row, pipeline, source)
+
+    def heartbeat(self, range_ids: list[int], run: RunIdentity) -> list[int]:
+        """Refresh the heartbeat of ``run``'s claims; returns the ids it still holds.
+
+        A range missing from the answer was taken from ``run`` (abandoned and re-claimed, or
+        failed by an operator): the caller has lost it and its commit will be refused.
+        """
+        if not range_ids:
+            return []
+        now = _now()
+        with self._tx(f"heartbeat of {run}") as session:
+            held = session.scalars(
+                update(Range)
+                .where(
+                    Range.id.in_(list(range_ids)),
+                    Range.status == RangeStatus.CLAIMED.value,
+                    Range.dag_id == run.dag_id,
+                    Range.run_id == run.run_id,
+                    Range.task_id == run.task_id,
+                    Range.map_index == run.map_index,
+                )
+                .values(heartbeat_at=now, updated_at=now)
+                .returning(Range.id)
+                .execution_options(synchronize_session=False)
+            ).all()
+            return sorted(int(i) for i in held)
+
+    def open_claims(self, pipeline: str, source: SourceRef) -> list[OffsetRange]:
+        """The source's claims that are not committed or failed yet (few: one per running batch)."""
+        _check_pipeline(pipeline)
+        with self._tx(f"open claims of {pipeline!r} {source.stream!r}", write=False) as session:
+            src = self._find_source(session, pipeline, source)
+            if src is None:
+                return []
+            rows = session.scalars(
+                select(Range)
+                .where(Range.source_id == src.id, Range.status == RangeStatus.CLAIMED.value)
+                .order_by(Range.start_offset)
+            ).all()
+            return [_snapshot(r, pipeline, src) for r in rows]
+
+    def watermark(self, pipeline: str, source: SourceRef) -> Watermark:
+        """The end of the source's contiguous done prefix and the last record in it (see Watermark).
+
+        This is the one rule for the broker's stored offset: the batch stores
+        ``last_record`` when the broker is behind it, and the audit checks the broker against it.
+        """
+        _check_pipeline(pipeline)
+        with self._tx(f"watermark of {pipeline!r} {source.stream!r}", write=False) as session:
+            src = self._find_source(session, pipeline, source)
+            if src is None:
+                return Watermark(None, None)
+            return self._watermark(session, pipeline, src)
+
+    def _watermark(self, session: Session, pipeline: str, src: Source) -> Watermark:
+        open_claim = session.scalars(
+            select(Range)
+            .where(
+                Range.source_id == src.id,
+                Range.status == RangeStatus.CLAIMED.value,
+                Range.end_offset > Range.start_offset,
+            )
+            .order_by(Range.start_offset)
+            .limit(1)
+        ).first()
+        hole = self._first_hole(session, src.id)
+        tail = self._tail(session, src.id)
+        candidates = [x for x in (
+            open_claim.start_offset if open_claim is not None else None,
+            hole.start_offset if hole is not None else None,
+            tail,
+        ) if x is not None]
+        if not candidates:
+            return Watermark(None, None)
+        end = min(candidates)
+        last = session.scalars(
+            select(func.max(Range.last_seen)).where(
+                Range.source_id == src.id,
+                Range.status == RangeStatus.COMMITTED.value,
+                Range.end_offset <= end,
+            )
+        ).first()
+        blocked = open_claim if open_claim is not None and open_claim.start_offset == end else None
+        return Watermark(
+            end=int(end),
+            last_record=None if last is None else int(last),
+            blocked_by=None if blocked is None else _snapshot(blocked, pipeline, src),
+        )
+
+    def rename_broker(self, old: str, new: str, *, pipeline: str | None = None) -> int:
+        """Move sources from broker identity ``old`` to ``new`` (one history per broker).
+
+        Used when a broker's identity changes form (0.1 named it by the URL's host and port; now by
+        the cluster name it reports): the first batch that reaches the broker adopts the old rows.
+        Refuses when ``new`` already has a history for the same pipeline and stream (two histories
+        cannot be merged blindly). Returns the number of sources moved.
+        """
+        if not old or not new:
+            raise LedgerError("rename_broker needs both the old and the new broker identity")
+        if old == new:
+            return 0
+        with self._tx(f"rename broker {old!r} to {new!r}") as session:
+            query = select(Source).where(Source.broker == old)
+            if pipeline is not None:
+                query = query.where(
+                    Source.pipeline_id.in_(select(Pipeline.id).where(Pipeline.name == pipeline))
+                )
+            moving = session.scalars(query.with_for_update()).all()
+            for src in moving:
+                clash = session.scalars(
+                    select(Source.id).where(
+                        Source.pipeline_id == src.pipeline_id,
+                        Source.broker == new,
+                        Source.stream == src.stream,
+                    )
+                ).first()
+                if clash is not None:
+                    raise LedgerError(
+                        f"stream {src.stream!r} already has a history under broker {new!r} and another "
+                        f"under {old!r}; merge them by hand"
+                    )
+                src.broker = new
+            self._sources.clear()
+            return len(moving)
 
     def last_end(self, pipeline: str, source: SourceRef) -> int | None:
         """Where the next new range would start (None before the first range of this source)."""
@@ -544,8 +712,15 @@ class Ledger:
         first_seen: int | None,
         last_seen: int | None,
         output: str | None,
+        staging: str | None = None,
     ) -> OffsetRange:
-        """Mark a claimed range processed; repeating an identical commit returns it unchanged."""
+        """Mark a claimed range processed; repeating an identical commit returns it unchanged.
+
+        ``staging`` is where the verified output waits until it is published at ``output``; it is
+        recorded so a retry after a crash between this commit and the publish can finish it. Only
+        the holder of the claim can commit (a claim taken from it is failed), which fences a
+        worker that lost its claim out of both the commit and the publish.
+        """
         what = f"commit range {range_id}"
         try:
             self._check_counts(f"range {range_id}", None, records, first_seen, last_seen)
@@ -562,6 +737,7 @@ class Ledger:
             "v_first": first_seen,
             "v_last": last_seen,
             "v_output": _clip(output) if output is not None else None,
+            "v_staging": _clip(staging) if staging is not None else None,
             "v_now": _now(),
         }
         if self.dialect == "postgresql":
@@ -597,6 +773,7 @@ class Ledger:
             row.first_seen = first_seen
             row.last_seen = last_seen
             row.output = _clip(output) if output is not None else None
+            row.staging = _clip(staging) if staging is not None else None
             row.committed_at = now
             row.updated_at = now
             session.flush()
@@ -766,7 +943,11 @@ class Ledger:
         )
 
     def release_stale(self, older_than: timedelta, *, pipeline: str | None = None) -> list[OffsetRange]:
-        """Fail every claim older than ``older_than`` (a crashed worker's), so its span is re-claimed."""
+        """Fail every claim not heard from for ``older_than`` (its holder is gone), so its span is redone.
+
+        "Heard from" is the claim's heartbeat (a running batch refreshes it), so a long job is never
+        released just for being long; a claim that never beat counts from when it was claimed.
+        """
         if older_than < timedelta(0):
             raise LedgerError(f"older_than must not be negative, got {older_than}")
         cutoff = _now() - older_than
@@ -775,7 +956,10 @@ class Ledger:
                 select(Range, Source, Pipeline.name)
                 .join(Source, Source.id == Range.source_id)
                 .join(Pipeline, Pipeline.id == Source.pipeline_id)
-                .where(Range.status == RangeStatus.CLAIMED.value, Range.claimed_at < cutoff)
+                .where(
+                    Range.status == RangeStatus.CLAIMED.value,
+                    func.coalesce(Range.heartbeat_at, Range.claimed_at) < cutoff,
+                )
                 .order_by(Range.id)
             )
             if pipeline is not None:
@@ -794,7 +978,7 @@ class Ledger:
                 .where(and_(Range.id.in_(ids), Range.status == RangeStatus.CLAIMED.value))
                 .values(
                     status=RangeStatus.FAILED.value,
-                    error=f"released: claim older than {older_than}",
+                    error=f"released: no heartbeat for {older_than}",
                     updated_at=now,
                 )
                 .execution_options(synchronize_session=False)
@@ -833,4 +1017,11 @@ class Ledger:
         ``query_offset`` method (a connected ``StreamClient``); it is asked once per audited source.
         """
         with self._tx("audit", write=False) as session:
-            return run_audit(session, pipeline=pipeline, broker=broker, stale_after=stale_after, now=_now())
+
+            def mark(source_id: int) -> Watermark:
+                name, _ref = self._source_info(session, source_id)
+                return self._watermark(session, name, session.get_one(Source, source_id))
+
+            return run_audit(
+                session, pipeline=pipeline, broker=broker, stale_after=stale_after, now=_now(), watermark=mark
+            )

@@ -11,8 +11,27 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-MAX_PIPELINE_LENGTH = 256
-"""The broker limits a consumer reference (the pipeline name, used for StoreOffset) to 256 characters."""
+MAX_PIPELINE_BYTES = 255
+"""The broker's consumer reference (the pipeline name, used for StoreOffset) is a stream-protocol
+string of at most 255 *bytes* of UTF-8 (RabbitMQ refuses longer ones at StoreOffset)."""
+MAX_PIPELINE_LENGTH = MAX_PIPELINE_BYTES  # kept for callers of 0.1; it counts bytes now
+
+
+def pipeline_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a pipeline (a broker consumer reference), or None when it can.
+
+    The one place this rule lives: the ledger, the batch configuration and the CLI all ask here,
+    so a name that would commit and then fail at StoreOffset forever is refused up front.
+    """
+    if not isinstance(name, str) or not name:
+        return "pipeline name must be a non-empty string (it is the broker's consumer reference)"
+    size = len(name.encode("utf-8"))
+    if size > MAX_PIPELINE_BYTES:
+        return (
+            f"pipeline name {name[:40]!r}... is {size} bytes of UTF-8; the broker's consumer reference "
+            f"allows at most {MAX_PIPELINE_BYTES}"
+        )
+    return None
 
 
 class RangeStatus(enum.StrEnum):
@@ -79,6 +98,8 @@ class OffsetRange:
     error: str | None
     claimed_at: datetime
     committed_at: datetime | None
+    heartbeat_at: datetime | None = None
+    staging: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -114,4 +135,30 @@ class OffsetRange:
             "error": self.error,
             "claimed_at": self.claimed_at.isoformat(),
             "committed_at": self.committed_at.isoformat() if self.committed_at else None,
+            "heartbeat_at": self.heartbeat_at.isoformat() if self.heartbeat_at else None,
+            "staging": self.staging,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Where a source is provably done: the contiguous prefix of committed (or lost) ranges.
+
+    ``end`` is the exclusive end of that prefix (the first offset that an open claim, a failed hole
+    or the tail keeps undone), ``last_record`` the greatest record offset any committed range of the
+    prefix saw (None when the prefix holds no record). The broker's stored offset for the pipeline
+    must lie in ``[last_record, end - 1]``: it covers every committed record and never passes an
+    offset that is not done. ``blocked_by`` is the open claim at ``end``, if that is what stops it.
+    """
+
+    end: int | None
+    last_record: int | None
+    blocked_by: OffsetRange | None = None
+
+    def accepts(self, stored: int | None) -> bool:
+        """True when a broker stored offset ``stored`` agrees with this watermark."""
+        if stored is None:
+            return self.last_record is None
+        if self.last_record is not None and stored < self.last_record:
+            return False
+        return self.end is None or stored <= self.end - 1

@@ -26,6 +26,7 @@ from streamledger.batch import (
     JobRunner,
     LocalSparkRunner,
     RunId,
+    StepHook,
     read_manifest,
     run_batch,
     summarize,
@@ -95,6 +96,14 @@ def _task_alive(ti: Any, holder: RunId) -> bool:
     return bool(count)
 
 
+def run_identity(ti: Any) -> RunId:
+    """The batch identity of a task instance. Map index 0 is the first mapped task, not "unmapped"
+    (-1): two mapped tasks must never share an identity, or they would take each other's claims."""
+    index = getattr(ti, "map_index", None)
+    return RunId(ti.dag_id, ti.run_id, ti.task_id, -1 if index is None else int(index),
+                 int(ti.try_number or 1))
+
+
 class StreamBatchOperator(BaseOperator):
     """Process the next offset range of every partition of a stream or super stream, exactly once.
 
@@ -125,7 +134,7 @@ class StreamBatchOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "pipeline", "stream", "super_stream", "ledger_url", "output_root", "max_records",
+        "pipeline", "stream", "super_stream", "ledger_url", "output_root", "max_offsets", "max_records",
     )
     ui_color = "#ffedd5"
 
@@ -142,6 +151,7 @@ class StreamBatchOperator(BaseOperator):
         initial_position: str | int = "first",
         bound_by_interval: bool = False,
         max_records: int | str | None = None,
+        max_offsets: int | str | None = None,
         fmt: str = "parquet",
         splits: int = 1,
         spark_conn_id: str | None = None,
@@ -177,7 +187,8 @@ class StreamBatchOperator(BaseOperator):
         self.output_root = output_root
         self.initial_position = initial_position
         self.bound_by_interval = bound_by_interval
-        self.max_records = max_records
+        self.max_records = max_records  # the old, misleading name of max_offsets
+        self.max_offsets = max_offsets
         self.fmt = fmt
         self.splits = splits
         self.spark_conn_id = spark_conn_id
@@ -186,6 +197,7 @@ class StreamBatchOperator(BaseOperator):
         self.skip_on_empty = skip_on_empty
         self.store_offset = store_offset
         self.on_data_loss = on_data_loss
+        self.on_step: StepHook | None = None  # tests only (a cluster policy may set it)
 
     def _runner(self) -> JobRunner:
         if self.spark_conn_id:
@@ -201,7 +213,8 @@ class StreamBatchOperator(BaseOperator):
             start, end = context.get("data_interval_start"), context.get("data_interval_end")
             if start is None or end is None:
                 raise BatchError(f"{self.task_id}: this DAG run has no data interval to bound the batch by")
-        max_records = int(self.max_records) if self.max_records not in (None, "", "None") else None
+        cap = self.max_offsets if self.max_offsets not in (None, "", "None") else self.max_records
+        max_offsets = int(cap) if cap not in (None, "", "None") else None
         initial: Any = self.initial_position
         if isinstance(initial, str) and initial.isdigit():
             initial = int(initial)
@@ -212,7 +225,7 @@ class StreamBatchOperator(BaseOperator):
             stream=self.stream or None,
             super_stream=self.super_stream or None,
             initial_position=initial,
-            max_records=max_records,
+            max_offsets=max_offsets,
             interval_start=start if (self.bound_by_interval or initial == "interval_start") else None,
             interval_end=end if (self.bound_by_interval or initial == "interval_start") else None,
             fmt=self.fmt,
@@ -228,12 +241,11 @@ class StreamBatchOperator(BaseOperator):
         if self.bound_by_interval and config.interval_end is not None and config.interval_start is not None:
             self.log.info("data interval [%s, %s)", config.interval_start, config.interval_end)
         ti = context["ti"]
-        run = RunId(ti.dag_id, ti.run_id, ti.task_id, int(getattr(ti, "map_index", -1) or -1),
-                    int(ti.try_number or 1))
+        run = run_identity(ti)
         ledger = OffsetLedgerHook(self.ledger_conn_id, ledger_url=self.ledger_url).get_conn()
         with broker_hook.get_conn() as client:
             result = run_batch(config, run=run, ledger=ledger, broker=client, runner=self._runner(),
-                               holder_alive=lambda holder: _task_alive(ti, holder))
+                               holder_alive=lambda holder: _task_alive(ti, holder), on_step=self.on_step)
         self.log.info("%s", summarize(result))
         summary = result.to_dict()
         self._emit_asset_events(context, result)

@@ -5,10 +5,13 @@ Run it locally (``python -m streamledger.spark.job ...``, master ``local[2]`` by
 :func:`run_job` (the caller owns the SparkSession, as the Airflow operator does).
 
 Idempotence: the job owns its output directory. Every run overwrites it as a whole (Spark's
-``mode("overwrite")``) and then writes the manifest atomically, so a rerun of the same range replaces
-the previous attempt instead of appending a second copy. The manifest's counts and first/last
-offsets come from one aggregate over the files actually written, not from the plan, so a verifier
-can compare them with the planned range.
+``mode("overwrite")``) and then writes the manifest atomically, so a rerun replaces the previous
+attempt instead of appending a second copy. The batch hands it a fresh *staging* directory per
+attempt and publishes the result itself, so a job never writes where a committed range lives.
+All streams are read by one Spark job in parallel; with more than one, each stream's records land in
+their own subdirectory (``manifest["streams"][s]["path"]``; one stream is written flat). The
+manifest's counts and first/last offsets come from one aggregate over the files actually written,
+not from the plan, so a verifier can compare them with the planned range.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from streamledger.spark.session import DEFAULT_MASTER, build_session, register_s
 
 FORMATS = ("parquet", "orc", "json")
 MANIFEST = "_manifest.json"
+PART_COLUMN = "_streamledger_part"
 
 
 class JobError(StreamledgerError):
@@ -132,7 +136,27 @@ def run_job(
         .load()
     )
     (out_dir / MANIFEST).unlink(missing_ok=True)
-    df.write.mode("overwrite").format(fmt).save(str(out_dir))
+    order = sorted(read_ranges)
+    paths = {s: out_dir for s in order}
+    if len(order) == 1:
+        df.write.mode("overwrite").format(fmt).save(str(out_dir))
+    else:
+        # One write for every stream, each into its own subdirectory: a numbered partition column
+        # (stream names may hold characters that partition paths escape). The column is not in
+        # the files; each subdirectory reads back with the plain schema.
+        from pyspark.sql import functions as F
+
+        part = F.create_map(*[x for i, s in enumerate(order) for x in (F.lit(s), F.lit(i))])
+        paths = {s: out_dir / f"{PART_COLUMN}={i}" for i, s in enumerate(order)}
+        (
+            df.withColumn(PART_COLUMN, part[F.col("stream")])
+            .write.mode("overwrite")
+            .partitionBy(PART_COLUMN)
+            .format(fmt)
+            .save(str(out_dir))
+        )
+        for path in paths.values():
+            path.mkdir(exist_ok=True)  # a stream without records still gets its (empty) directory
     stats = _written_stats(spark, out_dir, fmt)
 
     streams: dict[str, Any] = {}
@@ -152,6 +176,7 @@ def run_job(
             "records": n,
             "first_offset": lo,
             "last_offset": hi,
+            "path": str(paths[r.stream]),
         }
         if r.lost is not None:
             entry["lost"] = [list(r.lost)]

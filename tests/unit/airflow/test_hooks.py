@@ -92,7 +92,14 @@ def test_ledger_urls() -> None:
 def test_default_ledger_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STREAMLEDGER_LEDGER_URL", raising=False)
     monkeypatch.setenv("STREAMLEDGER_HOME", "/srv/sl")
-    assert default_ledger_url() == "sqlite:////srv/sl/ledger.db"
+    # One default for the hook, the library and the CLI (issue 10, item 7): the audit without
+    # --db reads what the DAGs wrote.
+    import argparse
+
+    from streamledger.cli.ledger import _url
+
+    assert default_ledger_url() == "sqlite:////srv/sl/ledger.sqlite"
+    assert _url(argparse.Namespace(db=None)) == default_ledger_url()
     monkeypatch.setenv("STREAMLEDGER_LEDGER_URL", "postgresql+psycopg://h/db")
     assert OffsetLedgerHook().get_url() == "postgresql+psycopg://h/db"
     assert OffsetLedgerHook(ledger_url="sqlite:///a.db").get_url() == "sqlite:///a.db"
@@ -135,3 +142,18 @@ def test_tubemq_hook_client_registers_with_the_emulated_master(monkeypatch: pyte
             assert registration.master == master.address_str
             assert [p.key for p in registration.partitions("demo")]
         assert master.producers == {}
+
+
+def test_mapped_task_index_zero_keeps_its_identity() -> None:
+    """Issue 10, item 5: map index 0 is the first mapped task, not -1 (unmapped)."""
+    from types import SimpleNamespace
+
+    from streamledger.operators.batch import run_identity
+
+    def ti(index: int | None) -> SimpleNamespace:
+        return SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=index, try_number=2)
+
+    assert run_identity(ti(0)).map_index == 0
+    assert run_identity(ti(-1)).map_index == -1
+    assert run_identity(ti(None)).map_index == -1
+    assert len({run_identity(ti(i)).key() for i in (-1, 0, 1)}) == 3

@@ -84,9 +84,13 @@ def test_stuck_claim_and_release(ledger: Ledger) -> None:
     assert ledger.audit().clean  # young claims are in flight, not stuck
     old = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=3)
     raw(ledger, "UPDATE streamledger_range SET claimed_at = :at WHERE id = :id", at=old, id=r.id)
+    # Old but beating (a long job): neither stuck nor released.
+    assert ledger.audit().clean
+    assert ledger.release_stale(timedelta(hours=1)) == []
+    raw(ledger, "UPDATE streamledger_range SET heartbeat_at = :at WHERE id = :id", at=old, id=r.id)
     report = ledger.audit()
     assert [v.kind for v in report.violations] == [ViolationKind.STUCK_CLAIM]
-    assert "s ago" in report.violations[0].detail and report.violations[0].range_id == r.id
+    assert "not heard from for" in report.violations[0].detail and report.violations[0].range_id == r.id
     assert ledger.audit(stale_after=timedelta(hours=4)).clean
     assert [x.id for x in ledger.release_stale(timedelta(hours=1))] == [r.id]
     assert kinds(ledger) == [ViolationKind.FAILED_NOT_RETRIED]

@@ -143,8 +143,8 @@ def test_release_stale(ledger: Ledger) -> None:
 
 
 def test_bad_input_is_named(ledger: Ledger) -> None:
-    with pytest.raises(LedgerError, match="at most 256"):
-        ledger.claim("x" * 257, SRC, 10, run(1), initial_start=0)
+    with pytest.raises(LedgerError, match=r"256 bytes of UTF-8.*at most 255"):
+        ledger.claim("x" * 256, SRC, 10, run(1), initial_start=0)
     with pytest.raises(LedgerError, match="end_limit for stream 'events-0'"):
         ledger.claim("p", SRC, -1, run(1), initial_start=0)
     with pytest.raises(LedgerError, match="initial_start"):

@@ -158,6 +158,12 @@ class StreamClient:
     def server_version(self) -> str | None:
         return self._conn.server_version
 
+    @property
+    def cluster_name(self) -> str | None:
+        """The cluster name the broker reports (PeerProperties ``cluster_name``): the same on every
+        node, DNS alias or load balancer of one cluster, so it identifies the broker's history."""
+        return self._conn.server_properties.get("cluster_name") or None
+
     def supports(self, key: int) -> bool:
         return self._conn.supports(key)
 

@@ -1,0 +1,101 @@
+"""One bounded batch of a pipeline, exactly once: claim -> read -> verify -> commit -> publish ->
+store offset.
+
+Framework-neutral (no Airflow or Dagster import): the Airflow operator and the Dagster assets are
+thin adapters over :func:`run_batch`. Modules: ``config`` (what to do), ``plan`` (pure names and
+numbers), ``run`` (the state machine), ``outputs`` (staging and publish), ``runners`` (local Spark).
+
+Delivery semantics
+==================
+
+A *pipeline* is a consumer reference (at most 255 bytes of UTF-8: the broker's StoreOffset name).
+For every partition (a stream, or each partition of a super stream) a batch processes one
+half-open offset range ``[start, end)``; the ledger is the source of truth for which are done.
+
+1. **claim**: the ledger's one claim rule answers, in one transaction, which range this run
+   processes next: the range its identity ``(dag, run, task, map index)`` already holds (a retry),
+   else the oldest failed or abandoned hole (a claim whose heartbeat stopped for
+   ``claim_timeout``, or whose holder the scheduler reports gone), else ``[tail, limit)`` where
+   ``limit`` is the committed tail or the first offset stamped at or after the data interval's end,
+   capped at ``max_offsets``. The batch never re-derives this rule. A start below retention fails
+   the claim, or with ``on_data_loss="record"`` the span is recorded ``lost`` and the rest claimed.
+2. **read**: claimed ranges holding no user record (only tracking chunks) are committed with 0
+   records without a job. The rest go to the runner in **one job per batch** (every partition,
+   read in parallel) writing into a fresh **staging** directory. The ledger claims are renewed by
+   a heartbeat while it runs.
+3. **verify**: the job's manifest must name each range exactly, with first/last offsets inside it.
+4. **commit**: each range moves to ``committed`` with its record count, first/last offsets, final
+   output path and staging path. Only the claim's holder can commit (fencing).
+5. **publish**: each committed range's staging directory is renamed to
+   ``<root>/<pipeline>/<stream>/<start>-<end>/``. A published directory is never deleted or
+   rewritten: retries of a committed range do not read the stream again (they finish the publish
+   from the staging copy the ledger recorded; only if both copies were deleted by hand is the range
+   re-read, and published only if the broker still holds exactly the committed records).
+6. **store offset = low watermark**: the broker's stored offset becomes the last committed record
+   of the source's contiguous done prefix (committed or lost ranges up to the first open claim or
+   failed hole), and only when the broker is behind it. It never passes a range nobody committed;
+   a range committed behind an open claim is covered once that claim commits. Idle stays idle:
+   when no record was added nothing is stored (a StoreOffset writes a tracking chunk, which takes
+   an offset), so a pipeline without new user data writes nothing to the stream and starts no job.
+
+What a crash at each step leads to (a retry or a cleared task runs the same identity again):
+
+* during **claim** or **read** (the range is ``claimed``): the retry gets the same range and reads
+  it into a new staging directory; a killed attempt's staging directory is never published. If
+  the task never comes back, its heartbeat stops and the next run redoes the span after
+  ``claim_timeout`` (or at once when ``holder_alive`` says the holder is gone).
+* after **commit**, before **publish**: the retry finds the committed range and renames its
+  staging copy into place; no read.
+* after **publish**, before **store offset**: the retry stores the watermark (the audit reports
+  the broker behind the ledger meanwhile).
+* a worker that stalls past ``claim_timeout`` loses its claim: its commit is refused, so it can
+  neither commit nor publish what it read.
+
+Tests stop a batch after any step through ``on_step`` (``run_batch(..., on_step=hook)``); nothing
+in production reads a crash switch from the environment.
+"""
+
+from __future__ import annotations
+
+from streamledger.batch.config import (
+    BatchConfig,
+    BatchError,
+    BatchResult,
+    Broker,
+    InitialPosition,
+    InjectedCrash,
+    JobRunner,
+    PartitionResult,
+    RunId,
+    StepHook,
+)
+from streamledger.batch.plan import broker_identity, offset_to_store, output_dir, staging_dir
+from streamledger.batch.run import BatchRun, Heartbeat, backlog, run_batch
+from streamledger.batch.runners import LocalSparkRunner, read_manifest, summarize
+
+STEPS = ("claimed", "read", "committed", "published", "stored")
+
+__all__ = [
+    "STEPS",
+    "BatchConfig",
+    "BatchError",
+    "BatchResult",
+    "BatchRun",
+    "Broker",
+    "Heartbeat",
+    "InitialPosition",
+    "InjectedCrash",
+    "JobRunner",
+    "LocalSparkRunner",
+    "PartitionResult",
+    "RunId",
+    "StepHook",
+    "backlog",
+    "broker_identity",
+    "offset_to_store",
+    "output_dir",
+    "read_manifest",
+    "run_batch",
+    "staging_dir",
+    "summarize",
+]

@@ -1,0 +1,204 @@
+"""What a batch is asked to do (``BatchConfig``), who runs it (``RunId``) and what it did
+(``BatchResult``): pure data, so it can be templated, logged, pickled and returned as XCom."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from streamledger.errors import StreamledgerError
+from streamledger.ledger.types import pipeline_name_problem
+
+
+class BatchError(StreamledgerError):
+    """The batch cannot run as configured, or its result disagrees with its claim."""
+
+
+class InjectedCrash(BaseException):
+    """For tests' step hooks: a BaseException, so none of the batch's clean-up code runs (a kill)."""
+
+
+class Broker(Protocol):
+    """The broker calls a batch needs (a subset of ``StreamClient``).
+
+    Optional, looked up with ``getattr``: ``read_range`` (to see that a range holds no user
+    record without starting a job) and ``cluster_name`` (the broker's stable identity).
+    """
+
+    def partitions(self, super_stream: str) -> list[str]: ...
+    def first_offset(self, name: str) -> int: ...
+    def committed_tail(self, name: str) -> int: ...
+    def query_offset(self, stream: str, reference: str) -> int | None: ...
+    def resolve_offset(self, name: str, spec: Any) -> int: ...
+    def store_offset_verified(
+        self, stream: str, reference: str, offset: int, *, timeout: float = ...
+    ) -> None: ...
+
+
+JobRunner = Callable[..., Mapping[str, Any]]
+"""``runner(url=..., ranges={stream: (start, end), ...}, output=staging_dir, fmt=..., splits=n)``
+-> manifest. ``ranges`` holds every partition of the batch (one job per batch); the manifest's
+``streams[s]["path"]`` is where stream ``s``'s records were written (default: ``output`` itself
+when there is one stream)."""
+
+StepHook = Callable[[str, Any], None]
+"""``hook(step, batch_run)`` after each step: ``claimed``, ``read``, ``committed``, ``published``,
+``stored``. Tests inject crashes here; production code passes none."""
+
+InitialPosition = Literal["first", "tail", "interval_start"] | int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchConfig:
+    """What to read and where to write it.
+
+    ``url`` is the broker URL (it may hold a password: never log it). ``broker_name`` names the
+    broker in the ledger; by default the cluster name the broker reports, so every node, alias or
+    load balancer of one cluster shares one history. ``max_offsets`` caps a new range's span in
+    *offsets* (tracking chunks take offsets, so it may hold fewer records); ``max_records`` is its
+    old, misleading name. ``heartbeat_interval`` is how often a running batch renews its claims;
+    a claim not renewed for ``claim_timeout`` seconds is abandoned and redone by the next run.
+    """
+
+    pipeline: str
+    url: str
+    output_root: str
+    stream: str | None = None
+    super_stream: str | None = None
+    initial_position: InitialPosition = "first"
+    max_records: int | None = None
+    interval_start: datetime | None = None
+    interval_end: datetime | None = None
+    fmt: str = "parquet"
+    splits: int = 1
+    store_offset: bool = True
+    store_timeout: float = 10.0
+    on_data_loss: Literal["fail", "record"] = "fail"
+    max_offsets: int | None = None
+    broker_name: str | None = None
+    heartbeat_interval: float = 30.0
+    claim_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        problem = pipeline_name_problem(self.pipeline)
+        if problem is not None:
+            raise BatchError(problem)
+        name = f"pipeline {self.pipeline!r}"
+        if (self.stream is None) == (self.super_stream is None):
+            raise BatchError(f"{name}: give exactly one of stream or super_stream")
+        if self.max_records is not None:
+            warnings.warn(
+                "BatchConfig.max_records counts offsets, not records (tracking chunks take offsets); "
+                "use max_offsets",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if self.max_offsets is not None and self.max_offsets != self.max_records:
+                raise BatchError(f"{name}: give max_offsets only (max_records is its old name)")
+            object.__setattr__(self, "max_offsets", self.max_records)
+        if self.max_offsets is not None and self.max_offsets < 1:
+            raise BatchError(f"{name}: max_offsets must be >= 1, got {self.max_offsets}")
+        if self.splits < 1:
+            raise BatchError(f"{name}: splits must be >= 1, got {self.splits}")
+        if self.on_data_loss not in ("fail", "record"):
+            raise BatchError(f"{name}: on_data_loss must be 'fail' or 'record'")
+        if self.heartbeat_interval <= 0 or self.claim_timeout <= self.heartbeat_interval:
+            raise BatchError(
+                f"{name}: need 0 < heartbeat_interval ({self.heartbeat_interval}) < claim_timeout "
+                f"({self.claim_timeout})"
+            )
+        if isinstance(self.initial_position, int):
+            if self.initial_position < 0:
+                raise BatchError(f"{name}: initial offset must be >= 0")
+        elif self.initial_position not in ("first", "tail", "interval_start"):
+            raise BatchError(
+                f"{name}: initial_position {self.initial_position!r} is not 'first', 'tail', "
+                "'interval_start' or an offset"
+            )
+        if self.initial_position == "interval_start" and self.interval_start is None:
+            raise BatchError(f"{name}: initial_position 'interval_start' needs an interval")
+        if (self.interval_start is None) != (self.interval_end is None):
+            raise BatchError(f"{name}: give both interval ends or neither")
+        if self.interval_start and self.interval_end and self.interval_end < self.interval_start:
+            raise BatchError(f"{name}: data interval ends before it starts")
+
+
+@dataclass(frozen=True, slots=True)
+class RunId:
+    """Who runs the batch (mirrors the ledger's RunIdentity, kept here to stay framework-neutral).
+
+    ``(dag_id, run_id, task_id, map_index)`` is the identity: a retry (another ``try_number``) gets
+    the same ranges back. ``map_index`` -1 means "not mapped"; 0 is the first mapped task.
+    """
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int = -1
+    try_number: int = 1
+
+    def key(self) -> tuple[str, str, str, int]:
+        return (self.dag_id, self.run_id, self.task_id, self.map_index)
+
+
+@dataclass(slots=True)
+class PartitionResult:
+    """The outcome for one partition; ``to_dict`` is the XCom / Asset-event form.
+
+    ``status``: ``empty`` (nothing new), ``claimed``, ``committed`` (this run's range is done; with
+    ``records`` 0 when it held no user record), ``failed``. ``start_from`` says where the range
+    came from: ``held`` (this run's own range, a retry), ``hole`` (redoing a failed or abandoned
+    span), ``tail`` (new data).
+    """
+
+    stream: str
+    start: int
+    end: int
+    start_from: str
+    range_id: int | None = None
+    records: int = 0
+    first_offset: int | None = None
+    last_offset: int | None = None
+    output: str | None = None
+    status: str = "planned"
+    offset_stored: int | None = None
+    lost: tuple[int, int] | None = None
+    read: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """Summary of one batch across partitions."""
+
+    pipeline: str
+    broker: str
+    super_stream: str | None
+    partitions: list[PartitionResult] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return all(p.start == p.end for p in self.partitions)
+
+    @property
+    def records(self) -> int:
+        return sum(p.records for p in self.partitions)
+
+    def ranges(self) -> dict[str, list[int]]:
+        return {p.stream: [p.start, p.end] for p in self.partitions}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline,
+            "broker": self.broker,
+            "super_stream": self.super_stream,
+            "empty": self.empty,
+            "records": self.records,
+            "ranges": self.ranges(),
+            "partitions": [p.to_dict() for p in self.partitions],
+        }

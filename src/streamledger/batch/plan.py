@@ -1,0 +1,124 @@
+"""Pure planning: names and numbers a batch derives from its configuration and the broker's
+answers, with no side effect. Which range a run processes is *not* decided here: the ledger's one
+claim rule (``Ledger.claim``) decides it; planning only supplies the claim's inputs (where a
+brand-new pipeline starts, how far a new range may reach) and, afterwards, which offset the broker
+should store (the ledger's watermark)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from streamledger.batch.config import BatchConfig, Broker, RunId
+from streamledger.ledger.types import Watermark
+
+
+def broker_identity(url: str, name: str | None = None) -> str:
+    """A credential-free, stable name for the broker in the ledger: ``rabbitmq://<name>/<vhost>``.
+
+    ``name`` is the cluster name the broker reports (or one the user sets); all nodes, DNS aliases
+    and load balancers of a cluster share it. Without it the URL's ``host:port`` stands in (the
+    0.1 form; a batch that learns the name adopts such rows, see ``Ledger.rename_broker``).
+    """
+    parts = urlsplit(url)
+    vhost = parts.path.lstrip("/") or "%2F"
+    if name:
+        return f"rabbitmq://{quote(name, safe='@._-')}/{vhost}"
+    host = parts.hostname or "localhost"
+    port = parts.port or (5551 if parts.scheme.endswith("+tls") else 5552)
+    return f"rabbitmq://{host}:{port}/{vhost}"
+
+
+def _safe(part: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", part) or "_"
+
+
+def output_dir(root: str, pipeline: str, stream: str, start: int, end: int) -> str:
+    """A range's published directory: a pure function of its inputs (one per committed range)."""
+    safe_pipeline = pipeline.replace("/", "_")
+    return str(Path(root) / safe_pipeline / stream / f"{start:012d}-{end:012d}")
+
+
+def staging_dir(root: str, pipeline: str, run: RunId, token: str) -> str:
+    """Where one attempt's job writes (every partition of the batch): outside the pipeline's
+    published tree (``<root>/_staging/<pipeline>/...``), so a reader globbing
+    ``<root>/<pipeline>/`` never sees unpublished files, yet on the same file system for the rename."""
+    return str(Path(staging_prefix(root, pipeline, run)).parent / f"{attempt_name(run)}.{token}")
+
+
+def attempt_name(run: RunId) -> str:
+    """``dag.run.task.map.tN``: staging names start with the run identity, then the try."""
+    who = f"{_safe(run.dag_id)}.{_safe(run.run_id)}.{_safe(run.task_id)}.{run.map_index}"
+    return f"{who}.t{run.try_number}"
+
+
+def staging_prefix(root: str, pipeline: str, run: RunId) -> str:
+    """The common prefix of every attempt's staging directory of this run identity."""
+    who = attempt_name(run).rsplit(".t", 1)[0]
+    return str(Path(root) / "_staging" / pipeline.replace("/", "_") / f"{who}.t")
+
+
+def millis(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def resolve_time(broker: Broker, stream: str, moment: datetime) -> int:
+    """The first offset of the first chunk stamped at or after ``moment`` (the tail if none)."""
+    from streamledger.protocol.rabbitmq import OffsetSpec
+
+    return int(broker.resolve_offset(stream, OffsetSpec.timestamp(millis(moment))))
+
+
+def claim_limit(cfg: BatchConfig, broker: Broker, stream: str) -> tuple[int, int]:
+    """``(tail, limit)``: the committed tail, and how far a new range of this batch may reach
+    (the tail, or the first offset stamped at or after the data interval's end)."""
+    tail = int(broker.committed_tail(stream))
+    if cfg.interval_end is None:
+        return tail, tail
+    return tail, min(tail, resolve_time(broker, stream, cfg.interval_end))
+
+
+def initial_start(cfg: BatchConfig, broker: Broker, stream: str, tail: int) -> tuple[int, str]:
+    """Where a pipeline without ledger history starts: after the broker's stored offset, else at
+    the configured initial position. The ledger ignores it once the source has ranges."""
+    stored = broker.query_offset(stream, cfg.pipeline)
+    if stored is not None:
+        return stored + 1, "broker"
+    position = cfg.initial_position
+    if isinstance(position, int):
+        return position, "initial"
+    if position == "first":
+        return int(broker.first_offset(stream)), "first"
+    if position == "tail":
+        return tail, "tail"
+    assert cfg.interval_start is not None
+    return min(tail, resolve_time(broker, stream, cfg.interval_start)), "interval_start"
+
+
+def offset_to_store(mark: Watermark, stored: int | None) -> int | None:
+    """The offset to store now, or None when the broker must not be written.
+
+    The watermark's ``last_record`` (the last committed record of the done prefix): stored only
+    when the broker is behind it, so idle runs write nothing (every StoreOffset takes an offset of
+    the stream) and the broker never passes a range that is not done.
+    """
+    target = mark.last_record
+    if target is None:
+        return None
+    if stored is not None and stored >= target:
+        return None
+    return target
+
+
+def entry_path(manifest: Any, stream: str, output: str, streams: int) -> str:
+    """Where the job wrote ``stream``'s records (runners of 0.1 wrote one stream flat into output)."""
+    entry = (manifest.get("streams") or {}).get(stream) or {}
+    path = entry.get("path")
+    if path:
+        return str(path)
+    if streams == 1:
+        return output
+    raise ValueError(f"the job's manifest gives no path for stream {stream!r}")

@@ -1,0 +1,81 @@
+"""Job runners: who turns a batch's ranges into files. The default is in-process local Spark."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from streamledger.batch.config import BatchError, BatchResult
+from streamledger.batch.outputs import read_manifest as _read_manifest
+
+
+class LocalSparkRunner:
+    """Runs :func:`streamledger.spark.job.run_job` on an in-process SparkSession (``local[N]``).
+
+    The session is created on first use and reused, because its start-up costs seconds. One batch
+    is small next to Spark's default of 200 shuffle partitions (the job's manifest aggregate
+    shuffles), so the default here is 2 unless ``conf`` says otherwise. ``cancel()`` stops the
+    job it is running (its own job group), for a task that is killed or loses its claim.
+    """
+
+    def __init__(self, master: str = "local[2]", conf: Mapping[str, str] | None = None) -> None:
+        self.master = master
+        self.conf = {
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.showConsoleProgress": "false",  # progress bars only garble task logs
+            **dict(conf or {}),
+        }
+        self._spark: Any = None
+        self._group: str | None = None
+        self._lock = threading.Lock()
+
+    def session(self) -> Any:
+        if self._spark is None:
+            from streamledger.spark.session import build_session
+
+            self._spark = build_session(master=self.master, app_name="streamledger-batch", conf=self.conf)
+        return self._spark
+
+    def __call__(
+        self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str, splits: int
+    ) -> Mapping[str, Any]:
+        from streamledger.spark.job import run_job
+
+        spark = self.session()
+        group = f"streamledger-{uuid.uuid4().hex[:12]}"
+        with self._lock:
+            self._group = group
+        spark.sparkContext.setJobGroup(group, f"streamledger batch into {output}", interruptOnCancel=True)
+        try:
+            return run_job(spark, url=url, ranges=dict(ranges), output=output, fmt=fmt, splits=splits)
+        finally:
+            with self._lock:
+                self._group = None
+
+    def cancel(self) -> None:
+        """Cancel the Spark jobs of the batch this runner is running (no-op when idle)."""
+        with self._lock:
+            group = self._group
+        if group is not None and self._spark is not None:
+            self._spark.sparkContext.cancelJobGroup(group)
+
+
+def read_manifest(output: str) -> dict[str, Any]:
+    """Load ``DIR/_manifest.json`` written by the job (used after a spark-submit run)."""
+    data = _read_manifest(output)
+    if data is None:
+        raise BatchError(f"the Spark job wrote no manifest at {output}/_manifest.json")
+    return data
+
+
+def summarize(result: BatchResult) -> str:
+    """One line per partition for task logs."""
+    lines = [f"pipeline {result.pipeline} on {result.broker}: {result.records} records"]
+    for p in result.partitions:
+        lines.append(
+            f"  {p.stream} [{p.start}, {p.end}) {p.status} records={p.records} "
+            f"offsets={p.first_offset}..{p.last_offset} stored={p.offset_stored} output={p.output}"
+        )
+    return "\n".join(lines)
