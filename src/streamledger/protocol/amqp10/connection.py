@@ -173,7 +173,11 @@ class Amqp10Connection:
         self._send(
             fr.open_frame(f"streamledger-{uuid.uuid4()}", f"vhost:{vhost}", self.max_frame_size, 0, None)
         )
-        opened = self._expect(fr.FRAME_AMQP, "open", deadline)
+        try:
+            opened = self._expect(fr.FRAME_AMQP, "open", deadline)
+        except (Amqp10ConnectionError, RemoteClosed) as exc:
+            # RabbitMQ refuses an unknown or forbidden vhost here, often with a bare reset
+            raise type(exc)(f"{exc} (does vhost {vhost!r} exist, and may this user access it?)") from None
         self.peer_max_frame_size = max(
             fr.MIN_MAX_FRAME_SIZE, min(int(opened.get("max-frame-size", 0xFFFFFFFF)), 0xFFFFFFFF)
         )
