@@ -15,6 +15,7 @@ from streamledger.protocol.amqp10 import (
     Conflict,
     Management,
     NotFound,
+    RemoteClosed,
     RequestTooLarge,
     StreamOptions,
 )
@@ -88,6 +89,11 @@ def test_errors_carry_status_and_broker_text(management: Management, names: Name
         management.bind("t-amqp-no-such-exchange", name, "k")
     # the connection is still usable after error answers
     assert management.get_queue(name).type == "stream"
+    # a request the broker's node cannot handle ends the session: said at once on the next request
+    with pytest.raises(RemoteClosed, match="the broker closed the session: amqp:internal-error"):
+        management.connection.request("GET", f"/bindings?src={name}")
+    with pytest.raises(RemoteClosed, match="the broker closed the session"):
+        management.get_queue(name)
 
 
 def test_classic_queue_purge_and_bindings_with_arguments(

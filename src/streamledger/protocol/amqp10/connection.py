@@ -108,6 +108,7 @@ class Amqp10Connection:
         self._partial: list[bytes] = []
         self._partial_size = 0
         self._responses: dict[Any, Response] = {}
+        self._gone: RemoteClosed | None = None  # the broker ended the session or a link: no more requests
         self._ids = itertools.count(1)
         self._heartbeat: threading.Thread | None = None
         self._stop = threading.Event()
@@ -202,6 +203,10 @@ class Amqp10Connection:
 
     def request(self, method: str, path: str, body: Any = None) -> Response:
         """Send one HTTP-over-AMQP request to ``/management`` and wait for its answer."""
+        if self._gone is not None:
+            raise RemoteClosed(
+                str(self._gone), condition=self._gone.condition, description=self._gone.description
+            )
         if not self._pair_open:
             self._attach_pair()
         deadline = time.monotonic() + self.timeout
@@ -214,8 +219,10 @@ class Amqp10Connection:
         # session with an internal error), so a larger one is refused here, before anything is sent.
         room = self.peer_max_frame_size - _TRANSFER_OVERHEAD
         if len(message) > room:
-            raise RequestTooLarge(f"{what}: request of {len(message)} bytes does not fit the broker's "
-                                  f"max-frame-size of {self.peer_max_frame_size} bytes")
+            raise RequestTooLarge(
+                f"{what}: request of {len(message)} bytes does not fit the broker's "
+                f"max-frame-size of {self.peer_max_frame_size} bytes"
+            )
         while self._sender_credit <= 0 or self._remote_incoming_window <= 0:
             self._dispatch(self._read_frame(deadline, f"link credit for {what}"))
         self._transfer(message)
@@ -286,8 +293,17 @@ class Amqp10Connection:
 
     def _transfer(self, message: bytes) -> None:
         delivery_id = self._next_outgoing_id
-        self._send(fr.transfer_frame(0, _SENDER, delivery_id, delivery_id.to_bytes(4, "big"), settled=True,
-                                     more=False, payload=message))
+        self._send(
+            fr.transfer_frame(
+                0,
+                _SENDER,
+                delivery_id,
+                delivery_id.to_bytes(4, "big"),
+                settled=True,
+                more=False,
+                payload=message,
+            )
+        )
         self._next_outgoing_id += 1
         self._remote_incoming_window -= 1
         self._sender_credit -= 1
@@ -319,11 +335,12 @@ class Amqp10Connection:
                 self._closed = True
             detail = f": {condition}" if condition else ""
             detail += f" ({description})" if description else ""
-            raise RemoteClosed(
+            self._gone = RemoteClosed(
                 f"{self.params.redacted()}: the broker closed {what}{detail}",
                 condition=condition,
                 description=description,
             )
+            raise self._gone
         # disposition (our sends are pre-settled), attach/begin repeats: nothing to do
 
     def _on_transfer(self, p: fr.Performative, payload: bytes) -> None:

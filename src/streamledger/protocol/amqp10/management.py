@@ -308,27 +308,13 @@ class Management:
         """
         dst = "dste" if to_exchange else "dstq"
         what = f"unbind {destination!r} from exchange {source!r} key {binding_key!r}"
-        if arguments is not None and not arguments:
-            path = (f"/bindings/src={segment(source)};{dst}={segment(destination)};"
-                    f"key={segment(binding_key)};args=")
-            self._call("DELETE", path, None, what)
-            return 1
-        locations = self.binding_locations(source, destination, binding_key, to_exchange=to_exchange)
+        query = f"src={segment(source)}&{dst}={segment(destination)}&key={segment(binding_key)}"
+        r = self._call("GET", f"/bindings?{query}", None, what, ok=(200,))
+        items = [b for b in (r.body if isinstance(r.body, list) else []) if isinstance(b, dict)]
         if arguments is not None:
             wanted = dict(arguments)
-            r = self._call(
-                "GET",
-                f"/bindings?src={segment(source)}&{dst}={segment(destination)}&key={segment(binding_key)}",
-                None,
-                what,
-                ok=(200,),
-            )
-            items = r.body if isinstance(r.body, list) else []
-            locations = [
-                str(b["location"])
-                for b in items
-                if isinstance(b, dict) and dict(b.get("arguments") or {}) == wanted
-            ]
+            items = [b for b in items if dict(b.get("arguments") or {}) == wanted]
+        locations = [str(b["location"]) for b in items if b.get("location")]
         for location in locations:
             self._call("DELETE", location, None, what)
         return len(locations)
