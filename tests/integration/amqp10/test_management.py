@@ -76,6 +76,16 @@ def test_stream_lifecycle_seen_by_stream_protocol_and_http(
     assert management.delete_queue(name) == 0  # absent: idempotent, as the broker answers 200
 
 
+def test_many_requests_on_one_connection(management: Management, names: Names) -> None:
+    """RabbitMQ starts its delivery counts just below 2**32: they wrap within a few hundred answers,
+    and credit and session windows are topped up many times."""
+    name = names.queue()
+    management.declare_stream(name)
+    for _ in range(300):
+        assert management.queue_exists(name)
+    assert not management.queue_exists(name + "-absent")
+
+
 def test_errors_carry_status_and_broker_text(management: Management, names: Names) -> None:
     name = names.queue()
     management.declare_stream(name, StreamOptions(max_age="1D"))

@@ -57,6 +57,20 @@ _TRANSFER_OVERHEAD: Final = 32  # 8-byte header + transfer performative with a 4
 _PRE_OPEN_MAX: Final = 1 << 16  # frames before open is agreed (spec: 512; a little slack for big opens)
 
 
+def _seq(n: int) -> int:
+    """A sequence number (transfer ids, delivery counts) modulo 2**32, as the spec's serial numbers wrap.
+
+    RabbitMQ starts its delivery counts just below 2**32, so the wrap happens within a few requests.
+    """
+    return n & 0xFFFFFFFF
+
+
+def _serial_diff(a: int, b: int) -> int:
+    """``a - b`` in RFC 1982 serial arithmetic over 32 bits (negative when ``a`` is behind ``b``)."""
+    d = (a - b) & 0xFFFFFFFF
+    return d - (1 << 32) if d >= 1 << 31 else d
+
+
 @dataclass(frozen=True, slots=True)
 class Response:
     """A ``/management`` answer: the status code and the decoded amqp-value body."""
@@ -304,10 +318,10 @@ class Amqp10Connection:
                 payload=message,
             )
         )
-        self._next_outgoing_id += 1
+        self._next_outgoing_id = _seq(self._next_outgoing_id + 1)
         self._remote_incoming_window -= 1
         self._sender_credit -= 1
-        self._sender_delivery_count += 1
+        self._sender_delivery_count = _seq(self._sender_delivery_count + 1)
 
     # ---- frame handling
 
@@ -319,12 +333,12 @@ class Amqp10Connection:
         if name == "transfer":
             self._on_transfer(p, frame.payload)
         elif name == "flow":
-            self._remote_incoming_window = (
-                int(p.get("next-incoming-id", 0)) + int(p.get("incoming-window", 0)) - self._next_outgoing_id
+            self._remote_incoming_window = _serial_diff(
+                int(p.get("next-incoming-id", 0)) + int(p.get("incoming-window", 0)), self._next_outgoing_id
             )
             if p.get("handle") == _SENDER and p.get("link-credit") is not None:
-                self._sender_credit = (
-                    int(p.get("delivery-count", 0)) + int(p.get("link-credit")) - self._sender_delivery_count
+                self._sender_credit = _serial_diff(
+                    int(p.get("delivery-count", 0)) + int(p.get("link-credit")), self._sender_delivery_count
                 )
         elif name in ("detach", "end", "close"):
             condition, description = fr.error_text(p.get("error"))
@@ -344,8 +358,9 @@ class Amqp10Connection:
         # disposition (our sends are pre-settled), attach/begin repeats: nothing to do
 
     def _on_transfer(self, p: fr.Performative, payload: bytes) -> None:
-        if p.get("delivery-id") is not None:
-            self._next_incoming_id = int(p.get("delivery-id")) + 1
+        # transfer ids are implicit: one per transfer frame, from the broker's begin (not the delivery-id,
+        # a different numbering that RabbitMQ 4.0 advances on its own)
+        self._next_incoming_id = _seq(self._next_incoming_id + 1)
         self._incoming_window -= 1
         self._partial_size += len(payload)
         if self._partial_size > self.max_message_size:
@@ -355,7 +370,7 @@ class Amqp10Connection:
             return
         data = b"".join(self._partial)
         self._partial, self._partial_size = [], 0
-        self._receiver_delivery_count += 1
+        self._receiver_delivery_count = _seq(self._receiver_delivery_count + 1)
         self._receiver_credit -= 1
         if self._incoming_window < _WINDOW // 2 or self._receiver_credit < _CREDIT // 2:
             self._incoming_window = _WINDOW
