@@ -174,7 +174,11 @@ class RabbitMQStreamHook(BaseHook):
         try:
             with self.get_conn() as client:
                 version = client.server_version or "unknown version"
-            return True, f"Connected to RabbitMQ {version} at {self.broker_identity()}"
+            message = f"Connected to RabbitMQ {version} at {self.broker_identity()}"
+            if self.topology_over_amqp10:  # the operators will need the AMQP 1.0 port as well
+                with self.get_management() as m:
+                    message += f"; AMQP 1.0 topology via {m.connection.params.redacted()}"
+            return True, message
         except Exception as exc:
             return False, f"{type(exc).__name__}: {exc}"
 

@@ -72,6 +72,11 @@ def test_operators_manage_topology_over_amqp10(
         ),
     )
     conn = {"rabbitmq_stream_conn_id": "rmq_amqp10"}
+    from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+
+    ok, message = RabbitMQStreamHook("rmq_amqp10").test_connection()
+    assert ok, message
+    assert message.endswith(f"; AMQP 1.0 topology via amqp://guest:***@127.0.0.1:{broker_43.amqp_port}/")
     stream = names.queue("op")
     create = CreateStreamOperator(task_id="c", stream=stream, max_age="2D", **conn)
     assert create.execute({}) == {"stream": stream, "created": True}  # type: ignore[arg-type]
