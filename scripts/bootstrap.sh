@@ -13,6 +13,13 @@ if ! command -v java >/dev/null 2>&1; then
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless
 fi
 
+# python-qpid-proton (under the test-only rabbitmq-amqp-python-client) has no Linux wheel: pip builds it
+# with gcc, and with OpenSSL's headers for its TLS support.
+if ! dpkg -s libssl-dev >/dev/null 2>&1 || ! command -v gcc >/dev/null 2>&1; then
+  echo "bootstrap: installing gcc and libssl-dev (build of python-qpid-proton) from the system's apt sources"
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc libssl-dev
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip

@@ -3,6 +3,9 @@
 #
 #   scripts/rabbitmq.sh provision|start|wait|stop|status VERSION|all
 #   scripts/rabbitmq.sh cli VERSION COMMAND [ARGS...]    e.g. cli 4.3 rabbitmqctl list_queues
+#   scripts/rabbitmq.sh provision|start|wait|stop|status cluster   a 3-node 4.3 cluster on loopback
+#   scripts/rabbitmq.sh stop-node|start-node cluster N             one member (N = 1..3), for tests
+#   scripts/rabbitmq.sh cli cluster[N] COMMAND [ARGS...]            on node N (default 1)
 #
 # STREAMLEDGER_RABBITMQ_INSTANCE=NAME (lower-case letters and digits) runs a private node of an
 # already provisioned VERSION instead of the shared one: node <node>x<NAME>, every port shifted by
@@ -36,10 +39,10 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # KIND=host runs the host's own package with all state under $D.
 select_version() {
   V=$1
-  TLS_PORT=
+  TLS_PORT= AMQPS_PORT=
   case $V in
     4.3) KIND=chroot SUITE=sid NODE=rabbit43 STREAM_PORT=5552 AMQP_PORT=5672 MGMT_PORT=15672 \
-           DIST_PORT=25672 EPMD_PORT=4369 TLS_PORT=5551 ;;
+           DIST_PORT=25672 EPMD_PORT=4369 TLS_PORT=5551 AMQPS_PORT=5671 ;;
     4.0) KIND=chroot SUITE=trixie NODE=rabbit40 STREAM_PORT=5562 AMQP_PORT=5682 MGMT_PORT=15682 \
            DIST_PORT=25682 EPMD_PORT=4379 ;;
     3.10) KIND=host SUITE=bookworm NODE=rabbit310 STREAM_PORT=5572 AMQP_PORT=5692 MGMT_PORT=15692 \
@@ -218,7 +221,8 @@ render() { # template -> stdout with this broker's values
   sed -e "s#@VERSION@#$ver#g" -e "s#@NODE@#$NODE#g" -e "s#@ETC@#$ETC_IN#g" -e "s#@DATA@#$DATA_IN#g" \
       -e "s#@PLUGINS_DIR@#/usr/lib/rabbitmq/plugins:/usr/lib/rabbitmq/lib/rabbitmq_server-$ver/plugins#g" \
       -e "s#@DIST_PORT@#$DIST_PORT#g" -e "s#@EPMD_PORT@#$EPMD_PORT#g" -e "s#@AMQP_PORT@#$AMQP_PORT#g" \
-      -e "s#@STREAM_PORT@#$STREAM_PORT#g" -e "s#@MGMT_PORT@#$MGMT_PORT#g" -e "s#@TLS_PORT@#$TLS_PORT#g" "$1"
+      -e "s#@STREAM_PORT@#$STREAM_PORT#g" -e "s#@MGMT_PORT@#$MGMT_PORT#g" -e "s#@TLS_PORT@#$TLS_PORT#g" \
+      -e "s#@AMQPS_PORT@#$AMQPS_PORT#g" "$1"
 }
 
 # Regenerated on every start, so a template change reaches an already provisioned broker.
@@ -288,6 +292,13 @@ post_start() {
     as_broker rabbitmqctl -q clear_password "$user" >/dev/null
   fi
   as_broker rabbitmqctl -q set_permissions -p / "$user" '.*' '.*' '.*' >/dev/null
+  # AMQP 1.0 over TLS (amqps): in the config template; a node started from an older template gets the
+  # listener at run time, with the same ssl_options, instead of a restart under other users' feet.
+  if [ -n "$AMQPS_PORT" ] && ! port_open "$AMQPS_PORT"; then
+    as_broker rabbitmqctl -q eval "{ok, S} = application:get_env(rabbit, ssl_options),
+      rabbit_networking:start_ssl_listener({\"127.0.0.1\", $AMQPS_PORT}, S, 1, 1)." >/dev/null \
+      || die "could not start the AMQPS listener on $AMQPS_PORT"
+  fi
 }
 
 wait_ready() {
@@ -355,9 +366,141 @@ usage() {
   exit 2
 }
 
+# ---- the 3-node 4.3 cluster (target "cluster") ------------------------------------------------
+# A copy of the 4.3 rootfs (its own /proc mount, so stopping 4.3 never touches it), three nodes
+# rabbitc1..3@localhost formed by classic peer discovery, one shared epmd (4399), and per node:
+# stream 5600+N, AMQP 5610+N, management 15610+N, distribution 25610+N. Data under
+# rootfs/var/lib/rabbitmq/rabbitcN; per-node configs in rootfs/etc/rabbitmq/rabbitcN/.
+CLUSTER_NODES=(1 2 3)
+
+select_cluster_node() { # N -> the per-node variables the shared functions use
+  V=cluster KIND=chroot SUITE=sid TLS_PORT= AMQPS_PORT=
+  NODE=rabbitc$1 STREAM_PORT=$((5600 + $1)) AMQP_PORT=$((5610 + $1)) MGMT_PORT=$((15610 + $1))
+  DIST_PORT=$((25610 + $1)) EPMD_PORT=4399
+  D=$BASE/cluster R=$D/rootfs STAMP=$D/provisioned.stamp
+  PIDFILE=$D/run/$NODE.pid STDOUT_LOG=$D/logs/$NODE.log
+  ETC_IN=/etc/rabbitmq/$NODE ETC_HOST=$R/etc/rabbitmq/$NODE DATA_IN=/var/lib/rabbitmq/$NODE
+  mkdir -p "$D/run" "$D/logs"
+}
+
+node_as_broker() { # like as_broker, with this node's env file
+  chroot --userspec="$(broker_ids)" "$R" /usr/bin/env -i HOME=/var/lib/rabbitmq LANG=C.UTF-8 \
+    PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin RABBITMQ_CONF_ENV_FILE="$ETC_IN/rabbitmq-env.conf" "$@"
+}
+
+cluster_provision() {
+  select_cluster_node 1
+  if [ -f "$STAMP" ]; then log "already provisioned ($(cat "$STAMP"))"; return 0; fi
+  local src=$BASE/4.3 t
+  [ -f "$src/provisioned.stamp" ] || "$0" provision 4.3
+  t=$(now)
+  rm -rf --one-file-system "$R.tmp"
+  mkdir -p "$R.tmp"
+  # the 4.3 rootfs without its node's state and without /proc (which may be mounted there)
+  tar -C "$src/rootfs" --one-file-system --exclude=./proc --exclude=./var/lib/rabbitmq/mnesia \
+      --exclude=./var/lib/rabbitmq/log --exclude=./var/lib/rabbitmq/instances -cf - . | tar -C "$R.tmp" -xf -
+  mkdir -p "$R.tmp/proc"
+  mv "$R.tmp" "$R"
+  cp "$src/provisioned.stamp" "$STAMP"
+  log "provisioned from the 4.3 rootfs in $(since "$t")s"
+}
+
+cluster_write_config() {
+  local ids
+  ids=$(broker_ids)
+  mkdir -p "$ETC_HOST" "$R$DATA_IN"
+  render "$TEMPLATES/rabbitmq-env.conf.in" > "$ETC_HOST/rabbitmq-env.conf"
+  render "$TEMPLATES/cluster.conf.in" > "$ETC_HOST/rabbitmq.conf"
+  echo "[rabbitmq_management,rabbitmq_stream]." > "$ETC_HOST/enabled_plugins"
+  chown -R "$ids" "$ETC_HOST" "$R$DATA_IN"
+}
+
+cluster_start_node() {
+  select_cluster_node "$1"
+  [ -f "$STAMP" ] || die "not provisioned; run: $0 provision cluster"
+  if pid_alive; then log "$NODE already running (pid $(cat "$PIDFILE"))"; return 0; fi
+  port_open "$STREAM_PORT" && die "port $STREAM_PORT is in use by something else"
+  cluster_write_config
+  mount_proc
+  setsid chroot --userspec="$(broker_ids)" "$R" /usr/bin/env -i HOME=/var/lib/rabbitmq LANG=C.UTF-8 \
+    PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin RABBITMQ_CONF_ENV_FILE="$ETC_IN/rabbitmq-env.conf" \
+    /usr/lib/rabbitmq/bin/rabbitmq-server > "$STDOUT_LOG" 2>&1 < /dev/null {lockfd}>&- &
+  echo $! > "$PIDFILE"
+  log "started $NODE pid $(cat "$PIDFILE") (stream $STREAM_PORT, amqp $AMQP_PORT, mgmt $MGMT_PORT)"
+}
+
+cluster_wait_node() {
+  select_cluster_node "$1"
+  local t timeout=${2:-240}
+  t=$(now)
+  until port_open "$STREAM_PORT"; do
+    pid_alive || { tail -20 "$STDOUT_LOG" >&2 || true; die "$NODE is not running (see $STDOUT_LOG)"; }
+    [ "$(awk -v a="$t" -v b="$(now)" -v m="$timeout" 'BEGIN{print (b-a > m)}')" = 1 ] \
+      && die "$NODE: stream port $STREAM_PORT not open after ${timeout}s (see $STDOUT_LOG)"
+    sleep 0.5
+  done
+  node_as_broker rabbitmqctl -q await_startup --timeout "$timeout" >/dev/null
+}
+
+cluster_stop_node() {
+  select_cluster_node "$1"
+  local pid
+  if pid_alive; then
+    pid=$(cat "$PIDFILE")
+    node_as_broker rabbitmqctl -q shutdown >/dev/null 2>&1 || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && die "$NODE pid $pid did not stop"
+  fi
+  rm -f "$PIDFILE"
+  log "stopped $NODE"
+}
+
+cluster_main() {
+  local action=$1 n
+  shift
+  case $action in
+    provision) V=cluster; locked cluster_provision ;;
+    start) for n in "${CLUSTER_NODES[@]}"; do V=cluster; locked cluster_start_node "$n"; done ;;
+    wait)
+      for n in "${CLUSTER_NODES[@]}"; do cluster_wait_node "$n" "${1:-240}"; done
+      select_cluster_node 1
+      local running
+      running=$(node_as_broker rabbitmqctl -q eval 'length(rabbit_nodes:list_running()).' 2>/dev/null || echo 0)
+      [ "$running" = 3 ] || die "cluster has $running running member(s), expected 3"
+      log "ready: 3 nodes, stream 5601-5603, amqp 5611-5613, mgmt 15611-15613" ;;
+    stop)
+      for n in 3 2 1; do V=cluster; locked cluster_stop_node "$n"; done
+      select_cluster_node 1
+      [ -f "$STAMP" ] && node_as_broker epmd -port "$EPMD_PORT" -kill >/dev/null 2>&1 || true
+      if mountpoint -q "$R/proc"; then umount "$R/proc" || umount -l "$R/proc"; fi ;;
+    stop-node) [ $# -ge 1 ] || usage; V=cluster; locked cluster_stop_node "$1" ;;
+    start-node) [ $# -ge 1 ] || usage; V=cluster; locked cluster_start_node "$1"; cluster_wait_node "$1" ;;
+    status)
+      for n in "${CLUSTER_NODES[@]}"; do
+        select_cluster_node "$n"
+        local state=stopped
+        pid_alive && state="running pid $(cat "$PIDFILE")"
+        log "$NODE@localhost: $state, stream $STREAM_PORT, amqp $AMQP_PORT, mgmt $MGMT_PORT, dist $DIST_PORT"
+      done ;;
+    *) usage ;;
+  esac
+}
+
 [ $# -ge 2 ] || usage
 action=$1 target=$2
 shift 2
+if [ "$action" = cli ] && [[ $target == cluster* ]]; then
+  n=${target#cluster}
+  select_cluster_node "${n:-1}"
+  [ $# -ge 1 ] || usage
+  node_as_broker "$@"
+  exit $?
+fi
+if [ "$target" = cluster ]; then
+  [ "$(id -u)" = 0 ] || [ "$action" = status ] || die "needs root (chroot, mount, apt-get)"
+  cluster_main "$action" "$@"
+  exit 0
+fi
 if [ "$action" = cli ]; then
   select_version "$target"
   [ -f "$STAMP" ] || die "not provisioned; run: $0 provision $V"

@@ -68,6 +68,17 @@ RABBITMQ_STREAM_FIELDS: dict[str, Any] = {
         "description": "Timeout of every request to the broker, in seconds.",
         "schema": {"type": ["number", "null"], "default": 10},
     },
+    "topology": {
+        "label": "Topology over",
+        "description": "stream (default) or amqp10: create/delete streams and super streams through "
+        "RabbitMQ 4's AMQP 1.0 /management node.",
+        "schema": {"type": ["string", "null"], "default": "stream"},
+    },
+    "amqp_port": {
+        "label": "AMQP 1.0 port",
+        "description": "Port of the AMQP 1.0 listener for topology: amqp10 (default 5672, 5671 with TLS).",
+        "schema": {"type": ["integer", "null"]},
+    },
 }
 
 TUBEMQ_UI: dict[str, Any] = {

@@ -20,6 +20,7 @@ _GROUPS = (
     "streamledger.cli.ledger",
     "streamledger.cli.tubemq",
     "streamledger.cli.mewbase",
+    "streamledger.cli.amqp",
 )
 
 

@@ -2,7 +2,9 @@
 
 Connection fields: host, port (5552; 5551 for TLS), login, password, schema = virtual host (default
 ``/``). Extra: ``tls`` (bool), ``ca_file``, ``cert_file``, ``key_file``, ``verify`` (bool),
-``sasl_mechanism`` (``PLAIN`` | ``EXTERNAL``), ``timeout`` (seconds). A connection URI such as
+``sasl_mechanism`` (``PLAIN`` | ``EXTERNAL``), ``timeout`` (seconds), ``topology`` (``stream``, the
+default, or ``amqp10``: the create/delete operators then manage topology over AMQP 1.0 through
+RabbitMQ 4's ``/management`` node) and ``amqp_port`` (5672; 5671 for TLS). A connection URI such as
 ``rabbitmq-stream://user:pass@host:5552/vhost?tls=true`` works as well (Airflow turns the query into
 extra). The password is registered with Airflow's secret masker and never logged by this module.
 """
@@ -18,6 +20,7 @@ from airflow.sdk import BaseHook
 from streamledger.provider import RABBITMQ_STREAM_UI
 
 if TYPE_CHECKING:
+    from streamledger.protocol.amqp10 import Management
     from streamledger.protocol.rabbitmq import StreamClient
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -61,6 +64,35 @@ def connection_url(
             query["auth"] = "external"
     elif str(extra.get("sasl_mechanism") or "PLAIN").upper() == "EXTERNAL":
         raise ValueError("sasl_mechanism EXTERNAL needs tls=true and a client certificate")
+    return url + ("?" + urlencode(query) if query else "")
+
+
+def amqp10_url(
+    *,
+    host: str | None,
+    login: str | None,
+    password: str | None,
+    vhost: str | None,
+    extra: dict[str, Any],
+) -> str:
+    """The AMQP 1.0 URL of the same broker (``amqp_port`` from extra; TLS options carried over)."""
+    tls = _flag(extra.get("tls"), False)
+    user = quote(login or "guest", safe="")
+    secret = quote(password if password is not None else ("" if login else "guest"), safe="")
+    server = host or "127.0.0.1"
+    if ":" in server:
+        server = f"[{server}]"
+    port = int(extra.get("amqp_port") or (5671 if tls else 5672))
+    url = f"{'amqps' if tls else 'amqp'}://{user}:{secret}@{server}:{port}/{quote(vhost or '/', safe='')}"
+    query: dict[str, str] = {}
+    if tls:
+        for name in ("ca_file", "cert_file", "key_file", "server_hostname"):
+            if extra.get(name):
+                query[name] = str(extra[name])
+        if not _flag(extra.get("verify"), True):
+            query["verify"] = "false"
+        if str(extra.get("sasl_mechanism") or "PLAIN").upper() == "EXTERNAL":
+            query["auth"] = "external"
     return url + ("?" + urlencode(query) if query else "")
 
 
@@ -118,12 +150,35 @@ class RabbitMQStreamHook(BaseHook):
 
         return StreamClient.connect(self.get_url(), timeout=self.timeout)
 
+    @property
+    def topology_over_amqp10(self) -> bool:
+        """Whether extra ``topology`` is ``amqp10`` (create/delete go through RabbitMQ 4's /management)."""
+        value = str(self._connection.extra_dejson.get("topology") or "stream").strip().lower()
+        if value not in ("stream", "amqp10"):
+            raise ValueError(f"connection extra topology={value!r}: use stream or amqp10")
+        return value == "amqp10"
+
+    def get_management(self) -> Management:
+        """An AMQP 1.0 topology client for the same broker; the caller closes it (context manager)."""
+        from streamledger.protocol.amqp10 import Management
+
+        conn = self._connection
+        if conn.password:
+            self._mask(conn.password)
+        url = amqp10_url(host=conn.host, login=conn.login, password=conn.password, vhost=conn.schema,
+                         extra=conn.extra_dejson)
+        return Management.connect(url, timeout=self.timeout)
+
     def test_connection(self) -> tuple[bool, str]:
         """Open a connection and report the broker version (used by the UI's Test button)."""
         try:
             with self.get_conn() as client:
                 version = client.server_version or "unknown version"
-            return True, f"Connected to RabbitMQ {version} at {self.broker_identity()}"
+            message = f"Connected to RabbitMQ {version} at {self.broker_identity()}"
+            if self.topology_over_amqp10:  # the operators will need the AMQP 1.0 port as well
+                with self.get_management() as m:
+                    message += f"; AMQP 1.0 topology via {m.connection.params.redacted()}"
+            return True, message
         except Exception as exc:
             return False, f"{type(exc).__name__}: {exc}"
 

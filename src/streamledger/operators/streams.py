@@ -5,6 +5,10 @@ DAG run. A different shape is an error naming what differs: for a stream, the br
 refuses a create whose arguments differ from the existing stream's (response 0x11, precondition
 failed); for a super stream, the existing partitions are compared with the requested ones.
 Deleting something absent is success too.
+
+With the connection extra ``topology: amqp10`` the same operators go through RabbitMQ 4's AMQP 1.0
+``/management`` node instead of the stream protocol (:mod:`streamledger.protocol.amqp10`): a 409
+answer is the shape mismatch, and super streams are built as the broker builds them.
 """
 
 from __future__ import annotations
@@ -66,7 +70,10 @@ class CreateStreamOperator(_StreamOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from streamledger.protocol.rabbitmq import ResponseError
 
-        with self.hook().get_conn() as client:
+        hook = self.hook()
+        if hook.topology_over_amqp10:
+            return self._execute_amqp10(hook)
+        with hook.get_conn() as client:
             existed = client.stream_exists(self.stream)
             try:
                 client.create_stream(
@@ -84,6 +91,21 @@ class CreateStreamOperator(_StreamOperator):
         self.log.info("stream %s %s", self.stream, "already existed" if existed else "created")
         return {"stream": self.stream, "created": not existed}
 
+    def _execute_amqp10(self, hook: RabbitMQStreamHook) -> dict[str, Any]:
+        from streamledger.protocol.amqp10 import Conflict, StreamOptions
+
+        options = StreamOptions(max_age=self.max_age, max_length_bytes=self.max_length_bytes,
+                                max_segment_size_bytes=self.max_segment_size_bytes)
+        with hook.get_management() as m:
+            existed = m.queue_exists(self.stream)
+            try:
+                m.declare_stream(self.stream, options)
+            except Conflict as exc:
+                raise StreamShapeMismatch(f"stream {self.stream!r} already exists with different arguments "
+                                          f"(broker said: {exc.description})") from exc
+        self.log.info("stream %s %s (AMQP 1.0)", self.stream, "already existed" if existed else "created")
+        return {"stream": self.stream, "created": not existed}
+
 
 class DeleteStreamOperator(_StreamOperator):
     """Delete a stream (success if it does not exist). :param stream: stream name. Templated."""
@@ -97,7 +119,15 @@ class DeleteStreamOperator(_StreamOperator):
         self.stream = stream
 
     def execute(self, context: Context) -> dict[str, Any]:
-        with self.hook().get_conn() as client:
+        hook = self.hook()
+        if hook.topology_over_amqp10:
+            with hook.get_management() as m:
+                existed = m.queue_exists(self.stream)
+                m.delete_queue(self.stream)
+            self.log.info("stream %s %s (AMQP 1.0)", self.stream,
+                          "deleted" if existed else "was already absent")
+            return {"stream": self.stream, "deleted": existed}
+        with hook.get_conn() as client:
             existed = client.stream_exists(self.stream)
             client.delete_stream(self.stream, missing_ok=True)
         self.log.info("stream %s %s", self.stream, "deleted" if existed else "was already absent")
@@ -131,7 +161,10 @@ class CreateSuperStreamOperator(_StreamOperator):
         from streamledger.protocol.rabbitmq import StreamError
 
         wanted = expected_partitions(self.super_stream, self.partitions, self.binding_keys)
-        with self.hook().get_conn() as client:
+        hook = self.hook()
+        if hook.topology_over_amqp10:
+            return self._execute_amqp10(hook, wanted)
+        with hook.get_conn() as client:
             try:
                 existing = list(client.partitions(self.super_stream))
             except StreamError:
@@ -156,20 +189,53 @@ class CreateSuperStreamOperator(_StreamOperator):
         self.log.info("super stream %s created: %s", self.super_stream, ", ".join(created))
         return {"super_stream": self.super_stream, "partitions": created, "created": True}
 
+    def _execute_amqp10(self, hook: RabbitMQStreamHook, wanted: list[str]) -> dict[str, Any]:
+        from streamledger.protocol.amqp10 import Conflict
+
+        with hook.get_management() as m:
+            existing = [p for p in wanted if m.queue_exists(p)]
+            if self.partitions is not None and m.queue_exists(f"{self.super_stream}-{self.partitions}"):
+                raise StreamShapeMismatch(f"super stream {self.super_stream!r} already has more than "
+                                          f"{self.partitions} partitions")
+            try:
+                created = m.create_super_stream(self.super_stream, partitions=self.partitions,
+                                                binding_keys=self.binding_keys)
+            except Conflict as exc:
+                raise StreamShapeMismatch(f"super stream {self.super_stream!r} exists in another shape "
+                                          f"(broker said: {exc.description})") from exc
+        fresh = len(existing) < len(wanted)
+        self.log.info("super stream %s %s (AMQP 1.0): %s", self.super_stream,
+                      "created" if fresh else "already existed", ", ".join(created))
+        return {"super_stream": self.super_stream, "partitions": created, "created": fresh}
+
 
 class DeleteSuperStreamOperator(_StreamOperator):
-    """Delete a super stream and its partitions (success if absent). :param super_stream: Templated."""
+    """Delete a super stream and its partitions (success if absent).
+
+    :param super_stream: Templated.
+    :param binding_keys: only with ``topology: amqp10`` and a super stream made by binding keys (the
+        AMQP 1.0 management node cannot list partitions; numbered ones are found by probing).
+    """
 
     template_fields: Sequence[str] = ("super_stream",)
 
-    def __init__(self, *, super_stream: str, **kwargs: Any) -> None:
+    def __init__(self, *, super_stream: str, binding_keys: Sequence[str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not super_stream:
             raise ValueError(f"{self.task_id}: super_stream name is required")
         self.super_stream = super_stream
+        self.binding_keys = list(binding_keys) if binding_keys else None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        with self.hook().get_conn() as client:
+        hook = self.hook()
+        if hook.topology_over_amqp10:
+            with hook.get_management() as m:
+                deleted = m.delete_super_stream(self.super_stream, binding_keys=self.binding_keys)
+            self.log.info("super stream %s deleted (AMQP 1.0): %s", self.super_stream,
+                          ", ".join(deleted) or "-")
+            return {"super_stream": self.super_stream}
+        with hook.get_conn() as client:
             client.delete_super_stream(self.super_stream, missing_ok=True)
         self.log.info("super stream %s deleted (or was absent)", self.super_stream)
         return {"super_stream": self.super_stream}

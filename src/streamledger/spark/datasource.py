@@ -62,6 +62,7 @@ class ReadOptions:
     fail_on_data_loss: bool
     decode: Literal["amqp", "raw"]
     batch_rows: int
+    read_from: Literal["replica", "leader", "url"] = "replica"
 
     @classmethod
     def parse(cls, options: Any) -> ReadOptions:
@@ -98,6 +99,12 @@ class ReadOptions:
             raise PlanningError(
                 f"{DATA_SOURCE_NAME}: option 'decode' must be amqp or raw, got {decode_text!r}"
             )
+        read_from_text = (get("readFrom") or "replica").strip().lower()
+        if read_from_text not in ("replica", "leader", "url"):
+            raise PlanningError(
+                f"{DATA_SOURCE_NAME}: option 'readFrom' must be replica, leader or url, "
+                f"got {read_from_text!r}"
+            )
         return cls(
             url=url,
             streams=tuple(streams),
@@ -112,6 +119,7 @@ class ReadOptions:
             fail_on_data_loss=parse_bool(get("failOnDataLoss"), what="failOnDataLoss", default=True),
             decode=decode,
             batch_rows=parse_positive_int(get("batchRows"), what="batchRows") or DEFAULT_BATCH_ROWS,
+            read_from=read_from_text,  # type: ignore[arg-type]
         )
 
     def bounds(self, client: Any) -> dict[str, tuple[OffsetBound, OffsetBound]]:
@@ -172,7 +180,8 @@ def read_slice(options: ReadOptions, part: StreamSlice) -> Iterator[Any]:
         if start >= part.end:
             return
         for batch in client.read_range(
-            part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows
+            part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
+            prefer=options.read_from,
         ):
             full = buffer.add(
                 batch.offsets,
@@ -233,6 +242,9 @@ class RabbitMQStreamDataSource(DataSource):
       to the first retained offset and logs the lost span.
     * ``decode``: ``amqp`` (default; body = AMQP data, maps filled) or ``raw`` (body = stored record,
       maps null). ``batchRows``: Arrow batch size (default 65536).
+    * ``readFrom``: which member of a stream serves a partition's read: ``replica`` (default; the
+      advertised address from Metadata, as the Java client reads), ``leader``, or ``url`` (the URL's own
+      node, e.g. behind a load balancer whose nodes advertise unreachable addresses).
 
     Schema: ``stream STRING, offset LONG, chunk_timestamp TIMESTAMP, body BINARY,
     properties / application_properties / message_annotations MAP<STRING,STRING>``.

@@ -125,6 +125,8 @@ def test_read_options_validation() -> None:
         {"url": "rabbitmq-stream://h:5552/", "superStream": "x", "maxRecordsPerPartition": "5"}
     )
     assert ok.super_stream == "x" and ok.max_records_per_partition == 5 and ok.fail_on_data_loss
+    assert ok.read_from == "replica"
+    assert ReadOptions.parse({"url": "u", "stream": "a", "readFrom": "URL"}).read_from == "url"
     secret = ReadOptions.parse({"url": "rabbitmq-stream://u:s3cret@h:5552/", "stream": "a"})
     assert "s3cret" not in repr(secret)
     bad = [
@@ -135,6 +137,7 @@ def test_read_options_validation() -> None:
         ({"url": "u", "stream": "a", "decode": "json"}, "amqp or raw"),
         ({"url": "u", "stream": "a", "ranges": '{"a": [0, 1]}'}, "names its streams"),
         ({"url": "u", "stream": "a", "maxRecordsPerPartition": "0"}, "positive integer"),
+        ({"url": "u", "stream": "a", "readFrom": "nearest"}, "'readFrom' must be replica, leader or url"),
     ]
     for opts, msg in bad:
         with pytest.raises(PlanningError, match=msg):

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from streamledger.protocol.rabbitmq.client import StreamClient, StreamMetadata, StreamStats
+from streamledger.protocol.rabbitmq.client import StreamClient
 from streamledger.protocol.rabbitmq.errors import (
     AccessRefused,
     AuthenticationError,
@@ -36,6 +36,7 @@ from streamledger.protocol.rabbitmq.errors import (
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.publisher import PublishResult
 from streamledger.protocol.rabbitmq.records import RecordBatch
+from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams, parse_url
 
 __all__ = [

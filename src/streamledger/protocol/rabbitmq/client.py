@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -35,6 +34,7 @@ from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.publisher import PublishResult, publish
 from streamledger.protocol.rabbitmq.reader import probe_chunk, read_range
 from streamledger.protocol.rabbitmq.records import RecordBatch
+from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams, to_params
 from streamledger.protocol.rabbitmq.wire import (
     Writer,
@@ -48,36 +48,6 @@ from streamledger.protocol.rabbitmq.wire import (
 T = TypeVar("T")
 _MAX_AGE = re.compile(r"^[1-9][0-9]*[YMDhms]$")
 _MAX_SEGMENT = 3_000_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStats:
-    """StreamStats (3.12+): chunk ids, and ``committed_offset`` (4.3+; ``None`` when absent).
-
-    ``-1`` from the broker ("none yet") is reported as ``None``.
-    """
-
-    stream: str
-    first_chunk_id: int | None
-    committed_chunk_id: int | None
-    last_chunk_id: int | None
-    committed_offset: int | None
-    raw: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class StreamMetadata:
-    """Leader and replicas of one stream as advertised by the broker (host, port)."""
-
-    stream: str
-    code: int
-    code_name: str
-    leader: tuple[str, int] | None
-    replicas: list[tuple[str, int]]
-
-    @property
-    def exists(self) -> bool:
-        return self.code == c.OK
 
 
 def _stream_arguments(
@@ -530,10 +500,12 @@ class StreamClient:
         verify_crc: bool = True,
         credit: int = 16,
         max_batch_records: int = 65_536,
+        prefer: Literal["replica", "leader", "url"] = "replica",
     ) -> Iterator[RecordBatch]:
-        """Exactly the user records with ``start <= offset < end``; see :func:`reader.read_range`."""
+        """Exactly the user records with ``start <= offset < end``; see :func:`reader.read_range`
+        (``prefer``: which member serves the read, default a replica)."""
         return read_range(
             self, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
-            max_batch_records=max_batch_records,
+            max_batch_records=max_batch_records, prefer=prefer,
         )
 

@@ -8,6 +8,7 @@ One hierarchy for the whole client, so callers can catch "the broker or the byte
 from __future__ import annotations
 
 from streamledger.errors import StreamledgerError
+from streamledger.protocol.amqp10.codec import errors as _codec_errors
 
 
 class StreamError(StreamledgerError):
@@ -26,8 +27,8 @@ class CrcMismatch(ChunkFormatError):
     """The CRC-32 of a chunk's data section differs from the one in its header."""
 
 
-class AmqpDecodeError(ProtocolError):
-    """Bytes are not a valid AMQP 1.0 value or message."""
+class AmqpDecodeError(ProtocolError, _codec_errors.AmqpDecodeError):
+    """Bytes are not a valid AMQP 1.0 value or message (also the shared codec's error type)."""
 
 
 class CodecUnavailable(StreamError):

@@ -10,6 +10,12 @@ the decoder), which makes both ends exact:
 * the read stops as soon as a chunk reaches ``end``, even when the range ends in a run of
   tracking chunks that a ``user_data`` subscription would never deliver (it would wait forever).
 
+Which node: a range read asks Metadata for the stream's leader and replicas and connects to their
+**advertised** host and port (what the broker says clients should use), by default to a replica,
+as the Java client does for consumers (``prefer="replica"``; ``"leader"``, or ``"url"`` for the URL's
+own node). A member that cannot be reached is skipped for the next one, the URL's node last; when a
+member fails mid-read, the read resumes exactly from the next chunk on another member.
+
 Flow control: credit is counted in chunks; the server resumes only when the available credit
 exceeds half the initial credit (spec 7.9), so credit is returned in blocks of half the initial
 credit. The hot loop hands chunk bytes to :func:`decode_chunk` as positions in the connection's
@@ -19,11 +25,12 @@ read buffer: no per-chunk copy.
 from __future__ import annotations
 
 import logging
+import random
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from dataclasses import dataclass, field
+from typing import Final, Literal, Protocol
 
 from streamledger.protocol.rabbitmq import constants as c
 from streamledger.protocol.rabbitmq.chunk import ChunkHeader, decode_chunk, parse_chunk_header
@@ -42,6 +49,8 @@ from streamledger.protocol.rabbitmq.errors import (
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.records import RecordBatch
+from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
+from streamledger.protocol.rabbitmq.url import ConnectionParams
 from streamledger.protocol.rabbitmq.wire import (
     credit_frame,
     metadata_frame,
@@ -49,8 +58,30 @@ from streamledger.protocol.rabbitmq.wire import (
     unsubscribe_frame,
 )
 
-if TYPE_CHECKING:
-    from streamledger.protocol.rabbitmq.client import StreamClient
+
+class RangeSource(Protocol):
+    """What a range read needs from the client that plans it (``StreamClient`` is one).
+
+    A narrow interface instead of the client itself, so this module does not import the client
+    (which imports this module): where to connect, how long to wait, and the stream's bounds.
+    """
+
+    @property
+    def params(self) -> ConnectionParams: ...
+
+    @property
+    def timeout(self) -> float: ...
+
+    def supports(self, key: int) -> bool: ...
+
+    def stream_stats(self, name: str) -> StreamStats: ...
+
+    def committed_tail(self, name: str, *, stats: StreamStats | None = None) -> int: ...
+
+    def metadata(self, names: list[str]) -> dict[str, StreamMetadata]: ...
+
+
+Prefer = Literal["replica", "leader", "url"]
 
 _CHUNK_HEADER_SIZE: Final = 48
 _READ_RETRIES: Final = 3
@@ -126,7 +157,7 @@ def probe_chunk(
 
 
 def read_range(
-    client: StreamClient,
+    client: RangeSource,
     stream: str,
     start: int,
     end: int,
@@ -135,8 +166,12 @@ def read_range(
     verify_crc: bool = True,
     credit: int = 16,
     max_batch_records: int = 65_536,
+    prefer: Prefer = "replica",
 ) -> Iterator[RecordBatch]:
     """Yield exactly the user records with ``start <= offset < end`` as :class:`RecordBatch` es.
+
+    ``prefer`` picks the node that serves the read (module docstring): ``replica`` (default),
+    ``leader`` or ``url``.
 
     Arguments and bounds are checked now (not on the first ``next()``): an empty range returns
     an empty iterator without touching the network, an ``end`` beyond the committed tail raises
@@ -154,6 +189,8 @@ def read_range(
         raise InvalidRequest(f"credit must be in 1..32767 chunks, not {credit!r}")
     if not isinstance(max_batch_records, int) or max_batch_records < 1:
         raise InvalidRequest(f"max_batch_records must be a positive integer, not {max_batch_records!r}")
+    if prefer not in ("replica", "leader", "url"):
+        raise InvalidRequest(f"prefer must be 'replica', 'leader' or 'url', not {prefer!r}")
     if start == end:
         return iter(())
     stats = client.stream_stats(stream) if client.supports(c.STREAM_STATS) else None
@@ -163,7 +200,7 @@ def read_range(
     if end > tail:
         raise OffsetOutOfRange(stream, end, tail)
     return _read(client, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
-                 max_batch_records=max_batch_records)
+                 max_batch_records=max_batch_records, prefer=prefer)
 
 
 def _split(batch: RecordBatch, size: int) -> Iterator[RecordBatch]:
@@ -189,6 +226,61 @@ class _Progress:
 
     position: int  # next offset not yet decoded (a chunk boundary after the first chunk)
     batch: RecordBatch
+    member: tuple[str, int] | None = None  # the node being read from
+    failed: set[tuple[str, int]] = field(default_factory=set)  # members that broke during this read
+
+
+def candidates(client: RangeSource, stream: str, prefer: Prefer) -> list[tuple[ConnectionParams, str]]:
+    """Where to read ``stream`` from, in order, each with its role (``replica``, ``leader``, ``url``).
+
+    Replicas are shuffled so that concurrent readers spread over them. The URL's own node comes
+    last (first and only with ``prefer="url"``, or when Metadata has no answer).
+    """
+    params = client.params
+    url = [(params, "url")]
+    if prefer == "url":
+        return url
+    try:
+        md = client.metadata([stream]).get(stream)
+    except StreamError as exc:
+        log.info("no Metadata for stream %r (%s); reading from %s", stream, exc, params.address)
+        return url
+    if md is None or not md.exists:
+        return url
+    replicas = list(md.replicas)
+    random.shuffle(replicas)
+    leader = [md.leader] if md.leader is not None else []
+    ordered = [(r, "replica") for r in replicas] + [(m, "leader") for m in leader]
+    if prefer == "leader":
+        ordered = ordered[len(replicas):] + ordered[: len(replicas)]
+    out = [(params.replace(host=host, port=port), role) for (host, port), role in ordered]
+    if all((p.host, p.port) != (params.host, params.port) for p, _ in out):
+        out += url
+    return out
+
+
+def _open_member(client: RangeSource, stream: str, prefer: Prefer, progress: _Progress) -> Connection:
+    """A connection to the first reachable candidate that has not failed during this read."""
+    found = candidates(client, stream, prefer)
+    fresh = [(p, role) for p, role in found if (p.host, p.port) not in progress.failed] or found
+    last: ConnectionFailed | None = None
+    for params, role in fresh:
+        try:
+            conn = Connection.open(params, timeout=client.timeout)
+        except ConnectionFailed as exc:
+            if isinstance(exc, TlsError):
+                raise
+            log.warning("cannot reach %s (%s of stream %r): %s; trying the next member", params.address, role,
+                        stream, exc)
+            progress.failed.add((params.host, params.port))
+            last = exc
+            continue
+        progress.member = (params.host, params.port)
+        log.info("reading stream %r from %s (%s) at offset %d", stream, params.address, role,
+                 progress.position)
+        return conn
+    assert last is not None
+    raise last
 
 
 def _transient(exc: ConnectionFailed) -> bool:
@@ -199,7 +291,7 @@ def _transient(exc: ConnectionFailed) -> bool:
 
 
 def _read(
-    client: StreamClient,
+    client: RangeSource,
     stream: str,
     start: int,
     end: int,
@@ -208,6 +300,7 @@ def _read(
     verify_crc: bool,
     credit: int,
     max_batch_records: int,
+    prefer: Prefer = "replica",
 ) -> Iterator[RecordBatch]:
     """Read with resume: if the connection drops, reconnect and subscribe again at the first offset
     not yet decoded (always a chunk boundary), so no record is lost or repeated."""
@@ -216,11 +309,13 @@ def _read(
     while True:
         try:
             yield from _read_once(client, stream, progress, end, decode=decode, verify_crc=verify_crc,
-                                  credit=credit, max_batch_records=max_batch_records)
+                                  credit=credit, max_batch_records=max_batch_records, prefer=prefer)
             break
         except ConnectionFailed as exc:
             if progress.position >= end:
                 break  # every record was decoded; only the goodbye failed
+            if progress.member is not None:
+                progress.failed.add(progress.member)
             if not _transient(exc) or retries >= _READ_RETRIES:
                 raise
             retries += 1
@@ -232,7 +327,7 @@ def _read(
 
 
 def _read_once(
-    client: StreamClient,
+    client: RangeSource,
     stream: str,
     progress: _Progress,
     end: int,
@@ -241,8 +336,9 @@ def _read_once(
     verify_crc: bool,
     credit: int,
     max_batch_records: int,
+    prefer: Prefer = "replica",
 ) -> Iterator[RecordBatch]:
-    conn = Connection.open(client.params, timeout=client.timeout)
+    conn = _open_member(client, stream, prefer, progress)
     sub_id = 0
     from_offset = progress.position
     try:

@@ -1,0 +1,1 @@
+"""Unit tests of the AMQP 1.0 client: frames, URLs, management request shapes (no broker needed)."""
