@@ -200,3 +200,40 @@ def spark_standalone() -> Iterator[StandaloneCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect() -> Iterator[str]:
+    """A local Spark Connect server (started by ``streamledger.spark.connect``); yields its sc:// URL.
+
+    It runs in its own state directory under ``$STREAMLEDGER_HOME/spark/`` so it never reuses (or
+    stops) a server a developer started by hand, and it is stopped at the end of the session.
+    """
+    for key, value in SPARK_ENV.items():
+        os.environ.setdefault(key, value)
+    from streamledger.spark import connect
+
+    base = _home() / "spark"
+    for old in base.glob("connect-*"):  # left by earlier sessions whose process is gone
+        pid = old.name.removeprefix("connect-")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            connect.stop(old)
+            shutil.rmtree(old, ignore_errors=True)
+    root = base / f"connect-{os.getpid()}"
+    state = connect.start(root=root, conf={"spark.driver.memory": "1g"})
+    try:
+        yield state.url
+    finally:
+        connect.stop(root)
+
+
+@pytest.fixture(scope="session")
+def spark_remote(spark_connect: str) -> Iterator[Any]:
+    """A Spark Connect session on the fixture server, data source registered."""
+    from streamledger.spark.connect import connect_session
+
+    session = connect_session(spark_connect)
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from streamledger.errors import StreamledgerError
 
-_GROUPS = ("streamledger.cli.rabbitmq", "streamledger.cli.ledger", "streamledger.cli.tubemq")
+_GROUPS = ("streamledger.cli.rabbitmq", "streamledger.cli.ledger", "streamledger.cli.tubemq",
+           "streamledger.cli.spark")
 
 
 def build_parser() -> argparse.ArgumentParser:
