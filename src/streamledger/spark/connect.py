@@ -156,7 +156,9 @@ def start(
             )
         if time.monotonic() > deadline:
             _kill_group(proc.pid)
-            raise ConnectServerError(f"Spark Connect server not listening on port {port} after {timeout:.0f}s; see {log}")
+            raise ConnectServerError(
+                f"Spark Connect server not listening on port {port} after {timeout:.0f}s; see {log}"
+            )
         time.sleep(0.5)
     tmp = _state_file(root).with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(state)) + "\n")

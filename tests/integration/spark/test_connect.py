@@ -144,8 +144,9 @@ def test_connect_runner_cancel_interrupts_the_running_batch(
     def work() -> None:
         try:
             # Many splits of a small range keep the job busy long enough to be interrupted.
-            runner(url=rabbitmq_url, ranges={s: (0, 20000)}, output=str(tmp_path / "x"), fmt="json", splits=400)
-        except BaseException as exc:  # noqa: BLE001 - what the interrupt raises is the point
+            runner(url=rabbitmq_url, ranges={s: (0, 20000)}, output=str(tmp_path / "x"), fmt="json",
+                   splits=400)
+        except BaseException as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=work)
