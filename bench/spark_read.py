@@ -199,7 +199,7 @@ def main() -> int:
     ap.add_argument("--quick-start", action="store_true", help="C1-only JIT + serial GC for the Spark JVM")
     ap.add_argument("--keep", action="store_true", help="keep the super stream afterwards")
     ap.add_argument("--connect", action="store_true", help="also time a job process on a warm Connect server")
-    ap.add_argument("--remote", default=None, help="use this running Spark Connect server (implies --connect)")
+    ap.add_argument("--remote", default=None, help="use this running Connect server (implies --connect)")
     ap.add_argument("--skip-local", action="store_true", help="skip the in-process local[2] Spark timing")
     args = ap.parse_args()
     if args.size < 8:

@@ -365,7 +365,8 @@ def test_operator_runs_on_the_spark_connect_connection(monkeypatch: pytest.Monke
     from streamledger.operators.batch import StreamBatchOperator
 
     monkeypatch.setenv(
-        "AIRFLOW_CONN_SL_CONNECT", json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15002})
+        "AIRFLOW_CONN_SL_CONNECT",
+        json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15002}),
     )
     op = StreamBatchOperator(task_id="t", pipeline="p", stream="s", spark_connect_conn_id="sl_connect")
     runner = op._runner()
