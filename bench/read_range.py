@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="read passes per client; the best counts")
     parser.add_argument("--decode-count", type=int, default=1_000_000, help="records for decode-only figures")
     parser.add_argument("--no-decode-only", action="store_true")
-    parser.add_argument("--no-parquet", action="store_true", help="skip the `streamledger read` to Parquet run")
+    parser.add_argument("--no-parquet", action="store_true", help="skip `streamledger read` to Parquet")
     args = parser.parse_args()
 
     print(f"publishing {args.count:,} x {args.size}-byte messages to {parse_url(args.url).redacted()}")

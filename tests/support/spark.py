@@ -227,9 +227,21 @@ def spark_connect() -> Iterator[str]:
         connect.stop(root)
 
 
-@pytest.fixture(scope="session")
-def spark_remote(spark_connect: str) -> Iterator[Any]:
-    """A Spark Connect session on the fixture server, data source registered."""
+@pytest.fixture
+def leave_connect_mode() -> Iterator[None]:
+    """Undo pyspark's process-wide Connect switch after a test.
+
+    ``SparkSession.builder.remote(...)`` sets ``SPARK_CONNECT_MODE_ENABLED`` in ``os.environ``, which
+    turns every later ``pyspark.sql.functions`` call of the process into a Connect expression and
+    breaks the shared classic ``spark`` session of the other tests.
+    """
+    yield
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
+@pytest.fixture
+def spark_remote(spark_connect: str, leave_connect_mode: None) -> Iterator[Any]:
+    """A Spark Connect session on the fixture server (data source registered), closed after the test."""
     from streamledger.spark.connect import connect_session
 
     session = connect_session(spark_connect)

@@ -197,6 +197,8 @@ def connect_session(url: str) -> Any:
 
     Python data sources are registered per session; ``spark.dataSource.register`` works on a Connect
     session (the class is shipped pickled, the server's workers import streamledger to unpickle it).
+    pyspark switches the whole process to Connect mode here (``SPARK_CONNECT_MODE_ENABLED``): do not
+    mix a classic in-process session and a Connect session in one process.
     """
     from pyspark.sql import SparkSession
 

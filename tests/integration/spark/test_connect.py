@@ -21,7 +21,10 @@ from streamledger.spark.job import MANIFEST, run_job
 from tests.integration.spark.helpers import body, create_stream, publish
 from tests.support.spark import spark_env
 
-pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(600),
+    pytest.mark.usefixtures("leave_connect_mode"),
+]
 
 
 def cli(*args: str, home: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
