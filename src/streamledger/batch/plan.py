@@ -43,10 +43,22 @@ def output_dir(root: str, pipeline: str, stream: str, start: int, end: int) -> s
 
 
 def staging_dir(root: str, pipeline: str, run: RunId, token: str) -> str:
-    """Where one attempt's job writes (every partition of the batch), never a published path."""
+    """Where one attempt's job writes (every partition of the batch): outside the pipeline's
+    published tree (``<root>/_staging/<pipeline>/...``), so a reader globbing
+    ``<root>/<pipeline>/`` never sees unpublished files, yet on the same file system for the rename."""
+    return str(Path(staging_prefix(root, pipeline, run)).parent / f"{attempt_name(run)}.{token}")
+
+
+def attempt_name(run: RunId) -> str:
+    """``dag.run.task.map.tN``: staging names start with the run identity, then the try."""
     who = f"{_safe(run.dag_id)}.{_safe(run.run_id)}.{_safe(run.task_id)}.{run.map_index}"
-    attempt = f"{who}.t{run.try_number}"
-    return str(Path(root) / pipeline.replace("/", "_") / "_staging" / f"{attempt}.{token}")
+    return f"{who}.t{run.try_number}"
+
+
+def staging_prefix(root: str, pipeline: str, run: RunId) -> str:
+    """The common prefix of every attempt's staging directory of this run identity."""
+    who = attempt_name(run).rsplit(".t", 1)[0]
+    return str(Path(root) / "_staging" / pipeline.replace("/", "_") / f"{who}.t")
 
 
 def millis(moment: datetime) -> int:

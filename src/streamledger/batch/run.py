@@ -350,7 +350,19 @@ class BatchRun:
                 self.reread_committed(p, final)
         if self.staging is not None:
             outputs.remove(self.staging)
+        self.sweep_staging()
         self._step("published")
+
+    def sweep_staging(self) -> None:
+        """Remove staging left by earlier attempts of this run identity (killed mid-read): every
+        range they could have committed is published by now, so nothing there is needed."""
+        prefix = plan.staging_prefix(self.config.output_root, self.config.pipeline, self.run)
+        parent = outputs.local_path(prefix).parent
+        name = outputs.local_path(prefix).name
+        if parent.is_dir():
+            for old in parent.iterdir():
+                if old.name.startswith(name):
+                    outputs.remove(str(old))
 
     def reread_committed(self, p: _Part, final: str) -> None:
         """A committed range lost both its output and its staging copy (deleted by hand): read it

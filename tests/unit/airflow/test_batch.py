@@ -159,8 +159,7 @@ def test_first_batch_reads_to_the_tail_commits_and_stores(tmp_path: Path, ledger
     assert r0.source.broker == broker_identity(URL) and "secret" not in r0.source.broker
     assert broker.stored == {("ev-0", "pipe"): 30, ("ev-1", "pipe"): 5}
     assert r1.end == 6
-    assert not (tmp_path / "out" / "pipe" / "_staging").exists() or not any(
-        (tmp_path / "out" / "pipe" / "_staging").iterdir())
+    assert not any((tmp_path / "out" / "_staging" / "pipe").iterdir())
 
 
 def test_next_batch_starts_at_the_ledger_end_and_empty_is_a_no_op(tmp_path: Path, ledger: Ledger,
@@ -278,6 +277,9 @@ def test_crash_after_each_step_then_retry_is_exactly_once(tmp_path: Path, ledger
     # a committed range is never read again; its one directory holds each offset once
     assert len(runner.calls) == (2 if step == "read" else 1)
     assert published(tmp_path, "ev-0", 0, 31) == broker.records("ev-0", 0, 31)
+    # the killed attempt's staging is gone, and nothing unpublished lies in the pipeline's tree
+    assert not any((tmp_path / "out" / "_staging" / "pipe").iterdir())
+    assert [p.name for p in (tmp_path / "out" / "pipe").iterdir()] == ["ev-0"]
 
 
 def test_a_committed_range_whose_output_was_deleted_is_reread_only_if_unchanged(
