@@ -11,7 +11,8 @@ def test_help_imports_no_heavy_module() -> None:
         "import sys; from streamledger.cli import build_parser; build_parser(); "
         "print(','.join(m for m in ('sqlalchemy', 'alembic', 'pyspark', 'pyarrow') if m in sys.modules))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          check=True)
     assert proc.stdout.strip() == ""
 
 
