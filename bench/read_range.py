@@ -3,6 +3,9 @@
 Publishes COUNT messages of SIZE bytes (once AMQP 1.0 encoded, once raw) to a local broker (4.3 by
 default), reads the whole range with our client and with rstream, and prints messages/s for each
 and the ratio. Also prints decode-only figures (chunks already in memory) from bench/decode.py.
+Then, for the AMQP stream, the files case: ``streamledger read STREAM --output X.parquet`` timed as a
+separate process (interpreter start, imports, read, Parquet) against rstream + pyarrow writing the same
+Parquet in this process (bench/spark_read.py's baseline), ratio printed (target >= 8x).
 Figures are noisy on a shared 2-core machine: compare the ratio within one run.
 
     .venv/bin/python bench/read_range.py [--count 1000000] [--size 100] [--url URL] [--runs 2]
@@ -77,6 +80,33 @@ def theirs(url: str, stream: str, count: int, amqp: bool) -> float:
     return asyncio.run(_rstream(url, stream, count, amqp))
 
 
+def cli_to_parquet(url: str, stream: str, count: int, work: Path) -> tuple[float, float]:
+    """(seconds for ``streamledger read`` as its own process, seconds for rstream + pyarrow)."""
+    import subprocess
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from spark_read import baseline  # type: ignore[import-not-found]
+
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        out = Path(tmp) / "cli.parquet"
+        started = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "streamledger.cli", "--url", url, "read", stream, "--start", "first",
+             "--end", "tail", "--output", str(out)],
+            capture_output=True, text=True, check=False,
+        )
+        t_cli = time.perf_counter() - started
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        import pyarrow.parquet as pq
+
+        assert pq.read_metadata(out).num_rows == count
+        (Path(tmp) / "rstream").mkdir()
+        n, t_base = baseline(url, {stream: count}, Path(tmp) / "rstream", "amqp")
+        assert n == count, (n, count)
+    return t_cli, t_base
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=DEFAULT_URL)
@@ -85,6 +115,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="read passes per client; the best counts")
     parser.add_argument("--decode-count", type=int, default=1_000_000, help="records for decode-only figures")
     parser.add_argument("--no-decode-only", action="store_true")
+    parser.add_argument("--no-parquet", action="store_true", help="skip `streamledger read` to Parquet")
     args = parser.parse_args()
 
     print(f"publishing {args.count:,} x {args.size}-byte messages to {parse_url(args.url).redacted()}")
@@ -104,6 +135,16 @@ def main() -> None:
                 print(f"[{mode}] rstream consumer:        {best_theirs:,.0f} msgs/s")
                 print(f"[{mode}] ratio streamledger/rstream: {best_ours / best_theirs:.2f}x "
                       f"(target {'3' if mode == 'amqp' else '1.5'}x)")
+                if mode == "amqp" and not args.no_parquet:
+                    work = Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger")) / "bench"
+                    work.mkdir(parents=True, exist_ok=True)
+                    t_cli, t_base = cli_to_parquet(args.url, stream, args.count, work)
+                    print(f"[amqp] `streamledger read` -> Parquet (own process): {t_cli:.2f}s "
+                          f"({args.count / t_cli:,.0f} msgs/s)")
+                    print(f"[amqp] rstream + pyarrow -> Parquet:               {t_base:.2f}s "
+                          f"({args.count / t_base:,.0f} msgs/s)")
+                    print(f"[amqp] ratio rstream time / streamledger read time: {t_base / t_cli:.2f}x "
+                          "(target >= 8x)")
             finally:
                 client.delete_stream(stream, missing_ok=True)
 

@@ -15,8 +15,14 @@ first read alone and for a second read in the same session (warm JVM: a long-liv
 and the share of Spark's end-to-end time that is fixed start-up. Figures are noisy
 on a shared 2-core VM; compare within one run.
 
+3. Spark Connect (``--connect``, or ``--remote sc://...`` for a server already running): a server is
+   started (and warmed with a one-record read) *before* the timing, as a warm data plane would be;
+   then ``python -m streamledger.spark.job --remote URL`` runs as its own process over the super
+   stream (the whole job: planning, read, Parquet, manifest aggregate), twice; the ratio is the
+   baseline time / the job process's wall time. ``--skip-local`` leaves out step 2.
+
 Usage: ``python bench/spark_read.py [--messages N] [--size B] [--decode amqp|raw] [--splits K]
-[--quick-start] [--url URL] [--keep]``
+[--quick-start] [--connect | --remote URL] [--skip-local] [--url URL] [--keep]``
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -149,6 +156,38 @@ def spark_read(spark: Any, url: str, decode: str, out: Path, **options: str) -> 
     return pq.ParquetDataset(out).read(columns=["offset"]).num_rows, took
 
 
+def connect_bench(args: Any, parts: list[str], expected: int, t_base: float, work: Path) -> None:
+    """A job process against a warm Spark Connect server (started here unless ``--remote``)."""
+    from streamledger.spark import connect
+
+    root = work / "connect-server"
+    url = args.remote
+    try:
+        if url is None:
+            t0 = time.perf_counter()
+            url = connect.start(root=root, conf={"spark.driver.memory": "4g"}).url
+            print(f"connect server   : started in {time.perf_counter() - t0:6.2f}s at {url}", flush=True)
+        job = [sys.executable, "-m", "streamledger.spark.job", "--url", args.url, "--remote", url,
+               "--decode", args.decode, "--splits", str(args.splits)]
+        warm = subprocess.run([*job, "--ranges", json.dumps({parts[0]: [0, 1]}), "--output",
+                               str(work / "connect-warmup")], capture_output=True, text=True, check=False)
+        assert warm.returncode == 0, warm.stderr[-3000:]
+        for attempt in (1, 2):
+            t0 = time.perf_counter()
+            proc = subprocess.run([*job, "--super-stream", args.name, "--output", str(work / "connect")],
+                                  capture_output=True, text=True, check=False)
+            took = time.perf_counter() - t0
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            n = sum(e["records"] for e in json.loads(proc.stdout)["streams"].values())
+            assert n == expected, (n, expected)
+            print(f"connect job #{attempt}   : {n:,} msgs in {took:6.2f}s  -> {n / took:>10,.0f} msg/s; "
+                  f"ratio rstream time / job process time {t_base / took:.2f}x (target >= 2x, aim >= 4x)",
+                  flush=True)
+    finally:
+        if args.remote is None:
+            connect.stop(root)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", default=os.environ.get("STREAMLEDGER_RABBITMQ_URL", DEFAULT_URL))
@@ -159,6 +198,9 @@ def main() -> int:
     ap.add_argument("--splits", type=int, default=1, help="Spark partitions per stream partition")
     ap.add_argument("--quick-start", action="store_true", help="C1-only JIT + serial GC for the Spark JVM")
     ap.add_argument("--keep", action="store_true", help="keep the super stream afterwards")
+    ap.add_argument("--connect", action="store_true", help="also time a job process on a warm Connect server")
+    ap.add_argument("--remote", default=None, help="use this running Connect server (implies --connect)")
+    ap.add_argument("--skip-local", action="store_true", help="skip the in-process local[2] Spark timing")
     args = ap.parse_args()
     if args.size < 8:
         raise SystemExit("--size must be >= 8")
@@ -177,6 +219,10 @@ def main() -> int:
         print(f"rstream baseline : {n_base:,} msgs in {t_base:6.2f}s  -> {n_base / t_base:>10,.0f} msg/s",
               flush=True)
 
+        if args.connect or args.remote:
+            connect_bench(args, parts, expected, t_base, work)
+        if args.skip_local:
+            return 0
         t0 = time.perf_counter()
         from streamledger.spark.session import build_session
 

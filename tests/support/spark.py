@@ -200,3 +200,52 @@ def spark_standalone() -> Iterator[StandaloneCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect() -> Iterator[str]:
+    """A local Spark Connect server (started by ``streamledger.spark.connect``); yields its sc:// URL.
+
+    It runs in its own state directory under ``$STREAMLEDGER_HOME/spark/`` so it never reuses (or
+    stops) a server a developer started by hand, and it is stopped at the end of the session.
+    """
+    for key, value in SPARK_ENV.items():
+        os.environ.setdefault(key, value)
+    from streamledger.spark import connect
+
+    base = _home() / "spark"
+    for old in base.glob("connect-*"):  # left by earlier sessions whose process is gone
+        pid = old.name.removeprefix("connect-")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            connect.stop(old)
+            shutil.rmtree(old, ignore_errors=True)
+    root = base / f"connect-{os.getpid()}"
+    state = connect.start(root=root, conf={"spark.driver.memory": "1g"})
+    try:
+        yield state.url
+    finally:
+        connect.stop(root)
+
+
+@pytest.fixture
+def leave_connect_mode() -> Iterator[None]:
+    """Undo pyspark's process-wide Connect switch after a test.
+
+    ``SparkSession.builder.remote(...)`` sets ``SPARK_CONNECT_MODE_ENABLED`` in ``os.environ``, which
+    turns every later ``pyspark.sql.functions`` call of the process into a Connect expression and
+    breaks the shared classic ``spark`` session of the other tests.
+    """
+    yield
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
+@pytest.fixture
+def spark_remote(spark_connect: str, leave_connect_mode: None) -> Iterator[Any]:
+    """A Spark Connect session on the fixture server (data source registered), closed after the test."""
+    from streamledger.spark.connect import connect_session
+
+    session = connect_session(spark_connect)
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -62,6 +62,62 @@ class LocalSparkRunner:
             self._spark.sparkContext.cancelJobGroup(group)
 
 
+class SparkConnectRunner:
+    """Runs :func:`streamledger.spark.job.run_job` on a Spark Connect server (``sc://host:port``).
+
+    The warm data plane: the server's JVM and Python workers are already up, so a batch pays only a
+    gRPC session (opened on first use, reused). Output paths are the server's: a local server writes
+    where this process can verify and publish; a remote one needs a shared file system. Every
+    operation of a batch carries one tag, so ``cancel()`` interrupts exactly that batch
+    (``interruptTag``) from any thread.
+    """
+
+    def __init__(self, url: str) -> None:
+        if not url.startswith("sc://"):
+            raise BatchError(f"Spark Connect URL must look like sc://host:port, got {url.split('@')[-1]!r}")
+        self.url = url
+        self._spark: Any = None
+        self._tag: str | None = None
+        self._lock = threading.Lock()
+
+    def session(self) -> Any:
+        if self._spark is None:
+            from streamledger.spark.connect import connect_session
+
+            self._spark = connect_session(self.url)
+        return self._spark
+
+    def __call__(
+        self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str, splits: int
+    ) -> Mapping[str, Any]:
+        from streamledger.spark.job import run_job
+
+        spark = self.session()
+        tag = f"streamledger-{uuid.uuid4().hex[:12]}"
+        with self._lock:
+            self._tag = tag
+        spark.addTag(tag)
+        try:
+            return run_job(spark, url=url, ranges=dict(ranges), output=output, fmt=fmt, splits=splits)
+        finally:
+            spark.removeTag(tag)
+            with self._lock:
+                self._tag = None
+
+    def cancel(self) -> None:
+        """Interrupt the operations of the batch this runner is running (no-op when idle)."""
+        with self._lock:
+            tag = self._tag
+        if tag is not None and self._spark is not None:
+            self._spark.interruptTag(tag)
+
+    def close(self) -> None:
+        """Release the server-side session (the server itself keeps running)."""
+        if self._spark is not None:
+            self._spark.stop()
+            self._spark = None
+
+
 def read_manifest(output: str) -> dict[str, Any]:
     """Load ``DIR/_manifest.json`` written by the job (used after a spark-submit run)."""
     data = _read_manifest(output)

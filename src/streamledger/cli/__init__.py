@@ -21,6 +21,7 @@ _GROUPS = (
     "streamledger.cli.tubemq",
     "streamledger.cli.mewbase",
     "streamledger.cli.amqp",
+    "streamledger.cli.spark",
 )
 
 

@@ -13,10 +13,10 @@ import json
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from streamledger.ledger import Ledger, OffsetRange
-from streamledger.ledger.engine import default_url, safe_url
+if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
+    from streamledger.ledger import Ledger, OffsetRange
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +35,15 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _url(args: argparse.Namespace) -> str:
+    from streamledger.ledger.engine import default_url
+
     return str(args.db or default_url())
+
+
+def _ledger(args: argparse.Namespace) -> Ledger:
+    from streamledger.ledger import Ledger
+
+    return Ledger(_url(args))
 
 
 def _migrate(args: argparse.Namespace, action: str) -> int:
@@ -53,6 +61,8 @@ def _migrate(args: argparse.Namespace, action: str) -> int:
         after = migrate.current(engine)
     finally:
         engine.dispose()
+    from streamledger.ledger.engine import safe_url
+
     print(f"ledger at {safe_url(url)}: {before or 'empty'} -> {after or 'empty'}")
     return 0
 
@@ -66,7 +76,7 @@ def _downgrade(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    with Ledger(_url(args)) as ledger:
+    with _ledger(args) as ledger:
         stale = timedelta(seconds=args.stale_after)
         if args.broker_url:
             from streamledger.protocol.rabbitmq import StreamClient
@@ -97,7 +107,7 @@ def _range_line(r: OffsetRange) -> str:
 
 
 def _ranges(args: argparse.Namespace) -> int:
-    with Ledger(_url(args)) as ledger:
+    with _ledger(args) as ledger:
         rows = ledger.ranges(args.pipeline, stream=args.stream)
     if getattr(args, "json", False):
         print(json.dumps([r.to_dict() for r in rows], indent=2))
@@ -109,7 +119,7 @@ def _ranges(args: argparse.Namespace) -> int:
 
 
 def _release_stale(args: argparse.Namespace) -> int:
-    with Ledger(_url(args)) as ledger:
+    with _ledger(args) as ledger:
         released = ledger.release_stale(timedelta(seconds=args.older_than), pipeline=args.pipeline)
     if getattr(args, "json", False):
         print(json.dumps([r.to_dict() for r in released], indent=2))
@@ -121,7 +131,7 @@ def _release_stale(args: argparse.Namespace) -> int:
 
 
 def _rename_broker(args: argparse.Namespace) -> int:
-    with Ledger(_url(args)) as ledger:
+    with _ledger(args) as ledger:
         moved = ledger.rename_broker(args.old, args.new, pipeline=args.pipeline)
     print(f"{moved} source(s) moved from {args.old} to {args.new}")
     return 0

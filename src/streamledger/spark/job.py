@@ -237,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clamp starts below retention and record the lost span instead of failing")
     p.add_argument("--quick-start", action="store_true",
                    help="start the local JVM with C1-only JIT + serial GC (faster start, slower long reads)")
+    p.add_argument("--remote", default=os.environ.get("SPARK_REMOTE"),
+                   help="run on this Spark Connect server, sc://host:port (default: $SPARK_REMOTE); "
+                   "replaces --master")
     p.add_argument("--master", default=None,
                    help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit: spark-submit's)")
     return p
@@ -259,9 +262,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise PlanningError("give --stream, --super-stream or --ranges")
         # Check the ranges against the broker before paying for a JVM start.
         plan_job(args.url, ranges, fail_on_data_loss=not args.allow_data_loss)
-        submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched us and owns the master
-        master = args.master or (None if submitted else DEFAULT_MASTER)
-        spark = build_session(master=master, app_name="streamledger-read", quick_start=args.quick_start)
+        if args.remote:
+            if args.master:
+                raise PlanningError("--remote and --master exclude each other")
+            from streamledger.spark.connect import connect_session
+
+            spark = connect_session(args.remote)
+        else:
+            submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched us and owns the master
+            master = args.master or (None if submitted else DEFAULT_MASTER)
+            spark = build_session(master=master, app_name="streamledger-read", quick_start=args.quick_start)
         try:
             manifest = run_job(
                 spark, url=args.url, ranges=ranges, output=args.output, fmt=args.format,

@@ -359,3 +359,24 @@ def test_retention_loss_fails_or_is_recorded(tmp_path: Path, ledger: Ledger, bro
     assert result.ranges() == {"ev-0": [21, 31]} and result.partitions[0].lost == (10, 21)
     spans = [(r.start, r.end, r.status.value) for r in ledger.ranges("pipe") if r.status.value != "failed"]
     assert spans == [(0, 10, "committed"), (10, 20, "lost"), (20, 21, "lost"), (21, 31, "committed")]
+
+
+def test_operator_runs_on_the_spark_connect_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``spark_connect_conn_id`` picks the warm Connect runner with the provider's sc:// URL."""
+    from streamledger.batch.runners import SparkConnectRunner
+    from streamledger.operators.batch import StreamBatchOperator
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SL_CONNECT",
+        json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15002}),
+    )
+    op = StreamBatchOperator(task_id="t", pipeline="p", stream="s", spark_connect_conn_id="sl_connect")
+    runner = op._runner()
+    assert isinstance(runner, SparkConnectRunner)
+    assert runner.url.startswith("sc://127.0.0.1:15002")
+    assert op._runner() is runner  # one runner (one gRPC session) per server in a worker process
+    with pytest.raises(ValueError, match="not both"):
+        StreamBatchOperator(task_id="t", pipeline="p", stream="s", spark_conn_id="spark_default",
+                            spark_connect_conn_id="sl_connect")
+    with pytest.raises(BatchError, match="sc://host:port"):
+        SparkConnectRunner("http://127.0.0.1:15002")

@@ -1,0 +1,62 @@
+"""``streamledger spark-server start|stop|status``: a warm local Spark Connect server.
+
+``start`` prints the ``sc://host:port`` URL as its last line (so ``SPARK_REMOTE=$(streamledger
+spark-server start | tail -1)`` works) and reuses a live server. pyspark is imported only by ``start``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from typing import Any
+
+
+def _start(args: argparse.Namespace) -> int:
+    from streamledger.spark import connect
+
+    conf = dict(item.split("=", 1) for item in args.conf)
+    before = connect.status()
+    state = connect.start(port=args.port, master=args.master, conf=conf, timeout=args.timeout)
+    if getattr(args, "json", False):
+        print(json.dumps({**asdict(state), "reused": before is not None}))
+    else:
+        print(f"{'running' if before else 'started'}: pid {state.pid}, log {state.log}")
+        print(state.url)
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from streamledger.spark import connect
+
+    state = connect.stop()
+    print(f"stopped pid {state.pid} ({state.url})" if state else "no Spark Connect server was running")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from streamledger.spark import connect
+
+    state = connect.status()
+    if getattr(args, "json", False):
+        print(json.dumps(asdict(state) if state else None))
+    elif state:
+        print(f"running: pid {state.pid}, master {state.master}, log {state.log}")
+        print(state.url)
+    else:
+        print("not running")
+    return 0 if state else 3
+
+
+def register(sub: Any) -> None:
+    """Add this group's sub-commands to the top-level parser."""
+    group = sub.add_parser("spark-server", help="a local Spark Connect server (the warm data plane)")
+    cmds = group.add_subparsers(dest="spark_server_command", required=True, metavar="SUBCOMMAND")
+    start = cmds.add_parser("start", help="start (or reuse) the server; prints its sc:// URL last")
+    start.add_argument("--port", type=int, default=None, help="gRPC port on 127.0.0.1 (default: a free one)")
+    start.add_argument("--master", default="local[2]", help="the server's Spark master (default local[2])")
+    start.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf")
+    start.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for it to listen")
+    start.set_defaults(func=_start)
+    cmds.add_parser("stop", help="stop the recorded server").set_defaults(func=_stop)
+    cmds.add_parser("status", help="print the server's URL; exit 3 when none runs").set_defaults(func=_status)

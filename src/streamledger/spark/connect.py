@@ -1,0 +1,209 @@
+"""A local Spark Connect server from the pyspark wheel, and sessions on any Connect server.
+
+Why: a fresh ``local[N]`` session pays a JVM start and a Python-worker start (~20 s on a small host)
+before the first record; a warm Connect server pays them once, and each job then only opens a gRPC
+session. The server runs ``SparkConnectServer`` through the wheel's ``spark-submit`` on 127.0.0.1 with
+its Python workers on this interpreter (``spark.pyspark.python``), so they import streamledger.
+
+State lives in ``$STREAMLEDGER_HOME/spark-connect/``: ``server.json`` (pid, port, url, log) and
+``server.log``. ``start`` is idempotent: a live server recorded there is reused.
+
+A remote Connect server needs streamledger and pyarrow installed on the Python of its workers (the
+data source class is pickled by reference) and network reach from its executors to the brokers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from streamledger.errors import StreamledgerError
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+STARTED_LINE = "Spark Connect server started at"
+DEFAULT_PORT = 15002
+
+
+class ConnectServerError(StreamledgerError):
+    """The local Spark Connect server could not be started, found or stopped."""
+
+
+@dataclass(frozen=True)
+class ServerState:
+    pid: int
+    port: int
+    url: str
+    log: str
+    master: str
+
+
+def state_dir(root: Path | None = None) -> Path:
+    """Where the server's record and log live: ``root`` or ``$STREAMLEDGER_HOME/spark-connect``."""
+    return root or Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger")) / "spark-connect"
+
+
+def _state_file(root: Path | None = None) -> Path:
+    return state_dir(root) / "server.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (our own exited child) is not a server.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def status(root: Path | None = None) -> ServerState | None:
+    """The recorded server if its process is alive, else ``None`` (a stale record is removed)."""
+    path = _state_file(root)
+    try:
+        state = ServerState(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    if not _alive(state.pid):
+        path.unlink(missing_ok=True)
+        return None
+    return state
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_command(port: int, master: str, conf: dict[str, str] | None = None) -> list[str]:
+    """The ``spark-submit`` command line of a Connect server on 127.0.0.1:port."""
+    import pyspark
+
+    home = Path(pyspark.__file__).resolve().parent
+    cmd = [
+        str(home / "bin" / "spark-submit"),
+        "--class", SERVER_CLASS,
+        "--name", "streamledger-connect",
+        "--master", master,
+    ]
+    settings = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        **(conf or {}),
+    }
+    for key, value in settings.items():
+        cmd += ["--conf", f"{key}={value}"]
+    return [*cmd, "spark-internal"]
+
+
+def start(
+    *, port: int | None = None, master: str = "local[2]", conf: dict[str, str] | None = None,
+    timeout: float = 180.0, root: Path | None = None,
+) -> ServerState:
+    """Start the server (or return the live one already recorded) and wait until it accepts sessions."""
+    current = status(root)
+    if current is not None:
+        return current
+    import pyspark
+
+    root = state_dir(root)
+    root.mkdir(parents=True, exist_ok=True)
+    port = port or _free_port()
+    if _listening(port):
+        raise ConnectServerError(f"port {port} on 127.0.0.1 is already in use; pick another with --port")
+    log = root / "server.log"
+    env = dict(os.environ)
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env["SPARK_HOME"] = str(Path(pyspark.__file__).resolve().parent)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            server_command(port, master, conf), env=env, cwd=str(root), stdout=out,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    state = ServerState(proc.pid, port, f"sc://127.0.0.1:{port}", str(log), master)
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log.read_text(errors="replace")
+        if STARTED_LINE in text and _listening(port):
+            break
+        if proc.poll() is not None:
+            raise ConnectServerError(
+                f"Spark Connect server exited with status {proc.returncode} before listening on "
+                f"port {port}; see {log}"
+            )
+        if time.monotonic() > deadline:
+            _kill_group(proc.pid)
+            raise ConnectServerError(
+                f"Spark Connect server not listening on port {port} after {timeout:.0f}s; see {log}"
+            )
+        time.sleep(0.5)
+    tmp = _state_file(root).with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state)) + "\n")
+    os.replace(tmp, _state_file(root))
+    return state
+
+
+def _kill_group(pid: int, timeout: float = 30.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:  # our own child: reap it
+                    return
+            except ChildProcessError:
+                if not _alive(pid):
+                    return
+            time.sleep(0.2)
+
+
+def stop(root: Path | None = None) -> ServerState | None:
+    """Stop the recorded server (its whole process group); ``None`` when none was running."""
+    state = status(root)
+    if state is not None:
+        _kill_group(state.pid)
+    _state_file(root).unlink(missing_ok=True)
+    return state
+
+
+def connect_session(url: str) -> Any:
+    """A Spark Connect session on ``url`` (``sc://host:port``) with the data source registered.
+
+    Python data sources are registered per session; ``spark.dataSource.register`` works on a Connect
+    session (the class is shipped pickled, the server's workers import streamledger to unpickle it).
+    pyspark switches the whole process to Connect mode here (``SPARK_CONNECT_MODE_ENABLED``): do not
+    mix a classic in-process session and a Connect session in one process.
+    """
+    from pyspark.sql import SparkSession
+
+    from streamledger.spark.session import register_source
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    register_source(spark)
+    return spark

@@ -1,0 +1,169 @@
+"""Spark Connect as the warm data plane: the server CLI, the job over Connect, the Connect runner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from streamledger.batch import BatchConfig, RunId, run_batch
+from streamledger.batch.runners import SparkConnectRunner
+from streamledger.ledger import Ledger, RangeStatus
+from streamledger.protocol.rabbitmq import StreamClient
+from streamledger.spark.job import MANIFEST, run_job
+from tests.integration.spark.helpers import body, create_stream, publish
+from tests.support.spark import spark_env
+
+pytestmark = [
+    pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(600),
+    pytest.mark.usefixtures("leave_connect_mode"),
+]
+
+
+def cli(*args: str, home: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streamledger.cli", "spark-server", *args],
+        env=spark_env(STREAMLEDGER_HOME=str(home)), capture_output=True, text=True, timeout=timeout,
+        check=False,
+    )
+
+
+def test_spark_server_cli_start_is_idempotent_and_stop_stops_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert cli("status", home=home).returncode == 3
+    first = cli("start", home=home)
+    try:
+        assert first.returncode == 0, first.stderr[-3000:]
+        url = first.stdout.strip().splitlines()[-1]
+        assert url.startswith("sc://127.0.0.1:")
+        state = json.loads((home / "spark-connect" / "server.json").read_text())
+        assert state["url"] == url and Path(state["log"]).exists()
+        again = cli("start", home=home)
+        assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == url
+        assert "running" in again.stdout
+        status = cli("status", home=home)
+        assert status.returncode == 0 and status.stdout.strip().splitlines()[-1] == url
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.builder.remote(url).create()
+        try:
+            assert session.range(5).count() == 5
+        finally:
+            session.stop()
+    finally:
+        stopped = cli("stop", home=home)
+    assert stopped.returncode == 0 and f"stopped pid {state['pid']}" in stopped.stdout
+    assert not Path(f"/proc/{state['pid']}").exists() or "Z" in Path(f"/proc/{state['pid']}/stat").read_text()
+    assert cli("status", home=home).returncode == 3
+
+
+def test_run_job_over_connect_writes_each_stream_and_a_manifest(
+    spark_remote: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    a, b = stream_name("ca"), stream_name("cb")
+    create_stream(rabbitmq_url, a, 500)
+    create_stream(rabbitmq_url, b, 30)
+    out = tmp_path / "connect"
+    manifest = run_job(spark_remote, url=rabbitmq_url, ranges={a: (10, 410), b: (0, 30)}, output=str(out),
+                       splits=2)
+    assert json.loads((out / MANIFEST).read_text()) == manifest
+    assert {s: e["records"] for s, e in manifest["streams"].items()} == {a: 400, b: 30}
+    for s, lo, hi in ((a, 10, 410), (b, 0, 30)):
+        table = pq.read_table(manifest["streams"][s]["path"], columns=["stream", "offset", "body"])
+        assert sorted(table.column("offset").to_pylist()) == list(range(lo, hi))
+        assert set(table.column("stream").to_pylist()) == {s}
+        assert sorted(table.column("body").to_pylist()) == sorted(body(s, i) for i in range(lo, hi))
+
+
+@pytest.mark.parametrize("how", ["--remote", "SPARK_REMOTE"])
+def test_job_module_against_the_warm_server(
+    how: str, spark_connect: str, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    s = stream_name("cm")
+    create_stream(rabbitmq_url, s, 77)
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "streamledger.spark.job", "--url", rabbitmq_url, "--stream", s,
+            "--output", str(out)]
+    env = spark_env()
+    if how == "--remote":
+        args += ["--remote", spark_connect]
+    else:
+        env["SPARK_REMOTE"] = spark_connect
+    t0 = time.monotonic()
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, check=False)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    manifest = json.loads(proc.stdout)
+    assert manifest["streams"][s]["records"] == 77
+    assert sorted(pq.read_table(out, columns=["offset"]).column("offset").to_pylist()) == list(range(77))
+    assert "guest:guest" not in proc.stderr + proc.stdout
+    print(f"job process over Connect ({how}): {took:.1f}s")
+
+
+def test_run_batch_with_the_connect_runner_over_a_super_stream(
+    spark_connect: str, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    sup = stream_name.super_stream("cb")
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_super_stream(sup, partitions=2)
+        parts = client.partitions(sup)
+    publish(rabbitmq_url, parts[0], 60)
+    publish(rabbitmq_url, parts[1], 40)
+    runner = SparkConnectRunner(spark_connect)
+    cfg = BatchConfig(pipeline="p-connect", url=rabbitmq_url, output_root=str(tmp_path / "out"),
+                      super_stream=sup)
+    try:
+        with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", create=True) as ledger, \
+                StreamClient.connect(rabbitmq_url) as client:
+            result = run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner)
+            assert {p.stream: (p.status, p.records) for p in result.partitions} == {
+                parts[0]: ("committed", 60), parts[1]: ("committed", 40)
+            }
+            committed = [r for r in ledger.ranges("p-connect") if r.status == RangeStatus.COMMITTED]
+            assert sorted((r.source.stream, r.records) for r in committed) == [(parts[0], 60), (parts[1], 40)]
+            for r in committed:
+                assert r.output is not None
+                offsets = pq.read_table(r.output, columns=["offset"]).column("offset").to_pylist()
+                assert sorted(offsets) == list(range(r.records))
+    finally:
+        runner.close()
+
+
+def test_connect_runner_cancel_interrupts_the_running_batch(
+    spark_connect: str, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    s = stream_name("cc")
+    create_stream(rabbitmq_url, s, 20000)
+    runner = SparkConnectRunner(spark_connect)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            # Many splits of a small range keep the job busy long enough to be interrupted.
+            runner(url=rabbitmq_url, ranges={s: (0, 20000)}, output=str(tmp_path / "x"), fmt="json",
+                   splits=400)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 120
+        while runner._tag is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)
+        runner.cancel()
+        thread.join(120)
+        assert not thread.is_alive()
+        assert errors, "the job finished although it was cancelled"
+        assert "interrupt" in str(errors[0]).lower() or "cancel" in str(errors[0]).lower(), errors[0]
+        assert runner._tag is None
+    finally:
+        runner.close()
