@@ -47,7 +47,7 @@ from streamledger.spark.session import DEFAULT_MASTER, build_session, register_s
 
 FORMATS = ("parquet", "orc", "json")
 MANIFEST = "_manifest.json"
-PART_COLUMN = "_streamledger_part"
+PART_COLUMN = "streamledger_part"  # no leading "_": pyarrow skips such paths
 
 
 class JobError(StreamledgerError):

@@ -40,7 +40,12 @@ def test_run_job_manifest_and_idempotent_rerun(
     manifest = run_job(spark, url=rabbitmq_url, ranges=ranges, output=str(out), splits=3)
     on_disk = json.loads((out / MANIFEST).read_text())
     assert on_disk == manifest
+    manifest = json.loads(json.dumps(manifest))
     assert manifest["format"] == "parquet" and manifest["output"] == str(out)
+    # one job for both streams, each in its own subdirectory (an empty one for a stream without records)
+    paths = {s: Path(e.pop("path")) for s, e in manifest["streams"].items()}
+    assert paths[a].parent == out and paths[b].parent == out and paths[a] != paths[b] and paths[b].is_dir()
+    assert written(paths[a]) == {a: list(range(100, 901))}
     assert manifest["streams"][a] == {
         "start": 100, "end": 901, "read_start": 100, "records": 801, "first_offset": 100, "last_offset": 900,
     }
