@@ -17,13 +17,18 @@ from streamledger.ledger.types import Watermark
 
 
 def broker_identity(url: str, name: str | None = None) -> str:
-    """A credential-free, stable name for the broker in the ledger: ``rabbitmq://<name>/<vhost>``.
+    """A credential-free, stable name for the log server in the ledger: ``<kind>://<name>/<vhost>``.
 
     ``name`` is the cluster name the broker reports (or one the user sets); all nodes, DNS aliases
     and load balancers of a cluster share it. Without it the URL's ``host:port`` stands in (the
-    0.1 form; a batch that learns the name adopts such rows, see ``Ledger.rename_broker``).
+    0.1 form; a batch that learns the name adopts such rows, see ``Ledger.rename_broker``). The
+    kind follows the URL: ``rabbitmq`` for stream URLs, ``mewbase`` for a mewbase server (whose
+    channels have no vhost).
     """
     parts = urlsplit(url)
+    if parts.scheme.startswith("mewbase"):
+        where = quote(name, safe="@._-") if name else f"{parts.hostname or 'localhost'}:{parts.port}"
+        return f"mewbase://{where}"
     vhost = parts.path.lstrip("/") or "%2F"
     if name:
         return f"rabbitmq://{quote(name, safe='@._-')}/{vhost}"

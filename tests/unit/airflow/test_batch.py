@@ -380,3 +380,9 @@ def test_operator_runs_on_the_spark_connect_connection(monkeypatch: pytest.Monke
                             spark_connect_conn_id="sl_connect")
     with pytest.raises(BatchError, match="sc://host:port"):
         SparkConnectRunner("http://127.0.0.1:15002")
+
+
+def test_broker_identity_names_the_log_server_not_the_address() -> None:
+    assert broker_identity("rabbitmq-stream://u:secret@10.0.0.1:5552/", "rabbit@c1") == "rabbitmq://rabbit@c1/%2F"
+    assert broker_identity("rabbitmq-stream://u:secret@lb.example:5552/v1", "rabbit@c1") == "rabbitmq://rabbit@c1/v1"
+    assert broker_identity("mewbase://u:secret@127.0.0.1:7451") == "mewbase://127.0.0.1:7451"
