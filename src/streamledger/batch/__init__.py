@@ -71,7 +71,7 @@ from streamledger.batch.config import (
 )
 from streamledger.batch.plan import broker_identity, offset_to_store, output_dir, staging_dir
 from streamledger.batch.run import BatchRun, Heartbeat, backlog, run_batch
-from streamledger.batch.runners import LocalSparkRunner, read_manifest, summarize
+from streamledger.batch.runners import LocalSparkRunner, SparkConnectRunner, read_manifest, summarize
 
 STEPS = ("claimed", "read", "committed", "published", "stored")
 
@@ -89,6 +89,7 @@ __all__ = [
     "LocalSparkRunner",
     "PartitionResult",
     "RunId",
+    "SparkConnectRunner",
     "StepHook",
     "backlog",
     "broker_identity",

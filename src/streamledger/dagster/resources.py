@@ -173,4 +173,4 @@ class StreamSparkResource(ConfigurableResource):  # type: ignore[type-arg]
                 "Spark Connect runner yet (streamledger.batch.SparkConnectRunner); leave remote unset to "
                 "run on a local master"
             )
-        return factory(self.remote, conf=self.conf)
+        return factory(self.remote)  # the server's own conf applies; session conf is not sent
