@@ -95,6 +95,12 @@ def _task_alive(ti: Any, holder: RunId) -> bool:
     return bool(count)
 
 
+def run_identity(ti: Any) -> RunId:
+    """The ledger identity of a task instance: dag, run, task, map index and try."""
+    return RunId(ti.dag_id, ti.run_id, ti.task_id, int(getattr(ti, "map_index", -1) or -1),
+                 int(ti.try_number or 1))
+
+
 class StreamBatchOperator(BaseOperator):
     """Process the next offset range of every partition of a stream or super stream, exactly once.
 
@@ -228,8 +234,7 @@ class StreamBatchOperator(BaseOperator):
         if self.bound_by_interval and config.interval_end is not None and config.interval_start is not None:
             self.log.info("data interval [%s, %s)", config.interval_start, config.interval_end)
         ti = context["ti"]
-        run = RunId(ti.dag_id, ti.run_id, ti.task_id, int(getattr(ti, "map_index", -1) or -1),
-                    int(ti.try_number or 1))
+        run = run_identity(ti)
         ledger = OffsetLedgerHook(self.ledger_conn_id, ledger_url=self.ledger_url).get_conn()
         with broker_hook.get_conn() as client:
             result = run_batch(config, run=run, ledger=ledger, broker=client, runner=self._runner(),
