@@ -96,8 +96,12 @@ def _task_alive(ti: Any, holder: RunId) -> bool:
 
 
 def run_identity(ti: Any) -> RunId:
-    """The ledger identity of a task instance: dag, run, task, map index and try."""
-    return RunId(ti.dag_id, ti.run_id, ti.task_id, int(getattr(ti, "map_index", -1) or -1),
+    """The ledger identity of a task instance: dag, run, task, map index and try.
+
+    Map index 0 is a real mapped instance; only a missing index (``None``) means "not mapped" (-1).
+    """
+    map_index = getattr(ti, "map_index", None)
+    return RunId(ti.dag_id, ti.run_id, ti.task_id, -1 if map_index is None else int(map_index),
                  int(ti.try_number or 1))
 
 
