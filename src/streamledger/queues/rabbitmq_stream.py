@@ -16,7 +16,7 @@ from streamledger.triggers.new_data import StreamDataEventTrigger
 SCHEME = "rabbitmq-stream"
 
 
-class RabbitMQStreamMessageQueueProvider(BaseMessageQueueProvider):  # type: ignore[misc]
+class RabbitMQStreamMessageQueueProvider(BaseMessageQueueProvider):
     """Scheme ``rabbitmq-stream``: announce new data of a stream or super stream for a pipeline.
 
     Keyword arguments are those of :class:`~streamledger.triggers.new_data.StreamDataEventTrigger`

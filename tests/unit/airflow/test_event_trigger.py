@@ -187,8 +187,10 @@ def test_run_fires_one_event_then_ends(conn_id: str, rabbitmq_url: str, stream_n
     assert len(events) == 1 and events[0]["new"] == 2
 
 
-def test_errors_are_retried_not_announced(conn_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    trigger = StreamDataEventTrigger(pipeline="h14-e", stream="h14-no-such-stream", rabbitmq_stream_conn_id=conn_id,
+def test_errors_are_retried_not_announced(conn_id: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    trigger = StreamDataEventTrigger(pipeline="h14-e", stream="h14-no-such-stream",
+                                     rabbitmq_stream_conn_id=conn_id,
                                      ledger_url=f"sqlite:///{tmp_path / 'l.db'}", poll_interval=0.2)
 
     async def first() -> Any:
