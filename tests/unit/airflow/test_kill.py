@@ -105,7 +105,8 @@ def test_on_kill_kills_spark_submit(rabbitmq_url: str, stream_name: Any, tmp_pat
     worker = threading.Thread(target=submit)
     op._runner_in_use = runner
     worker.start()
-    _wait(lambda: runner._hook is not None and runner._hook._submit_sp is not None, 60, "spark-submit to start")
+    _wait(lambda: runner._hook is not None and runner._hook._submit_sp is not None, 60,
+          "spark-submit to start")
     process = runner._hook._submit_sp
     time.sleep(1.0)
     op.on_kill()

@@ -42,8 +42,8 @@ def mapped_runs(spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path,
     ops, results = [], []
     # what `.partial(...).expand(stream=partitions)` builds at run time: one operator per partition
     for index, partition in enumerate(partitions):
-        op = StreamBatchOperator(task_id="read", pipeline="h14-mapped", stream=partition, ledger_url=ledger_url,
-                                 output_root=str(tmp_path / "out"))
+        op = StreamBatchOperator(task_id="read", pipeline="h14-mapped", stream=partition,
+                                 ledger_url=ledger_url, output_root=str(tmp_path / "out"))
         results.append(op.execute({"ti": _ti(index)}))  # type: ignore[arg-type]
         ops.append(op)
     return {"ops": ops, "results": results, "partitions": partitions, "ledger_url": ledger_url,
