@@ -119,7 +119,8 @@ def test_three_waves_make_three_runs_under_the_real_scheduler(rabbitmq_url: str,
                 for i in range(PER_WAVE):
                     event = wave * PER_WAVE + i
                     published[event] = wave
-                    batch[partitions[event % PARTITIONS]].append(json.dumps({"id": event, "wave": wave}).encode())
+                    body = json.dumps({"id": event, "wave": wave}).encode()
+                    batch[partitions[event % PARTITIONS]].append(body)
                 for partition, bodies in batch.items():
                     assert client.publish(partition, bodies).confirmed == len(bodies)
 
@@ -152,8 +153,10 @@ def test_three_waves_make_three_runs_under_the_real_scheduler(rabbitmq_url: str,
 
     # each run read exactly its wave: three contiguous committed ranges per partition
     ledger = Ledger(ledger_url)
-    committed = sorted((r for r in ledger.ranges(pipeline) if str(r.status) == "committed" and r.end > r.start),
-                       key=lambda r: (r.source.stream, r.start))
+    committed = sorted(
+        (r for r in ledger.ranges(pipeline) if str(r.status) == "committed" and r.end > r.start),
+        key=lambda r: (r.source.stream, r.start),
+    )
     rows = _output_rows(tmp_path / "output" / pipeline)
     for partition in partitions:
         ranges = [r for r in committed if r.source.stream == partition]

@@ -51,7 +51,7 @@ class CreateStreamOperator(_StreamOperator):
     :param max_segment_size_bytes: segment size (``x-stream-max-segment-size-bytes``).
     """
 
-    template_fields: Sequence[str] = ("stream", "max_age")
+    template_fields: Sequence[str] = ("stream", "max_age", "rabbitmq_stream_conn_id")
 
     def __init__(self, *, stream: str, max_length_bytes: int | None = None, max_age: str | None = None,
                  max_segment_size_bytes: int | None = None, **kwargs: Any) -> None:
@@ -88,7 +88,7 @@ class CreateStreamOperator(_StreamOperator):
 class DeleteStreamOperator(_StreamOperator):
     """Delete a stream (success if it does not exist). :param stream: stream name. Templated."""
 
-    template_fields: Sequence[str] = ("stream",)
+    template_fields: Sequence[str] = ("stream", "rabbitmq_stream_conn_id")
 
     def __init__(self, *, stream: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -112,7 +112,7 @@ class CreateSuperStreamOperator(_StreamOperator):
     :param binding_keys: routing keys, one partition each (``<name>-<key>``); instead of ``partitions``.
     """
 
-    template_fields: Sequence[str] = ("super_stream",)
+    template_fields: Sequence[str] = ("super_stream", "rabbitmq_stream_conn_id")
 
     def __init__(self, *, super_stream: str, partitions: int | None = None,
                  binding_keys: Sequence[str] | None = None, **kwargs: Any) -> None:
@@ -160,7 +160,7 @@ class CreateSuperStreamOperator(_StreamOperator):
 class DeleteSuperStreamOperator(_StreamOperator):
     """Delete a super stream and its partitions (success if absent). :param super_stream: Templated."""
 
-    template_fields: Sequence[str] = ("super_stream",)
+    template_fields: Sequence[str] = ("super_stream", "rabbitmq_stream_conn_id")
 
     def __init__(self, *, super_stream: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -135,3 +135,62 @@ def test_tubemq_hook_client_registers_with_the_emulated_master(monkeypatch: pyte
             assert registration.master == master.address_str
             assert [p.key for p in registration.partitions("demo")]
         assert master.producers == {}
+
+
+def test_tls_test_connection_against_the_real_broker(  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch, rabbitmq_tls
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_RMQ_TLS", json.dumps(
+        {"conn_type": "rabbitmq_stream", "host": rabbitmq_tls.host, "port": rabbitmq_tls.port,
+         "login": "guest", "password": "guest", "schema": "/",
+         "extra": {"tls": True, "ca_file": str(rabbitmq_tls.ca_file)}}))
+    ok, message = RabbitMQStreamHook("rmq_tls").test_connection()
+    assert ok, message
+    assert "Connected to RabbitMQ 4.3" in message
+    monkeypatch.setenv("AIRFLOW_CONN_RMQ_TLS_WRONG_CA", json.dumps(
+        {"conn_type": "rabbitmq_stream", "host": rabbitmq_tls.host, "port": rabbitmq_tls.port,
+         "login": "guest", "password": "guest",
+         "extra": {"tls": True, "ca_file": str(rabbitmq_tls.wrong_ca_file)}}))
+    ok, message = RabbitMQStreamHook("rmq_tls_wrong_ca").test_connection()
+    assert not ok and "certificate" in message.lower(), message
+
+
+def test_ledger_test_connection_on_sqlite_never_migrates(  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    import sqlite3
+
+    from streamledger.ledger import Ledger
+
+    path = tmp_path / "ledger.sqlite"
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_FILE", json.dumps({"conn_type": "streamledger_ledger",
+                                                                 "schema": str(path)}))
+    sqlite3.connect(path).close()
+    ok, message = OffsetLedgerHook("ledger_file").test_connection()
+    assert not ok and "no ledger schema" in message and "streamledger ledger upgrade" in message
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
+    Ledger(f"sqlite:///{path}", create=True).close()
+    ok, message = OffsetLedgerHook("ledger_file").test_connection()
+    assert ok and "audit clean" in message, message
+
+
+def test_ledger_test_connection_on_postgresql(monkeypatch: pytest.MonkeyPatch, postgres_url: str) -> None:
+    from sqlalchemy.engine import make_url
+
+    from streamledger.ledger import Ledger
+
+    url = make_url(postgres_url)
+    fields = {"conn_type": "streamledger_ledger", "host": url.host, "port": url.port, "login": url.username,
+              "password": url.password, "schema": url.database}
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_PG", json.dumps(fields))
+    ok, message = OffsetLedgerHook("ledger_pg").test_connection()
+    assert not ok and "no ledger schema" in message, message
+    Ledger(postgres_url, create=True).close()
+    ok, message = OffsetLedgerHook("ledger_pg").test_connection()
+    assert ok and "audit clean" in message, message
+    if url.password:
+        assert url.password not in message
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_PG_BAD", json.dumps({**fields, "password": "wrong-pg-secret"}))
+    ok, message = OffsetLedgerHook("ledger_pg_bad").test_connection()
+    assert not ok and "wrong-pg-secret" not in message, message
