@@ -191,6 +191,8 @@ def test_ledger_test_connection_on_postgresql(monkeypatch: pytest.MonkeyPatch, p
     assert ok and "audit clean" in message, message
     if url.password:
         assert url.password not in message
-    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_PG_BAD", json.dumps({**fields, "password": "wrong-pg-secret"}))
+    # the test server trusts loopback, so a wrong password would pass: a missing database fails instead
+    bad = {**fields, "password": "wrong-pg-secret", "schema": "sl_no_such_database"}
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_PG_BAD", json.dumps(bad))
     ok, message = OffsetLedgerHook("ledger_pg_bad").test_connection()
-    assert not ok and "wrong-pg-secret" not in message, message
+    assert not ok and "sl_no_such_database" in message and "wrong-pg-secret" not in message, message
