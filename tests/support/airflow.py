@@ -196,6 +196,9 @@ def airflow_components(af: AirflowHome, *, dags_folder: Path | None = None,
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__TRIGGERER__CAPACITY": "50",
+        # the log servers' default ports (8793/8794) may be taken by another Airflow on the host
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
     }
     if dags_folder is not None:
         settings["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder)

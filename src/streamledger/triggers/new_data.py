@@ -18,15 +18,19 @@ Each check, per partition: ``from`` = the later of the pipeline's next start (le
 stored offset + 1, else the first retained offset) and the announced offset + 1; the partition has
 *new data* when a user chunk starts in ``[from, tail)`` (tracking chunks, which StoreOffset writes
 and which take offsets, are not data). When the new offsets summed over partitions reach
-``min_backlog``, the trigger stores ``tail - 1`` as announced for every partition with new data
-(read back until visible), *then* fires one event and ends. So:
+``min_backlog``, the trigger waits ``settle`` seconds (so a burst published to several partitions a
+moment apart is one announcement), measures again, stores ``tail - 1`` as announced for every
+partition with new data (read back until visible), *then* fires one event and ends. So:
 
 * data is announced once: a fresh instance starts from the stored announcement and stays silent
   until a user chunk lands past it;
 * data the pipeline already processed is never announced, whatever the announcement says;
 * a crash between the store and Airflow persisting the event loses that one announcement (the
   data is not lost: the next arrival's batch reads from the pipeline's ledger position, so it
-  includes it); announcing first and storing afterwards would instead risk a duplicate run.
+  includes it); announcing first and storing afterwards would instead risk a duplicate run;
+* a run reads up to the tail *when it starts*, so with ``max_active_runs=1`` data announced while
+  an earlier run was still queued may already be read by that run: the later run then finds only
+  tracking chunks (a short, empty batch). Announcements are per arrival, runs are per announcement.
 
 The payload names the pipeline, the super stream, and per partition the ``tail``, the ``backlog``
 (unprocessed offsets) and the ``new`` (newly announced) offsets, with the totals. Broker or ledger
@@ -83,11 +87,15 @@ class StreamDataEventTrigger(BaseEventTrigger):
     :param ledger_conn_id: / :param ledger_url: the pipeline's ledger (default: as the batch operator).
     :param min_backlog: new offsets, summed over partitions, needed to fire (default 1).
     :param poll_interval: seconds between checks (default 30).
+    :param settle: seconds to wait, once new data is seen, before announcing (default 1): a burst
+        published to several partitions a moment apart becomes one announcement, not one per
+        partition. The announcement covers everything up to the tails measured after the wait.
     """
 
     def __init__(self, *, pipeline: str, stream: str | None = None, super_stream: str | None = None,
                  rabbitmq_stream_conn_id: str = "rabbitmq_stream_default", ledger_conn_id: str | None = None,
-                 ledger_url: str | None = None, min_backlog: int = 1, poll_interval: float = 30.0) -> None:
+                 ledger_url: str | None = None, min_backlog: int = 1, poll_interval: float = 30.0,
+                 settle: float = 1.0) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         if not pipeline:
             raise ValueError("StreamDataEventTrigger: pipeline is required")
@@ -105,6 +113,9 @@ class StreamDataEventTrigger(BaseEventTrigger):
         self.ledger_url = ledger_url
         self.min_backlog = int(min_backlog)
         self.poll_interval = float(poll_interval)
+        if float(settle) < 0:
+            raise ValueError(f"pipeline {pipeline!r}: settle must be >= 0, got {settle}")
+        self.settle = float(settle)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -118,6 +129,7 @@ class StreamDataEventTrigger(BaseEventTrigger):
                 "ledger_url": self.ledger_url,
                 "min_backlog": self.min_backlog,
                 "poll_interval": self.poll_interval,
+                "settle": self.settle,
             },
         )
 
@@ -125,15 +137,18 @@ class StreamDataEventTrigger(BaseEventTrigger):
     def reference(self) -> str:
         return announced_reference(self.pipeline)
 
-    def check(self) -> dict[str, Any] | None:
-        """One synchronous check; stores the announcement and returns the payload when it fires."""
+    def check(self, *, announce: bool = True) -> dict[str, Any] | None:
+        """One synchronous check: the payload when enough new data waits, else ``None``. With
+        ``announce`` the announcement is stored first (without it nothing is written)."""
         return poll_positions(  # type: ignore[no-any-return]
             pipeline=self.pipeline, stream=self.stream, super_stream=self.super_stream,
             rabbitmq_stream_conn_id=self.rabbitmq_stream_conn_id, ledger_conn_id=self.ledger_conn_id,
-            ledger_url=self.ledger_url, then=self._announce,
+            ledger_url=self.ledger_url,
+            then=lambda client, positions: self._announce(client, positions, store=announce),
         )
 
-    def _announce(self, client: Any, positions: list[StreamPosition]) -> dict[str, Any] | None:
+    def _announce(self, client: Any, positions: list[StreamPosition], *,
+                  store: bool) -> dict[str, Any] | None:
         ref = self.reference
         announced = {p.stream: client.query_offset(p.stream, ref) for p in positions}
         plan = plan_announcement(positions, announced)
@@ -144,7 +159,7 @@ class StreamDataEventTrigger(BaseEventTrigger):
                               self.min_backlog)
             return None
         for stream, v in plan.items():
-            if v["new"]:
+            if v["new"] and store:
                 client.store_offset_verified(stream, ref, v["tail"] - 1)
         return {
             "pipeline": self.pipeline,
@@ -159,7 +174,10 @@ class StreamDataEventTrigger(BaseEventTrigger):
         watched = self.super_stream or self.stream
         while True:
             try:
-                payload = await asyncio.to_thread(self.check)
+                payload = await asyncio.to_thread(self.check, announce=self.settle == 0)
+                if payload is not None and self.settle > 0:
+                    await asyncio.sleep(self.settle)  # let a burst across partitions land first
+                    payload = await asyncio.to_thread(self.check, announce=True)
             except Exception as exc:  # retried: an event would start a DAG run
                 self.log.warning("pipeline %s on %s: check failed, retrying in %gs: %s: %s", self.pipeline,
                                  watched, self.poll_interval, type(exc).__name__, exc)

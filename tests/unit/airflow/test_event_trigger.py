@@ -49,6 +49,7 @@ def test_message_queue_trigger_dispatches_the_scheme_to_our_trigger() -> None:
     classpath, kwargs = mq.serialize()
     assert classpath == "streamledger.triggers.new_data.StreamDataEventTrigger"
     assert kwargs["super_stream"] == "ev" and kwargs["min_backlog"] == 3 and kwargs["poll_interval"] == 2.0
+    assert kwargs["settle"] == 1.0
     assert _fresh(mq.trigger).serialize() == (classpath, kwargs)
     # Airflow identifies watcher triggers by this hash: it must not change between parses
     assert BaseEventTrigger.hash(classpath, kwargs) == BaseEventTrigger.hash(*_fresh(mq.trigger).serialize())
@@ -222,3 +223,36 @@ def test_polling_ledger_is_shared_and_never_migrated(tmp_path: Path) -> None:
     Ledger(f"sqlite:///{empty}", create=True).close()  # an upgrade later is picked up (errors not cached)
     first = polling_ledger(f"sqlite:///{empty}")
     assert first is not None and polling_ledger(f"sqlite:///{empty}") is first
+
+
+def test_a_burst_over_partitions_settles_into_one_announcement(conn_id: str, rabbitmq_url: str,
+                                                               stream_name: Any, tmp_path: Path) -> None:
+    name = stream_name.super_stream("h14-burst")
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_super_stream(name, partitions=2)
+        parts = client.partitions(name)
+    trigger = StreamDataEventTrigger(pipeline="h14-b", super_stream=name, rabbitmq_stream_conn_id=conn_id,
+                                     ledger_url=f"sqlite:///{tmp_path / 'l.db'}", poll_interval=0.1,
+                                     settle=1.0)
+    assert trigger.check(announce=False) is None
+
+    async def first_event() -> dict[str, Any]:
+        async def publish() -> None:  # the second partition lands after the trigger saw the first
+            with StreamClient.connect(rabbitmq_url) as client:
+                client.publish(parts[0], [b"a"] * 3)
+                await asyncio.sleep(0.5)
+                client.publish(parts[1], [b"b"] * 4)
+
+        task = asyncio.create_task(publish())
+        async for event in trigger.run():
+            await task
+            return dict(event.payload)
+        raise AssertionError("no event")
+
+    payload = asyncio.run(asyncio.wait_for(first_event(), 30))
+    assert {s: v["new"] for s, v in payload["streams"].items()} == {parts[0]: 3, parts[1]: 4}
+    assert _fresh(trigger).check() is None
+    # a dry check writes nothing
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.publish(parts[0], [b"c"])
+    assert trigger.check(announce=False) is not None and trigger.check(announce=False) is not None
