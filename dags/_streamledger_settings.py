@@ -10,6 +10,10 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_START_DATE`` | ``2026-01-01T00:00:00+00:00`` | first data interval's start |
 | ``STREAMLEDGER_SPARK_CONN_ID`` | (unset) | run the job via spark-submit on this connection |
 | ``STREAMLEDGER_OUTPUT_ROOT`` | ``$STREAMLEDGER_HOME/output`` | where range directories are written |
+| ``STREAMLEDGER_EVENT_PIPELINE`` | ``<pipeline>-on-arrival`` | pipeline of the event-driven DAG |
+| ``STREAMLEDGER_MIN_BACKLOG`` | ``1`` | new offsets that start an event-driven run |
+| ``STREAMLEDGER_POLL_INTERVAL`` | ``30`` | seconds between the event trigger's checks |
+| ``STREAMLEDGER_MAX_RECORDS`` | ``1000000`` | cap per partition and batch (event-driven, mapped) |
 
 The broker comes from the ``rabbitmq_stream_default`` connection, the ledger from
 ``STREAMLEDGER_LEDGER_URL`` (default: SQLite under ``$STREAMLEDGER_HOME``).
@@ -28,6 +32,10 @@ INTERVAL = os.environ.get("STREAMLEDGER_INTERVAL", "@daily")
 START_DATE = datetime.fromisoformat(os.environ.get("STREAMLEDGER_START_DATE", "2026-01-01T00:00:00+00:00"))
 SPARK_CONN_ID = os.environ.get("STREAMLEDGER_SPARK_CONN_ID") or None
 OUTPUT_ROOT = os.environ.get("STREAMLEDGER_OUTPUT_ROOT") or None
+EVENT_PIPELINE = os.environ.get("STREAMLEDGER_EVENT_PIPELINE") or f"{PIPELINE}-on-arrival"
+MIN_BACKLOG = int(os.environ.get("STREAMLEDGER_MIN_BACKLOG", "1"))
+POLL_INTERVAL = float(os.environ.get("STREAMLEDGER_POLL_INTERVAL", "30"))
+MAX_RECORDS = int(os.environ.get("STREAMLEDGER_MAX_RECORDS", "1000000"))
 
 
 def data_interval_timetable(spec: str = INTERVAL) -> object:

@@ -1,16 +1,24 @@
-"""Process a super stream whenever enough new data has arrived, not on a clock.
+"""Process a super stream in a loop that waits for a backlog: a continuous DAG with a deferrable sensor.
 
-The deferrable sensor waits in the triggerer (no worker slot held) until the pipeline has at least
-``STREAMLEDGER_MIN_BACKLOG`` unprocessed offsets, then one batch reads up to the committed tail
-(capped by ``STREAMLEDGER_MAX_RECORDS`` offsets per partition). Runs continuously: each run ends
-and the next one starts waiting.
+``schedule="@continuous"`` starts the next run as soon as one ends (``max_active_runs=1``). Each run
+first waits in the triggerer (no worker slot held) until the pipeline has at least
+``STREAMLEDGER_MIN_BACKLOG`` unprocessed offsets, then reads one batch up to the committed tail
+(capped by ``STREAMLEDGER_MAX_RECORDS`` offsets per partition). Prefer ``streamledger_event_driven``
+(no run exists until data arrives); this form fits when each run should gather a minimum amount.
+Needs a running ``airflow triggerer``.
 """
 
 from __future__ import annotations
 
-import os
-
-from _streamledger_settings import OUTPUT_ROOT, PIPELINE, SPARK_CONN_ID, START_DATE, SUPER_STREAM
+from _streamledger_settings import (
+    MAX_RECORDS,
+    MIN_BACKLOG,
+    OUTPUT_ROOT,
+    PIPELINE,
+    SPARK_CONN_ID,
+    START_DATE,
+    SUPER_STREAM,
+)
 from airflow.sdk import DAG
 
 from streamledger.operators.batch import StreamBatchOperator
@@ -18,7 +26,7 @@ from streamledger.sensors.backlog import StreamBacklogSensor
 
 with DAG(
     dag_id="streamledger_on_backlog",
-    schedule=None,
+    schedule="@continuous",
     start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
@@ -29,7 +37,7 @@ with DAG(
         task_id="wait_for_backlog",
         pipeline=f"{PIPELINE}-live",
         super_stream=SUPER_STREAM,
-        min_backlog=int(os.environ.get("STREAMLEDGER_MIN_BACKLOG", "1000")),
+        min_backlog=MIN_BACKLOG,
         deferrable=True,
         poke_interval=30,
         timeout=6 * 3600,
@@ -38,7 +46,7 @@ with DAG(
         task_id="read_backlog",
         pipeline=f"{PIPELINE}-live",
         super_stream=SUPER_STREAM,
-        max_records=int(os.environ.get("STREAMLEDGER_MAX_RECORDS", "1000000")),
+        max_records=MAX_RECORDS,
         spark_conn_id=SPARK_CONN_ID,
         output_root=OUTPUT_ROOT,
     )

@@ -156,8 +156,14 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "RabbitMQ Streams", "python-modules": ["streamledger.sensors.backlog"]},
         ],
         "triggers": [
-            {"integration-name": "RabbitMQ Streams", "python-modules": ["streamledger.triggers.backlog"]},
+            {
+                "integration-name": "RabbitMQ Streams",
+                "python-modules": ["streamledger.triggers.backlog", "streamledger.triggers.new_data"],
+            },
         ],
+        # Event-driven scheduling: MessageQueueTrigger(scheme="rabbitmq-stream", ...) of the
+        # common-messaging provider (skipped by Airflow when that provider is not installed).
+        "queues": ["streamledger.queues.rabbitmq_stream.RabbitMQStreamMessageQueueProvider"],
         "connection-types": [
             {
                 "connection-type": "rabbitmq_stream",

@@ -8,12 +8,17 @@ take pytest down with it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,6 +131,116 @@ def make_airflow_home(home: Path, *, extra_env: Mapping[str, str] | None = None)
     if not (home / "airflow.db").exists():
         af.airflow("db", "migrate", timeout=300)
     return af
+
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _health(api_url: str) -> dict[str, dict[str, object]] | None:
+    try:
+        with urllib.request.urlopen(f"{api_url}/api/v2/monitor/health", timeout=5) as response:
+            data: dict[str, dict[str, object]] = json.loads(response.read())
+            return data
+    except (OSError, ValueError):
+        return None
+
+
+def _stop(processes: Sequence[subprocess.Popen[bytes]], grace: float = 20.0) -> None:
+    """SIGTERM each component's process group (LocalExecutor workers, task processes and uvicorn
+    workers are in it), then SIGKILL what is left after ``grace`` seconds."""
+    for proc in processes:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for proc in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the group may outlive its leader
+        proc.wait()
+
+
+@contextlib.contextmanager
+def airflow_components(af: AirflowHome, *, dags_folder: Path | None = None,
+                       env: Mapping[str, str] | None = None, components: Sequence[str] = COMPONENTS,
+                       ready_timeout: float = 240.0) -> Iterator[str]:
+    """Run the real Airflow components of ``af`` and yield the API server's URL.
+
+    api-server (with the execution API on the same port), scheduler with the LocalExecutor,
+    dag-processor and triggerer, each a subprocess in its own process group with its output in
+    ``<home>/components/<name>.log``. Ready when ``/api/v2/monitor/health`` reports every started
+    component healthy. Everything started here is stopped on exit, by process group. New DAGs are
+    paused at creation: unpause the ones a test runs (``af.airflow("dags", "unpause", dag_id, ...)``).
+    """
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}"
+    logs = af.home / "components"
+    logs.mkdir(exist_ok=True)
+    settings = {
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api_url}/execution/",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": api_url,
+        "AIRFLOW__API__WORKERS": "1",
+        # every component must sign and check task tokens with the same secret
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+        "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__TRIGGERER__CAPACITY": "50",
+        # the log servers' default ports (8793/8794) may be taken by another Airflow on the host
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+    }
+    if dags_folder is not None:
+        settings["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder)
+    environ = af.environ({**settings, **(env or {})})
+    commands = {
+        "api-server": ["api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        "scheduler": ["scheduler"],
+        "dag-processor": ["dag-processor"],
+        "triggerer": ["triggerer"],
+    }
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for name in components:
+            with open(logs / f"{name}.log", "ab") as log:
+                processes.append(subprocess.Popen(
+                    [str(AIRFLOW_BIN), *commands[name]], env=environ, cwd=af.home, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                ))
+        wanted = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            dead = [(n, p.returncode) for n, p in zip(components, processes, strict=True)
+                    if p.poll() is not None]
+            if dead:
+                name = dead[0][0]
+                tail = (logs / f"{name}.log").read_text(errors="replace")[-4000:]
+                raise AssertionError(f"airflow {name} exited with {dead[0][1]}:\n{tail}")
+            health = _health(api_url)
+            if health is not None and all(
+                health.get(key, {}).get("status") == "healthy" for n, key in wanted.items() if n in components
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"Airflow components not healthy after {ready_timeout:g}s: {health}")
+            time.sleep(1.0)
+        yield api_url
+    finally:
+        _stop(processes)
 
 
 @pytest.fixture(scope="session")

@@ -54,12 +54,14 @@ class LocalSparkRunner:
             with self._lock:
                 self._group = None
 
-    def cancel(self) -> None:
-        """Cancel the Spark jobs of the batch this runner is running (no-op when idle)."""
+    def cancel(self) -> list[str]:
+        """Cancel the Spark jobs of the batch this runner is running; returns the job groups cancelled."""
         with self._lock:
             group = self._group
         if group is not None and self._spark is not None:
             self._spark.sparkContext.cancelJobGroup(group)
+            return [group]
+        return []
 
 
 class SparkConnectRunner:

@@ -15,6 +15,7 @@ always gets its own SQLAlchemy engine. Where the URL comes from, first match win
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -51,6 +52,34 @@ def ledger_url_from_connection(
         auth = quote(login, safe="") + (":" + quote(password, safe="") if password else "") + "@"
     where = host + (f":{int(port)}" if port else "")
     return f"{dialect}://{auth}{where}/{schema or ''}"
+
+
+_POLLING: dict[str, Ledger] = {}
+_POLLING_LOCK = threading.Lock()
+
+
+def polling_ledger(url: str) -> Ledger | None:
+    """The ledger at ``url`` for read-only polling: one engine per URL and process, never migrated.
+
+    Sensors and triggers ask every few seconds; building an engine and running the migrations on
+    each check cost a connection pool and a schema lock per poll (and in the triggerer every
+    watcher would do it). A SQLite file that does not exist yet means "no history" (``None``,
+    nothing is created): the first batch creates it. Any other failure (schema missing or behind)
+    raises the ledger's own one-line error and is not cached, so a later upgrade is picked up.
+    """
+    with _POLLING_LOCK:
+        ledger = _POLLING.get(url)
+        if ledger is not None:
+            return ledger
+        if url.startswith("sqlite:///"):
+            path = url[len("sqlite:///"):].split("?", 1)[0]
+            if path and path != ":memory:" and not os.path.exists(path):
+                return None
+        from streamledger.ledger import Ledger
+
+        ledger = Ledger(url, create=False)
+        _POLLING[url] = ledger
+        return ledger
 
 
 class OffsetLedgerHook(BaseHook):
@@ -113,9 +142,18 @@ class OffsetLedgerHook(BaseHook):
             self._ledger = Ledger(url, create=self.upgrade)
         return self._ledger
 
+    def get_polling_ledger(self) -> Ledger | None:
+        """The process-wide read-only ledger for this hook's URL (see :func:`polling_ledger`)."""
+        return polling_ledger(self.get_url())
+
     def test_connection(self) -> tuple[bool, str]:
+        """Open the ledger without migrating it (a Test button must not change a database) and audit it."""
         try:
-            report = self.get_conn().audit()
-            return True, f"ledger reachable; audit {'clean' if report.clean else 'has violations'}"
+            from streamledger.ledger import Ledger
+
+            with Ledger(self.get_url(), create=False) as ledger:
+                report = ledger.audit()
+            verdict = "clean" if report.clean else f"{len(report.violations)} violation(s)"
+            return True, f"ledger reachable at {ledger!r}; audit {verdict}"
         except Exception as exc:
             return False, f"{type(exc).__name__}: {exc}"

@@ -29,10 +29,11 @@ class LedgerAuditOperator(BaseOperator):
     :param ledger_conn_id: ledger connection; ``None`` uses ``ledger_url`` or the default SQLite file.
     :param ledger_url: SQLAlchemy URL (wins over the connection). Templated.
     :param rabbitmq_stream_conn_id: when given, also compare with the broker's stored offsets.
+        Connection ids are templated too.
     :param fail_on_violations: fail the task when the audit is not clean (default ``True``).
     """
 
-    template_fields: Sequence[str] = ("pipeline", "ledger_url")
+    template_fields: Sequence[str] = ("pipeline", "ledger_conn_id", "ledger_url", "rabbitmq_stream_conn_id")
     ui_color = "#dcfce7"
 
     def __init__(self, *, pipeline: str | None = None, ledger_conn_id: str | None = None,

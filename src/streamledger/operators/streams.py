@@ -55,7 +55,7 @@ class CreateStreamOperator(_StreamOperator):
     :param max_segment_size_bytes: segment size (``x-stream-max-segment-size-bytes``).
     """
 
-    template_fields: Sequence[str] = ("stream", "max_age")
+    template_fields: Sequence[str] = ("stream", "max_age", "rabbitmq_stream_conn_id")
 
     def __init__(self, *, stream: str, max_length_bytes: int | None = None, max_age: str | None = None,
                  max_segment_size_bytes: int | None = None, **kwargs: Any) -> None:
@@ -110,7 +110,7 @@ class CreateStreamOperator(_StreamOperator):
 class DeleteStreamOperator(_StreamOperator):
     """Delete a stream (success if it does not exist). :param stream: stream name. Templated."""
 
-    template_fields: Sequence[str] = ("stream",)
+    template_fields: Sequence[str] = ("stream", "rabbitmq_stream_conn_id")
 
     def __init__(self, *, stream: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -142,7 +142,7 @@ class CreateSuperStreamOperator(_StreamOperator):
     :param binding_keys: routing keys, one partition each (``<name>-<key>``); instead of ``partitions``.
     """
 
-    template_fields: Sequence[str] = ("super_stream",)
+    template_fields: Sequence[str] = ("super_stream", "rabbitmq_stream_conn_id")
 
     def __init__(self, *, super_stream: str, partitions: int | None = None,
                  binding_keys: Sequence[str] | None = None, **kwargs: Any) -> None:
@@ -217,7 +217,7 @@ class DeleteSuperStreamOperator(_StreamOperator):
         AMQP 1.0 management node cannot list partitions; numbered ones are found by probing).
     """
 
-    template_fields: Sequence[str] = ("super_stream",)
+    template_fields: Sequence[str] = ("super_stream", "rabbitmq_stream_conn_id")
 
     def __init__(self, *, super_stream: str, binding_keys: Sequence[str] | None = None,
                  **kwargs: Any) -> None:

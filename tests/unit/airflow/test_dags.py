@@ -24,7 +24,7 @@ def test_all_example_dags_import(dagbag) -> None:  # type: ignore[no-untyped-def
     assert dagbag.import_errors == {}
     assert set(dagbag.dag_ids) >= {
         "streamledger_backfill", "streamledger_create_super_stream", "streamledger_audit",
-        "streamledger_on_backlog",
+        "streamledger_on_backlog", "streamledger_event_driven", "streamledger_per_partition",
     }
 
 
@@ -48,3 +48,40 @@ def test_interval_settings_give_real_data_intervals(monkeypatch: pytest.MonkeyPa
     daily = coerce_to_core_timetable(data_interval_timetable("@daily")).infer_manual_data_interval(
         run_after=datetime(2026, 1, 2, tzinfo=UTC))
     assert (daily.start, daily.end) == (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC))
+
+
+def test_event_driven_dag_is_scheduled_by_a_stream_watcher(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.triggers.base import BaseEventTrigger
+
+    from streamledger.triggers.new_data import StreamDataEventTrigger
+
+    dag = dagbag.dags["streamledger_event_driven"]
+    assert dag.max_active_runs == 1 and not dag.catchup
+    (asset,) = dag.timetable.asset_condition.objects
+    (watcher,) = asset.watchers
+    trigger = watcher.trigger
+    assert isinstance(trigger, BaseEventTrigger)
+    assert trigger.serialize()[0] == f"{StreamDataEventTrigger.__module__}.StreamDataEventTrigger"
+    kwargs = trigger.serialize()[1]
+    assert (kwargs["super_stream"], kwargs["pipeline"], kwargs["min_backlog"]) == (
+        "ev", "events-backfill-on-arrival", 1)
+    read = dag.get_task("read_new_data")
+    assert read.pipeline == kwargs["pipeline"] and read.super_stream == "ev"
+    assert read.max_records == 1_000_000
+
+
+def test_on_backlog_dag_really_runs_continuously(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.definitions.timetables.simple import ContinuousTimetable
+
+    dag = dagbag.dags["streamledger_on_backlog"]
+    assert isinstance(dag.timetable, ContinuousTimetable) and dag.max_active_runs == 1
+    assert dag.get_task("wait_for_backlog").deferrable
+
+
+def test_per_partition_dag_maps_the_batch_over_partitions(dagbag) -> None:  # type: ignore[no-untyped-def]
+    dag = dagbag.dags["streamledger_per_partition"]
+    read = dag.get_task("read_partition")
+    assert type(read).__name__ == "MappedOperator"
+    assert set(read.expand_input.value) == {"stream"}
+    assert read.partial_kwargs["pipeline"] == "events-backfill-per-partition"
+    assert "list_partitions" in read.upstream_task_ids

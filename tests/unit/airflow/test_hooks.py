@@ -157,3 +157,64 @@ def test_mapped_task_index_zero_keeps_its_identity() -> None:
     assert run_identity(ti(-1)).map_index == -1
     assert run_identity(ti(None)).map_index == -1
     assert len({run_identity(ti(i)).key() for i in (-1, 0, 1)}) == 3
+
+
+def test_tls_test_connection_against_the_real_broker(  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch, rabbitmq_tls
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_RMQ_TLS", json.dumps(
+        {"conn_type": "rabbitmq_stream", "host": rabbitmq_tls.host, "port": rabbitmq_tls.port,
+         "login": "guest", "password": "guest", "schema": "/",
+         "extra": {"tls": True, "ca_file": str(rabbitmq_tls.ca_file)}}))
+    ok, message = RabbitMQStreamHook("rmq_tls").test_connection()
+    assert ok, message
+    assert "Connected to RabbitMQ 4.3" in message
+    monkeypatch.setenv("AIRFLOW_CONN_RMQ_TLS_WRONG_CA", json.dumps(
+        {"conn_type": "rabbitmq_stream", "host": rabbitmq_tls.host, "port": rabbitmq_tls.port,
+         "login": "guest", "password": "guest",
+         "extra": {"tls": True, "ca_file": str(rabbitmq_tls.wrong_ca_file)}}))
+    ok, message = RabbitMQStreamHook("rmq_tls_wrong_ca").test_connection()
+    assert not ok and "certificate" in message.lower(), message
+
+
+def test_ledger_test_connection_on_sqlite_never_migrates(  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    import sqlite3
+
+    from streamledger.ledger import Ledger
+
+    path = tmp_path / "ledger.sqlite"
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_FILE", json.dumps({"conn_type": "streamledger_ledger",
+                                                                 "schema": str(path)}))
+    sqlite3.connect(path).close()
+    ok, message = OffsetLedgerHook("ledger_file").test_connection()
+    assert not ok and "no ledger schema" in message and "streamledger ledger upgrade" in message
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
+    Ledger(f"sqlite:///{path}", create=True).close()
+    ok, message = OffsetLedgerHook("ledger_file").test_connection()
+    assert ok and "audit clean" in message, message
+
+
+def test_ledger_test_connection_on_postgresql(monkeypatch: pytest.MonkeyPatch, postgres_url: str) -> None:
+    from sqlalchemy.engine import make_url
+
+    from streamledger.ledger import Ledger
+
+    url = make_url(postgres_url)
+    fields = {"conn_type": "streamledger_ledger", "host": url.host, "port": url.port, "login": url.username,
+              "password": url.password, "schema": url.database}
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_PG", json.dumps(fields))
+    ok, message = OffsetLedgerHook("ledger_pg").test_connection()
+    assert not ok and "no ledger schema" in message, message
+    Ledger(postgres_url, create=True).close()
+    ok, message = OffsetLedgerHook("ledger_pg").test_connection()
+    assert ok and "audit clean" in message, message
+    if url.password:
+        assert url.password not in message
+    # the test server trusts loopback, so a wrong password would pass: a missing database fails instead
+    bad = {**fields, "password": "wrong-pg-secret", "schema": "sl_no_such_database"}
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_PG_BAD", json.dumps(bad))
+    ok, message = OffsetLedgerHook("ledger_pg_bad").test_connection()
+    assert not ok and "sl_no_such_database" in message and "wrong-pg-secret" not in message, message

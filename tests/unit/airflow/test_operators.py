@@ -42,9 +42,30 @@ def test_batch_operator_validation(kwargs: dict, message: str) -> None:  # type:
 
 def test_batch_operator_templates_what_users_template() -> None:
     op = StreamBatchOperator(task_id="t", pipeline="p-{{ ds }}", super_stream="events", initial_position=5)
-    assert {"pipeline", "stream", "super_stream", "ledger_url", "output_root", "max_records"} <= set(
-        op.template_fields
-    )
+    assert {"pipeline", "stream", "super_stream", "ledger_url", "output_root", "max_records",
+            "initial_position", "rabbitmq_stream_conn_id", "ledger_conn_id", "spark_conn_id", "spark_conf",
+            "on_data_loss"} <= set(op.template_fields)
+
+
+def test_templated_values_are_checked_once_rendered() -> None:
+    op = StreamBatchOperator(task_id="t", pipeline="p", stream="s", initial_position="{{ params.start }}",
+                             max_records="{{ params.cap }}", on_data_loss="{{ params.loss }}")
+    op.initial_position, op.max_records, op.on_data_loss = "12", "100", "record"  # rendered
+    op._validate(rendered=True)
+    op.initial_position = "beginning"
+    with pytest.raises(ValueError, match="initial_position 'beginning'"):
+        op._validate(rendered=True)
+    with pytest.raises(ValueError, match="max_records must be a positive integer"):
+        StreamBatchOperator(task_id="t", pipeline="p", stream="s", max_records="0")
+
+
+def test_sensor_templates_threshold_and_connections() -> None:
+    sensor = StreamBacklogSensor(task_id="s", pipeline="p", stream="x", min_backlog="{{ params.n }}",
+                                 rabbitmq_stream_conn_id="{{ params.conn }}")
+    assert {"min_backlog", "rabbitmq_stream_conn_id", "ledger_conn_id", "ledger_url"} <= set(
+        sensor.template_fields)
+    sensor.min_backlog = "7"  # rendered
+    assert sensor.trigger().serialize()[1]["min_backlog"] == 7
 
 
 def test_super_stream_shape() -> None:

@@ -65,3 +65,14 @@ def test_airflow_providers_manager_sees_it() -> None:
     widgets = pm.connection_form_widgets
     assert "extra__rabbitmq_stream__ca_file" in widgets
     assert pm.field_behaviours["rabbitmq_stream"]["relabeling"]["schema"] == "Virtual host"
+
+
+def test_message_queue_provider_is_registered_for_the_scheme() -> None:
+    from airflow.providers.common.messaging.triggers.msg_queue import MESSAGE_QUEUE_PROVIDERS
+    from airflow.providers_manager import ProvidersManager
+
+    (name,) = get_provider_info()["queues"]
+    assert name in ProvidersManager().queue_class_names
+    matching = [p for p in MESSAGE_QUEUE_PROVIDERS if p.scheme_matches("rabbitmq-stream")]
+    assert [type(p).__name__ for p in matching] == ["RabbitMQStreamMessageQueueProvider"]
+    assert not any(p.scheme_matches("rabbitmq") for p in matching)

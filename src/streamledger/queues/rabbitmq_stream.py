@@ -1,0 +1,31 @@
+"""The ``rabbitmq-stream`` scheme for the common-messaging provider's ``MessageQueueTrigger``.
+
+Registered through the provider's ``queues`` entry; Airflow's ProvidersManager imports it only
+when ``apache-airflow-providers-common-messaging`` is installed (the import below fails otherwise
+and the entry is skipped quietly). ``MessageQueueTrigger(scheme="rabbitmq-stream", **kwargs)``
+then builds :class:`~streamledger.triggers.new_data.StreamDataEventTrigger` with the same kwargs.
+"""
+
+from __future__ import annotations
+
+from airflow.providers.common.messaging.providers.base_provider import BaseMessageQueueProvider
+from airflow.triggers.base import BaseEventTrigger
+
+from streamledger.triggers.new_data import StreamDataEventTrigger
+
+SCHEME = "rabbitmq-stream"
+
+
+class RabbitMQStreamMessageQueueProvider(BaseMessageQueueProvider):
+    """Scheme ``rabbitmq-stream``: announce new data of a stream or super stream for a pipeline.
+
+    Keyword arguments are those of :class:`~streamledger.triggers.new_data.StreamDataEventTrigger`
+    (``pipeline``, ``stream`` or ``super_stream``, ``rabbitmq_stream_conn_id``, ``ledger_conn_id``,
+    ``ledger_url``, ``min_backlog``, ``poll_interval``). Only scheme dispatch is offered: the
+    deprecated ``queue=`` URI form matches nothing here.
+    """
+
+    scheme = SCHEME
+
+    def trigger_class(self) -> type[BaseEventTrigger]:
+        return StreamDataEventTrigger
