@@ -138,11 +138,15 @@ class RabbitMQStreamHook(BaseHook):
             vhost=conn.schema, extra=conn.extra_dejson,
         )
 
-    def broker_identity(self) -> str:
-        """A credential-free broker name, as the ledger records it."""
+    def broker_identity(self, client: StreamClient | None = None) -> str:
+        """A credential-free broker name, as the ledger records it: the cluster name the broker
+        reports (asked over ``client``, or a short connection of its own)."""
         from streamledger.batch import broker_identity
 
-        return broker_identity(self.get_url())
+        if client is not None:
+            return broker_identity(self.get_url(), client.cluster_name)
+        with self.get_conn() as own:
+            return broker_identity(self.get_url(), own.cluster_name)
 
     def get_conn(self) -> StreamClient:
         """A connected client; the caller closes it (it is a context manager)."""
@@ -174,7 +178,7 @@ class RabbitMQStreamHook(BaseHook):
         try:
             with self.get_conn() as client:
                 version = client.server_version or "unknown version"
-            message = f"Connected to RabbitMQ {version} at {self.broker_identity()}"
+            message = f"Connected to RabbitMQ {version} at {self.broker_identity(client)}"
             if self.topology_over_amqp10:  # the operators will need the AMQP 1.0 port as well
                 with self.get_management() as m:
                     message += f"; AMQP 1.0 topology via {m.connection.params.redacted()}"

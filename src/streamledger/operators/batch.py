@@ -89,15 +89,11 @@ class CancellableLocalSparkRunner(LocalSparkRunner):
                 spark.sparkContext.removeJobTag(tag)
 
     def __call__(self, **kwargs: Any) -> Mapping[str, Any]:
-        if _BASE_RUNNER_CANCELS:
-            return super().__call__(**kwargs)
         with self.tagged():
             return super().__call__(**kwargs)
 
     def cancel(self) -> list[str]:
         """Cancel the Spark jobs of the calls in progress; returns the tags cancelled."""
-        if _BASE_RUNNER_CANCELS:
-            return list(super().cancel() or [])
         with self._tags_lock:
             tags = list(self._tags)
         spark = self.session()
@@ -113,7 +109,6 @@ def _is_connect(spark: Any) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-_BASE_RUNNER_CANCELS = callable(getattr(LocalSparkRunner, "cancel", None))
 
 
 def local_runner(master: str, conf: Mapping[str, str] | None) -> LocalSparkRunner:

@@ -45,8 +45,10 @@ def test_hook_reads_airflow_connection_from_env(monkeypatch: pytest.MonkeyPatch)
     hook = RabbitMQStreamHook("my_stream")
     assert parse_url(hook.get_url()).vhost == "v1"
     assert hook.timeout == 3.0
-    assert hook.broker_identity() == "rabbitmq://10.0.0.5:5552/v1"
-    assert "secret" not in hook.broker_identity()
+    from streamledger.batch import broker_identity  # the address form (no connection made here)
+
+    assert broker_identity(hook.get_url()) == "rabbitmq://10.0.0.5:5552/v1"
+    assert "secret" not in broker_identity(hook.get_url())
 
 
 def test_uri_form_connection(monkeypatch: pytest.MonkeyPatch) -> None:
