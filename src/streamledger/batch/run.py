@@ -408,22 +408,11 @@ class BatchRun:
                 continue
             self.broker.store_offset_verified(r.stream, cfg.pipeline, target, timeout=cfg.store_timeout)
             r.offset_stored = target
-            holder = self._range_holding(p, target)
-            if holder is not None:
-                self.ledger.mark_offset_stored(holder, True)
+            if mark.last_record_range is not None:
+                self.ledger.mark_offset_stored(mark.last_record_range, True)
             log.info("stream %s: broker offset for %s stored at %d (watermark %s)", r.stream, cfg.pipeline,
                      target, mark.end)
         self._step("stored")
-
-    def _range_holding(self, p: _Part, offset: int) -> int | None:
-        rng = p.range
-        if rng is not None and rng.status.value == "committed" and rng.start <= offset < rng.end:
-            return rng.id
-        for other in self.ledger.ranges(self.config.pipeline, stream=p.result.stream):
-            if (other.source.broker == self.identity and other.status.value == "committed"
-                    and other.start <= offset < other.end):
-                return other.id
-        return None
 
     def fail(self, reason: str) -> None:
         """Mark this attempt's uncommitted claims failed (best effort; the original error wins)."""

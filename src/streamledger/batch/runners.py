@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from streamledger.batch.config import BatchError, BatchResult
@@ -16,8 +17,12 @@ class LocalSparkRunner:
 
     The session is created on first use and reused, because its start-up costs seconds. One batch
     is small next to Spark's default of 200 shuffle partitions (the job's manifest aggregate
-    shuffles), so the default here is 2 unless ``conf`` says otherwise. ``cancel()`` stops the
-    job it is running (its own job group), for a task that is killed or loses its claim.
+    shuffles), so the default here is 2 unless ``conf`` says otherwise.
+
+    ``cancel()`` stops the jobs of the calls in progress (a killed task, a batch that lost its
+    claim), from any thread: every call's jobs carry a fresh SparkContext *job tag*. Measured on
+    Spark 4.3 (local, a slow DataFrame write): job tags fail the write within seconds, while a job
+    group with ``interruptOnCancel`` and the session-level ``interruptTag`` did not cancel it.
     """
 
     def __init__(self, master: str = "local[2]", conf: Mapping[str, str] | None = None) -> None:
@@ -28,7 +33,7 @@ class LocalSparkRunner:
             **dict(conf or {}),
         }
         self._spark: Any = None
-        self._group: str | None = None
+        self._tags: set[str] = set()
         self._lock = threading.Lock()
 
     def session(self) -> Any:
@@ -38,30 +43,38 @@ class LocalSparkRunner:
             self._spark = build_session(master=self.master, app_name="streamledger-batch", conf=self.conf)
         return self._spark
 
+    @contextmanager
+    def tagged(self) -> Iterator[str]:
+        """Run the body's Spark jobs (started in this thread) under a tag that :meth:`cancel` cancels."""
+        context = self.session().sparkContext
+        tag = f"streamledger-{uuid.uuid4().hex}"
+        context.addJobTag(tag)
+        with self._lock:
+            self._tags.add(tag)
+        try:
+            yield tag
+        finally:
+            with self._lock:
+                self._tags.discard(tag)
+            context.removeJobTag(tag)
+
     def __call__(
         self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str, splits: int
     ) -> Mapping[str, Any]:
         from streamledger.spark.job import run_job
 
-        spark = self.session()
-        group = f"streamledger-{uuid.uuid4().hex[:12]}"
-        with self._lock:
-            self._group = group
-        spark.sparkContext.setJobGroup(group, f"streamledger batch into {output}", interruptOnCancel=True)
-        try:
-            return run_job(spark, url=url, ranges=dict(ranges), output=output, fmt=fmt, splits=splits)
-        finally:
-            with self._lock:
-                self._group = None
+        with self.tagged():
+            return run_job(self.session(), url=url, ranges=dict(ranges), output=output, fmt=fmt,
+                           splits=splits)
 
     def cancel(self) -> list[str]:
-        """Cancel the Spark jobs of the batch this runner is running; returns the job groups cancelled."""
+        """Cancel the Spark jobs of the calls in progress; returns the tags cancelled."""
         with self._lock:
-            group = self._group
-        if group is not None and self._spark is not None:
-            self._spark.sparkContext.cancelJobGroup(group)
-            return [group]
-        return []
+            tags = list(self._tags)
+        if tags and self._spark is not None:
+            for tag in tags:
+                self._spark.sparkContext.cancelJobsWithTag(tag)
+        return tags
 
 
 class SparkConnectRunner:

@@ -633,18 +633,24 @@ class Ledger:
         if not candidates:
             return Watermark(None, None)
         end = min(candidates)
-        last = session.scalars(
-            select(func.max(Range.last_seen)).where(
+        holder = session.execute(
+            select(Range.id, Range.last_seen)
+            .where(
                 Range.source_id == src.id,
                 Range.status == RangeStatus.COMMITTED.value,
                 Range.end_offset <= end,
+                Range.last_seen.is_not(None),
             )
+            .order_by(Range.last_seen.desc())
+            .limit(1)
         ).first()
+        last = None if holder is None else holder.last_seen
         blocked = open_claim if open_claim is not None and open_claim.start_offset == end else None
         return Watermark(
             end=int(end),
             last_record=None if last is None else int(last),
             blocked_by=None if blocked is None else _snapshot(blocked, pipeline, src),
+            last_record_range=None if holder is None else int(holder.id),
         )
 
     def rename_broker(self, old: str, new: str, *, pipeline: str | None = None) -> int:

@@ -154,6 +154,8 @@ class Watermark:
     end: int | None
     last_record: int | None
     blocked_by: OffsetRange | None = None
+    last_record_range: int | None = None
+    """The id of the committed range that holds ``last_record`` (marked stored once the broker has it)."""
 
     def accepts(self, stored: int | None) -> bool:
         """True when a broker stored offset ``stored`` agrees with this watermark."""

@@ -11,10 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,74 +45,15 @@ def default_output_root() -> str:
     return os.path.join(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger"), "output")
 
 
-class CancellableLocalSparkRunner(LocalSparkRunner):
-    """The in-process runner plus ``cancel()``: every call's Spark jobs carry a fresh tag, and
-    ``cancel()`` cancels the jobs of the calls in progress.
-
-    Classic session: a SparkContext job tag (``addJobTag``/``cancelJobsWithTag``); unlike a job
-    group it does not replace a group the job may set. Measured on Spark 4.3 (local, a DataFrame
-    write of a slow UDF): the session-level ``interruptTag`` found no operation to interrupt, and
-    with ``setInterruptOnCancel(True)`` the tagged job was not cancelled at all; plain job tags
-    failed the write within seconds.
-    Spark Connect session: ``addTag``/``interruptTag``. If the base runner grows its own
-    ``cancel()``, that one is used instead.
-    """
-
-    def __init__(self, master: str = "local[2]", conf: Mapping[str, str] | None = None) -> None:
-        super().__init__(master, conf)
-        self._tags: set[str] = set()
-        self._tags_lock = threading.Lock()
-
-    @contextmanager
-    def tagged(self) -> Iterator[str]:
-        """Run the body's Spark jobs (started in this thread) under a tag that :meth:`cancel` cancels."""
-        spark = self.session()
-        tag = f"streamledger-{uuid.uuid4().hex}"
-        connect = _is_connect(spark)
-        if connect:
-            spark.addTag(tag)
-        else:
-            spark.sparkContext.addJobTag(tag)
-        with self._tags_lock:
-            self._tags.add(tag)
-        try:
-            yield tag
-        finally:
-            with self._tags_lock:
-                self._tags.discard(tag)
-            if connect:
-                spark.removeTag(tag)
-            else:
-                spark.sparkContext.removeJobTag(tag)
-
-    def __call__(self, **kwargs: Any) -> Mapping[str, Any]:
-        with self.tagged():
-            return super().__call__(**kwargs)
-
-    def cancel(self) -> list[str]:
-        """Cancel the Spark jobs of the calls in progress; returns the tags cancelled."""
-        with self._tags_lock:
-            tags = list(self._tags)
-        spark = self.session()
-        for tag in tags:
-            if _is_connect(spark):
-                spark.interruptTag(tag)
-            else:
-                spark.sparkContext.cancelJobsWithTag(tag)
-        return tags
-
-
-def _is_connect(spark: Any) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
+# The cancellable in-process runner is the library's own (job tags); the old name stays importable.
+CancellableLocalSparkRunner = LocalSparkRunner
 
 
 def local_runner(master: str, conf: Mapping[str, str] | None) -> LocalSparkRunner:
     """One in-process runner per (master, conf): the SparkSession outlives a task in the same process."""
     key = (master, json.dumps(dict(conf or {}), sort_keys=True))
     if key not in _LOCAL_RUNNERS:
-        _LOCAL_RUNNERS[key] = CancellableLocalSparkRunner(master, conf)
+        _LOCAL_RUNNERS[key] = LocalSparkRunner(master, conf)
     return _LOCAL_RUNNERS[key]
 
 
