@@ -10,31 +10,20 @@ import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
 
 from streamledger.batch.config import BatchConfig, Broker, RunId
 from streamledger.ledger.types import Watermark
+from streamledger.sources import source_identity
 
 
 def broker_identity(url: str, name: str | None = None) -> str:
-    """A credential-free, stable name for the log server in the ledger: ``<kind>://<name>/<vhost>``.
+    """A credential-free, stable name for the log server in the ledger: ``<kind>://<name>[/<vhost>]``.
 
-    ``name`` is the cluster name the broker reports (or one the user sets); all nodes, DNS aliases
-    and load balancers of a cluster share it. Without it the URL's ``host:port`` stands in (the
-    0.1 form; a batch that learns the name adopts such rows, see ``Ledger.rename_broker``). The
-    kind follows the URL: ``rabbitmq`` for stream URLs, ``mewbase`` for a mewbase server (whose
-    channels have no vhost).
+    ``name`` is the cluster name the broker reports (or one the user sets). The rule, per kind of log
+    (``rabbitmq://`` for stream URLs, ``mewbase://`` for a mewbase server), is
+    :func:`streamledger.sources.source_identity`.
     """
-    parts = urlsplit(url)
-    if parts.scheme.startswith("mewbase"):
-        where = quote(name, safe="@._-") if name else f"{parts.hostname or 'localhost'}:{parts.port}"
-        return f"mewbase://{where}"
-    vhost = parts.path.lstrip("/") or "%2F"
-    if name:
-        return f"rabbitmq://{quote(name, safe='@._-')}/{vhost}"
-    host = parts.hostname or "localhost"
-    port = parts.port or (5551 if parts.scheme.endswith("+tls") else 5552)
-    return f"rabbitmq://{host}:{port}/{vhost}"
+    return source_identity(url, name)
 
 
 def _safe(part: str) -> str:

@@ -2,8 +2,9 @@
 
 The database comes from ``--db URL`` (default ``$STREAMLEDGER_LEDGER_URL`` or the SQLite file under
 ``$STREAMLEDGER_HOME``). ``audit`` exits 0 when the ledger is clean and 1 on any violation, so it
-can gate a pipeline; with ``--broker-url`` it also compares the broker's stored offsets (the
-RabbitMQ client is imported only then).
+can gate a pipeline; with ``--broker-url`` it also compares the stored offsets of the log server the URL
+names, a RabbitMQ stream broker or a mewbase server (:mod:`streamledger.sources`; the client is
+imported only then).
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ def _audit(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         stale = timedelta(seconds=args.stale_after)
         if args.broker_url:
-            from streamledger.protocol.rabbitmq import StreamClient
+            from streamledger.sources import connect_log
 
-            with StreamClient.connect(args.broker_url) as client:
+            with connect_log(args.broker_url) as client:
                 report = ledger.audit(args.pipeline, broker=client.query_offset, stale_after=stale)
         else:
             report = ledger.audit(args.pipeline, stale_after=stale)
@@ -159,7 +160,8 @@ def register(sub: Any) -> None:
         "--broker-url",
         default=None,
         metavar="URL",
-        help="also compare each source's stored offset on this RabbitMQ stream broker",
+        help="also compare each source's stored offset on this log server "
+        "(rabbitmq-stream[+tls]://... or mewbase://host:port)",
     )
     p.add_argument(
         "--stale-after",

@@ -97,16 +97,13 @@ def _bound(log: Any, channel: str, text: str) -> int:
 
 
 def _write_jsonl(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, int | None]:
-    from bson import json_util
+    from streamledger.protocol.mewbase.events import event_json
 
-    from streamledger.protocol.mewbase.frames import decode_event
-
-    options = json_util.RELAXED_JSON_OPTIONS
     records, first, last = 0, None, None
     with path.open("w", encoding="utf-8") as fh:
         for batch in batches:
             for pos, stamp, raw in zip(batch.positions, batch.timestamps, batch.events, strict=True):
-                event = json_util.dumps(decode_event(raw), json_options=options)
+                event = event_json(raw)
                 fh.write(f'{{"pos": {pos}, "timestamp": {stamp}, "event": {event}}}\n')
             if len(batch):
                 first = batch.positions[0] if first is None else first
@@ -122,9 +119,6 @@ def _write_parquet(path: Path, batches: Iterator[Any]) -> tuple[int, int | None,
     """Columns: channel, pos (int64), timestamp (ms, UTC), event (BSON bytes), event_json (relaxed JSON)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from bson import json_util
-
-    from streamledger.protocol.mewbase.frames import decode_event
 
     schema = pa.schema(
         [
@@ -135,14 +129,13 @@ def _write_parquet(path: Path, batches: Iterator[Any]) -> tuple[int, int | None,
             pa.field("event_json", pa.string(), nullable=False),
         ]
     )
-    options = json_util.RELAXED_JSON_OPTIONS
     records, first, last = 0, None, None
     with pq.ParquetWriter(str(path), schema) as writer:
         for batch in batches:
             n = len(batch)
             if not n:
                 continue
-            texts = [json_util.dumps(decode_event(raw), json_options=options) for raw in batch.events]
+            texts = batch.json_texts()
             writer.write_batch(
                 pa.record_batch(
                     [

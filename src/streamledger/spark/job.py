@@ -1,4 +1,7 @@
-"""Bounded read job: exact offset ranges of RabbitMQ streams -> files + ``_manifest.json``.
+"""Bounded read job: exact offset ranges of offset-addressed logs -> files + ``_manifest.json``.
+
+The log is whatever the URL names (:mod:`streamledger.sources`): RabbitMQ streams through the
+``rabbitmq_stream`` format, mewbase channels (positions as offsets) through ``mewbase``.
 
 Run it locally (``python -m streamledger.spark.job ...``, master ``local[2]`` by default), through
 ``spark-submit path/to/job.py ...`` (the master then comes from spark-submit), or in-process with
@@ -33,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from streamledger.errors import StreamledgerError
+from streamledger.sources import connect_log, log_kind, require_feature
 from streamledger.spark.arrow import SPARK_SCHEMA_DDL
-from streamledger.spark.datasource import DATA_SOURCE_NAME
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
@@ -65,14 +68,12 @@ def _local_dir(output: str) -> Path:
 def plan_job(
     url: str, ranges: Mapping[str, Sequence[int]], *, fail_on_data_loss: bool = True
 ) -> list[PlannedRange]:
-    """Check the requested ranges against the broker (tail, retention) and clamp them if allowed."""
-    from streamledger.protocol.rabbitmq import StreamClient
-
+    """Check the requested ranges against the log (tail, retention) and clamp them if allowed."""
     bounds = {
         s: (OffsetBound.offset(int(a)), OffsetBound.offset(int(b)))
         for s, (a, b) in parse_ranges(dict(ranges)).items()
     }
-    with StreamClient.connect(url) as client:
+    with connect_log(url) as client:
         return plan_ranges(client, bounds, fail_on_data_loss=fail_on_data_loss)
 
 
@@ -105,28 +106,33 @@ def run_job(
     output: str,
     fmt: str = "parquet",
     splits: int = 1,
-    decode: str = "amqp",
+    decode: str | None = None,
     fail_on_data_loss: bool = True,
 ) -> dict[str, Any]:
     """Read ``ranges`` (``{stream: (start, end)}``, half-open) into ``output`` and return the manifest.
 
     With ``fail_on_data_loss=False`` a start below retention is clamped and the skipped span is
     listed under ``lost`` for that stream; otherwise ``DataLossError`` is raised before anything is
-    written.
+    written. The Spark format follows the URL's scheme; ``decode`` None is that source's default
+    (``amqp`` for RabbitMQ streams, ``bson`` for mewbase channels).
     """
+    kind = log_kind(url)
+    decode = decode or kind.default_decode
     if fmt not in FORMATS:
         raise PlanningError(f"format {fmt!r} is not supported; use one of {', '.join(FORMATS)}")
     if splits < 1:
         raise PlanningError(f"splits must be >= 1, got {splits}")
-    if decode not in ("amqp", "raw"):
-        raise PlanningError(f"decode must be amqp or raw, got {decode!r}")
+    if decode not in kind.decodes:
+        raise PlanningError(
+            f"decode must be {' or '.join(kind.decodes)} for a {kind.name} source, got {decode!r}"
+        )
     out_dir = _local_dir(output)
     planned = plan_job(url, ranges, fail_on_data_loss=fail_on_data_loss)
 
     register_source(spark)
     read_ranges = {r.stream: [r.start, r.end] for r in planned}
     df = (
-        spark.read.format(DATA_SOURCE_NAME)
+        spark.read.format(kind.spark_format)
         .option("url", url)
         .option("ranges", json.dumps(read_ranges))
         .option("splitsPerStream", splits)
@@ -202,11 +208,11 @@ def resolve_ranges(
     url: str, *, streams: Sequence[str], super_stream: str | None, start: str, end: str
 ) -> dict[str, tuple[int, int]]:
     """``--start``/``--end`` (earliest, latest, offset, {"timestamp": ms}) -> concrete ranges."""
-    from streamledger.protocol.rabbitmq import StreamClient
-
+    if super_stream:
+        require_feature(url, "--super-stream")
     start_bound = parse_bound(start, what="--start")
     end_bound = parse_bound(end, what="--end")
-    with StreamClient.connect(url) as client:
+    with connect_log(url) as client:
         names = list(client.partitions(super_stream)) if super_stream else list(streams)
         if not names:
             raise PlanningError(f"super stream {super_stream!r} has no partitions")
@@ -219,12 +225,14 @@ def resolve_ranges(
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="streamledger.spark.job",
-        description="Read exact [start, end) offset ranges of RabbitMQ streams into files with a manifest.",
+        description="Read exact [start, end) offset ranges of RabbitMQ streams or mewbase channels into "
+        "files with a manifest.",
     )
     p.add_argument("--url", default=os.environ.get("STREAMLEDGER_RABBITMQ_URL"),
-                   help="rabbitmq-stream://user:pass@host:5552/vhost (default: $STREAMLEDGER_RABBITMQ_URL)")
+                   help="rabbitmq-stream://user:pass@host:5552/vhost or mewbase://[user:pass@]host:port "
+                   "(default: $STREAMLEDGER_RABBITMQ_URL)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--stream", action="append", default=[], help="a stream (repeatable)")
+    src.add_argument("--stream", action="append", default=[], help="a stream or channel (repeatable)")
     src.add_argument("--super-stream", help="all partitions of this super stream")
     p.add_argument("--ranges", help='JSON {"stream": [start, end], ...}; replaces --stream/--start/--end')
     p.add_argument("--start", default="earliest", help="earliest | latest | offset | {\"timestamp\": ms}")
@@ -232,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="output directory (overwritten by every run)")
     p.add_argument("--format", default="parquet", choices=FORMATS)
     p.add_argument("--splits", type=int, default=1, help="Spark partitions per stream range")
-    p.add_argument("--decode", default="amqp", choices=("amqp", "raw"))
+    p.add_argument("--decode", default=None, choices=("amqp", "raw", "bson"),
+                   help="default: amqp for RabbitMQ streams, bson for mewbase channels")
     p.add_argument("--allow-data-loss", action="store_true",
                    help="clamp starts below retention and record the lost span instead of failing")
     p.add_argument("--quick-start", action="store_true",

@@ -37,7 +37,7 @@ def build_session(
     register: bool = True,
     quick_start: bool = False,
 ) -> Any:
-    """A ``SparkSession`` with the UI off and the ``rabbitmq_stream`` source registered.
+    """A ``SparkSession`` with the UI off and the ``rabbitmq_stream`` and ``mewbase`` sources registered.
 
     ``master=None`` leaves the master to spark-submit (``--master``). ``quick_start`` applies
     :data:`QUICK_START_JAVA_OPTIONS` to the driver JVM (only effective when this call starts the JVM).
@@ -59,7 +59,10 @@ def build_session(
 
 
 def register_source(spark: Any) -> None:
-    """Register the data source explicitly (works whenever the workers can import streamledger)."""
+    """Register the data sources (``rabbitmq_stream``, ``mewbase``) explicitly; works whenever the
+    workers can import streamledger. The mewbase client is imported only when a read is planned."""
     from streamledger.spark.datasource import RabbitMQStreamDataSource
+    from streamledger.spark.mewbase_source import MewbaseDataSource
 
     spark.dataSource.register(RabbitMQStreamDataSource)
+    spark.dataSource.register(MewbaseDataSource)

@@ -7,7 +7,14 @@ from typing import Any
 
 from streamledger.protocol.mewbase.frames import decode_event
 
-__all__ = ["Event", "EventBatch"]
+__all__ = ["Event", "EventBatch", "event_json"]
+
+
+def event_json(raw: bytes) -> str:
+    """One event as relaxed Extended JSON: readable, yet binary, ObjectId and dates survive the trip."""
+    from bson import json_util
+
+    return str(json_util.dumps(decode_event(raw), json_options=json_util.RELAXED_JSON_OPTIONS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +57,7 @@ class EventBatch:
     def documents(self) -> list[dict[str, Any]]:
         """The events decoded to dicts (a FrameError names the first invalid one)."""
         return [decode_event(raw) for raw in self.events]
+
+    def json_texts(self) -> list[str]:
+        """The events as relaxed Extended JSON (:func:`event_json`), one string per event."""
+        return [event_json(raw) for raw in self.events]

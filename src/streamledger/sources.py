@@ -1,0 +1,153 @@
+"""Which offset-addressed log a source URL names, and how to reach it: the one table from URL scheme to
+log client, Spark data source format and ledger identity.
+
+The batch, the Spark job and the CLI treat a RabbitMQ stream (partition) and a mewbase channel alike:
+both are logs addressed by increasing offsets (positions) with gaps, read in exact ``[start, end)``
+ranges. Only this module knows which client serves which scheme, so a new kind of log is one more row
+here. Nothing is imported until it is used: the CLI builds its parser without any protocol stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote, urlsplit
+
+from streamledger.errors import StreamledgerError
+
+__all__ = [
+    "KINDS",
+    "LogKind",
+    "OffsetLog",
+    "UnsupportedSource",
+    "connect_log",
+    "log_kind",
+    "require_feature",
+    "source_identity",
+    "spark_format",
+]
+
+
+class UnsupportedSource(StreamledgerError, ValueError):
+    """The URL's scheme names no log streamledger can read, or a feature the log does not have."""
+
+
+class OffsetLog(Protocol):
+    """The calls planning, the batch and the audit make of a log (``StreamClient`` and ``MewbaseLog``)."""
+
+    def first_offset(self, name: str) -> int: ...
+    def committed_tail(self, name: str) -> int: ...
+    def resolve_offset(self, name: str, spec: Any) -> int: ...
+    def query_offset(self, stream: str, reference: str) -> int | None: ...
+    def store_offset_verified(
+        self, stream: str, reference: str, offset: int, *, timeout: float = ...
+    ) -> None: ...
+    def partitions(self, super_stream: str) -> list[str]: ...
+    def read_range(self, stream: str, start: int, end: int, *, decode: Any = ...) -> Iterator[Any]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: object) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LogKind:
+    """One kind of log: its URL schemes, client, Spark format and how the ledger names its server."""
+
+    name: str  #: the ledger identity's scheme: ``rabbitmq`` or ``mewbase``
+    schemes: tuple[str, ...]
+    client: str  #: ``module:Class`` with ``connect(url, *, timeout)``, imported on first use
+    spark_format: str
+    unit: str  #: what one log is called in messages: ``stream`` or ``channel``
+    decodes: tuple[str, ...]  #: the Spark source's ``decode`` values; the first is the default
+    super_streams: bool  #: whether a name can stand for several partitions
+
+    @property
+    def default_decode(self) -> str:
+        return self.decodes[0]
+
+    def connect(self, url: str, *, timeout: float = 10.0) -> OffsetLog:
+        module, _, attr = self.client.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+        log: OffsetLog = cls.connect(url, timeout=timeout)
+        return log
+
+    def identity(self, url: str, name: str | None = None) -> str:
+        """A credential-free, stable name for the server in the ledger (see :func:`source_identity`)."""
+        parts = urlsplit(url)
+        if self.name == "mewbase":  # a mewbase server has no vhost
+            where = quote(name, safe="@._-") if name else f"{parts.hostname or 'localhost'}:{parts.port}"
+            return f"mewbase://{where}"
+        vhost = parts.path.lstrip("/") or "%2F"
+        if name:
+            return f"rabbitmq://{quote(name, safe='@._-')}/{vhost}"
+        host = parts.hostname or "localhost"
+        port = parts.port or (5551 if parts.scheme.endswith("+tls") else 5552)
+        return f"rabbitmq://{host}:{port}/{vhost}"
+
+
+RABBITMQ = LogKind(
+    name="rabbitmq",
+    schemes=("rabbitmq-stream", "rabbitmq-stream+tls"),  # protocol.rabbitmq.url SCHEME / TLS_SCHEME
+    client="streamledger.protocol.rabbitmq:StreamClient",
+    spark_format="rabbitmq_stream",
+    unit="stream",
+    decodes=("amqp", "raw"),
+    super_streams=True,
+)
+MEWBASE = LogKind(
+    name="mewbase",
+    schemes=("mewbase",),  # protocol.mewbase.conventions.URL_SCHEME
+    client="streamledger.protocol.mewbase:MewbaseLog",
+    spark_format="mewbase",
+    unit="channel",
+    decodes=("bson", "raw"),
+    super_streams=False,
+)
+KINDS: tuple[LogKind, ...] = (RABBITMQ, MEWBASE)
+_BY_SCHEME = {scheme: kind for kind in KINDS for scheme in kind.schemes}
+
+
+def log_kind(url: str) -> LogKind:
+    """The kind of log ``url`` names; :class:`UnsupportedSource` (naming only the scheme) otherwise."""
+    scheme = url.split("://", 1)[0].strip().lower() if "://" in url else ""
+    kind = _BY_SCHEME.get(scheme)
+    if kind is None:
+        known = ", ".join(f"{s}://" for s in _BY_SCHEME)
+        shown = f"scheme {scheme!r}" if scheme else "no scheme"
+        raise UnsupportedSource(f"source URL has {shown}; streamledger reads {known}")
+    return kind
+
+
+def connect_log(url: str, *, timeout: float = 10.0) -> OffsetLog:
+    """A connected client of the log ``url`` names (a context manager): the batch's ``Broker``."""
+    return log_kind(url).connect(url, timeout=timeout)
+
+
+def spark_format(url: str) -> str:
+    """The Spark data source format that reads the log ``url`` names."""
+    return log_kind(url).spark_format
+
+
+def source_identity(url: str, name: str | None = None) -> str:
+    """The ledger's name for the server: ``rabbitmq://<name>/<vhost>`` or ``mewbase://<name>``.
+
+    ``name`` is the server's stable name (a RabbitMQ cluster name, or one the user sets); all nodes,
+    DNS aliases and load balancers of one cluster share it. Without it the URL's ``host:port`` stands
+    in (a batch that learns the name later adopts such rows, see ``Ledger.rename_broker``).
+    """
+    return log_kind(url).identity(url, name)
+
+
+def require_feature(url: str, feature: str, *, kinds: tuple[str, ...] = ("rabbitmq",)) -> LogKind:
+    """Refuse, in one line, a feature the log ``url`` names does not have (super streams, topology ...)."""
+    kind = log_kind(url)
+    if kind.name not in kinds:
+        scheme = kind.schemes[0]
+        needed = " or ".join(kinds)
+        raise UnsupportedSource(
+            f"{feature} is only available for {needed} sources; "
+            f"a {scheme}:// URL names a {kind.name} {kind.unit}"
+        )
+    return kind
