@@ -22,7 +22,8 @@ class InjectedCrash(BaseException):
 
 
 class Broker(Protocol):
-    """The broker calls a batch needs (a subset of ``StreamClient``).
+    """The log calls a batch needs: a RabbitMQ ``StreamClient`` or a mewbase ``MewbaseLog`` (any
+    offset-addressed log; ``streamledger.sources.connect_log(url)`` gives the one a URL names).
 
     Optional, looked up with ``getattr``: ``read_range`` (to see that a range holds no user
     record without starting a job) and ``cluster_name`` (the broker's stable identity).

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from streamledger.sources import log_kind, spark_format
 from streamledger.spark.arrow import ARROW_SCHEMA, MAP_COLUMNS, SPARK_SCHEMA_DDL, BatchBuffer
 from streamledger.spark.planning import (
     OffsetBound,
@@ -77,6 +78,11 @@ class ReadOptions:
         url = get("url")
         if not url:
             raise PlanningError(f"{DATA_SOURCE_NAME}: option 'url' is required (rabbitmq-stream://host:5552/)")
+        if log_kind(url).spark_format != DATA_SOURCE_NAME:  # e.g. a mewbase:// URL: its own format
+            raise PlanningError(
+                f"{DATA_SOURCE_NAME}: option 'url' names a {log_kind(url).name} source; "
+                f"read it with format {spark_format(url)!r}"
+            )
         streams = parse_stream_list(get("stream"))
         super_stream = (get("superStream") or "").strip() or None
         ranges = parse_ranges(get("ranges") or "") if get("ranges") else None

@@ -1,9 +1,10 @@
 """Contract check: ``MewbaseLog`` serves as the batch core's broker, unchanged (TEST DOUBLE server).
 
-The product's mewbase batch source and Spark format come with the source-neutral core; until then this
-test drives today's ``run_batch`` with a small runner that reads through ``MewbaseLog.read_range`` and
-writes Parquet, to show the log calls (first offset, tail, stored position, verified store, the
-no-record probe via ``read_range(..., decode="raw")``) have the meaning the batch expects.
+The product path (``LocalSparkRunner`` and the ``mewbase`` Spark format) is tested in
+test_spark_batch.py. This test drives ``run_batch`` with a small Spark-free runner that reads through
+``MewbaseLog.read_range`` and writes Parquet: the contract of the log calls alone (first offset, tail,
+stored position, verified store, the no-record probe via ``read_range(..., decode="raw")``), and a
+reminder that any callable honouring the runner contract works with a mewbase source.
 """
 
 from __future__ import annotations
