@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from streamledger.sources import log_kind, spark_format
+from streamledger.sources import UnsupportedSource, log_kind
 from streamledger.spark.arrow import ARROW_SCHEMA, MAP_COLUMNS, SPARK_SCHEMA_DDL, BatchBuffer
 from streamledger.spark.planning import (
     OffsetBound,
@@ -78,11 +78,7 @@ class ReadOptions:
         url = get("url")
         if not url:
             raise PlanningError(f"{DATA_SOURCE_NAME}: option 'url' is required (rabbitmq-stream://host:5552/)")
-        if log_kind(url).spark_format != DATA_SOURCE_NAME:  # e.g. a mewbase:// URL: its own format
-            raise PlanningError(
-                f"{DATA_SOURCE_NAME}: option 'url' names a {log_kind(url).name} source; "
-                f"read it with format {spark_format(url)!r}"
-            )
+        _check_format(url)
         streams = parse_stream_list(get("stream"))
         super_stream = (get("superStream") or "").strip() or None
         ranges = parse_ranges(get("ranges") or "") if get("ranges") else None
@@ -149,6 +145,20 @@ class ReadOptions:
         )
         ends = parse_bounds(self.ending, streams, default=OffsetBound.latest(), what="endingOffsets")
         return {s: (starts[s], ends[s]) for s in streams}
+
+
+def _check_format(url: str) -> None:
+    """A URL of another log kind (``mewbase://``) names the format that reads it; an unknown scheme is
+    left to the stream client's own URL error."""
+    try:
+        kind = log_kind(url)
+    except UnsupportedSource:
+        return
+    if kind.spark_format != DATA_SOURCE_NAME:
+        raise PlanningError(
+            f"{DATA_SOURCE_NAME}: option 'url' names a {kind.name} source; read it with format "
+            f"{kind.spark_format!r}"
+        )
 
 
 def plan(options: ReadOptions) -> list[PlannedRange]:
