@@ -193,3 +193,19 @@ def test_job_module_reads_a_channel(emulator: MewbaseServerEmulator, tmp_path: P
     assert (entry["first_offset"], entry["last_offset"]) == (positions[2], positions[19])
     assert parquet_events(out) == {p: i for i, p in enumerate(positions) if 2 <= i < 20}
     assert json.loads((out / job.MANIFEST).read_text()) == manifest
+
+
+def test_run_job_in_every_format(spark: Any, emulator: MewbaseServerEmulator, tmp_path: Path) -> None:
+    """The job's verification reads a mewbase output back in each format (log-neutral columns)."""
+    positions = seed(emulator, "orders", 0, 12)
+    seed(emulator, "audit", 0, 3)
+    ranges = {"orders": (positions[1], positions[-1] + 1), "audit": (0, 0)}
+    for fmt in job.FORMATS:
+        manifest = job.run_job(spark, url=emulator.url(), ranges=ranges, output=str(tmp_path / fmt), fmt=fmt,
+                               decode="raw")
+        entry = manifest["streams"]["orders"]
+        assert (entry["records"], entry["first_offset"], entry["last_offset"]) == (11, positions[1],
+                                                                                   positions[-1]), fmt
+        assert manifest["streams"]["audit"]["records"] == 0 and manifest["decode"] == "raw"
+    with pytest.raises(Exception, match="decode must be bson or raw for a mewbase source"):
+        job.run_job(spark, url=emulator.url(), ranges=ranges, output=str(tmp_path / "x"), decode="amqp")
