@@ -23,6 +23,7 @@ __all__ = [
     "OffsetLog",
     "UnsupportedSource",
     "connect_log",
+    "find_kind",
     "log_kind",
     "require_feature",
     "source_identity",
@@ -109,9 +110,18 @@ KINDS: tuple[LogKind, ...] = (RABBITMQ, MEWBASE)
 _BY_SCHEME = {scheme: kind for kind in KINDS for scheme in kind.schemes}
 
 
+def _scheme(url: str) -> str:
+    return url.split("://", 1)[0].strip().lower() if "://" in url else ""
+
+
+def find_kind(url: str) -> LogKind | None:
+    """The kind of log ``url`` names, or None for a scheme no kind has."""
+    return _BY_SCHEME.get(_scheme(url))
+
+
 def log_kind(url: str) -> LogKind:
     """The kind of log ``url`` names; :class:`UnsupportedSource` (naming only the scheme) otherwise."""
-    scheme = url.split("://", 1)[0].strip().lower() if "://" in url else ""
+    scheme = _scheme(url)
     kind = _BY_SCHEME.get(scheme)
     if kind is None:
         known = ", ".join(f"{s}://" for s in _BY_SCHEME)

@@ -90,6 +90,15 @@ class BatchConfig:
         name = f"pipeline {self.pipeline!r}"
         if (self.stream is None) == (self.super_stream is None):
             raise BatchError(f"{name}: give exactly one of stream or super_stream")
+        if self.super_stream is not None:
+            from streamledger.sources import find_kind
+
+            kind = find_kind(self.url)  # None: an unknown scheme, reported when the batch connects
+            if kind is not None and not kind.super_streams:
+                raise BatchError(
+                    f"{name}: super_stream is only available for rabbitmq sources; a {kind.name} URL "
+                    f"names one {kind.unit}: give stream="
+                )
         if self.max_records is not None:
             warnings.warn(
                 "BatchConfig.max_records counts offsets, not records (tracking chunks take offsets); "

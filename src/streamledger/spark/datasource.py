@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from streamledger.sources import UnsupportedSource, log_kind
+from streamledger.sources import find_kind
 from streamledger.spark.arrow import ARROW_SCHEMA, MAP_COLUMNS, SPARK_SCHEMA_DDL, BatchBuffer
 from streamledger.spark.planning import (
     OffsetBound,
@@ -150,11 +150,8 @@ class ReadOptions:
 def _check_format(url: str) -> None:
     """A URL of another log kind (``mewbase://``) names the format that reads it; an unknown scheme is
     left to the stream client's own URL error."""
-    try:
-        kind = log_kind(url)
-    except UnsupportedSource:
-        return
-    if kind.spark_format != DATA_SOURCE_NAME:
+    kind = find_kind(url)
+    if kind is not None and kind.spark_format != DATA_SOURCE_NAME:
         raise PlanningError(
             f"{DATA_SOURCE_NAME}: option 'url' names a {kind.name} source; read it with format "
             f"{kind.spark_format!r}"

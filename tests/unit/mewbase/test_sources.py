@@ -83,3 +83,12 @@ def test_importing_the_table_imports_no_client() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           check=True)
     assert proc.stdout.strip() == ""
+
+
+def test_batch_config_refuses_a_super_stream_of_channels() -> None:
+    from streamledger.batch import BatchConfig, BatchError
+
+    with pytest.raises(BatchError, match=r"super_stream is only available for rabbitmq.*give stream="):
+        BatchConfig(pipeline="p", url="mewbase://u:s@h:7451", output_root="/tmp/x", super_stream="orders")
+    BatchConfig(pipeline="p", url="mewbase://h:7451", output_root="/tmp/x", stream="orders")
+    BatchConfig(pipeline="p", url="rabbitmq-stream://h:5552/", output_root="/tmp/x", super_stream="orders")
