@@ -360,12 +360,15 @@ class BatchRun:
                 self.reread_committed(p, final)
         if self.staging is not None:
             outputs.remove(self.staging, self.fs)
-        self.sweep_staging()
+        if self.run.try_number > 1:  # a first try has no earlier attempt to clean up after
+            self.sweep_staging()
         self._step("published")
 
     def sweep_staging(self) -> None:
         """Remove staging left by earlier attempts of this run identity (killed mid-read): every
-        range they could have committed is published by now, so nothing there is needed."""
+        range they could have committed is published by now, so nothing there is needed. Only
+        retries sweep, so an idle first try touches no file system (for a URI root, resolving it
+        may start the runner's Spark session)."""
         prefix = plan.staging_prefix(self.config.output_root, self.config.pipeline, self.run)
         parent, name = filesystems.parent(prefix), filesystems.name(prefix)
         for old in self.fs.listdir(parent):
