@@ -64,13 +64,20 @@ def _staging(f: fs.OutputFS, root: str, range_id: int) -> str:
     return staging
 
 
+@pytest.fixture(params=["os", "arrow"])
+def copying(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[fs.OutputFS, str]:
+    """A file system told its rename is not atomic (as on an object store), over local files."""
+    if request.param == "os":
+        return fs.LocalFS(atomic_rename=False), str(tmp_path)
+    return fs.ArrowFS(atomic_rename=False), tmp_path.as_uri()
+
+
 def test_publish_without_atomic_rename_copies_the_manifest_last_and_finishes_a_partial_copy(
-    tmp_path: Path,
+    copying: tuple[fs.OutputFS, str], tmp_path: Path,
 ) -> None:
     """An object store's "rename" is a copy: a publish interrupted mid-copy leaves a destination
     without a manifest (so not published) and staging whole; the retry completes it."""
-    f = fs.LocalFS(atomic_rename=False)
-    root = str(tmp_path)
+    f, root = copying
     staging, final = _staging(f, root, 7), fs.join(root, "p", "s", "0-3")
     f.copy_file(fs.join(staging, "part-0.parquet"), fs.join(final, "part-0.parquet"))  # killed here
     assert not outputs.published(final, 7, f)
@@ -83,8 +90,8 @@ def test_publish_without_atomic_rename_copies_the_manifest_last_and_finishes_a_p
 
 
 def test_publish_moves_aside_what_is_not_a_copy_of_this_staging(tmp_path: Path) -> None:
-    for f in (fs.LOCAL, fs.LocalFS(atomic_rename=False)):
-        root = str(tmp_path / str(f.renames_atomically("/")))
+    for i, f in enumerate((fs.LOCAL, fs.LocalFS(atomic_rename=False), fs.ArrowFS(atomic_rename=False))):
+        root = str(tmp_path / str(i))
         staging, final = _staging(f, root, 3), fs.join(root, "p", "s", "0-3")
         f.write_bytes(fs.join(final, "foreign.parquet"), b"someone else's")
         outputs.publish(staging, final, 3, f)
