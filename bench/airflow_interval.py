@@ -108,10 +108,17 @@ def main() -> int:
     began = time.monotonic()
     server, started = start_server()
     host, port = urlsplit(server).hostname, urlsplit(server).port
-    # Warm the server the way a long-lived one is: its first Python data-source call starts workers.
-    subprocess.run(
-        [sys.executable, "-c", "import sys; from streamledger.spark.connect import connect_session;"
-         "s = connect_session(sys.argv[1]); s.range(1).collect(); s.stop()", server], check=True)
+    # Warm the server the way a long-lived one is: its first Python data-source read starts the
+    # planner and worker processes (a plain range() query starts none).
+    warm = (
+        "import sys\n"
+        "from streamledger.spark.connect import connect_session\n"
+        "from streamledger.spark.session import register_source\n"
+        "s = connect_session(sys.argv[1]); register_source(s)\n"
+        "s.read.format('rabbitmq_stream').option('url', sys.argv[2]).option('stream', sys.argv[3])"
+        ".option('endingOffsets', '0').load().collect(); s.stop()\n"
+    )
+    subprocess.run([sys.executable, "-c", warm, server, args.url, f"{super_stream}-0"], check=True)
     print(f"Connect server {server} ready ({'started' if started else 'reused'}, "
           f"{time.monotonic() - began:.1f} s)", flush=True)
 
@@ -141,8 +148,9 @@ def main() -> int:
                     **extra,
                 }
                 t = time.monotonic()
-                af.dags_test("streamledger_backfill", end.isoformat(), env=env)
+                proc = af.dags_test("streamledger_backfill", end.isoformat(), env=env)
                 row[mode] = time.monotonic() - t
+                (work / f"dags-test-{mode}-{k + 1}.log").write_text(proc.stdout)
             rows.append(row)
             print(f"interval {k + 1}: local {row['local']:.1f} s, connect {row['connect']:.1f} s, "
                   f"local/connect {row['local'] / row['connect']:.2f}x", flush=True)
@@ -158,6 +166,7 @@ def main() -> int:
         records = sum(r[3] or 0 for r in ranges["local"])
         local = sum(r["local"] for r in rows)
         connect = sum(r["connect"] for r in rows)
+        print(f"dags test logs: {work}/dags-test-*.log")
         print(json.dumps({
             "intervals": args.intervals, "records_per_pipeline": records,
             "ranges_committed_per_pipeline": len(ranges["local"]),
