@@ -81,6 +81,16 @@ def test_format_reads_exact_ranges_over_gaps(spark: Any, emulator: MewbaseServer
     assert sorted(r["offset"] for r in both if r["stream"] == "audit") == emulator.positions("audit")
     assert {r["event_json"] for r in both} == {None}
 
+    # a timestamp bound: the first event persisted at or after it
+    stamps = {pos: ts for pos, ts, _ in emulator.events("orders")}
+    since = stamps[positions[17]]
+    first = min(p for p in positions if stamps[p] >= since)
+    timed = (
+        spark.read.format("mewbase").option("url", emulator.url()).option("channel", "orders")
+        .option("startingOffsets", json.dumps({"timestamp": since})).load().select("offset").collect()
+    )
+    assert sorted(r["offset"] for r in timed) == [p for p in positions if p >= first]
+
     # a range whose end the channel does not hold is refused at planning, naming channel and offsets
     tail = positions[-1] + 1
     past = rf"'orders': end offset {tail + 5} is past the committed tail {tail}"
