@@ -28,27 +28,36 @@ from packaging.requirements import Requirement
 
 from tests.integration.spark.helpers import body, create_stream
 
-pytestmark = [pytest.mark.install, pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.install, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRAS = "airflow,spark"
 # Variables of the developer's shell that would make the venv's processes use this checkout or
 # another pyspark instead of what was installed.
-LEAKY_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_DRIVER_PYTHON", "SPARK_REMOTE",
-             "SPARK_CONNECT_MODE_ENABLED", "PYTHONHOME")
+LEAKY_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SPARK_HOME", "SPARK_REMOTE",
+             "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_DRIVER_PYTHON", "PYSPARK_SUBMIT_ARGS",
+             "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET")
 
 
-def pinned_spark_versions() -> dict[str, str]:
-    """The ``==`` pins of pyspark and pyspark-client in pyproject.toml's extras, by package name."""
+def spark_requirements() -> list[tuple[str, Requirement]]:
+    """Every (extra, requirement) of pyproject.toml that installs pyspark or pyspark-client."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    pins: dict[str, set[str]] = {}
-    for reqs in extras.values():
-        for req in map(Requirement, reqs):
-            if req.name in ("pyspark", "pyspark-client"):
-                pins.setdefault(req.name, set()).update(
-                    s.version for s in req.specifier if s.operator == "=="
-                )
-    return {name: versions.pop() for name, versions in pins.items() if len(versions) == 1}
+    return [(extra, req) for extra, reqs in extras.items() for req in map(Requirement, reqs)
+            if req.name in ("pyspark", "pyspark-client")]
+
+
+def pinned_release() -> str:
+    """The one release pyspark and pyspark-client are pinned to (checked by the first test)."""
+    return str(next(iter(spark_requirements()[0][1].specifier)).version)
+
+
+def test_pyspark_and_pyspark_client_are_pinned_to_one_release() -> None:
+    """The rule of docs/install.md, checked without installing anything."""
+    reqs = spark_requirements()
+    assert {req.name for _, req in reqs} == {"pyspark", "pyspark-client"}, reqs
+    release = pinned_release()
+    for extra, req in reqs:
+        assert str(req.specifier) == f"=={release}", f"[{extra}] {req}: pin both to =={release}"
 
 
 @dataclass
@@ -114,8 +123,8 @@ def test_install_is_consistent_and_pip_check_clean(fresh_venv: FreshVenv) -> Non
     ))
     assert probe.returncode == 0, probe.stderr[-3000:]
     found = json.loads(probe.stdout)
-    pins = pinned_spark_versions()
-    assert found["runtime"] == found["pyspark"] == found["pyspark-client"] == pins["pyspark"], (found, pins)
+    release = pinned_release()
+    assert found["runtime"] == found["pyspark"] == found["pyspark-client"] == release, (found, release)
     assert found["streamledger"].startswith(str(fresh_venv.path)), found  # not this checkout
     # every file pyspark and pyspark-client record is on disk with its recorded hash
     files = fresh_venv.run(fresh_venv.python, str(ROOT / "scripts" / "check_pyspark.py"))
@@ -145,6 +154,8 @@ def _read_job(fresh: FreshVenv, url: str, stream: str, out: Path, *extra: str) -
     return manifest
 
 
+@pytest.mark.spark
+@pytest.mark.rabbitmq
 def test_local_spark_job_in_the_fresh_venv(
     fresh_venv: FreshVenv, rabbitmq_url: str, stream_name: Any, tmp_path: Path
 ) -> None:
@@ -158,6 +169,8 @@ def test_local_spark_job_in_the_fresh_venv(
     assert sorted(table.column("body").to_pylist()) == sorted(body(s, i) for i in range(250))
 
 
+@pytest.mark.spark
+@pytest.mark.rabbitmq
 def test_connect_server_and_job_from_the_fresh_venv(
     fresh_venv: FreshVenv, rabbitmq_url: str, stream_name: Any, tmp_path: Path
 ) -> None:
