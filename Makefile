@@ -56,7 +56,7 @@ chaos: venv
 cluster-test: venv
 	STREAMLEDGER_CLUSTER_TESTS=1 $(PY) -m pytest tests/cluster -q --durations=10
 
-# `pip install .[airflow,spark]` into a fresh venv and use it (tests/install, docs/install.md): ~1.5 min
+# `pip install .[airflow,spark]` into a fresh venv and use it (tests/install, docs/install.md): 1.5-2 min
 # with the warm pip cache `make venv` leaves; part of `make test` too, this runs it alone.
 install-test: venv
 	$(PY) -m pytest tests/install -q --durations=10
