@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(VENV))/bin/python
 export STREAMLEDGER_HOME ?= /var/tmp/streamledger
 
-.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench clean chaos cluster-test
+.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench clean chaos cluster-test install-test
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh $(wildcard src/streamledger/protocol/*/*.c)
@@ -55,3 +55,8 @@ chaos: venv
 # and stops it again; not part of `make test`.
 cluster-test: venv
 	STREAMLEDGER_CLUSTER_TESTS=1 $(PY) -m pytest tests/cluster -q --durations=10
+
+# `pip install .[airflow,spark]` into a fresh venv and use it (tests/install, docs/install.md): 1.5-2 min
+# with the warm pip cache `make venv` leaves; part of `make test` too, this runs it alone.
+install-test: venv
+	$(PY) -m pytest tests/install -q --durations=10

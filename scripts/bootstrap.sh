@@ -2,11 +2,11 @@
 # Create/refresh the project venv with everything the demo and the tests need. Idempotent.
 # - Java 17 for local Spark (installed from the system's apt sources if missing)
 # - the package in editable mode with all extras (the Airflow and Dagster extras share this one venv)
-# - pyspark restored after the apache-spark provider's pyspark-client overwrote its files
+# - one pyspark version: pyproject.toml pins pyspark and pyspark-client (the apache-spark provider's
+#   dependency, a subset of pyspark's files) to the same release, so nothing is reinstalled afterwards
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
-PYSPARK_VERSION=${PYSPARK_VERSION:-4.3.0}
 
 if ! command -v java >/dev/null 2>&1; then
   echo "bootstrap: installing Java 17 (headless JRE) from the system's apt sources"
@@ -24,13 +24,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
 fi
-"$VENV/bin/pip" install -q -e ".[dev,compression,postgres,spark,airflow,dagster]" "pyspark==$PYSPARK_VERSION"
-
-# apache-airflow-providers-apache-spark depends on pyspark-client, which writes into site-packages/pyspark/
-# as well; whichever installed last wins. Put the full pyspark back when the versions disagree.
-have=$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)' 2>/dev/null || echo none)
-if [ "$have" != "$PYSPARK_VERSION" ]; then
-  echo "bootstrap: pyspark reports $have, restoring pyspark $PYSPARK_VERSION"
-  "$VENV/bin/pip" install -q --force-reinstall --no-deps "pyspark==$PYSPARK_VERSION"
-fi
-echo "bootstrap: venv ready at $VENV ($("$VENV/bin/python" --version), pyspark $("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)'))"
+"$VENV/bin/pip" install -q -e ".[dev,compression,postgres,spark,airflow,dagster]"
+"$VENV/bin/pip" check
+"$VENV/bin/python" scripts/check_pyspark.py
+echo "bootstrap: venv ready at $VENV ($("$VENV/bin/python" --version))"
