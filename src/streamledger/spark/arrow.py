@@ -182,7 +182,9 @@ def _stream_column(stream: str, n: int) -> pa.Array:
         raw = stream.encode("utf-8")
         size = max(n, 65536)
         ends = array("i", range(0, (size + 1) * len(raw), len(raw))) if raw else array("i", [0]) * (size + 1)
-        column = pa.Array.from_buffers(pa.string(), size, [None, pa.py_buffer(ends), pa.py_buffer(raw * size)])
+        column = pa.Array.from_buffers(
+            pa.string(), size, [None, pa.py_buffer(ends), pa.py_buffer(raw * size)]
+        )
         if len(_STREAM_COLUMNS) >= 64:
             _STREAM_COLUMNS.clear()
         _STREAM_COLUMNS[stream] = column

@@ -255,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remote", default=os.environ.get("SPARK_REMOTE"),
                    help="run on this Spark Connect server, sc://host:port (default: $SPARK_REMOTE); "
                    "replaces --master")
+    p.add_argument("--session-id", default=None,
+                   help="with --remote: the server-side session to attach to (a UUID; default: the one "
+                   "all job processes share, whose Python workers stay warm)")
     p.add_argument("--master", default=None,
                    help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit: spark-submit's)")
     return p
@@ -280,9 +283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.remote:
             if args.master:
                 raise PlanningError("--remote and --master exclude each other")
-            from streamledger.spark.connect import connect_session
+            from streamledger.spark.connect import JOB_SESSION_ID, connect_session
 
-            spark = connect_session(args.remote)
+            # Attach to the jobs' long-lived server session: its Python workers are already warm.
+            spark = connect_session(
+                args.remote, session_id=args.session_id or JOB_SESSION_ID, keep_session=True
+            )
         else:
             submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched us and owns the master
             master = args.master or (None if submitted else DEFAULT_MASTER)
