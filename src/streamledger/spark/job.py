@@ -28,6 +28,7 @@ if __name__ == "__main__":
 import argparse
 import datetime as _dt
 import json
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,8 @@ def _observe_written(
             F.max(F.when(mine, F.col("offset"))).alias(f"hi{i}"),
         ]
     metrics.append(F.count(F.when(~F.col("stream").isin(*streams), 1)).alias("unplanned"))
-    observation = Observation("streamledger_written")
+    # A unique name: concurrent jobs in one session must never read each other's metrics.
+    observation = Observation(f"streamledger_written_{uuid.uuid4().hex}")
     observed = df.observe(observation, *metrics)
 
     def written() -> dict[str, tuple[int, int | None, int | None]]:
