@@ -9,6 +9,7 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_INTERVAL`` | ``@daily`` | cron expression, or ``<n>s`` / ``<n>m`` for a fixed delta |
 | ``STREAMLEDGER_START_DATE`` | ``2026-01-01T00:00:00+00:00`` | first data interval's start |
 | ``STREAMLEDGER_SPARK_CONN_ID`` | (unset) | run the job via spark-submit on this connection |
+| ``STREAMLEDGER_SPARK_CONNECT_CONN_ID`` | (unset) | run the job on this ``spark_connect`` server |
 | ``STREAMLEDGER_OUTPUT_ROOT`` | ``$STREAMLEDGER_HOME/output`` | where range directories are written |
 | ``STREAMLEDGER_EVENT_PIPELINE`` | ``<pipeline>-on-arrival`` | pipeline of the event-driven DAG |
 | ``STREAMLEDGER_MIN_BACKLOG`` | ``1`` | new offsets that start an event-driven run |
@@ -31,6 +32,7 @@ PIPELINE = os.environ.get("STREAMLEDGER_PIPELINE", "events-backfill")
 INTERVAL = os.environ.get("STREAMLEDGER_INTERVAL", "@daily")
 START_DATE = datetime.fromisoformat(os.environ.get("STREAMLEDGER_START_DATE", "2026-01-01T00:00:00+00:00"))
 SPARK_CONN_ID = os.environ.get("STREAMLEDGER_SPARK_CONN_ID") or None
+SPARK_CONNECT_CONN_ID = os.environ.get("STREAMLEDGER_SPARK_CONNECT_CONN_ID") or None
 OUTPUT_ROOT = os.environ.get("STREAMLEDGER_OUTPUT_ROOT") or None
 EVENT_PIPELINE = os.environ.get("STREAMLEDGER_EVENT_PIPELINE") or f"{PIPELINE}-on-arrival"
 MIN_BACKLOG = int(os.environ.get("STREAMLEDGER_MIN_BACKLOG", "1"))

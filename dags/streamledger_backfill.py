@@ -18,6 +18,7 @@ from _streamledger_settings import (
     OUTPUT_ROOT,
     PIPELINE,
     SPARK_CONN_ID,
+    SPARK_CONNECT_CONN_ID,
     START_DATE,
     SUPER_STREAM,
     data_interval_timetable,
@@ -46,6 +47,7 @@ with DAG(
         bound_by_interval=True,
         initial_position="interval_start",
         spark_conn_id=SPARK_CONN_ID,
+        spark_connect_conn_id=SPARK_CONNECT_CONN_ID,
         output_root=OUTPUT_ROOT,
         outlets=[events],
     )

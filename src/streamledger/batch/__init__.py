@@ -27,10 +27,12 @@ half-open offset range ``[start, end)``; the ledger is the source of truth for w
 4. **commit**: each range moves to ``committed`` with its record count, first/last offsets, final
    output path and staging path. Only the claim's holder can commit (fencing).
 5. **publish**: each committed range's staging directory is renamed to
-   ``<root>/<pipeline>/<stream>/<start>-<end>/``. A published directory is never deleted or
-   rewritten: retries of a committed range do not read the stream again (they finish the publish
-   from the staging copy the ledger recorded; only if both copies were deleted by hand is the range
-   re-read, and published only if the broker still holds exactly the committed records).
+   ``<root>/<pipeline>/<stream>/<start>-<end>/`` (where a rename is not atomic, on object stores,
+   its files are copied, the manifest last, and staging is deleted; see ``outputs``). A published
+   directory is never deleted or rewritten: retries of a committed range do not read the stream
+   again (they finish the publish from the staging copy the ledger recorded; only if both copies
+   were deleted by hand is the range re-read, and published only if the broker still holds exactly
+   the committed records).
 6. **store offset = low watermark**: the broker's stored offset becomes the last committed record
    of the source's contiguous done prefix (committed or lost ranges up to the first open claim or
    failed hole), and only when the broker is behind it. It never passes a range nobody committed;

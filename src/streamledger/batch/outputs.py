@@ -1,77 +1,95 @@
 """Atomic range outputs: a job writes into a staging directory; a verified, committed range is
-published by one ``rename`` to its own directory, which nothing ever deletes or rewrites.
+published to its own directory, which nothing ever deletes or rewrites.
 
 Why commit before publish: only the holder of a claim can commit it, so a worker that lost its
 claim (abandoned, taken over) is fenced out of the commit *and* of the publish that follows; a
 committed range whose publish was interrupted finds its verified staging copy through the ledger
-(``OffsetRange.staging``) and the retry finishes the rename without reading the stream again.
+(``OffsetRange.staging``) and the retry finishes the publish without reading the stream again.
+
+Locations are plain paths or URIs, reached through :mod:`streamledger.fs` (``fs=``; local by
+default). Where a directory rename is atomic (local, HDFS) the publish is that one rename. Where it
+is not (object stores: a rename is a copy and a delete), the publish copies the data files, then
+the manifest, then deletes staging: the manifest marks the destination complete, staging stays
+whole until then, and a retry completes a partially copied destination from it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
+
+from streamledger.fs import LOCAL, OutputFS, join, local_path, parent
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
 
-
-def local_path(location: str) -> Path:
-    """A local (or shared POSIX) path from ``/x`` or ``file:///x``; other schemes are refused."""
-    if location.startswith("file://"):
-        location = location[len("file://") :]
-    if "://" in location:
-        raise ValueError(f"output {location!r}: only local (or shared POSIX) paths are supported")
-    return Path(location).absolute()
+__all__ = ["MANIFEST", "local_path", "publish", "published", "read_manifest", "remove", "write_manifest"]
 
 
-def write_manifest(directory: str, manifest: Mapping[str, Any]) -> None:
-    """Write ``_manifest.json`` atomically (temp file + rename)."""
-    path = local_path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path / MANIFEST)
+def write_manifest(directory: str, manifest: Mapping[str, Any], fs: OutputFS = LOCAL) -> None:
+    """Write ``_manifest.json`` atomically where the file system allows (temp + rename; one PUT)."""
+    fs.mkdirs(directory)
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    fs.write_bytes(join(directory, MANIFEST), text.encode())
 
 
-def read_manifest(directory: str) -> dict[str, Any] | None:
-    path = local_path(directory) / MANIFEST
-    if not path.is_file():
+def read_manifest(directory: str, fs: OutputFS = LOCAL) -> dict[str, Any] | None:
+    raw = fs.read_bytes(join(directory, MANIFEST))
+    if raw is None:
         return None
-    data: dict[str, Any] = json.loads(path.read_text())
+    data: dict[str, Any] = json.loads(raw)
     return data
 
 
-def published(final: str, range_id: int) -> bool:
+def published(final: str, range_id: int, fs: OutputFS = LOCAL) -> bool:
     """True when ``final`` holds the published output of ledger range ``range_id``."""
-    manifest = read_manifest(final)
+    manifest = read_manifest(final, fs)
     return manifest is not None and manifest.get("range_id") == range_id
 
 
-def publish(staging: str, final: str, range_id: int) -> None:
-    """Move a verified staging directory to its final place in one rename.
+def _unfinished_copy(staging: str, final: str, fs: OutputFS) -> bool:
+    """``final`` holds only files staging also has, and no manifest: an interrupted copy of it."""
+    have = set(fs.files(final))
+    return MANIFEST not in have and have <= set(fs.files(staging))
+
+
+def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL) -> None:
+    """Move a verified staging directory to its final place (idempotent).
 
     A directory already at ``final`` that belongs to another range id cannot be a committed
-    output of this ledger (one committed range per span); it is moved aside, never deleted.
+    output of this ledger (one committed range per span); it is moved aside, never deleted. On a
+    file system without atomic rename, a destination that is an interrupted copy of this staging
+    directory is completed instead.
     """
-    src, dst = local_path(staging), local_path(final)
-    if published(final, range_id):
+    if published(final, range_id, fs):
         return
-    if dst.exists():
-        aside = dst.with_name(f"{dst.name}.superseded-{int(time.time())}")
-        log.warning("%s holds no output of range %d; moving it aside to %s", dst, range_id, aside)
-        os.replace(dst, aside)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(src, dst)
+    atomic = fs.renames_atomically(final)
+    if fs.exists(final) and (atomic or not _unfinished_copy(staging, final, fs)):
+        aside = f"{final.rstrip('/')}.superseded-{int(time.time())}"
+        log.warning("%s holds no output of range %d; moving it aside to %s", final, range_id, aside)
+        fs.rename(final, aside)
+    fs.mkdirs(parent(final))
+    if atomic:
+        fs.rename(staging, final)
+        return
+    names = fs.files(staging)
+    for rel in names:
+        if rel != MANIFEST:
+            fs.copy_file(join(staging, rel), join(final, rel))
+    if MANIFEST in names:
+        fs.copy_file(join(staging, MANIFEST), join(final, MANIFEST))
+    else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
+        fs.mkdirs(final)
+    fs.delete(staging)
 
 
-def remove(location: str) -> None:
+def remove(location: str, fs: OutputFS = LOCAL) -> None:
     """Delete a staging directory (best effort: a leftover is harmless, never published)."""
-    shutil.rmtree(local_path(location), ignore_errors=True)
+    try:
+        fs.delete(location)
+    except Exception as exc:  # a leftover is never published; the next sweep tries again
+        log.warning("could not remove %s: %s", location, exc)

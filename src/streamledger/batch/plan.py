@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from streamledger.batch.config import BatchConfig, Broker, RunId
+from streamledger.fs import join, parent
 from streamledger.ledger.types import Watermark
 
 
@@ -44,14 +44,14 @@ def _safe(part: str) -> str:
 def output_dir(root: str, pipeline: str, stream: str, start: int, end: int) -> str:
     """A range's published directory: a pure function of its inputs (one per committed range)."""
     safe_pipeline = pipeline.replace("/", "_")
-    return str(Path(root) / safe_pipeline / stream / f"{start:012d}-{end:012d}")
+    return join(root, safe_pipeline, stream, f"{start:012d}-{end:012d}")
 
 
 def staging_dir(root: str, pipeline: str, run: RunId, token: str) -> str:
     """Where one attempt's job writes (every partition of the batch): outside the pipeline's
     published tree (``<root>/_staging/<pipeline>/...``), so a reader globbing
     ``<root>/<pipeline>/`` never sees unpublished files, yet on the same file system for the rename."""
-    return str(Path(staging_prefix(root, pipeline, run)).parent / f"{attempt_name(run)}.{token}")
+    return join(parent(staging_prefix(root, pipeline, run)), f"{attempt_name(run)}.{token}")
 
 
 def attempt_name(run: RunId) -> str:
@@ -63,7 +63,7 @@ def attempt_name(run: RunId) -> str:
 def staging_prefix(root: str, pipeline: str, run: RunId) -> str:
     """The common prefix of every attempt's staging directory of this run identity."""
     who = attempt_name(run).rsplit(".t", 1)[0]
-    return str(Path(root) / "_staging" / pipeline.replace("/", "_") / f"{who}.t")
+    return join(root, "_staging", pipeline.replace("/", "_"), f"{who}.t")
 
 
 def millis(moment: datetime) -> int:

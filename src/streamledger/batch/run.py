@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from streamledger import fs as filesystems
 from streamledger.batch import outputs, plan
 from streamledger.batch.config import (
     BatchConfig,
@@ -116,9 +117,18 @@ class BatchRun:
                                   super_stream=config.super_stream)
         self.parts: list[_Part] = []
         self.staging: str | None = None
+        self._fs: filesystems.OutputFS | None = None
         self._started = datetime.now(UTC) - timedelta(seconds=1)  # the database clock may lag ours
 
     # -- helpers ---------------------------------------------------------------------------------
+
+    @property
+    def fs(self) -> filesystems.OutputFS:
+        """The output root's file system: local for plain paths, else the runner's (``filesystem``,
+        optional) for URIs; resolved on first use, so a batch with nothing to write needs none."""
+        if self._fs is None:
+            self._fs = filesystems.filesystem_for(self.config.output_root, self.runner)
+        return self._fs
 
     def _step(self, name: str) -> None:
         if self.on_step is not None:
@@ -303,7 +313,7 @@ class BatchRun:
             path = plan.entry_path(manifest, r.stream, str(self.staging), streams)
         except ValueError as exc:
             raise BatchError(f"{where}: {exc}") from exc
-        if not outputs.local_path(path).is_dir():
+        if not self.fs.is_dir(path):
             raise BatchError(f"{where}: the job wrote no directory at {path}")
         r.records = records
         r.first_offset = None if first is None else int(first)
@@ -315,7 +325,7 @@ class BatchRun:
             "pipeline": self.config.pipeline, "broker": self.identity, "range_id": p.range.id,
             "streams": {r.stream: dict(entry)}, "output": final, "format": manifest.get("format"),
             "written_at": manifest.get("written_at"),
-        })
+        }, self.fs)
 
     # -- commit + publish ------------------------------------------------------------------------
 
@@ -340,29 +350,30 @@ class BatchRun:
                 continue
             final = rng.output or plan.output_dir(self.config.output_root, self.config.pipeline, r.stream,
                                                   r.start, r.end)
-            if outputs.published(final, rng.id):
+            if outputs.published(final, rng.id, self.fs):
                 continue
             staging = p.staging or rng.staging
-            if staging and outputs.read_manifest(staging) is not None:
-                outputs.publish(staging, final, rng.id)
+            if staging and outputs.read_manifest(staging, self.fs) is not None:
+                outputs.publish(staging, final, rng.id, self.fs)
                 log.info("published %s [%d, %d) -> %s", r.stream, r.start, r.end, final)
             else:
                 self.reread_committed(p, final)
         if self.staging is not None:
-            outputs.remove(self.staging)
-        self.sweep_staging()
+            outputs.remove(self.staging, self.fs)
+        if self.run.try_number > 1:  # a first try has no earlier attempt to clean up after
+            self.sweep_staging()
         self._step("published")
 
     def sweep_staging(self) -> None:
         """Remove staging left by earlier attempts of this run identity (killed mid-read): every
-        range they could have committed is published by now, so nothing there is needed."""
+        range they could have committed is published by now, so nothing there is needed. Only
+        retries sweep, so an idle first try touches no file system (for a URI root, resolving it
+        may start the runner's Spark session)."""
         prefix = plan.staging_prefix(self.config.output_root, self.config.pipeline, self.run)
-        parent = outputs.local_path(prefix).parent
-        name = outputs.local_path(prefix).name
-        if parent.is_dir():
-            for old in parent.iterdir():
-                if old.name.startswith(name):
-                    outputs.remove(str(old))
+        parent, name = filesystems.parent(prefix), filesystems.name(prefix)
+        for old in self.fs.listdir(parent):
+            if old.startswith(name):
+                outputs.remove(filesystems.join(parent, old), self.fs)
 
     def reread_committed(self, p: _Part, final: str) -> None:
         """A committed range lost both its output and its staging copy (deleted by hand): read it
@@ -378,7 +389,7 @@ class BatchRun:
         entry = (manifest.get("streams") or {}).get(r.stream) or {}
         seen = (int(entry.get("records", -1)), entry.get("first_offset"), entry.get("last_offset"))
         if seen != (rng.records, rng.first_seen, rng.last_seen):
-            outputs.remove(staging)
+            outputs.remove(staging, self.fs)
             raise BatchError(
                 f"stream {r.stream!r} range [{r.start}, {r.end}): re-read found records/first/last "
                 f"{seen} but the ledger committed {(rng.records, rng.first_seen, rng.last_seen)}; the "
@@ -386,7 +397,7 @@ class BatchRun:
             )
         self.staging = staging
         self.verify(p, manifest, 1)
-        outputs.publish(str(p.staging), final, rng.id)
+        outputs.publish(str(p.staging), final, rng.id, self.fs)
 
     # -- store offset ----------------------------------------------------------------------------
 
@@ -425,7 +436,7 @@ class BatchRun:
                     log.exception("could not mark range %s failed", p.range.id)
         if self.staging is not None and not any(p.result.status == "committed" and p.result.read
                                                 for p in self.parts):
-            outputs.remove(self.staging)
+            outputs.remove(self.staging, self.fs)
 
     # -- all of it -------------------------------------------------------------------------------
 

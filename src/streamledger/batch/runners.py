@@ -10,6 +10,7 @@ from typing import Any
 
 from streamledger.batch.config import BatchError, BatchResult
 from streamledger.batch.outputs import read_manifest as _read_manifest
+from streamledger.fs import ArrowFS, OutputFS, filesystem_for, for_session
 
 
 class LocalSparkRunner:
@@ -67,6 +68,11 @@ class LocalSparkRunner:
             return run_job(self.session(), url=url, ranges=dict(ranges), output=output, fmt=fmt,
                            splits=splits)
 
+    def filesystem(self, location: str) -> OutputFS:
+        """The session's Hadoop file system for a URI (starts the session if needed), so outputs
+        reach whatever Spark is configured for, with its credentials."""
+        return for_session(self.session(), location)
+
     def cancel(self) -> list[str]:
         """Cancel the Spark jobs of the calls in progress; returns the tags cancelled."""
         with self._lock:
@@ -119,6 +125,11 @@ class SparkConnectRunner:
             with self._lock:
                 self._tag = None
 
+    def filesystem(self, location: str) -> OutputFS:
+        """``pyarrow.fs`` from the URI: a Connect client has no JVM to reach Hadoop through, so the
+        calling process needs its own access to the store (a local server: the same disk)."""
+        return ArrowFS()
+
     def cancel(self) -> None:
         """Interrupt the operations of the batch this runner is running (no-op when idle)."""
         with self._lock:
@@ -133,9 +144,10 @@ class SparkConnectRunner:
             self._spark = None
 
 
-def read_manifest(output: str) -> dict[str, Any]:
-    """Load ``DIR/_manifest.json`` written by the job (used after a spark-submit run)."""
-    data = _read_manifest(output)
+def read_manifest(output: str, fs: OutputFS | None = None) -> dict[str, Any]:
+    """Load ``DIR/_manifest.json`` written by the job (used after a spark-submit run); a URI is read
+    through ``fs`` (default: local for plain paths and ``file://``, else ``pyarrow.fs``)."""
+    data = _read_manifest(output, fs or filesystem_for(output))
     if data is None:
         raise BatchError(f"the Spark job wrote no manifest at {output}/_manifest.json")
     return data

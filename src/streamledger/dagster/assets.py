@@ -151,7 +151,8 @@ def build_stream_batch_asset(
 
     :param pipeline: consumer reference; one pipeline per asset (two assets sharing one would split
         each other's ranges).
-    :param output_root: directory under which each range's files are written.
+    :param output_root: directory (or URI Spark can write: ``file://``, ``s3a://``...) under which
+        each range's files are written.
     :param super_stream: read every partition of this super stream; or give ``stream``.
     :param partitions_def: ``None`` (each run reads up to the committed tail), or a
         ``TimeWindowPartitionsDefinition`` (each partition reads its window, in order).

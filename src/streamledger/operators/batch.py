@@ -146,6 +146,7 @@ class StreamBatchOperator(BaseOperator):
     :param ledger_url: SQLAlchemy URL of the ledger (wins over the connection). Templated.
     :param output_root: where range directories go
         (``<root>/<pipeline>/<stream>/<start>-<end>``); default ``$STREAMLEDGER_HOME/output``. Templated.
+        A path or a URI Spark can write (``file://``, ``hdfs://``, ``s3a://``, ``gs://``; docs/ledger.md).
     :param initial_position: where a partition without ledger or broker history starts:
         ``"first"`` (default), ``"tail"``, ``"interval_start"`` (the data interval's start,
         resolved by timestamp) or an offset.

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from streamledger import fs
 from streamledger.errors import StreamledgerError
 from streamledger.spark.datasource import DATA_SOURCE_NAME
 from streamledger.spark.planning import (
@@ -54,12 +55,11 @@ class JobError(StreamledgerError):
     """The job wrote output that does not match its plan (or could not run)."""
 
 
-def _local_dir(output: str) -> Path:
-    if output.startswith("file://"):
-        output = output[len("file://") :]
-    if "://" in output:
-        raise PlanningError(f"output {output!r}: only local (or shared POSIX) paths are supported")
-    return Path(output).absolute()
+def _output_dir(output: str) -> str:
+    """A plain path made absolute (as before URIs); a URI (``file://``, ``s3a://``...) as given."""
+    if not output.strip():
+        raise PlanningError("output must name a directory or a URI")
+    return output.rstrip("/") if fs.scheme(output) else str(Path(output).absolute())
 
 
 def plan_job(
@@ -140,7 +140,8 @@ def run_job(
         raise PlanningError(f"splits must be >= 1, got {splits}")
     if decode not in ("amqp", "raw"):
         raise PlanningError(f"decode must be amqp or raw, got {decode!r}")
-    out_dir = _local_dir(output)
+    out_dir = _output_dir(output)
+    out_fs = fs.for_session(spark, out_dir)
     planned = plan_job(url, ranges, fail_on_data_loss=fail_on_data_loss)
 
     register_source(spark)
@@ -155,12 +156,12 @@ def run_job(
         .option("failOnDataLoss", "true")
         .load()
     )
-    (out_dir / MANIFEST).unlink(missing_ok=True)
+    out_fs.delete(fs.join(out_dir, MANIFEST))
     order = sorted(read_ranges)
     df, written_stats = _observe_written(df, order)
     paths = {s: out_dir for s in order}
     if len(order) == 1:
-        df.write.mode("overwrite").format(fmt).save(str(out_dir))
+        df.write.mode("overwrite").format(fmt).save(out_dir)
     else:
         # One write for every stream, each into its own subdirectory: a numbered partition column
         # (stream names may hold characters that partition paths escape). The column is not in
@@ -168,16 +169,16 @@ def run_job(
         from pyspark.sql import functions as F
 
         part = F.create_map(*[x for i, s in enumerate(order) for x in (F.lit(s), F.lit(i))])
-        paths = {s: out_dir / f"{PART_COLUMN}={i}" for i, s in enumerate(order)}
+        paths = {s: fs.join(out_dir, f"{PART_COLUMN}={i}") for i, s in enumerate(order)}
         (
             df.withColumn(PART_COLUMN, part[F.col("stream")])
             .write.mode("overwrite")
             .partitionBy(PART_COLUMN)
             .format(fmt)
-            .save(str(out_dir))
+            .save(out_dir)
         )
         for path in paths.values():
-            path.mkdir(exist_ok=True)  # a stream without records still gets its (empty) directory
+            out_fs.mkdirs(path)  # a stream without records still gets its (empty) directory
     stats = written_stats()
 
     streams: dict[str, Any] = {}
@@ -195,7 +196,7 @@ def run_job(
             "records": n,
             "first_offset": lo,
             "last_offset": hi,
-            "path": str(paths[r.stream]),
+            "path": paths[r.stream],
         }
         if r.lost is not None:
             entry["lost"] = [list(r.lost)]
@@ -203,15 +204,14 @@ def run_job(
 
     manifest: dict[str, Any] = {
         "streams": streams,
-        "output": str(out_dir),
+        "output": out_dir,
         "format": fmt,
         "decode": decode,
         "splits": splits,
         "written_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
-    tmp = out_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out_dir / MANIFEST)
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    out_fs.write_bytes(fs.join(out_dir, MANIFEST), text.encode())  # temp + rename where atomic
     return manifest
 
 

@@ -167,3 +167,59 @@ def test_connect_runner_cancel_interrupts_the_running_batch(
         assert runner._tag is None
     finally:
         runner.close()
+
+
+def test_run_batch_over_connect_into_a_file_uri_root_survives_a_crash_after_commit(
+    spark_connect: str, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    """Issue 11 item 6 over Connect: the server writes the data to a ``file://`` URI, the client
+    reaches it through ``pyarrow.fs`` (no JVM here); killed after the commit, the retry publishes
+    the recorded staging copy without a second job."""
+    from streamledger import fs
+
+    class Killed(BaseException):
+        pass
+
+    sup = stream_name.super_stream("fs11c")
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_super_stream(sup, partitions=2)
+        parts = client.partitions(sup)
+    publish(rabbitmq_url, parts[0], 45)  # the other partition stays empty: its directory still exists
+    root = (tmp_path / "out").as_uri()
+
+    class Counting(SparkConnectRunner):
+        calls = 0
+
+        def __call__(self, **kwargs: Any) -> Any:
+            self.calls += 1
+            return super().__call__(**kwargs)
+
+    runner = Counting(spark_connect)
+
+    def crash(step: str, batch: Any) -> None:
+        if step == "committed":
+            assert isinstance(batch.fs, fs.ArrowFS)
+            raise Killed("killed after the commit")
+
+    cfg = BatchConfig(pipeline="p-connect-uri", url=rabbitmq_url, output_root=root, super_stream=sup)
+    try:
+        with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", create=True) as ledger, \
+                StreamClient.connect(rabbitmq_url) as client:
+            with pytest.raises(Killed):
+                run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner,
+                          on_step=crash)
+            (done,) = [r for r in ledger.ranges("p-connect-uri") if r.records]
+            assert done.status == RangeStatus.COMMITTED and done.staging and done.staging.startswith(root)
+            result = run_batch(cfg, run=RunId("dag", "r1", "t", try_number=2), ledger=ledger, broker=client,
+                               runner=runner)
+            assert runner.calls == 1, "the retry read the stream again"
+            assert {p.stream: p.records for p in result.partitions} == {parts[0]: 45, parts[1]: 0}
+            (done,) = [r for r in ledger.ranges("p-connect-uri") if r.records]
+            assert done.output is not None and done.output.startswith(root + "/p-connect-uri/")
+            local = Path(done.output.removeprefix("file://"))
+            assert json.loads((local / MANIFEST).read_text())["range_id"] == done.id
+            table = pq.read_table(str(local), columns=["body"])
+            assert sorted(table.column("body").to_pylist()) == sorted(body(parts[0], i) for i in range(45))
+            assert client.query_offset(parts[0], "p-connect-uri") == 44
+    finally:
+        runner.close()

@@ -1,0 +1,426 @@
+"""Output locations as URIs: the one file-system interface the batch core and the job write through.
+
+Three implementations, chosen by :func:`filesystem_for` / :func:`for_session`:
+
+* :data:`LOCAL` (``os``/``shutil``) for plain paths, exactly the behaviour before URIs existed: no
+  Spark is needed to verify or publish;
+* :class:`HadoopFS`, Spark's own Hadoop ``FileSystem`` reached through a classic session's JVM, so
+  every scheme Spark is configured for works with Spark's configuration and credentials
+  (``file://``, ``hdfs://``, ``s3a://``, ``gs://``, ``abfs://``);
+* :class:`ArrowFS`, ``pyarrow.fs`` from the same URI, for a Spark Connect client (it has no JVM to
+  reach Hadoop through) and for runners without a session (spark-submit). It needs the caller's
+  own access to the store (pyarrow reads the usual ``AWS_*`` / Google / Azure environment).
+
+``renames_atomically(uri)`` says whether a directory rename is one atomic step (local, HDFS). On object stores
+it is a copy and a delete; the batch's publish then copies the data files and writes the manifest
+last, so a destination is complete exactly when its ``_manifest.json`` is there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+ATOMIC_RENAME_SCHEMES = frozenset({"", "file", "hdfs", "viewfs"})
+"""Schemes whose directory rename is atomic (a metadata operation): local file systems and HDFS."""
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")
+
+_ARROW_SCHEMES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfss": "abfs", "wasb": "abfs", "wasbs": "abfs"}
+"""Hadoop connector schemes and the name pyarrow knows the same store by."""
+
+
+class OutputFS(Protocol):
+    """What the batch and the job do to output locations (every location is a URI or plain path)."""
+
+    def renames_atomically(self, uri: str) -> bool: ...
+    def exists(self, uri: str) -> bool: ...
+    def is_dir(self, uri: str) -> bool: ...
+    def read_bytes(self, uri: str) -> bytes | None: ...
+    def write_bytes(self, uri: str, data: bytes) -> None: ...
+    def mkdirs(self, uri: str) -> None: ...
+    def delete(self, uri: str) -> None: ...
+    def rename(self, src: str, dst: str) -> None: ...
+    def copy_file(self, src: str, dst: str) -> None: ...
+    def listdir(self, uri: str) -> list[str]: ...
+    def files(self, uri: str) -> list[str]: ...
+
+
+# -- URI helpers (pure) --------------------------------------------------------------------------
+
+
+def scheme(location: str) -> str:
+    """``s3a`` for ``s3a://b/k``; ``""`` for a plain path (a Windows drive letter is no scheme)."""
+    found = _SCHEME.match(location)
+    return found.group(1).lower() if found else ""
+
+
+def join(base: str, *parts: str) -> str:
+    """``base/part/...``: plain paths through pathlib (as before URIs), URIs by string."""
+    if not scheme(base):
+        return str(Path(base).joinpath(*parts))
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def parent(location: str) -> str:
+    if not scheme(location):
+        return str(Path(location).parent)
+    return location.rstrip("/").rsplit("/", 1)[0]
+
+
+def name(location: str) -> str:
+    if not scheme(location):
+        return Path(location).name
+    return location.rstrip("/").rsplit("/", 1)[-1]
+
+
+def local_path(location: str) -> Path:
+    """A local (or shared POSIX) path from ``/x`` or ``file:///x``; other schemes are refused."""
+    if location.startswith("file://"):
+        location = unquote(urlsplit(location).path)
+    if scheme(location):
+        raise ValueError(f"output {location!r} is not a local path (no file system for it here)")
+    return Path(location).absolute()
+
+
+# -- local -------------------------------------------------------------------------------------
+
+
+class LocalFS:
+    """Plain paths and ``file://``, with ``os``: a manifest is written to a temp file and renamed."""
+
+    def __init__(self, *, atomic_rename: bool = True) -> None:
+        self._atomic = atomic_rename
+
+    def renames_atomically(self, uri: str) -> bool:
+        return self._atomic
+
+    def exists(self, uri: str) -> bool:
+        return local_path(uri).exists()
+
+    def is_dir(self, uri: str) -> bool:
+        return local_path(uri).is_dir()
+
+    def read_bytes(self, uri: str) -> bytes | None:
+        path = local_path(uri)
+        return path.read_bytes() if path.is_file() else None
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        path = local_path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    def mkdirs(self, uri: str) -> None:
+        local_path(uri).mkdir(parents=True, exist_ok=True)
+
+    def delete(self, uri: str) -> None:
+        path = local_path(uri)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def rename(self, src: str, dst: str) -> None:
+        target = local_path(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            raise FileExistsError(f"cannot rename {src} to {dst}: the destination exists")
+        os.rename(local_path(src), target)
+
+    def copy_file(self, src: str, dst: str) -> None:
+        target = local_path(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local_path(src), target)
+
+    def listdir(self, uri: str) -> list[str]:
+        path = local_path(uri)
+        return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+
+    def files(self, uri: str) -> list[str]:
+        root = local_path(uri)
+        if not root.is_dir():
+            return []
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+LOCAL = LocalFS()
+
+
+# -- Hadoop through a classic Spark session ------------------------------------------------------
+
+
+class HadoopFS:
+    """Spark's own Hadoop ``FileSystem`` (``Path(uri).getFileSystem(hadoopConfiguration)``).
+
+    Whatever the session is configured for works, with its credentials: connector jars
+    (``hadoop-aws``, ``gcs-connector``, ``hadoop-azure``) come from ``spark.jars.packages`` or the
+    cluster's classpath. Hadoop's ``rename`` returns False instead of raising; every call here raises.
+    """
+
+    def __init__(self, spark: Any, *, atomic_rename: bool | None = None) -> None:
+        context = spark.sparkContext
+        self._jvm = context._jvm
+        self._conf = context._jsc.hadoopConfiguration()
+        self._atomic = atomic_rename
+
+    def _path(self, uri: str) -> tuple[Any, Any]:
+        path = self._jvm.org.apache.hadoop.fs.Path(uri)
+        return path.getFileSystem(self._conf), path
+
+    def renames_atomically(self, uri: str) -> bool:
+        """The setting given, else by the location's scheme (local and HDFS rename atomically)."""
+        return scheme(uri) in ATOMIC_RENAME_SCHEMES if self._atomic is None else self._atomic
+
+    def exists(self, uri: str) -> bool:
+        fs, path = self._path(uri)
+        return bool(fs.exists(path))
+
+    def is_dir(self, uri: str) -> bool:
+        fs, path = self._path(uri)
+        return bool(fs.exists(path)) and bool(fs.getFileStatus(path).isDirectory())
+
+    def read_bytes(self, uri: str) -> bytes | None:
+        fs, path = self._path(uri)
+        if not fs.exists(path) or fs.getFileStatus(path).isDirectory():
+            return None
+        stream = fs.open(path)
+        try:
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        finally:
+            stream.close()
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        fs, path = self._path(uri)
+        fs.mkdirs(path.getParent())
+        if not self.renames_atomically(uri):
+            self._put(fs, path, data)  # one object PUT: readers see the old or the new one
+            return
+        tmp_name = f".{path.getName()}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp = self._jvm.org.apache.hadoop.fs.Path(path.getParent(), tmp_name)
+        self._put(fs, tmp, data)
+        fs.delete(path, False)
+        if not fs.rename(tmp, path):
+            fs.delete(tmp, False)
+            raise OSError(f"could not rename {tmp.toString()} to {uri}")
+
+    @staticmethod
+    def _put(fs: Any, path: Any, data: bytes) -> None:
+        out = fs.create(path, True)
+        try:
+            out.write(bytearray(data))
+        finally:
+            out.close()
+
+    def mkdirs(self, uri: str) -> None:
+        fs, path = self._path(uri)
+        if not fs.mkdirs(path):
+            raise OSError(f"could not create directory {uri}")
+
+    def delete(self, uri: str) -> None:
+        fs, path = self._path(uri)
+        fs.delete(path, True)
+
+    def rename(self, src: str, dst: str) -> None:
+        fs, target = self._path(dst)
+        if fs.exists(target):
+            raise FileExistsError(f"cannot rename {src} to {dst}: the destination exists")
+        fs.mkdirs(target.getParent())
+        _, source = self._path(src)
+        if not fs.rename(source, target):
+            raise OSError(f"could not rename {src} to {dst}")
+
+    def copy_file(self, src: str, dst: str) -> None:
+        sfs, source = self._path(src)
+        dfs, target = self._path(dst)
+        util = self._jvm.org.apache.hadoop.fs.FileUtil
+        if not util.copy(sfs, source, dfs, target, False, True, self._conf):
+            raise OSError(f"could not copy {src} to {dst}")
+
+    def listdir(self, uri: str) -> list[str]:
+        fs, path = self._path(uri)
+        if not fs.exists(path):
+            return []
+        return sorted(str(s.getPath().getName()) for s in fs.listStatus(path))
+
+    def files(self, uri: str) -> list[str]:
+        fs, path = self._path(uri)
+        if not fs.exists(path):
+            return []
+        root = str(fs.getFileStatus(path).getPath().toUri().getPath()).rstrip("/") + "/"
+        found = fs.listFiles(path, True)
+        out = []
+        while found.hasNext():
+            full = str(found.next().getPath().toUri().getPath())
+            out.append(full[len(root):] if full.startswith(root) else full)
+        return sorted(out)
+
+
+# -- pyarrow.fs (Spark Connect clients, spark-submit) ---------------------------------------------
+
+
+class ArrowFS:
+    """``pyarrow.fs`` from the location's URI, for callers without a JVM (a Spark Connect client).
+
+    Hadoop connector schemes map to pyarrow's (``s3a`` -> ``s3``, ``abfss`` -> ``abfs``); pyarrow
+    takes credentials from its own environment (``AWS_*``, ``GOOGLE_APPLICATION_CREDENTIALS``,
+    Azure's), not from Spark's configuration. Object stores have no directory rename: ``rename``
+    copies and deletes.
+    """
+
+    def __init__(self, *, atomic_rename: bool | None = None) -> None:
+        self._atomic = atomic_rename
+        self._cache: dict[tuple[str, str], Any] = {}
+
+    def renames_atomically(self, uri: str) -> bool:
+        return scheme(uri) in ATOMIC_RENAME_SCHEMES if self._atomic is None else self._atomic
+
+    def _path(self, uri: str) -> tuple[Any, str]:
+        import pyarrow.fs as pafs
+
+        kind = scheme(uri)
+        if kind in ("", "file"):
+            key: tuple[str, str] = ("file", "")
+            path = str(local_path(uri))
+        else:
+            parts = urlsplit(uri)
+            arrow = _ARROW_SCHEMES.get(kind, kind)
+            key = (arrow, parts.netloc)
+            if arrow in ("hdfs", "viewfs"):
+                path = unquote(parts.path)
+            else:  # object stores: bucket/key (abfs: container@account.../path -> container/path)
+                bucket = parts.netloc.split("@", 1)[0]
+                path = f"{bucket}{unquote(parts.path)}".rstrip("/")
+        fs = self._cache.get(key)
+        if fs is None:
+            if key[0] == "file":
+                fs = pafs.LocalFileSystem()
+            else:
+                fs, _ = pafs.FileSystem.from_uri(f"{key[0]}://{parts.netloc}{parts.path}")
+            self._cache[key] = fs
+        return fs, path
+
+    def _type(self, uri: str) -> Any:
+        fs, path = self._path(uri)
+        return fs.get_file_info(path).type
+
+    def exists(self, uri: str) -> bool:
+        import pyarrow.fs as pafs
+
+        return bool(self._type(uri) != pafs.FileType.NotFound)
+
+    def is_dir(self, uri: str) -> bool:
+        import pyarrow.fs as pafs
+
+        return bool(self._type(uri) == pafs.FileType.Directory)
+
+    def read_bytes(self, uri: str) -> bytes | None:
+        import pyarrow.fs as pafs
+
+        fs, path = self._path(uri)
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        with fs.open_input_stream(path) as stream:
+            return bytes(stream.read())
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        fs, path = self._path(uri)
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        if not self.renames_atomically(uri):
+            with fs.open_output_stream(path) as out:  # one object PUT
+                out.write(data)
+            return
+        head, _, tail = path.rpartition("/")
+        tmp = f"{head}/.{tail}.{uuid.uuid4().hex[:8]}.tmp"
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+        fs.move(tmp, path)
+
+    def mkdirs(self, uri: str) -> None:
+        fs, path = self._path(uri)
+        fs.create_dir(path, recursive=True)
+
+    def delete(self, uri: str) -> None:
+        import pyarrow.fs as pafs
+
+        fs, path = self._path(uri)
+        kind = fs.get_file_info(path).type
+        if kind == pafs.FileType.Directory:
+            fs.delete_dir(path)
+        elif kind != pafs.FileType.NotFound:
+            fs.delete_file(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        if self.exists(dst):
+            raise FileExistsError(f"cannot rename {src} to {dst}: the destination exists")
+        self.mkdirs(parent(dst))
+        if self.renames_atomically(dst):
+            fs, source = self._path(src)
+            fs.move(source, self._path(dst)[1])
+            return
+        for rel in self.files(src):  # object stores: no directory rename
+            self.copy_file(join(src, rel), join(dst, rel))
+        self.delete(src)
+
+    def copy_file(self, src: str, dst: str) -> None:
+        fs, source = self._path(src)
+        target = self._path(dst)[1]
+        fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        fs.copy_file(source, target)
+
+    def listdir(self, uri: str) -> list[str]:
+        import pyarrow.fs as pafs
+
+        if not self.is_dir(uri):
+            return []
+        fs, path = self._path(uri)
+        return sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(path)))
+
+    def files(self, uri: str) -> list[str]:
+        import pyarrow.fs as pafs
+
+        if not self.is_dir(uri):
+            return []
+        fs, path = self._path(uri)
+        root = path.rstrip("/") + "/"
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        return sorted(i.path[len(root):] for i in infos if i.type == pafs.FileType.File)
+
+
+# -- who holds the file system -------------------------------------------------------------------
+
+
+def is_connect(spark: Any) -> bool:
+    """A Spark Connect session (no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def for_session(spark: Any, location: str) -> OutputFS:
+    """The file system a job on ``spark`` writes ``location`` through: plain paths locally (as
+    before), URIs through the session's Hadoop FS, or pyarrow's on a Connect client."""
+    if not scheme(location):
+        return LOCAL
+    if is_connect(spark):
+        return ArrowFS()
+    return HadoopFS(spark)
+
+
+def filesystem_for(location: str, runner: Any = None) -> OutputFS:
+    """The batch's file system for ``location``: plain paths are local (no Spark needed to verify
+    or publish); a URI asks the runner (``runner.filesystem(location)``, optional), else ``file://``
+    is local and other schemes go through pyarrow."""
+    if not scheme(location):
+        return LOCAL
+    factory = getattr(runner, "filesystem", None)
+    if callable(factory):
+        fs: OutputFS = factory(location)
+        return fs
+    if scheme(location) == "file":
+        return LOCAL
+    return ArrowFS()

@@ -1,0 +1,119 @@
+"""The output file-system layer without Spark: plain paths (exactly as before URIs), pyarrow's local
+file system behind ``file://`` URIs, and the copy-based publish used where rename is not atomic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streamledger import fs
+from streamledger.batch import outputs, plan
+from streamledger.batch.config import RunId
+
+
+def test_uri_helpers_keep_plain_paths_as_before_and_join_uris_by_string() -> None:
+    assert fs.scheme("/data/out") == "" and fs.scheme("file:///data") == "file"
+    assert fs.scheme("s3a://bucket/x") == "s3a" and fs.scheme("relative/dir") == ""
+    assert fs.join("/data/out", "p", "s") == str(Path("/data/out") / "p" / "s")
+    assert fs.join("s3a://bucket/root/", "p", "s") == "s3a://bucket/root/p/s"
+    assert fs.parent("s3a://bucket/root/p") == "s3a://bucket/root" and fs.name("s3a://b/r/p/") == "p"
+    run = RunId("dag", "r 1", "t")
+    assert plan.output_dir("/out", "p", "s", 0, 10) == "/out/p/s/000000000000-000000000010"
+    assert plan.output_dir("gs://b/out", "p/q", "s", 0, 10) == "gs://b/out/p_q/s/000000000000-000000000010"
+    staging = plan.staging_dir("hdfs://nn:8020/out", "p", run, "abcd")
+    assert staging == "hdfs://nn:8020/out/_staging/p/dag.r_1.t.-1.t1.abcd"
+    assert staging.startswith(plan.staging_prefix("hdfs://nn:8020/out", "p", run))
+
+
+@pytest.fixture(params=["plain", "arrow-file-uri"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[fs.OutputFS, str]:
+    if request.param == "plain":
+        return fs.LOCAL, str(tmp_path)
+    return fs.ArrowFS(), tmp_path.as_uri()
+
+
+def test_every_operation_on_local_files(where: tuple[fs.OutputFS, str], tmp_path: Path) -> None:
+    f, root = where
+    d = fs.join(root, "a", "b")
+    assert not f.exists(d) and f.listdir(d) == [] and f.files(d) == [] and f.read_bytes(d) is None
+    f.mkdirs(d)
+    assert f.is_dir(d) and f.renames_atomically(d)
+    f.write_bytes(fs.join(d, "x.json"), b"one")
+    f.write_bytes(fs.join(d, "x.json"), b"two")  # replaces atomically, leaves no temp file
+    f.write_bytes(fs.join(d, "sub", "y"), b"y")
+    assert f.read_bytes(fs.join(d, "x.json")) == b"two"
+    assert f.listdir(d) == ["sub", "x.json"] and f.files(d) == ["sub/y", "x.json"]
+    assert (tmp_path / "a" / "b" / "x.json").read_bytes() == b"two"
+    f.copy_file(fs.join(d, "x.json"), fs.join(root, "c", "x.json"))
+    with pytest.raises(FileExistsError):
+        f.rename(d, fs.join(root, "c"))
+    f.rename(d, fs.join(root, "e", "moved"))
+    assert not f.exists(d) and f.files(fs.join(root, "e", "moved")) == ["sub/y", "x.json"]
+    f.delete(fs.join(root, "e"))
+    f.delete(fs.join(root, "e"))  # missing is fine
+    assert not f.exists(fs.join(root, "e")) and f.read_bytes(fs.join(root, "c", "x.json")) == b"two"
+
+
+def _staging(f: fs.OutputFS, root: str, range_id: int) -> str:
+    staging = fs.join(root, "_staging", "attempt")
+    for i in range(3):
+        f.write_bytes(fs.join(staging, f"part-{i}.parquet"), f"data {i}".encode())
+    outputs.write_manifest(staging, {"range_id": range_id}, f)
+    return staging
+
+
+@pytest.fixture(params=["os", "arrow"])
+def copying(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[fs.OutputFS, str]:
+    """A file system told its rename is not atomic (as on an object store), over local files."""
+    if request.param == "os":
+        return fs.LocalFS(atomic_rename=False), str(tmp_path)
+    return fs.ArrowFS(atomic_rename=False), tmp_path.as_uri()
+
+
+def test_publish_without_atomic_rename_copies_the_manifest_last_and_finishes_a_partial_copy(
+    copying: tuple[fs.OutputFS, str], tmp_path: Path,
+) -> None:
+    """An object store's "rename" is a copy: a publish interrupted mid-copy leaves a destination
+    without a manifest (so not published) and staging whole; the retry completes it."""
+    f, root = copying
+    staging, final = _staging(f, root, 7), fs.join(root, "p", "s", "0-3")
+    f.copy_file(fs.join(staging, "part-0.parquet"), fs.join(final, "part-0.parquet"))  # killed here
+    assert not outputs.published(final, 7, f)
+    outputs.publish(staging, final, 7, f)
+    assert outputs.published(final, 7, f) and not f.exists(staging)
+    assert f.files(final) == ["_manifest.json", "part-0.parquet", "part-1.parquet", "part-2.parquet"]
+    assert not list(tmp_path.glob("p/s/*.superseded-*"))
+    outputs.publish(staging, final, 7, f)  # idempotent: published, staging gone, nothing happens
+    assert outputs.published(final, 7, f)
+
+
+def test_publish_moves_aside_what_is_not_a_copy_of_this_staging(tmp_path: Path) -> None:
+    for i, f in enumerate((fs.LOCAL, fs.LocalFS(atomic_rename=False), fs.ArrowFS(atomic_rename=False))):
+        root = str(tmp_path / str(i))
+        staging, final = _staging(f, root, 3), fs.join(root, "p", "s", "0-3")
+        f.write_bytes(fs.join(final, "foreign.parquet"), b"someone else's")
+        outputs.publish(staging, final, 3, f)
+        assert json.loads(f.read_bytes(fs.join(final, "_manifest.json")) or b"")["range_id"] == 3
+        (aside,) = Path(root, "p", "s").glob("0-3.superseded-*")
+        assert [p.name for p in aside.iterdir()] == ["foreign.parquet"]
+
+
+def test_filesystem_for_keeps_plain_paths_local_and_asks_the_runner_for_uris(tmp_path: Path) -> None:
+    class Runner:
+        def __init__(self) -> None:
+            self.asked: list[str] = []
+
+        def filesystem(self, location: str) -> fs.OutputFS:
+            self.asked.append(location)
+            return fs.ArrowFS()
+
+    runner = Runner()
+    assert fs.filesystem_for(str(tmp_path), runner) is fs.LOCAL and runner.asked == []
+    assert isinstance(fs.filesystem_for(tmp_path.as_uri(), runner), fs.ArrowFS)
+    assert runner.asked == [tmp_path.as_uri()]
+    assert fs.filesystem_for(tmp_path.as_uri(), object()) is fs.LOCAL
+    assert isinstance(fs.filesystem_for("s3a://bucket/x", object()), fs.ArrowFS)
+    with pytest.raises(ValueError, match="not a local path"):
+        fs.local_path("s3a://bucket/x")
