@@ -11,6 +11,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -194,15 +195,22 @@ def _write_parquet(path: Path, batches: Iterator[Any]) -> tuple[int, int | None,
     columns = ["stream", "offset", "chunk_timestamp", "body", "properties", "application_properties"]
     schema = pa.schema([ARROW_SCHEMA.field(name) for name in columns])
     records, first, last = 0, None, None
-    with pq.ParquetWriter(str(path), schema) as writer:
+    # Encode batch k in a second thread while batch k+1 is read: both release the GIL (socket reads,
+    # Parquet's C++ encoder), so on two cores they overlap. At most two batches are in memory.
+    with pq.ParquetWriter(str(path), schema) as writer, ThreadPoolExecutor(1) as encoder:
+        pending: Future[None] | None = None
         for batch in batches:
             if not len(batch):
                 continue
-            arrow = buffers_to_arrow(batch, ("properties", "application_properties"))
-            writer.write_batch(arrow.select(columns))
+            arrow = buffers_to_arrow(batch, ("properties", "application_properties")).select(columns)
+            if pending is not None:
+                pending.result()
+            pending = encoder.submit(writer.write_batch, arrow)
             first = batch.run_starts[0] if first is None else first
             last = batch.run_starts[-1] + batch.run_lengths[-1] - 1
             records += len(batch)
+        if pending is not None:
+            pending.result()
     return records, first, last
 
 
