@@ -1,4 +1,7 @@
-"""Turn the client's columnar :class:`RecordBatch` into an Arrow batch Spark accepts as-is.
+"""Turn the client's batches into Arrow batches Spark accepts as-is.
+
+The hot path is :func:`buffers_to_arrow` (the client's buffer layout, wrapped without a Python
+object per record); :func:`to_arrow` converts columnar lists (the list layout, other callers).
 
 Spark 4 passes a ``pyarrow.RecordBatch`` yielded by ``DataSourceReader.read`` straight to the JVM, but
 only after comparing its schema *strictly* with the one it derives from the declared Spark schema

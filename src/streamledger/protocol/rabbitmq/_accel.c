@@ -7,7 +7,8 @@
  * costs ~10 us in the pure-Python section walker. Those three loops are here, with exactly the
  * results (and, for split_entries, the error messages) of their pure-Python twins in chunk.py /
  * amqp.py (_split_entries_py, _data_bodies_py, _decode_one), which are used whenever this module
- * is not built; tests run both and compare them.
+ * is not built; tests run both and compare them. append_bodies / append_list (issue 11) write
+ * the buffer layout of records.BufferBatch (twins _append_bodies_py / _append_list_py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
