@@ -21,7 +21,8 @@ end-to-end time that is fixed start-up. Figures are noisy on a shared 2-core VM;
    stream (the whole job: interpreter start, imports, attaching to the jobs' shared server session,
    planning, read, Parquet, manifest), three times; the ratio is the baseline time / the job process's
    wall time. The first large job on a fresh server also pays the JVM's JIT warm-up; the later ones are
-   the steady state of a server that has run such jobs before. The warm-up job also warms that shared session's Python workers, as earlier jobs would.
+   the steady state of a server that has run such jobs before. The warm-up job also warms that shared
+   session's Python workers, as earlier jobs would.
    ``--skip-local`` leaves out step 2.
 
 Usage: ``python bench/spark_read.py [--messages N] [--size B] [--decode amqp|raw] [--splits K]
