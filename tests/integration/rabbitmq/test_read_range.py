@@ -151,16 +151,19 @@ def test_start_below_retention_is_data_loss(any_broker: Broker, stream_name: Str
         assert got and got[0] == first and got[-1] < tail
 
 
-def _publish_three_with_store(client: StreamClient, name: str) -> None:
-    """Publish a, b, c and a StoreOffset(1) in ONE TCP write, wait for the confirm, then publish d, e."""
+def _publish_three_with_store(client: StreamClient, name: str, publisher_id: int = 7) -> None:
+    """Publish a, b, c and a StoreOffset(1) in ONE TCP write, wait for the confirm, then publish d, e.
+
+    ``publisher_id`` must be new on the connection (a second declaration of one id is refused)."""
     client.create_stream(name)
     conn = client.connection
     corr = conn.next_corr()
-    code, _ = conn.request(c.DECLARE_PUBLISHER, corr, declare_publisher_frame(corr, 7, "", name))
+    code, _ = conn.request(c.DECLARE_PUBLISHER, corr, declare_publisher_frame(corr, publisher_id, "", name))
     assert code == c.OK
     confirmed: list[int] = []
     conn.on_publish_confirm = lambda _v, _buf, _pos, _end: confirmed.append(1)
-    conn.send(publish_frame(7, [(1, b"a"), (2, b"b"), (3, b"c")]) + store_offset_frame("trl", name, 1))
+    records = [(1, b"a"), (2, b"b"), (3, b"c")]
+    conn.send(publish_frame(publisher_id, records) + store_offset_frame("trl", name, 1))
     deadline = time.monotonic() + 10
     while not confirmed:
         conn.dispatch(*conn.read_frame(deadline, "the confirm"))
@@ -179,9 +182,9 @@ def test_chunk_with_tracking_trailer(any_broker: Broker, stream_name: StreamName
     """
     layouts: list[int] = []
     with StreamClient.connect(any_broker.url) as client:
-        for _ in range(6):
+        for attempt in range(6):
             name = stream_name("trailer")
-            _publish_three_with_store(client, name)
+            _publish_three_with_store(client, name, publisher_id=100 + attempt)
             assert client.query_offset(name, "trl") == 1
             tail = client.committed_tail(name)
             # 5: the stored offset took no offset of its own (chunk 0's trailer); 6: a tracking chunk.
