@@ -287,6 +287,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise PlanningError("--remote and --master exclude each other")
             from streamledger.spark.connect import JOB_SESSION_ID, connect_session
 
+            if args.session_id:
+                try:
+                    uuid.UUID(args.session_id)
+                except ValueError:
+                    raise PlanningError(f"--session-id {args.session_id!r} is not a UUID") from None
+
             # Attach to the jobs' long-lived server session: its Python workers are already warm.
             spark = connect_session(
                 args.remote, session_id=args.session_id or JOB_SESSION_ID, keep_session=True

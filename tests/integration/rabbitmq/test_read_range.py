@@ -100,7 +100,7 @@ def test_batching_and_small_credit(broker_43: Broker, stream_name: StreamNames) 
         assert all(b.properties is None for b in batches)  # raw: no decoded columns
         # Abandoning a read half-way closes its dedicated connection cleanly.
         it = client.read_range(name, 0, 1000, decode="raw", credit=2, max_batch_records=10)
-        assert len(next(it)) == 10
+        assert 0 < len(next(it)) <= 10  # fewer when the broker cut the first publish into small chunks
         it.close()  # type: ignore[attr-defined]
         assert client.stream_exists(name)
 
