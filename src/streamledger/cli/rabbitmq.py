@@ -11,8 +11,9 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from streamledger.protocol.rabbitmq import InvalidRequest, OffsetSpec, StreamClient
 
@@ -188,21 +189,28 @@ def _write_parquet(path: Path, batches: Iterator[Any]) -> tuple[int, int | None,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from streamledger.spark.arrow import ARROW_SCHEMA, to_arrow
+    from streamledger.spark.arrow import ARROW_SCHEMA, buffers_to_arrow
 
+    # Batches in the buffer layout (read_range(layout="buffers")): wrapped by Arrow as they are.
     columns = ["stream", "offset", "chunk_timestamp", "body", "properties", "application_properties"]
     schema = pa.schema([ARROW_SCHEMA.field(name) for name in columns])
     records, first, last = 0, None, None
-    with pq.ParquetWriter(str(path), schema) as writer:
+    # Encode batch k in a second thread while batch k+1 is read: both release the GIL (socket reads,
+    # Parquet's C++ encoder), so on two cores they overlap. At most two batches are in memory.
+    with pq.ParquetWriter(str(path), schema) as writer, ThreadPoolExecutor(1) as encoder:
+        pending: Future[None] | None = None
         for batch in batches:
             if not len(batch):
                 continue
-            arrow = to_arrow(batch.stream, batch.offsets, batch.chunk_timestamps, batch.bodies,
-                             batch.properties, batch.application_properties, None)
-            writer.write_batch(arrow.select(columns))
-            first = batch.offsets[0] if first is None else first
-            last = batch.offsets[-1]
+            arrow = buffers_to_arrow(batch, ("properties", "application_properties")).select(columns)
+            if pending is not None:
+                pending.result()
+            pending = encoder.submit(writer.write_batch, arrow)
+            first = batch.run_starts[0] if first is None else first
+            last = batch.run_starts[-1] + batch.run_lengths[-1] - 1
             records += len(batch)
+        if pending is not None:
+            pending.result()
     return records, first, last
 
 
@@ -216,7 +224,12 @@ def _read(args: argparse.Namespace) -> int:
     with _client(args) as client:
         start = _bound(client, args.stream, args.start, is_end=False)
         end = _bound(client, args.stream, args.end, is_end=True)
-        batches = client.read_range(args.stream, start, end, decode="raw" if args.raw else "amqp")
+        decode: Literal["amqp", "raw"] = "raw" if args.raw else "amqp"
+        batches: Iterator[Any]
+        if suffix == ".parquet":
+            batches = client.read_range(args.stream, start, end, decode=decode, layout="buffers")
+        else:
+            batches = client.read_range(args.stream, start, end, decode=decode)
         tmp = output.with_name(output.name + ".part")
         try:
             writer = _write_parquet if suffix == ".parquet" else _write_jsonl

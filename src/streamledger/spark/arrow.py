@@ -1,4 +1,7 @@
-"""Turn the client's columnar :class:`RecordBatch` into an Arrow batch Spark accepts as-is.
+"""Turn the client's batches into Arrow batches Spark accepts as-is.
+
+The hot path is :func:`buffers_to_arrow` (the client's buffer layout, wrapped without a Python
+object per record); :func:`to_arrow` converts columnar lists (the list layout, other callers).
 
 Spark 4 passes a ``pyarrow.RecordBatch`` yielded by ``DataSourceReader.read`` straight to the JVM, but
 only after comparing its schema *strictly* with the one it derives from the declared Spark schema
@@ -14,11 +17,16 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamledger.protocol.rabbitmq.records import BufferBatch
 
 #: The data source's Spark schema, as a DDL string (what ``DataSource.schema()`` returns).
 SPARK_SCHEMA_DDL = (
@@ -83,6 +91,8 @@ def map_column(rows: Sequence[Mapping[Any, Any] | None] | None, length: int) -> 
         return pa.nulls(length, type=STRING_MAP)
     if len(rows) != length:
         raise ValueError(f"map column has {len(rows)} rows, expected {length}")
+    if isinstance(rows, list) and rows.count(None) == length:  # one C-speed pass, no row loop
+        return pa.nulls(length, type=STRING_MAP)
     offsets: list[int] = [0]
     keys: list[str | None] = []
     values: list[str | None] = []
@@ -139,6 +149,78 @@ def to_arrow(
             map_column(properties, n),
             map_column(application_properties, n),
             map_column(message_annotations, n),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+def _offsets_column(starts: Sequence[int], lengths: Sequence[int], n: int) -> pa.Array:
+    """Record offsets from their runs: a cumulative sum of steps (1 inside a run, the gap at a run's
+    start), ~40x cheaper than converting a Python ``range`` (measured, 65536 rows)."""
+    steps = array("q", [1]) * n
+    at = 0
+    previous = 0  # the first step is the first offset itself
+    for start, length in zip(starts, lengths, strict=True):
+        if length:
+            steps[at] = start - previous
+            previous = start + length - 1
+            at += length
+    return pc.cumulative_sum(pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(steps)]))
+
+
+def _timestamps_column(timestamps: Sequence[int], lengths: Sequence[int], n: int) -> pa.Array:
+    """Chunk timestamps (ms) repeated over their runs, as Spark's microsecond UTC timestamps."""
+    micros = array("q")
+    for ts, length in zip(timestamps, lengths, strict=True):
+        micros += array("q", [ts * 1000]) * length
+    return pa.Array.from_buffers(TIMESTAMP, n, [None, pa.py_buffer(micros)])
+
+
+_STREAM_COLUMNS: dict[str, pa.Array] = {}
+
+
+def _stream_column(stream: str, n: int) -> pa.Array:
+    """``n`` copies of the stream name, sliced (zero copy) from a column built once per stream and
+    process; also avoids ``pa.scalar``, whose first call imports pandas (0.2-0.5 s of a CLI start)."""
+    column = _STREAM_COLUMNS.get(stream)
+    if column is None or len(column) < n:
+        raw = stream.encode("utf-8")
+        size = max(n, 65536)
+        ends = array("i", range(0, (size + 1) * len(raw), len(raw))) if raw else array("i", [0]) * (size + 1)
+        column = pa.Array.from_buffers(
+            pa.string(), size, [None, pa.py_buffer(ends), pa.py_buffer(raw * size)]
+        )
+        if len(_STREAM_COLUMNS) >= 64:
+            _STREAM_COLUMNS.clear()
+        _STREAM_COLUMNS[stream] = column
+    return column.slice(0, n)
+
+
+def buffers_to_arrow(batch: BufferBatch, map_columns: Collection[str] = MAP_COLUMNS) -> pa.RecordBatch:
+    """One Arrow batch with :data:`ARROW_SCHEMA` from a :class:`BufferBatch`, without a Python object
+    per record: the body column wraps the batch's two buffers as they are (zero copy), offsets and
+    timestamps are expanded from their runs, and a map column is all-null in O(1) unless it was
+    asked for (``map_columns``) and the batch has entries for it."""
+    n = len(batch)
+    if len(batch.body_offsets) != 4 * (n + 1):
+        raise ValueError(
+            f"stream {batch.stream!r}: {len(batch.body_offsets) // 4} body offsets for {n} records")
+    if sys.byteorder != "little":  # Arrow buffers are little-endian; array('i') is native
+        raise ValueError("buffers_to_arrow needs a little-endian host")
+    maps = []
+    for name in MAP_COLUMNS:
+        rows = getattr(batch, name) if name in map_columns else None
+        maps.append(map_column(rows, n) if rows is not None else pa.nulls(n, type=STRING_MAP))
+    body = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(batch.body_offsets), pa.py_buffer(batch.body_data)]
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            _stream_column(batch.stream, n),
+            _offsets_column(batch.run_starts, batch.run_lengths, n),
+            _timestamps_column(batch.run_timestamps, batch.run_lengths, n),
+            body,
+            *maps,
         ],
         schema=ARROW_SCHEMA,
     )

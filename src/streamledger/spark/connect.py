@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -192,18 +193,39 @@ def stop(root: Path | None = None) -> ServerState | None:
     return state
 
 
-def connect_session(url: str) -> Any:
+#: The server-side session every ``python -m streamledger.spark.job --remote`` process attaches to (per
+#: Connect user). Why: a fresh session gets its own Python daemons on the server (data-source creation,
+#: planning, tasks: ~0.5 s each to boot, measured) that outlive it; attaching to one long-lived
+#: session boots them once and a short job then costs ~1 s instead of ~3 s (docs/performance.md).
+JOB_SESSION_ID = str(uuid.uuid5(uuid.NAMESPACE_URL, "streamledger:spark-job-session"))
+
+
+def with_session_id(url: str, session_id: str) -> str:
+    """``url`` (``sc://host:port[/;k=v...]``) naming the server-side session ``session_id``, unless it
+    names one already."""
+    if ";session_id=" in url:
+        return url
+    return f"{url};session_id={session_id}" if "/;" in url else f"{url.rstrip('/')}/;session_id={session_id}"
+
+
+def connect_session(url: str, *, session_id: str | None = None, keep_session: bool = False) -> Any:
     """A Spark Connect session on ``url`` (``sc://host:port``) with the data source registered.
 
     Python data sources are registered per session; ``spark.dataSource.register`` works on a Connect
     session (the class is shipped pickled, the server's workers import streamledger to unpickle it).
     pyspark switches the whole process to Connect mode here (``SPARK_CONNECT_MODE_ENABLED``): do not
     mix a classic in-process session and a Connect session in one process.
+
+    ``session_id`` attaches to that server-side session (several clients may use it at once);
+    ``keep_session`` makes ``spark.stop()`` close only this client, leaving the session (and its warm
+    Python workers) to the next client.
     """
     from pyspark.sql import SparkSession
 
     from streamledger.spark.session import register_source
 
-    spark = SparkSession.builder.remote(url).getOrCreate()
+    spark = SparkSession.builder.remote(with_session_id(url, session_id) if session_id else url).getOrCreate()
+    if keep_session:
+        spark.release_session_on_close = False  # type: ignore[attr-defined]
     register_source(spark)
     return spark

@@ -11,15 +11,16 @@ The reader object itself is pickled to the executors, so it holds options only, 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from streamledger.errors import StreamledgerError
 from streamledger.sources import find_kind
-from streamledger.spark.arrow import ARROW_SCHEMA, MAP_COLUMNS, SPARK_SCHEMA_DDL, BatchBuffer
+from streamledger.spark.arrow import ARROW_SCHEMA, MAP_COLUMNS, SPARK_SCHEMA_DDL, buffers_to_arrow
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
@@ -195,12 +196,16 @@ def parse_map_columns(value: str | None) -> tuple[str, ...]:
 
 
 def read_slice(options: ReadOptions, part: StreamSlice) -> Iterator[Any]:
-    """Yield the slice's records as Arrow batches of about ``batch_rows`` rows."""
+    """Yield the slice's records as Arrow batches of at most ``batch_rows`` rows.
+
+    The client hands out :class:`BufferBatch` es already cut at ``batch_rows`` (flat body buffers,
+    offsets as runs), which :func:`buffers_to_arrow` wraps without a Python object per record; the map
+    columns are decoded only when option ``properties`` asks for them.
+    """
     if part.start >= part.end:
         return
     from streamledger.protocol.rabbitmq import StreamClient
 
-    buffer = BatchBuffer(part.stream, options.batch_rows)
     with StreamClient.connect(options.url) as client:
         start = part.start
         if not options.fail_on_data_loss:
@@ -214,21 +219,38 @@ def read_slice(options: ReadOptions, part: StreamSlice) -> Iterator[Any]:
                 start = min(first, part.end)
         if start >= part.end:
             return
+        after = start - 1  # the last offset handed out
         for batch in client.read_range(
             part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
-            prefer=options.read_from,
+            prefer=options.read_from, layout="buffers", maps=bool(options.map_columns),
         ):
-            full = buffer.add(
-                batch.offsets,
-                batch.chunk_timestamps,
-                batch.bodies,
-                {c: getattr(batch, c) if c in options.map_columns else None for c in MAP_COLUMNS},
+            if len(batch):
+                after = check_runs(part, after, batch.run_starts, batch.run_lengths)
+                yield buffers_to_arrow(batch, options.map_columns)
+
+
+class SliceCheckError(StreamledgerError):
+    """A task was about to hand Spark a record outside its slice or out of order (a reader bug)."""
+
+
+def check_runs(
+    part: StreamSlice, after: int, starts: Sequence[int], lengths: Sequence[int], *, what: str = "stream"
+) -> int:
+    """Check that the runs of offsets continue strictly increasing after ``after`` inside the slice;
+    return the new last offset. O(chunks), and what lets the job's manifest count records without a
+    distinct count: offsets cannot repeat within a task, and slices of a stream are disjoint. Every
+    source format the job reads must call it (``what`` names its logs: stream, channel)."""
+    for first, n in zip(starts, lengths, strict=True):
+        if not n:
+            continue
+        last = first + n - 1
+        if first <= after or first < part.start or last >= part.end:
+            raise SliceCheckError(
+                f"{what} {part.stream!r}: the read of slice [{part.start}, {part.end}) produced offsets "
+                f"[{first}, {last}] after offset {after}; refusing to hand them to Spark"
             )
-            if full is not None:
-                yield full
-    rest = buffer.flush()
-    if rest is not None:
-        yield rest
+        after = last
+    return after
 
 
 class RabbitMQStreamReader(DataSourceReader):

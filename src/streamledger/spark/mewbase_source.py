@@ -26,6 +26,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from streamledger.spark.arrow import TIMESTAMP, timestamp_column
+from streamledger.spark.datasource import StreamSlice, check_runs
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
@@ -203,6 +204,10 @@ def read_slice(options: MewbaseReadOptions, part: ChannelSlice) -> Iterator[pa.R
             texts.clear()
         return batch
 
+    # The job's manifest counts records without a distinct count: positions must strictly increase
+    # inside the slice (checked like the stream source does; each event is a run of one).
+    checked = StreamSlice(part.channel, part.start, part.end)
+    after = part.start - 1
     with options.connect() as mlog:
         start = part.start
         if not options.fail_on_data_loss:
@@ -218,6 +223,7 @@ def read_slice(options: MewbaseReadOptions, part: ChannelSlice) -> Iterator[pa.R
             batch_events=min(options.batch_rows, READ_BATCH_EVENTS),
         )
         for batch in batches:
+            after = check_runs(checked, after, batch.positions, [1] * len(batch.positions), what="channel")
             positions.extend(batch.positions)
             timestamps.extend(batch.timestamps)
             events.extend(batch.events)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -117,3 +118,78 @@ def test_buffer_coalesces_and_keeps_order() -> None:
     assert props[6:] == [None] * 4
     assert all(b.num_rows >= 5 for b in out[:-1])
     assert buf.flush() is None
+
+
+# ---------------------------------------------------------------- Arrow straight from the buffer layout
+
+
+def _buffer_batch(chunks: list[bytes], decode: str = "amqp") -> Any:
+    from streamledger.protocol.rabbitmq.chunk import decode_chunk_buffers
+    from streamledger.protocol.rabbitmq.records import BufferBatch
+
+    out = BufferBatch.empty("s-0")
+    for c in chunks:
+        decode_chunk_buffers(c, 0, start=0, end=2**64, decode=decode, verify_crc=True,  # type: ignore[arg-type]
+                             maps=True, out=out)
+    return out
+
+
+def _chunks() -> list[bytes]:
+    from streamledger.protocol.rabbitmq.amqp import encode_message
+    from streamledger.protocol.rabbitmq.chunk import build_chunk
+
+    plain = [encode_message(b"m%d" % i * (i % 9)) for i in range(300)]
+    props = [encode_message(b"p%d" % i, application_properties={"i": i, "b": b"\xff"},
+                            properties={"message-id": i}) for i in range(50)]
+    return [build_chunk(plain[:200], first_offset=1_000, timestamp=1_700_000_000_123),
+            build_chunk(plain[200:], first_offset=1_210, timestamp=1_700_000_000_456),  # gap of 10
+            build_chunk(props, first_offset=1_400, timestamp=1_700_000_001_000)]
+
+
+@pytest.mark.parametrize("decode", ["amqp", "raw"])
+def test_buffers_to_arrow_equals_to_arrow(decode: str) -> None:
+    from streamledger.spark.arrow import buffers_to_arrow
+
+    batch = _buffer_batch(_chunks(), decode)
+    lists = batch.to_record_batch()
+    expected = to_arrow("s-0", lists.offsets, lists.chunk_timestamps, lists.bodies, lists.properties,
+                        lists.application_properties, lists.message_annotations)
+    got = buffers_to_arrow(batch)
+    assert got.schema.equals(ARROW_SCHEMA)
+    assert got.equals(expected)
+    # a map column not asked for is all null, whatever the records hold
+    only_app = buffers_to_arrow(batch, ("application_properties",))
+    assert only_app.column(4).null_count == len(batch)
+    assert only_app.column(5).equals(expected.column(5))
+
+
+def test_buffers_to_arrow_wraps_the_bodies_without_copying() -> None:
+    from streamledger.spark.arrow import buffers_to_arrow
+
+    batch = _buffer_batch(_chunks()[:1])
+    body = buffers_to_arrow(batch).column(3)
+    assert body.buffers()[2].address == pa.py_buffer(batch.body_data).address
+
+
+def test_buffers_to_arrow_empty_and_single_stream_column_reuse() -> None:
+    from streamledger.protocol.rabbitmq.records import BufferBatch
+    from streamledger.spark.arrow import buffers_to_arrow
+
+    empty = buffers_to_arrow(BufferBatch.empty("x"))
+    assert empty.num_rows == 0 and empty.schema.equals(ARROW_SCHEMA)
+    batch = _buffer_batch(_chunks())
+    a, b = buffers_to_arrow(batch), buffers_to_arrow(batch)
+    assert a.column(0).to_pylist() == ["s-0"] * len(batch) == b.column(0).to_pylist()
+
+
+def test_check_runs_refuses_repeats_and_escapes() -> None:
+    from streamledger.spark.datasource import SliceCheckError, StreamSlice, check_runs
+
+    part = StreamSlice("s", 10, 100)
+    assert check_runs(part, 9, [10, 50], [20, 50]) == 99
+    with pytest.raises(SliceCheckError, match=r"stream 's': the read of slice \[10, 100\)"):
+        check_runs(part, 29, [25], [5])  # repeats 25..29
+    with pytest.raises(SliceCheckError):
+        check_runs(part, 9, [95], [10])  # past the slice's end
+    with pytest.raises(SliceCheckError):
+        check_runs(part, 3, [5], [2])  # before the slice's start

@@ -35,13 +35,14 @@ from streamledger.protocol.rabbitmq.errors import (
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.publisher import PublishResult
-from streamledger.protocol.rabbitmq.records import RecordBatch
+from streamledger.protocol.rabbitmq.records import BufferBatch, RecordBatch
 from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams, parse_url
 
 __all__ = [
     "AccessRefused",
     "AuthenticationError",
+    "BufferBatch",
     "ChunkFormatError",
     "CodecUnavailable",
     "ConnectionClosed",

@@ -7,7 +7,8 @@
  * costs ~10 us in the pure-Python section walker. Those three loops are here, with exactly the
  * results (and, for split_entries, the error messages) of their pure-Python twins in chunk.py /
  * amqp.py (_split_entries_py, _data_bodies_py, _decode_one), which are used whenever this module
- * is not built; tests run both and compare them.
+ * is not built; tests run both and compare them. append_bodies / append_list (issue 11) write
+ * the buffer layout of records.BufferBatch (twins _append_bodies_py / _append_list_py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -194,6 +195,212 @@ fail:
     Py_XDECREF(misses);
     PyBuffer_Release(&view);
     return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The buffer layout (docs/interfaces.md, "Record buffers"): bodies appended to one bytearray, their
+ * int32 end positions (native byte order) to another that starts with a 0, so that the pair is an
+ * Arrow binary column's data and offsets buffers as they are. No per-record Python object.
+ * ---------------------------------------------------------------------------------------- */
+
+#define BODY_LIMIT ((Py_ssize_t)INT32_MAX)
+
+/* the current length of the data buffer, after checking the offsets buffer ends there */
+static int buffers_tail(PyObject *out_data, PyObject *out_offsets, Py_ssize_t *dlen, Py_ssize_t *olen)
+{
+    if (!PyByteArray_Check(out_data) || !PyByteArray_Check(out_offsets)) {
+        PyErr_SetString(PyExc_TypeError, "the body buffers must be two bytearrays");
+        return -1;
+    }
+    *dlen = PyByteArray_GET_SIZE(out_data);
+    *olen = PyByteArray_GET_SIZE(out_offsets);
+    int32_t last;
+    if (*olen < 4 || *olen % 4 != 0) {
+        PyErr_SetString(PyExc_ValueError, "the body offsets buffer must hold whole int32s, starting with 0");
+        return -1;
+    }
+    memcpy(&last, PyByteArray_AS_STRING(out_offsets) + *olen - 4, 4);
+    if ((Py_ssize_t)last != *dlen) {
+        PyErr_Format(PyExc_ValueError, "the body offsets buffer ends at %d, the data buffer holds %zd bytes",
+                     (int)last, *dlen);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_room(Py_ssize_t have, Py_ssize_t more)
+{
+    if (more > BODY_LIMIT - have) {
+        PyErr_Format(PyExc_ValueError,
+                     "%zd more body bytes would take the batch past 2147483647 bytes (int32 offsets)", more);
+        return -1;
+    }
+    return 0;
+}
+
+/* grow both buffers by `bytes` and `count` offsets; returns the write positions */
+static int grow(PyObject *out_data, PyObject *out_offsets, Py_ssize_t dlen, Py_ssize_t olen, Py_ssize_t bytes,
+                Py_ssize_t count, char **dst, char **odst)
+{
+    if (PyByteArray_Resize(out_data, dlen + bytes) < 0)
+        return -1;
+    if (PyByteArray_Resize(out_offsets, olen + 4 * count) < 0) {
+        PyByteArray_Resize(out_data, dlen); /* shrinking cannot fail */
+        return -1;
+    }
+    *dst = PyByteArray_AS_STRING(out_data) + dlen;
+    *odst = PyByteArray_AS_STRING(out_offsets) + olen;
+    return 0;
+}
+
+/* the body of an AMQP record that is exactly one data section, or NULL */
+static inline const unsigned char *lone_data(const unsigned char *s, Py_ssize_t len, Py_ssize_t *blen)
+{
+    if (len >= 5 && s[0] == 0x00 && s[1] == 0x53 && s[2] == 0x75) {
+        if (s[3] == 0xa0 && (Py_ssize_t)s[4] + 5 == len) {
+            *blen = len - 5;
+            return s + 5;
+        }
+        if (s[3] == 0xb0 && len >= 9 && (Py_ssize_t)be32(s + 4) + 9 == len) {
+            *blen = len - 9;
+            return s + 9;
+        }
+    }
+    return NULL;
+}
+
+/*
+ * append_bodies(data: bytes, n_entries: int, n_records: int, klo: int, khi: int, amqp: bool,
+ *               out_data: bytearray, out_offsets: bytearray) -> bool
+ *
+ * Appends the bodies of records klo..khi-1 of a chunk data section made of simple entries: the
+ * records as stored (amqp=False) or the bodies of lone data sections (amqp=True). False, with nothing
+ * appended, when an entry is a sub-batch or (amqp) a record in range has another shape: the caller
+ * then takes the general decoder. The whole section is validated first, with the texts of
+ * _split_entries / _fused_bodies, and the counts are checked against the header's.
+ */
+static PyObject *append_bodies(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t n_entries, n_records, klo, khi;
+    int amqp;
+    PyObject *out_data, *out_offsets;
+    if (!PyArg_ParseTuple(args, "y*nnnnpOO", &view, &n_entries, &n_records, &klo, &khi, &amqp, &out_data,
+                          &out_offsets))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t dlen, olen;
+    if (buffers_tail(out_data, out_offsets, &dlen, &olen) < 0)
+        goto done;
+    const unsigned char *d = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len, p = 0, count = 0, bytes = 0;
+    int fits = 1;
+    /* pass 1: validate the whole section, count, and size the records in range */
+    while (p < n) {
+        if (n - p < 4) {
+            PyErr_Format(PyExc_ValueError, "entry header at data byte %zd is truncated", p);
+            goto done;
+        }
+        uint32_t w = be32(d + p);
+        if (w & 0x80000000u) {
+            result = Py_NewRef(Py_False);
+            goto done;
+        }
+        p += 4;
+        if ((Py_ssize_t)w > n - p) {
+            PyErr_Format(PyExc_ValueError, "last entry runs %zd bytes past the data section", p + (Py_ssize_t)w - n);
+            goto done;
+        }
+        if (count >= klo && count < khi) {
+            Py_ssize_t blen = (Py_ssize_t)w;
+            if (amqp && lone_data(d + p, (Py_ssize_t)w, &blen) == NULL)
+                fits = 0;
+            bytes += blen;
+        }
+        p += (Py_ssize_t)w;
+        count++;
+    }
+    if (count != n_records || count != n_entries) {
+        PyErr_Format(PyExc_ValueError, "data section holds %zd simple entries, the header says %zd entries and "
+                     "%zd records", count, n_entries, n_records);
+        goto done;
+    }
+    if (klo < 0 || klo > khi || khi > count) {
+        PyErr_Format(PyExc_ValueError, "record range %zd..%zd is outside the chunk's %zd records", klo, khi, count);
+        goto done;
+    }
+    if (!fits) {
+        result = Py_NewRef(Py_False);
+        goto done;
+    }
+    if (check_room(dlen, bytes) < 0)
+        goto done;
+    char *dst, *odst;
+    if (grow(out_data, out_offsets, dlen, olen, bytes, khi - klo, &dst, &odst) < 0)
+        goto done;
+    /* pass 2: copy (the section is known to be well formed) */
+    int32_t pos32 = (int32_t)dlen;
+    p = 0;
+    for (Py_ssize_t i = 0; i < khi; i++) {
+        Py_ssize_t len = (Py_ssize_t)be32(d + p);
+        const unsigned char *s = d + p + 4;
+        p += 4 + len;
+        if (i < klo)
+            continue;
+        Py_ssize_t blen = len;
+        if (amqp)
+            s = lone_data(s, len, &blen);
+        memcpy(dst, s, (size_t)blen);
+        dst += blen;
+        pos32 += (int32_t)blen;
+        memcpy(odst, &pos32, 4);
+        odst += 4;
+    }
+    result = Py_NewRef(Py_True);
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/*
+ * append_list(bodies: list[bytes], out_data: bytearray, out_offsets: bytearray) -> None
+ *
+ * The general decoder's bodies, appended in the same layout.
+ */
+static PyObject *append_list(PyObject *self, PyObject *args)
+{
+    PyObject *bodies, *out_data, *out_offsets;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyList_Type, &bodies, &out_data, &out_offsets))
+        return NULL;
+    Py_ssize_t dlen, olen, bytes = 0, m = PyList_GET_SIZE(bodies);
+    if (buffers_tail(out_data, out_offsets, &dlen, &olen) < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *b = PyList_GET_ITEM(bodies, i);
+        if (!PyBytes_Check(b)) {
+            PyErr_SetString(PyExc_TypeError, "append_list expects a list of bytes");
+            return NULL;
+        }
+        bytes += PyBytes_GET_SIZE(b);
+        if (bytes > BODY_LIMIT)
+            break;
+    }
+    if (check_room(dlen, bytes) < 0)
+        return NULL;
+    char *dst, *odst;
+    if (grow(out_data, out_offsets, dlen, olen, bytes, m, &dst, &odst) < 0)
+        return NULL;
+    int32_t pos32 = (int32_t)dlen;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *b = PyList_GET_ITEM(bodies, i);
+        Py_ssize_t blen = PyBytes_GET_SIZE(b);
+        memcpy(dst, PyBytes_AS_STRING(b), (size_t)blen);
+        dst += blen;
+        pos32 += (int32_t)blen;
+        memcpy(odst, &pos32, 4);
+        odst += 4;
+    }
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -600,6 +807,8 @@ static PyMethodDef methods[] = {
     {"split_entries", split_entries, METH_VARARGS, "Records of a data section or sub-batch (see chunk.py)."},
     {"data_bodies", data_bodies, METH_O, "Bodies of lone-data-section AMQP records (see amqp.py)."},
     {"split_bodies", split_bodies, METH_VARARGS, "split_entries + data_bodies in one pass (see chunk.py)."},
+    {"append_bodies", append_bodies, METH_VARARGS, "Bodies of a simple-entries section into buffers (chunk.py)."},
+    {"append_list", append_list, METH_VARARGS, "A list of bodies into the same buffers (chunk.py)."},
     {"decode_record", decode_record, METH_O, "Common AMQP message shapes, or None (see amqp.py)."},
     {"configure", configure, METH_VARARGS, "configure(Symbol, ts, uuid_from_bytes, property_names)."},
     {NULL, NULL, 0, NULL},

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -33,7 +33,7 @@ from streamledger.protocol.rabbitmq.errors import (
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.publisher import PublishResult, publish
 from streamledger.protocol.rabbitmq.reader import probe_chunk, read_range
-from streamledger.protocol.rabbitmq.records import RecordBatch
+from streamledger.protocol.rabbitmq.records import BufferBatch, RecordBatch
 from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams, to_params
 from streamledger.protocol.rabbitmq.wire import (
@@ -490,6 +490,22 @@ class StreamClient:
             first_publishing_id=first_publishing_id, timeout=self.timeout,
         )
 
+    @overload
+    def read_range(
+        self, stream: str, start: int, end: int, *, decode: Literal["amqp", "raw"] = ...,
+        verify_crc: bool = ..., credit: int = ..., max_batch_records: int = ...,
+        prefer: Literal["replica", "leader", "url"] = ...,
+        layout: Literal["lists"] = ..., maps: bool = ...,
+    ) -> Iterator[RecordBatch]: ...
+
+    @overload
+    def read_range(
+        self, stream: str, start: int, end: int, *, decode: Literal["amqp", "raw"] = ...,
+        verify_crc: bool = ..., credit: int = ..., max_batch_records: int = ...,
+        prefer: Literal["replica", "leader", "url"] = ...,
+        layout: Literal["buffers"], maps: bool = ...,
+    ) -> Iterator[BufferBatch]: ...
+
     def read_range(
         self,
         stream: str,
@@ -501,11 +517,13 @@ class StreamClient:
         credit: int = 16,
         max_batch_records: int = 65_536,
         prefer: Literal["replica", "leader", "url"] = "replica",
-    ) -> Iterator[RecordBatch]:
+        layout: Literal["lists", "buffers"] = "lists",
+        maps: bool = True,
+    ) -> Iterator[RecordBatch] | Iterator[BufferBatch]:
         """Exactly the user records with ``start <= offset < end``; see :func:`reader.read_range`
-        (``prefer``: which member serves the read, default a replica)."""
-        return read_range(
+        (``prefer``: which member serves the read, default a replica; ``layout="buffers"``: flat
+        :class:`BufferBatch` es, ``maps=False`` to skip their map columns)."""
+        return read_range(  # type: ignore[return-value]
             self, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
-            max_batch_records=max_batch_records, prefer=prefer,
+            max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
         )
-

@@ -28,12 +28,18 @@ import logging
 import random
 import struct
 import time
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
 from streamledger.protocol.rabbitmq import constants as c
-from streamledger.protocol.rabbitmq.chunk import ChunkHeader, decode_chunk, parse_chunk_header
+from streamledger.protocol.rabbitmq.chunk import (
+    ChunkHeader,
+    decode_chunk,
+    decode_chunk_buffers,
+    parse_chunk_header,
+)
 from streamledger.protocol.rabbitmq.connection import Connection, raise_for_code
 from streamledger.protocol.rabbitmq.errors import (
     ConnectionClosed,
@@ -48,7 +54,7 @@ from streamledger.protocol.rabbitmq.errors import (
     TlsError,
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
-from streamledger.protocol.rabbitmq.records import RecordBatch
+from streamledger.protocol.rabbitmq.records import MAX_BUFFER_BYTES, BufferBatch, RecordBatch
 from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams
 from streamledger.protocol.rabbitmq.wire import (
@@ -82,11 +88,14 @@ class RangeSource(Protocol):
 
 
 Prefer = Literal["replica", "leader", "url"]
+Layout = Literal["lists", "buffers"]
+Batch = RecordBatch | BufferBatch
 
 _CHUNK_HEADER_SIZE: Final = 48
 _READ_RETRIES: Final = 3
 log = logging.getLogger("streamledger.rabbitmq")
 _CHUNK_RECORDS: Final = struct.Struct(">I")  # NumRecords, at byte 4 of the chunk header
+_CHUNK_DATA_LENGTH: Final = struct.Struct(">I")  # DataLength, at byte 36
 
 
 def chunk_position(version: int, buf: bytearray, pos: int, end: int) -> tuple[int, int]:
@@ -167,11 +176,15 @@ def read_range(
     credit: int = 16,
     max_batch_records: int = 65_536,
     prefer: Prefer = "replica",
-) -> Iterator[RecordBatch]:
+    layout: Layout = "lists",
+    maps: bool = True,
+) -> Iterator[Batch]:
     """Yield exactly the user records with ``start <= offset < end`` as :class:`RecordBatch` es.
 
     ``prefer`` picks the node that serves the read (module docstring): ``replica`` (default),
-    ``leader`` or ``url``.
+    ``leader`` or ``url``. ``layout="buffers"`` yields :class:`BufferBatch` es instead (flat body
+    buffers, offsets as runs: no Python object per record); with it, ``maps=False`` skips the map
+    columns. Either way a batch holds at most ``max_batch_records`` records.
 
     Arguments and bounds are checked now (not on the first ``next()``): an empty range returns
     an empty iterator without touching the network, an ``end`` beyond the committed tail raises
@@ -191,6 +204,8 @@ def read_range(
         raise InvalidRequest(f"max_batch_records must be a positive integer, not {max_batch_records!r}")
     if prefer not in ("replica", "leader", "url"):
         raise InvalidRequest(f"prefer must be 'replica', 'leader' or 'url', not {prefer!r}")
+    if layout not in ("lists", "buffers"):
+        raise InvalidRequest(f"layout must be 'lists' or 'buffers', not {layout!r}")
     if start == end:
         return iter(())
     stats = client.stream_stats(stream) if client.supports(c.STREAM_STATS) else None
@@ -200,12 +215,15 @@ def read_range(
     if end > tail:
         raise OffsetOutOfRange(stream, end, tail)
     return _read(client, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
-                 max_batch_records=max_batch_records, prefer=prefer)
+                 max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps)
 
 
-def _split(batch: RecordBatch, size: int) -> Iterator[RecordBatch]:
+def _split(batch: Batch, size: int) -> Iterator[Batch]:
     if len(batch) <= size:
         yield batch
+        return
+    if isinstance(batch, BufferBatch):
+        yield from _split_buffers(batch, size)
         return
     for i in range(0, len(batch), size):
         j = i + size
@@ -220,12 +238,38 @@ def _split(batch: RecordBatch, size: int) -> Iterator[RecordBatch]:
         )
 
 
+def _split_buffers(batch: BufferBatch, size: int) -> Iterator[BufferBatch]:
+    """Cut a buffer batch into batches of at most ``size`` records (only when one chunk alone holds
+    more records than ``max_batch_records``)."""
+    ends = memoryview(batch.body_offsets).cast("i")
+    runs = list(zip(batch.run_starts, batch.run_lengths, batch.run_timestamps, strict=True))
+    k = 0  # index of the first record of the piece
+    while k < len(batch):
+        j = min(k + size, len(batch))
+        piece = BufferBatch.empty(batch.stream)
+        base = ends[k]
+        piece.body_data += batch.body_data[base : ends[j]]
+        piece.body_offsets += array("i", [e - base for e in ends[k + 1 : j + 1]]).tobytes()
+        for name in ("properties", "application_properties", "message_annotations"):
+            column = getattr(batch, name)
+            if column is not None and any(v is not None for v in column[k:j]):
+                setattr(piece, name, column[k:j])
+        at = 0
+        for s, n, t in runs:  # the runs overlapping [k, j)
+            a, b = max(at, k), min(at + n, j)
+            if a < b:
+                piece.add_run(s + a - at, b - a, t)
+            at += n
+        yield piece
+        k = j
+
+
 @dataclass(slots=True)
 class _Progress:
     """Where a range read stands; survives a reconnect so a resumed read stays exact."""
 
     position: int  # next offset not yet decoded (a chunk boundary after the first chunk)
-    batch: RecordBatch
+    batch: Batch
     member: tuple[str, int] | None = None  # the node being read from
     failed: set[tuple[str, int]] = field(default_factory=set)  # members that broke during this read
 
@@ -301,15 +345,18 @@ def _read(
     credit: int,
     max_batch_records: int,
     prefer: Prefer = "replica",
-) -> Iterator[RecordBatch]:
+    layout: Layout = "lists",
+    maps: bool = True,
+) -> Iterator[Batch]:
     """Read with resume: if the connection drops, reconnect and subscribe again at the first offset
     not yet decoded (always a chunk boundary), so no record is lost or repeated."""
-    progress = _Progress(start, RecordBatch.empty(stream, decode))
+    progress = _Progress(start, _empty(stream, decode, layout))
     retries = 0
     while True:
         try:
             yield from _read_once(client, stream, progress, end, decode=decode, verify_crc=verify_crc,
-                                  credit=credit, max_batch_records=max_batch_records, prefer=prefer)
+                                  credit=credit, max_batch_records=max_batch_records, prefer=prefer,
+                                  layout=layout, maps=maps)
             break
         except ConnectionFailed as exc:
             if progress.position >= end:
@@ -326,6 +373,10 @@ def _read(
         yield from _split(progress.batch, max_batch_records)
 
 
+def _empty(stream: str, decode: Literal["amqp", "raw"], layout: Layout) -> Batch:
+    return BufferBatch.empty(stream) if layout == "buffers" else RecordBatch.empty(stream, decode)
+
+
 def _read_once(
     client: RangeSource,
     stream: str,
@@ -337,7 +388,10 @@ def _read_once(
     credit: int,
     max_batch_records: int,
     prefer: Prefer = "replica",
-) -> Iterator[RecordBatch]:
+    layout: Layout = "lists",
+    maps: bool = True,
+) -> Iterator[Batch]:
+    buffers = layout == "buffers"
     conn = _open_member(client, stream, prefer, progress)
     sub_id = 0
     from_offset = progress.position
@@ -369,13 +423,23 @@ def _read_once(
                 continue
             chunk = pos + (9 if version >= 2 else 1)
             batch = progress.batch
-            # Hand out the batch before it would outgrow max_batch_records (cheaper than slicing).
-            if len(batch) and len(batch) + _CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > max_batch_records:
-                progress.batch = RecordBatch.empty(stream, decode)
+            # Hand out the batch before it would outgrow max_batch_records (cheaper than slicing), or
+            # (buffers) the int32 body offsets; then only a chunk decompressing past that can fail.
+            if len(batch) and (
+                len(batch) + _CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > max_batch_records
+                or (buffers and len(batch.body_data)  # type: ignore[union-attr]
+                    + _CHUNK_DATA_LENGTH.unpack_from(view, chunk + 36)[0] > MAX_BUFFER_BYTES)
+            ):
+                progress.batch = _empty(stream, decode, layout)
                 yield batch
                 batch = progress.batch
-            header = decode_chunk(view[:frame_end], chunk, start=progress.position, end=end, decode=decode,
-                                  verify_crc=verify_crc, out=batch)
+            if buffers:
+                header = decode_chunk_buffers(view[:frame_end], chunk, start=progress.position, end=end,
+                                              decode=decode, verify_crc=verify_crc, maps=maps,
+                                              out=batch)  # type: ignore[arg-type]
+            else:
+                header = decode_chunk(view[:frame_end], chunk, start=progress.position, end=end,
+                                      decode=decode, verify_crc=verify_crc, out=batch)  # type: ignore[arg-type]
             if first_chunk:
                 first_chunk = False
                 if header.first_offset > from_offset:
@@ -388,7 +452,7 @@ def _read_once(
                 send(credit_frame(sub_id, pending))
                 pending = 0
             if len(batch) >= max_batch_records:
-                progress.batch = RecordBatch.empty(stream, decode)
+                progress.batch = _empty(stream, decode, layout)
                 yield from _split(batch, max_batch_records)
         try:
             unsubscribe(conn, sub_id, stream)
