@@ -112,9 +112,10 @@ def main() -> int:
     # planner and worker processes (a plain range() query starts none).
     warm = (
         "import sys\n"
-        "from streamledger.spark.connect import connect_session\n"
+        "from streamledger.spark.connect import JOB_SESSION_ID, connect_session\n"
         "from streamledger.spark.session import register_source\n"
-        "s = connect_session(sys.argv[1]); register_source(s)\n"
+        "s = connect_session(sys.argv[1], session_id=JOB_SESSION_ID, keep_session=True)\n"
+        "register_source(s)\n"
         "s.read.format('rabbitmq_stream').option('url', sys.argv[2]).option('stream', sys.argv[3])"
         ".option('endingOffsets', '0').load().collect(); s.stop()\n"
     )

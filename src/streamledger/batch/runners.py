@@ -103,9 +103,11 @@ class SparkConnectRunner:
 
     def session(self) -> Any:
         if self._spark is None:
-            from streamledger.spark.connect import connect_session
+            from streamledger.spark.connect import JOB_SESSION_ID, connect_session
 
-            self._spark = connect_session(self.url)
+            # The server-side session job processes share: its Python workers are already warm, and
+            # a fresh session per runner would boot three more daemons that outlive it.
+            self._spark = connect_session(self.url, session_id=JOB_SESSION_ID, keep_session=True)
         return self._spark
 
     def __call__(
@@ -138,7 +140,7 @@ class SparkConnectRunner:
             self._spark.interruptTag(tag)
 
     def close(self) -> None:
-        """Release the server-side session (the server itself keeps running)."""
+        """Close this client; the shared server-side session and the server keep running."""
         if self._spark is not None:
             self._spark.stop()
             self._spark = None
