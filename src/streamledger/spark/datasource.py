@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -25,13 +25,8 @@ from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
     PlanningError,
-    parse_bool,
-    parse_bounds,
-    parse_positive_int,
-    parse_ranges,
-    parse_stream_list,
+    Selection,
     plan_ranges,
-    split_range,
 )
 
 log = logging.getLogger(__name__)
@@ -50,25 +45,22 @@ class StreamSlice(InputPartition):
 
 
 @dataclass(frozen=True)
-class ReadOptions:
-    """The data source options, parsed and validated once (values arrive as strings)."""
+class ReadOptions(Selection):
+    """The data source options, parsed and validated once (values arrive as strings). Which streams,
+    their bounds and slicing are the shared :class:`Selection`; the rest is this source's own."""
 
     url: str = field(repr=False)  # carries credentials: never in a repr or a log line
-    streams: tuple[str, ...]
     super_stream: str | None
-    ranges: dict[str, tuple[int, int]] | None
-    starting: str | None
-    ending: str | None
-    max_records_per_partition: int | None
-    splits_per_stream: int | None
-    fail_on_data_loss: bool
     decode: Literal["amqp", "raw"]
-    batch_rows: int
     read_from: Literal["replica", "leader", "url"] = "replica"
     #: The map columns to fill (option ``properties``); the others stay null. Building them is ~70 %
     #: of a task's Python time (measured, 500k AMQP records), so a reader that needs bodies only
     #: says ``properties=none``.
     map_columns: tuple[str, ...] = MAP_COLUMNS
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return self.names
 
     @classmethod
     def parse(cls, options: Any) -> ReadOptions:
@@ -80,29 +72,10 @@ class ReadOptions:
         if not url:
             raise PlanningError(f"{DATA_SOURCE_NAME}: option 'url' is required (rabbitmq-stream://host:5552/)")
         _check_format(url)
-        streams = parse_stream_list(get("stream"))
-        super_stream = (get("superStream") or "").strip() or None
-        ranges = parse_ranges(get("ranges") or "") if get("ranges") else None
-        if ranges is not None and (streams or super_stream):
-            raise PlanningError(
-                f"{DATA_SOURCE_NAME}: 'ranges' names its streams; drop 'stream'/'superStream'"
-            )
-        if ranges is None and not streams and not super_stream:
-            raise PlanningError(f"{DATA_SOURCE_NAME}: give 'stream', 'superStream' or 'ranges'")
-        if streams and super_stream:
-            raise PlanningError(f"{DATA_SOURCE_NAME}: give either 'stream' or 'superStream', not both")
-        starting, ending = get("startingOffsets"), get("endingOffsets")
-        if ranges is not None and (starting or ending):
-            raise PlanningError(
-                f"{DATA_SOURCE_NAME}: 'ranges' fixes both ends; drop 'startingOffsets'/'endingOffsets'"
-            )
+        selection = Selection.parse_options(get, source=DATA_SOURCE_NAME, names_key="stream",
+                                    group_key="superStream", default_batch_rows=DEFAULT_BATCH_ROWS)
         decode_text = (get("decode") or "amqp").strip().lower()
-        decode: Literal["amqp", "raw"]
-        if decode_text == "amqp":
-            decode = "amqp"
-        elif decode_text == "raw":
-            decode = "raw"
-        else:
+        if decode_text not in ("amqp", "raw"):
             raise PlanningError(
                 f"{DATA_SOURCE_NAME}: option 'decode' must be amqp or raw, got {decode_text!r}"
             )
@@ -113,39 +86,22 @@ class ReadOptions:
                 f"got {read_from_text!r}"
             )
         return cls(
+            **{f.name: getattr(selection, f.name) for f in fields(Selection)},
             url=url,
-            streams=tuple(streams),
-            super_stream=super_stream,
-            ranges=ranges,
-            starting=starting,
-            ending=ending,
-            max_records_per_partition=parse_positive_int(
-                get("maxRecordsPerPartition"), what="maxRecordsPerPartition"
-            ),
-            splits_per_stream=parse_positive_int(get("splitsPerStream"), what="splitsPerStream"),
-            fail_on_data_loss=parse_bool(get("failOnDataLoss"), what="failOnDataLoss", default=True),
-            decode=decode,
-            batch_rows=parse_positive_int(get("batchRows"), what="batchRows") or DEFAULT_BATCH_ROWS,
+            super_stream=(get("superStream") or "").strip() or None,
+            decode=decode_text,  # type: ignore[arg-type]
             read_from=read_from_text,  # type: ignore[arg-type]
             map_columns=parse_map_columns(get("properties")),
         )
 
     def bounds(self, client: Any) -> dict[str, tuple[OffsetBound, OffsetBound]]:
         """Per-stream (start, end) bounds; a super stream is expanded to its partitions here."""
-        if self.ranges is not None:
-            return {
-                s: (OffsetBound.offset(a), OffsetBound.offset(b)) for s, (a, b) in self.ranges.items()
-            }
-        streams = list(self.streams)
-        if self.super_stream:
+        if self.super_stream and self.ranges is None:
             streams = list(client.partitions(self.super_stream))
             if not streams:
                 raise PlanningError(f"super stream {self.super_stream!r} has no partitions")
-        starts = parse_bounds(
-            self.starting, streams, default=OffsetBound.earliest(), what="startingOffsets"
-        )
-        ends = parse_bounds(self.ending, streams, default=OffsetBound.latest(), what="endingOffsets")
-        return {s: (starts[s], ends[s]) for s in streams}
+            return self.log_bounds(streams)
+        return self.log_bounds()
 
 
 def _check_format(url: str) -> None:
@@ -169,13 +125,7 @@ def plan(options: ReadOptions) -> list[PlannedRange]:
 
 def slices_for(planned: list[PlannedRange], options: ReadOptions) -> list[StreamSlice]:
     """Contiguous slices of every non-empty planned range."""
-    out: list[StreamSlice] = []
-    for r in planned:
-        for start, end in split_range(
-            r.start, r.end, max_records=options.max_records_per_partition, parts=options.splits_per_stream
-        ):
-            out.append(StreamSlice(r.stream, start, end))
-    return out
+    return [StreamSlice(*piece) for piece in options.slices(planned)]
 
 
 def parse_map_columns(value: str | None) -> tuple[str, ...]:

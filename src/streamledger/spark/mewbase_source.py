@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -31,13 +31,8 @@ from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
     PlanningError,
-    parse_bool,
-    parse_bounds,
-    parse_positive_int,
-    parse_ranges,
-    parse_stream_list,
+    Selection,
     plan_ranges,
-    split_range,
 )
 
 log = logging.getLogger(__name__)
@@ -72,20 +67,17 @@ class ChannelSlice(InputPartition):
 
 
 @dataclass(frozen=True)
-class MewbaseReadOptions:
-    """The options, parsed and validated once (values arrive as strings)."""
+class MewbaseReadOptions(Selection):
+    """The options, parsed and validated once (values arrive as strings). Which channels, their
+    bounds and slicing are the shared :class:`Selection` (the same rules as the stream source)."""
 
     url: str = field(repr=False)  # may carry a password: never in a repr or a log line
-    channels: tuple[str, ...]
-    ranges: dict[str, tuple[int, int]] | None
-    starting: str | None
-    ending: str | None
-    max_records_per_partition: int | None
-    splits_per_stream: int | None
-    fail_on_data_loss: bool
     decode: Literal["bson", "raw"]
-    batch_rows: int
     timeout: float
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        return self.names
 
     @classmethod
     def parse(cls, options: Any) -> MewbaseReadOptions:
@@ -99,15 +91,8 @@ class MewbaseReadOptions:
             raise PlanningError(f"{name}: option 'url' is required (mewbase://[user:pass@]host:port)")
         if not url.strip().lower().startswith("mewbase://"):
             raise PlanningError(f"{name}: option 'url' must be a mewbase:// URL")
-        channels = parse_stream_list(get("channel"))
-        ranges = parse_ranges(get("ranges") or "") if get("ranges") else None
-        if ranges is not None and channels:
-            raise PlanningError(f"{name}: 'ranges' names its channels; drop 'channel'")
-        if ranges is None and not channels:
-            raise PlanningError(f"{name}: give 'channel' or 'ranges'")
-        starting, ending = get("startingOffsets"), get("endingOffsets")
-        if ranges is not None and (starting or ending):
-            raise PlanningError(f"{name}: 'ranges' fixes both ends; drop 'startingOffsets'/'endingOffsets'")
+        selection = Selection.parse_options(get, source=name, names_key="channel",
+                                            default_batch_rows=DEFAULT_BATCH_ROWS)
         decode = (get("decode") or "bson").strip().lower()
         if decode not in ("bson", "raw"):
             raise PlanningError(f"{name}: option 'decode' must be bson or raw, got {decode!r}")
@@ -119,28 +104,14 @@ class MewbaseReadOptions:
         if not timeout > 0:
             raise PlanningError(f"{name}: option 'timeout' must be positive, got {timeout_text!r}")
         return cls(
+            **{f.name: getattr(selection, f.name) for f in fields(Selection)},
             url=url,
-            channels=tuple(channels),
-            ranges=ranges,
-            starting=starting,
-            ending=ending,
-            max_records_per_partition=parse_positive_int(
-                get("maxRecordsPerPartition"), what="maxRecordsPerPartition"
-            ),
-            splits_per_stream=parse_positive_int(get("splitsPerStream"), what="splitsPerStream"),
-            fail_on_data_loss=parse_bool(get("failOnDataLoss"), what="failOnDataLoss", default=True),
             decode=decode,  # type: ignore[arg-type]
-            batch_rows=parse_positive_int(get("batchRows"), what="batchRows") or DEFAULT_BATCH_ROWS,
             timeout=timeout,
         )
 
     def bounds(self) -> dict[str, tuple[OffsetBound, OffsetBound]]:
-        if self.ranges is not None:
-            return {c: (OffsetBound.offset(a), OffsetBound.offset(b)) for c, (a, b) in self.ranges.items()}
-        channels = list(self.channels)
-        starts = parse_bounds(self.starting, channels, default=OffsetBound.earliest(), what="startingOffsets")
-        ends = parse_bounds(self.ending, channels, default=OffsetBound.latest(), what="endingOffsets")
-        return {c: (starts[c], ends[c]) for c in channels}
+        return self.log_bounds()
 
     def connect(self) -> Any:
         from streamledger.protocol.mewbase import MewbaseLog
@@ -156,13 +127,7 @@ def plan(options: MewbaseReadOptions) -> list[PlannedRange]:
 
 def slices_for(planned: list[PlannedRange], options: MewbaseReadOptions) -> list[ChannelSlice]:
     """Contiguous slices (in position space) of every non-empty planned range."""
-    return [
-        ChannelSlice(r.stream, start, end)
-        for r in planned
-        for start, end in split_range(
-            r.start, r.end, max_records=options.max_records_per_partition, parts=options.splits_per_stream
-        )
-    ]
+    return [ChannelSlice(*piece) for piece in options.slices(planned)]
 
 
 def to_arrow(

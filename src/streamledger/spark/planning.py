@@ -301,3 +301,74 @@ def plan_ranges(
             effective = min(first, end)
         planned.append(PlannedRange(stream, effective, end, start))
     return planned
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The options every source format shares: which logs (named, or exact ``ranges``), their bounds,
+    how to cut them into slices, and the Arrow batch size. Parsed here once, so a RabbitMQ stream and a
+    mewbase channel are selected by the same rules and the same error texts."""
+
+    names: tuple[str, ...]
+    ranges: dict[str, tuple[int, int]] | None
+    starting: str | None
+    ending: str | None
+    max_records_per_partition: int | None
+    splits_per_stream: int | None
+    fail_on_data_loss: bool
+    batch_rows: int
+
+    @classmethod
+    def parse_options(
+        cls, get: Any, *, source: str, names_key: str, default_batch_rows: int, group_key: str | None = None
+    ) -> Selection:
+        """``get(key)`` -> string or None. ``names_key`` lists logs (``stream``, ``channel``);
+        ``group_key`` names an option that stands for a set of logs (``superStream``), if the source
+        has one; the caller expands it."""
+        names = parse_stream_list(get(names_key))
+        group = (get(group_key) or "").strip() if group_key else ""
+        ranges = parse_ranges(get("ranges") or "") if get("ranges") else None
+        either = f"'{names_key}'" + (f"/'{group_key}'" if group_key else "")
+        if ranges is not None and (names or group):
+            raise PlanningError(f"{source}: 'ranges' names its {names_key}s; drop {either}")
+        if ranges is None and not names and not group:
+            give = f"'{names_key}', '{group_key}' or 'ranges'" if group_key else f"'{names_key}' or 'ranges'"
+            raise PlanningError(f"{source}: give {give}")
+        if names and group:
+            raise PlanningError(f"{source}: give either '{names_key}' or '{group_key}', not both")
+        starting, ending = get("startingOffsets"), get("endingOffsets")
+        if ranges is not None and (starting or ending):
+            raise PlanningError(
+                f"{source}: 'ranges' fixes both ends; drop 'startingOffsets'/'endingOffsets'"
+            )
+        return cls(
+            names=tuple(names),
+            ranges=ranges,
+            starting=starting,
+            ending=ending,
+            max_records_per_partition=parse_positive_int(
+                get("maxRecordsPerPartition"), what="maxRecordsPerPartition"
+            ),
+            splits_per_stream=parse_positive_int(get("splitsPerStream"), what="splitsPerStream"),
+            fail_on_data_loss=parse_bool(get("failOnDataLoss"), what="failOnDataLoss", default=True),
+            batch_rows=parse_positive_int(get("batchRows"), what="batchRows") or default_batch_rows,
+        )
+
+    def log_bounds(self, names: Sequence[str] | None = None) -> dict[str, tuple[OffsetBound, OffsetBound]]:
+        """Per-log (start, end) bounds; ``names`` overrides the listed logs (an expanded group)."""
+        if self.ranges is not None:
+            return {s: (OffsetBound.offset(a), OffsetBound.offset(b)) for s, (a, b) in self.ranges.items()}
+        logs = list(self.names if names is None else names)
+        starts = parse_bounds(self.starting, logs, default=OffsetBound.earliest(), what="startingOffsets")
+        ends = parse_bounds(self.ending, logs, default=OffsetBound.latest(), what="endingOffsets")
+        return {s: (starts[s], ends[s]) for s in logs}
+
+    def slices(self, planned: Sequence[PlannedRange]) -> list[tuple[str, int, int]]:
+        """``(log, start, end)`` contiguous slices of every non-empty planned range."""
+        return [
+            (r.stream, start, end)
+            for r in planned
+            for start, end in split_range(
+                r.start, r.end, max_records=self.max_records_per_partition, parts=self.splits_per_stream
+            )
+        ]
