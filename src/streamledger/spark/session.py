@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from streamledger.errors import StreamledgerError
 
 DEFAULT_MASTER = "local[2]"
 
@@ -29,6 +32,25 @@ def spark_environment() -> dict[str, str]:
     return {k: os.environ[k] for k in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
 
 
+class LocalSparkUnavailable(StreamledgerError):
+    """This environment has the Spark Connect client only (``pyspark-client``), no Spark to run."""
+
+
+def _require_local_spark() -> None:
+    """One line instead of pyspark's "Could not find valid SPARK_HOME": the ``[airflow]`` extra alone
+    brings ``pyspark-client`` (a Connect client without Spark's jars)."""
+    if os.environ.get("SPARK_HOME"):
+        return
+    import pyspark
+
+    if not (Path(pyspark.__file__).parent / "jars").is_dir():
+        raise LocalSparkUnavailable(
+            "local Spark needs the full pyspark: pip install 'streamledger[spark]' (this environment "
+            "has only the Spark Connect client), or run on a Connect server (--remote, "
+            "spark_connect_conn_id)"
+        )
+
+
 def build_session(
     *,
     master: str | None = DEFAULT_MASTER,
@@ -43,6 +65,7 @@ def build_session(
     :data:`QUICK_START_JAVA_OPTIONS` to the driver JVM (only effective when this call starts the JVM).
     """
     spark_environment()
+    _require_local_spark()
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name).config("spark.ui.enabled", "false")
