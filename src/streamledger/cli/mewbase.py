@@ -155,26 +155,17 @@ def _write_parquet(path: Path, batches: Iterator[Any]) -> tuple[int, int | None,
 
 
 def _read(args: argparse.Namespace) -> int:
+    from streamledger.cli.output_file import checked_output, write_atomically
     from streamledger.protocol.mewbase import InvalidRequest
 
-    output = Path(args.output)
+    output = checked_output(args.output, InvalidRequest)
     suffix = output.suffix.lower()
-    if suffix not in (".parquet", ".jsonl"):
-        raise InvalidRequest(f"--output {args.output}: the file name must end in .parquet or .jsonl")
-    if not output.parent.exists():
-        raise InvalidRequest(f"--output {args.output}: directory {output.parent} does not exist")
     with _connect(args) as log:
         start = _bound(log, args.channel, args.start)
         end = _bound(log, args.channel, args.end)
         batches = log.read_range(args.channel, start, end)
-        tmp = output.with_name(output.name + ".part")
-        try:
-            writer = _write_parquet if suffix == ".parquet" else _write_jsonl
-            records, first, last = writer(tmp, batches)
-            os.replace(tmp, output)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        writer = _write_parquet if suffix == ".parquet" else _write_jsonl
+        records, first, last = write_atomically(output, lambda tmp: writer(tmp, batches))
     print(
         json.dumps(
             {

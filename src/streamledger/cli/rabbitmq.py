@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -215,12 +214,10 @@ def _write_parquet(path: Path, batches: Iterator[Any]) -> tuple[int, int | None,
 
 
 def _read(args: argparse.Namespace) -> int:
-    output = Path(args.output)
+    from streamledger.cli.output_file import checked_output, write_atomically
+
+    output = checked_output(args.output, InvalidRequest)
     suffix = output.suffix.lower()
-    if suffix not in (".parquet", ".jsonl"):
-        raise InvalidRequest(f"--output {args.output}: the file name must end in .parquet or .jsonl")
-    if not output.parent.exists():
-        raise InvalidRequest(f"--output {args.output}: directory {output.parent} does not exist")
     with _client(args) as client:
         start = _bound(client, args.stream, args.start, is_end=False)
         end = _bound(client, args.stream, args.end, is_end=True)
@@ -230,14 +227,8 @@ def _read(args: argparse.Namespace) -> int:
             batches = client.read_range(args.stream, start, end, decode=decode, layout="buffers")
         else:
             batches = client.read_range(args.stream, start, end, decode=decode)
-        tmp = output.with_name(output.name + ".part")
-        try:
-            writer = _write_parquet if suffix == ".parquet" else _write_jsonl
-            records, first, last = writer(tmp, batches)
-            os.replace(tmp, output)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        writer = _write_parquet if suffix == ".parquet" else _write_jsonl
+        records, first, last = write_atomically(output, lambda tmp: writer(tmp, batches))
     print(json.dumps({"stream": args.stream, "start": start, "end": end, "records": records,
                       "first_offset": first, "last_offset": last, "output": str(output)}))
     return 0

@@ -142,7 +142,7 @@ def to_arrow(
         )
     return pa.RecordBatch.from_arrays(
         [
-            pa.repeat(pa.scalar(stream, type=pa.string()), n),  # 60x faster than a list
+            stream_column(stream, n),
             pa.array(offsets, type=pa.int64()),
             timestamp_column(chunk_timestamps),
             pa.array(bodies, type=pa.binary()),
@@ -179,7 +179,7 @@ def _timestamps_column(timestamps: Sequence[int], lengths: Sequence[int], n: int
 _STREAM_COLUMNS: dict[str, pa.Array] = {}
 
 
-def _stream_column(stream: str, n: int) -> pa.Array:
+def stream_column(stream: str, n: int) -> pa.Array:
     """``n`` copies of the stream name, sliced (zero copy) from a column built once per stream and
     process; also avoids ``pa.scalar``, whose first call imports pandas (0.2-0.5 s of a CLI start)."""
     column = _STREAM_COLUMNS.get(stream)
@@ -216,7 +216,7 @@ def buffers_to_arrow(batch: BufferBatch, map_columns: Collection[str] = MAP_COLU
     )
     return pa.RecordBatch.from_arrays(
         [
-            _stream_column(batch.stream, n),
+            stream_column(batch.stream, n),
             _offsets_column(batch.run_starts, batch.run_lengths, n),
             _timestamps_column(batch.run_timestamps, batch.run_lengths, n),
             body,
@@ -224,68 +224,3 @@ def buffers_to_arrow(batch: BufferBatch, map_columns: Collection[str] = MAP_COLU
         ],
         schema=ARROW_SCHEMA,
     )
-
-
-class BatchBuffer:
-    """Accumulates client batches of one stream until a target row count, then emits one Arrow batch.
-
-    The client hands out one batch per chunk (often a few hundred records); Spark pays a fixed cost
-    per Arrow batch, so coalescing to tens of thousands of rows is markedly faster.
-    """
-
-    def __init__(self, stream: str, target_rows: int = 65536) -> None:
-        self.stream = stream
-        self.target_rows = max(1, target_rows)
-        self._reset()
-
-    def _reset(self) -> None:
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
-        self.bodies: list[bytes] = []
-        self.maps: dict[str, list[Mapping[Any, Any] | None] | None] = {c: None for c in MAP_COLUMNS}
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def add(
-        self,
-        offsets: Sequence[int],
-        chunk_timestamps: Sequence[int],
-        bodies: Sequence[bytes],
-        maps: Mapping[str, Sequence[Mapping[Any, Any] | None] | None],
-    ) -> pa.RecordBatch | None:
-        """Append one client batch; return a full Arrow batch when the target is reached."""
-        before = len(self.offsets)
-        n = len(offsets)
-        self.offsets.extend(offsets)
-        self.timestamps.extend(chunk_timestamps)
-        self.bodies.extend(bodies)
-        for name in MAP_COLUMNS:
-            col = maps.get(name)
-            have = self.maps[name]
-            if col is None and have is None:
-                continue
-            if have is None:
-                have = [None] * before
-                self.maps[name] = have
-            have.extend(col if col is not None else [None] * n)
-        if len(self.offsets) >= self.target_rows:
-            return self.flush()
-        return None
-
-    def flush(self) -> pa.RecordBatch | None:
-        """The buffered rows as one Arrow batch (``None`` if empty); the buffer starts over."""
-        if not self.offsets:
-            return None
-        batch = to_arrow(
-            self.stream,
-            self.offsets,
-            self.timestamps,
-            self.bodies,
-            self.maps["properties"],
-            self.maps["application_properties"],
-            self.maps["message_annotations"],
-        )
-        self._reset()
-        return batch
-

@@ -37,7 +37,8 @@ DEFAULT_BATCH_ROWS = 65536
 
 @dataclass
 class StreamSlice(InputPartition):
-    """One task's work: the records of ``stream`` with ``start <= offset < end``."""
+    """One task's work: the records of one log (``stream``: a stream, a channel) with
+    ``start <= offset < end``."""
 
     stream: str
     start: int
@@ -203,28 +204,47 @@ def check_runs(
     return after
 
 
-class RabbitMQStreamReader(DataSourceReader):
-    """Plans slices on the driver side and reads one slice per task."""
+class SliceReader(DataSourceReader):
+    """What every log format's reader does: plan once on the driver side (``plan``), cut the planned
+    ranges into :class:`StreamSlice` s, read one slice per task (``read_slice``). ``noun`` names the
+    format's logs in log lines (stream, channel)."""
 
-    def __init__(self, options: ReadOptions) -> None:
+    noun = "stream"
+
+    def __init__(self, options: Any) -> None:
         self.options = options
 
+    def plan(self) -> list[PlannedRange]:
+        raise NotImplementedError
+
+    def read_slice(self, part: StreamSlice) -> Iterator[Any]:
+        raise NotImplementedError
+
     def partitions(self) -> list[InputPartition]:
-        planned = plan(self.options)
+        planned = self.plan()
         for r in planned:
             if r.lost is not None:
                 log.warning(
-                    "stream %r: offsets [%d, %d) were removed by retention before the read; "
-                    "reading [%d, %d) (failOnDataLoss=false)",
-                    r.stream, r.lost[0], r.lost[1], r.start, r.end,
+                    "%s %r: offsets [%d, %d) were removed before the read; reading [%d, %d) "
+                    "(failOnDataLoss=false)", self.noun, r.stream, r.lost[0], r.lost[1], r.start, r.end,
                 )
-        return list(slices_for(planned, self.options))
+        return [StreamSlice(*piece) for piece in self.options.slices(planned)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, StreamSlice):
             # Spark substitutes a placeholder partition when planning returned none (all ranges empty).
             return iter(())
-        return read_slice(self.options, partition)
+        return self.read_slice(partition)
+
+
+class RabbitMQStreamReader(SliceReader):
+    """Plans against the broker (a super stream is expanded there) and reads with ``read_range``."""
+
+    def plan(self) -> list[PlannedRange]:
+        return plan(self.options)
+
+    def read_slice(self, part: StreamSlice) -> Iterator[Any]:
+        return read_slice(self.options, part)
 
 
 class RabbitMQStreamDataSource(DataSource):

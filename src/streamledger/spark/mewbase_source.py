@@ -22,11 +22,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from streamledger.spark.arrow import TIMESTAMP, timestamp_column
-from streamledger.spark.datasource import StreamSlice, check_runs
+from streamledger.spark.arrow import TIMESTAMP, stream_column, timestamp_column
+from streamledger.spark.datasource import SliceReader, StreamSlice, check_runs
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
@@ -57,13 +57,8 @@ MEWBASE_ARROW_SCHEMA = pa.schema(
 )
 
 
-@dataclass
-class ChannelSlice(InputPartition):
-    """One task's work: the events of ``channel`` with ``start <= pos < end``."""
-
-    channel: str
-    start: int
-    end: int
+ChannelSlice = StreamSlice
+"""One task's work: the events of channel ``stream`` with ``start <= pos < end``."""
 
 
 @dataclass(frozen=True)
@@ -125,11 +120,6 @@ def plan(options: MewbaseReadOptions) -> list[PlannedRange]:
         return plan_ranges(mlog, options.bounds(), fail_on_data_loss=options.fail_on_data_loss)
 
 
-def slices_for(planned: list[PlannedRange], options: MewbaseReadOptions) -> list[ChannelSlice]:
-    """Contiguous slices (in position space) of every non-empty planned range."""
-    return [ChannelSlice(*piece) for piece in options.slices(planned)]
-
-
 def to_arrow(
     channel: str,
     positions: Sequence[int],
@@ -141,7 +131,7 @@ def to_arrow(
     n = len(positions)
     return pa.RecordBatch.from_arrays(
         [
-            pa.repeat(pa.scalar(channel, type=pa.string()), n),
+            stream_column(channel, n),
             pa.array(positions, type=pa.int64()),
             timestamp_column(timestamps),
             pa.array(events, type=pa.binary()),
@@ -151,7 +141,7 @@ def to_arrow(
     )
 
 
-def read_slice(options: MewbaseReadOptions, part: ChannelSlice) -> Iterator[pa.RecordBatch]:
+def read_slice(options: MewbaseReadOptions, part: StreamSlice) -> Iterator[pa.RecordBatch]:
     """Yield the slice's events as Arrow batches of about ``batch_rows`` rows."""
     if part.start >= part.end:
         return
@@ -161,7 +151,7 @@ def read_slice(options: MewbaseReadOptions, part: ChannelSlice) -> Iterator[pa.R
     texts: list[str] | None = [] if options.decode == "bson" else None
 
     def flush() -> pa.RecordBatch:
-        batch = to_arrow(part.channel, positions, timestamps, events, texts)
+        batch = to_arrow(part.stream, positions, timestamps, events, texts)
         positions.clear()
         timestamps.clear()
         events.clear()
@@ -171,24 +161,23 @@ def read_slice(options: MewbaseReadOptions, part: ChannelSlice) -> Iterator[pa.R
 
     # The job's manifest counts records without a distinct count: positions must strictly increase
     # inside the slice (checked like the stream source does; each event is a run of one).
-    checked = StreamSlice(part.channel, part.start, part.end)
     after = part.start - 1
     with options.connect() as mlog:
         start = part.start
         if not options.fail_on_data_loss:
-            first = mlog.first_offset(part.channel)
+            first = mlog.first_offset(part.stream)
             if first > start:
                 log.warning(
                     "channel %r: positions [%d, %d) are gone since planning; skipped",
-                    part.channel, start, min(first, part.end),
+                    part.stream, start, min(first, part.end),
                 )
                 start = min(first, part.end)
         batches = mlog.read_range(
-            part.channel, start, part.end, timeout=options.timeout,
+            part.stream, start, part.end, timeout=options.timeout,
             batch_events=min(options.batch_rows, READ_BATCH_EVENTS),
         )
         for batch in batches:
-            after = check_runs(checked, after, batch.positions, [1] * len(batch.positions), what="channel")
+            after = check_runs(part, after, batch.positions, [1] * len(batch.positions), what="channel")
             positions.extend(batch.positions)
             timestamps.extend(batch.timestamps)
             events.extend(batch.events)
@@ -200,26 +189,16 @@ def read_slice(options: MewbaseReadOptions, part: ChannelSlice) -> Iterator[pa.R
         yield flush()
 
 
-class MewbaseReader(DataSourceReader):
-    """Plans slices on the driver side and reads one slice per task."""
+class MewbaseReader(SliceReader):
+    """Plans against the mewbase server and reads each slice over its own connection."""
 
-    def __init__(self, options: MewbaseReadOptions) -> None:
-        self.options = options
+    noun = "channel"
 
-    def partitions(self) -> list[InputPartition]:
-        planned = plan(self.options)
-        for r in planned:
-            if r.lost is not None:
-                log.warning(
-                    "channel %r: positions [%d, %d) are gone; reading [%d, %d) (failOnDataLoss=false)",
-                    r.stream, r.lost[0], r.lost[1], r.start, r.end,
-                )
-        return list(slices_for(planned, self.options))
+    def plan(self) -> list[PlannedRange]:
+        return plan(self.options)
 
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        if not isinstance(partition, ChannelSlice):
-            return iter(())  # Spark's placeholder when planning returned no partition
-        return read_slice(self.options, partition)
+    def read_slice(self, part: StreamSlice) -> Iterator[Any]:
+        return read_slice(self.options, part)
 
 
 class MewbaseDataSource(DataSource):

@@ -19,7 +19,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from streamledger.spark.arrow import ARROW_SCHEMA, STRING_MAP, BatchBuffer, map_column, stringify, to_arrow
+from streamledger.spark.arrow import ARROW_SCHEMA, STRING_MAP, map_column, stringify, to_arrow
 
 
 def spark_schema() -> StructType:
@@ -94,30 +94,6 @@ def test_stringify(value: object, text: str | None) -> None:
 def test_map_column_all_null_when_missing() -> None:
     col = map_column(None, 3)
     assert col.type == STRING_MAP and col.null_count == 3
-
-
-def test_buffer_coalesces_and_keeps_order() -> None:
-    buf = BatchBuffer("s", target_rows=5)
-    out: list[pa.RecordBatch] = []
-    offset = 0
-    for size in (2, 2, 2, 3, 1):
-        offs = list(range(offset, offset + size))
-        offset += size
-        props = [{"i": o} for o in offs] if size == 2 else None
-        full = buf.add(offs, [0] * size, [b"b"] * size, {"properties": props})
-        if full is not None:
-            out.append(full)
-    rest = buf.flush()
-    assert rest is None or rest.num_rows > 0
-    if rest is not None:
-        out.append(rest)
-    table = pa.Table.from_batches(out)
-    assert table.column("offset").to_pylist() == list(range(10))
-    props = table.column("properties").to_pylist()
-    assert props[:6] == [[("i", str(i))] for i in range(6)]
-    assert props[6:] == [None] * 4
-    assert all(b.num_rows >= 5 for b in out[:-1])
-    assert buf.flush() is None
 
 
 # ---------------------------------------------------------------- Arrow straight from the buffer layout

@@ -283,12 +283,7 @@ def decode_chunk(
     ``buf[pos:]`` is one chunk as a Deliver frame carries it: header, ``DataLength`` bytes of
     entries, then possibly a trailer (ignored). Non-user chunks append nothing.
     """
-    h = parse_chunk_header(buf, pos)
-    first = h.first_offset
-    ds = pos + CHUNK_HEADER_SIZE
-    de = ds + h.data_length
-    if de > len(buf):
-        raise _bad(first, f"data section truncated: {len(buf) - ds} of {h.data_length} bytes present")
+    h, data, lo, hi = _user_span(buf, pos, start, end, verify_crc)
     if h.chunk_type != CHUNK_TYPE_USER:
         return h
     if decode == "amqp":
@@ -298,11 +293,9 @@ def decode_chunk(
         raise ValueError(f"decode must be 'amqp' or 'raw', not {decode!r}")
     elif out.properties is not None:
         raise ValueError("decode='raw' needs a RecordBatch without dict columns (RecordBatch.empty)")
-    data = _data_section(buf, ds, de, h, verify_crc)
-    lo = max(start, first)
-    hi = min(end, first + h.num_records)
-    if lo >= hi:
+    if data is None:
         return h
+    first = h.first_offset
     klo = lo - first
     khi = hi - first
     ts = h.timestamp
@@ -346,15 +339,28 @@ def decode_chunk(
     return h
 
 
-def _data_section(buf: bytes | bytearray | memoryview, ds: int, de: int, h: ChunkHeader,
-                  verify_crc: bool) -> bytes:
+def _user_span(buf: bytes | bytearray | memoryview, pos: int, start: int, end: int,
+               verify_crc: bool) -> tuple[ChunkHeader, bytes | None, int, int]:
+    """What both decoders do first: the chunk's header, and for a user chunk with offsets in
+    ``[start, end)`` its (CRC-checked) data section and the offsets ``lo..hi-1`` to decode; the data
+    is ``None`` when there is nothing to decode (another chunk type, or no offset in range)."""
+    h = parse_chunk_header(buf, pos)
+    first = h.first_offset
+    ds = pos + CHUNK_HEADER_SIZE
+    de = ds + h.data_length
+    if de > len(buf):
+        raise _bad(first, f"data section truncated: {len(buf) - ds} of {h.data_length} bytes present")
+    if h.chunk_type != CHUNK_TYPE_USER:
+        return h, None, 0, 0
     data = buf[ds:de] if isinstance(buf, bytes) else bytes(memoryview(buf)[ds:de])
     if verify_crc:
         crc = zlib.crc32(data)
         if crc != h.crc:
-            raise CrcMismatch(f"chunk at offset {h.first_offset}: CRC-32 of the data section is 0x{crc:08x}, "
+            raise CrcMismatch(f"chunk at offset {first}: CRC-32 of the data section is 0x{crc:08x}, "
                               f"the header says 0x{h.crc:08x}")
-    return data
+    lo = max(start, first)
+    hi = min(end, first + h.num_records)
+    return (h, data, lo, hi) if lo < hi else (h, None, 0, 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,19 +454,10 @@ def decode_chunk_buffers(
     """
     if decode not in ("amqp", "raw"):
         raise ValueError(f"decode must be 'amqp' or 'raw', not {decode!r}")
-    h = parse_chunk_header(buf, pos)
+    h, data, lo, hi = _user_span(buf, pos, start, end, verify_crc)
+    if data is None:
+        return h
     first = h.first_offset
-    ds = pos + CHUNK_HEADER_SIZE
-    de = ds + h.data_length
-    if de > len(buf):
-        raise _bad(first, f"data section truncated: {len(buf) - ds} of {h.data_length} bytes present")
-    if h.chunk_type != CHUNK_TYPE_USER:
-        return h
-    data = _data_section(buf, ds, de, h, verify_crc)
-    lo = max(start, first)
-    hi = min(end, first + h.num_records)
-    if lo >= hi:
-        return h
     klo = lo - first
     khi = hi - first
     amqp = decode == "amqp"
