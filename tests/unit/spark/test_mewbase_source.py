@@ -88,3 +88,32 @@ def test_rabbitmq_format_points_a_mewbase_url_to_its_own_format() -> None:
 
     with pytest.raises(PlanningError, match="names a mewbase source; read it with format 'mewbase'"):
         ReadOptions.parse({"url": "mewbase://u:secret@h:7451", "stream": "orders"})
+
+
+class _RepeatingLog:
+    """Test double for a MewbaseLog whose read repeats a position (a server or reader bug)."""
+
+    def __enter__(self) -> _RepeatingLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def read_range(self, channel: str, start: int, end: int, **_: object):  # type: ignore[no-untyped-def]
+        from streamledger.protocol.mewbase.events import EventBatch
+
+        event = bson.encode({"n": 1})
+        yield EventBatch(channel, [start, start + 2], [1, 1], [event, event])
+        yield EventBatch(channel, [start + 2], [1], [event])
+
+
+def test_a_repeated_position_never_reaches_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job counts written records without a distinct count, so a slice must refuse a repeat:
+    before the mewbase source checked its positions, this slice yielded 3 rows for 2 events."""
+    from streamledger.spark.datasource import SliceCheckError, StreamSlice
+    from streamledger.spark.mewbase_source import read_slice
+
+    opts = MewbaseReadOptions.parse({"url": "mewbase://h:1", "channel": "orders"})
+    monkeypatch.setattr(MewbaseReadOptions, "connect", lambda self: _RepeatingLog())
+    with pytest.raises(SliceCheckError, match=r"channel 'orders'.*\[12, 12\] after offset 12"):
+        list(read_slice(opts, StreamSlice("orders", 10, 20)))
