@@ -26,6 +26,7 @@ from streamledger.spark.planning import (
     PlannedRange,
     PlanningError,
     Selection,
+    option_getter,
     plan_ranges,
 )
 
@@ -65,9 +66,7 @@ class ReadOptions(Selection):
 
     @classmethod
     def parse(cls, options: Any) -> ReadOptions:
-        def get(key: str) -> str | None:
-            value = options.get(key)
-            return None if value is None else str(value)
+        get = option_getter(options)
 
         url = get("url")
         if not url:

@@ -32,6 +32,7 @@ from streamledger.spark.planning import (
     PlannedRange,
     PlanningError,
     Selection,
+    option_getter,
     plan_ranges,
 )
 
@@ -76,9 +77,7 @@ class MewbaseReadOptions(Selection):
 
     @classmethod
     def parse(cls, options: Any) -> MewbaseReadOptions:
-        def get(key: str) -> str | None:
-            value = options.get(key)
-            return None if value is None else str(value)
+        get = option_getter(options)
 
         name = MEWBASE_SOURCE_NAME
         url = get("url")

@@ -20,7 +20,7 @@ Planning runs once (on the driver, or in Spark's planner process); the result is
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -301,6 +301,17 @@ def plan_ranges(
             effective = min(first, end)
         planned.append(PlannedRange(stream, effective, end, start))
     return planned
+
+
+def option_getter(options: Any) -> Callable[[str], str | None]:
+    """``get(key)`` over a data source's options: the value as a string, or None when unset (Spark
+    passes every option as a string; tests pass ints too)."""
+
+    def get(key: str) -> str | None:
+        value = options.get(key)
+        return None if value is None else str(value)
+
+    return get
 
 
 @dataclass(frozen=True)
