@@ -10,6 +10,7 @@ a broker client itself.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import time
@@ -48,6 +49,9 @@ class ViolationKind(enum.StrEnum):
     BROKER_DRIFT = "broker_drift"
     BROKER_ERROR = "broker_error"
     BEHIND_OPEN_CLAIM = "behind_open_claim"
+    UNPUBLISHED = "unpublished"
+    OUTPUT_MISSING = "output_missing"
+    OUTPUT_MISMATCH = "output_mismatch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +102,20 @@ class AuditReport:
     notes: tuple[Violation, ...] = ()
     """Findings about work in flight that do not make the ledger wrong (e.g. committed ranges
     waiting behind a claim that is still beating); they become violations once the claim is stale."""
+    outputs_checked: bool = False
+    """Whether the published outputs were compared with the ledger (``streamledger.batch.audit_outputs``)."""
 
     @property
     def clean(self) -> bool:
         return not self.violations
+
+    def with_findings(self, violations: Sequence[Violation], notes: Sequence[Violation] = (),
+                      *, outputs_checked: bool = False) -> AuditReport:
+        """This report plus findings of a check made outside the database (the published outputs)."""
+        found = sorted([*self.violations, *violations],
+                       key=lambda v: (v.pipeline, v.stream, v.broker, v.start if v.start is not None else -1))
+        return dataclasses.replace(self, violations=found, notes=(*self.notes, *notes),
+                                   outputs_checked=self.outputs_checked or outputs_checked)
 
     def of_kind(self, kind: ViolationKind) -> list[Violation]:
         return [v for v in self.violations if v.kind == kind]
@@ -116,6 +130,7 @@ class AuditReport:
             "by_status": self.by_status,
             "stale_after_s": self.stale_after.total_seconds(),
             "broker_checked": self.broker_checked,
+            "outputs_checked": self.outputs_checked,
             "truncated": self.truncated,
             "elapsed_s": round(self.elapsed_s, 3),
             "violation_counts": {k.value: len(self.of_kind(k)) for k in ViolationKind if self.of_kind(k)},
@@ -133,11 +148,13 @@ class AuditReport:
             f"{len(self.pipelines)} pipeline(s), {self.sources} source(s), "
             f"{self.ranges} range(s) ({statuses})",
             f"broker offsets: {'checked' if self.broker_checked else 'not checked (no broker given)'}; "
-            f"claims older than {self.stale_after} count as stuck",
+            f"claims older than {self.stale_after} count as stuck; published outputs: "
+            f"{'checked' if self.outputs_checked else 'not checked'}",
         ]
         if self.clean:
             lines.append(
-                "CLEAN: no gaps, overlaps, stuck claims, unretried failures, count or broker disagreements"
+                "CLEAN: no gaps, overlaps, stuck claims, unretried failures, unpublished or missing outputs, "
+                "count or broker disagreements"
             )
         else:
             lines.append(f"VIOLATIONS: {len(self.violations)}" + (" (truncated)" if self.truncated else ""))
@@ -216,6 +233,16 @@ WHERE {scope} AND r.status = 'failed' AND r.end_offset > r.start_offset
   AND COALESCE((SELECT l.end_offset FROM streamledger_range l
                 WHERE l.source_id = r.source_id AND l.status <> 'failed' AND l.start_offset < r.end_offset
                 ORDER BY l.start_offset DESC, l.end_offset DESC LIMIT 1), -1) <= r.start_offset
+ORDER BY r.source_id, r.start_offset
+LIMIT :cap
+"""
+
+# Committed ranges with records whose output is not published: in flight while their publish lease
+# is renewed, stranded once it is not (the next run of the pipeline finishes them).
+_UNPUBLISHED = """
+SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.publisher, r.publish_beat, r.committed_at
+FROM streamledger_range r
+WHERE {scope} AND r.status = 'committed' AND r.records > 0 AND r.published_at IS NULL
 ORDER BY r.source_id, r.start_offset
 LIMIT :cap
 """
@@ -398,6 +425,20 @@ def run_audit(
             rid,
             f"failed ({error or 'no reason given'}) and no later range redid it",
         )
+
+    rows = session.execute(query(_UNPUBLISHED), params).all()
+    truncated |= len(rows) >= MAX_FINDINGS_PER_CHECK
+    for rid, sid, start, end, publisher, beat, committed in rows:
+        last = _as_utc(beat) or _as_utc(committed)
+        quiet = int((now.replace(tzinfo=UTC) - last).total_seconds()) if last else 0
+        name, stream, url = where(sid)
+        who = f"publish lease of {publisher}, renewed {quiet} s ago" if publisher else "no publisher"
+        finding = Violation(
+            ViolationKind.UNPUBLISHED, name, stream, url, start, end, rid,
+            f"committed but its output is not published ({who}); the next run of {name} publishes it "
+            "from its staging copy",
+        )
+        (findings if quiet > stale_after.total_seconds() or not publisher else notes).append(finding)
 
     marks = {sid: watermark(sid) for sid in sources} if watermark is not None else {}
     for sid, mark in marks.items():

@@ -44,6 +44,7 @@ LEDGER_TABLES = frozenset({PIPELINE_TABLE, SOURCE_TABLE, RANGE_TABLE})
 _ID = BigInteger().with_variant(Integer(), "sqlite")
 
 _ACTIVE = "status IN ('claimed', 'committed')"
+_UNPUBLISHED = "status = 'committed' AND records > 0 AND published_at IS NULL"
 _NONEMPTY_LIVE = "status <> 'failed' AND end_offset > start_offset"
 
 
@@ -77,6 +78,8 @@ class Source(LedgerBase):
     stream: Mapped[str] = mapped_column(String(256), nullable=False)
     super_stream: Mapped[str | None] = mapped_column(String(256), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
+    # 0005: which incarnation of the stream this history belongs to (a re-created stream is another).
+    epoch: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
 
 class Range(LedgerBase):
@@ -102,6 +105,14 @@ class Range(LedgerBase):
             "claimed_at",
             postgresql_where=text("status = 'claimed'"),
             sqlite_where=text("status = 'claimed'"),
+        ),
+        # 0005: every run and the audit look for committed outputs not published yet.
+        Index(
+            "ix_streamledger_range_unpublished",
+            "source_id",
+            "start_offset",
+            postgresql_where=text(_UNPUBLISHED),
+            sqlite_where=text(_UNPUBLISHED),
         ),
         # Reruns are idempotent: one live (claimed/committed) range per run identity and source.
         Index(
@@ -161,3 +172,8 @@ class Range(LedgerBase):
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
     # 0004: where a committed range's verified output waited before its publish (a rename).
     staging: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # 0005: the output is in its final place; until then the broker offset cannot pass this range.
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
+    # 0005: the publish lease: which attempt publishes it, last renewed when.
+    publisher: Mapped[str | None] = mapped_column(String(400), nullable=True)
+    publish_beat: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)

@@ -127,10 +127,23 @@ _COMMIT_CLAIMED = (
         last_seen=bindparam("v_last", type_=BigInteger()),
         output=bindparam("v_output", type_=Text()),
         staging=bindparam("v_staging", type_=Text()),
+        publisher=bindparam("v_publisher", type_=String()),
+        published_at=bindparam("v_published", type_=DateTime()),
+        publish_beat=bindparam("v_publish_beat", type_=DateTime()),
         committed_at=bindparam("v_now", type_=DateTime()),
         updated_at=bindparam("v_now", type_=DateTime()),
     )
     .returning(*_RANGES.c)
+)
+_UNPUBLISHED = (
+    select(Range)
+    .where(
+        Range.source_id == bindparam("source_id"),
+        Range.status == RangeStatus.COMMITTED.value,
+        Range.records > 0,
+        Range.published_at.is_(None),
+    )
+    .order_by(Range.start_offset)
 )
 _PG_CLAIM = (
     text(
@@ -223,6 +236,9 @@ def _snapshot(row: Any, pipeline: str, source: Source | SourceRef) -> OffsetRang
         committed_at=_utc(row.committed_at) if row.committed_at is not None else None,
         heartbeat_at=_utc(row.heartbeat_at) if getattr(row, "heartbeat_at", None) is not None else None,
         staging=getattr(row, "staging", None),
+        published_at=_utc(row.published_at) if getattr(row, "published_at", None) is not None else None,
+        publisher=getattr(row, "publisher", None),
+        publish_beat=_utc(row.publish_beat) if getattr(row, "publish_beat", None) is not None else None,
     )
 
 
@@ -625,9 +641,11 @@ class Ledger:
         ).first()
         hole = self._first_hole(session, src.id)
         tail = self._tail(session, src.id)
+        unpublished = session.scalars(_UNPUBLISHED.limit(1), {"source_id": src.id}).first()
         candidates = [x for x in (
             open_claim.start_offset if open_claim is not None else None,
             hole.start_offset if hole is not None else None,
+            unpublished.start_offset if unpublished is not None else None,
             tail,
         ) if x is not None]
         if not candidates:
@@ -651,6 +669,8 @@ class Ledger:
             last_record=None if last is None else int(last),
             blocked_by=None if blocked is None else _snapshot(blocked, pipeline, src),
             last_record_range=None if holder is None else int(holder.id),
+            unpublished=(_snapshot(unpublished, pipeline, src)
+                         if unpublished is not None and unpublished.start_offset == end else None),
         )
 
     def rename_broker(self, old: str, new: str, *, pipeline: str | None = None) -> int:
@@ -719,11 +739,16 @@ class Ledger:
         last_seen: int | None,
         output: str | None,
         staging: str | None = None,
+        publisher: str | None = None,
     ) -> OffsetRange:
         """Mark a claimed range processed; repeating an identical commit returns it unchanged.
 
-        ``staging`` is where the verified output waits until it is published at ``output``; it is
-        recorded so a retry after a crash between this commit and the publish can finish it. Only
+        ``staging`` is where the verified output waits until it is published at ``output`` (without
+        it the output is taken as published with the commit); it is
+        recorded so a retry after a crash between this commit and the publish can finish it (or any
+        later run of the pipeline, see :meth:`take_publish`). ``publisher`` names the committing
+        attempt: it receives the publish lease in the same statement, so no other run starts
+        publishing between this commit and the committer's own publish. Only
         the holder of the claim can commit (a claim taken from it is failed), which fences a
         worker that lost its claim out of both the commit and the publish.
         """
@@ -744,8 +769,14 @@ class Ledger:
             "v_last": last_seen,
             "v_output": _clip(output) if output is not None else None,
             "v_staging": _clip(staging) if staging is not None else None,
+            "v_publisher": publisher if records else None,
+            "v_publish_beat": None,
             "v_now": _now(),
         }
+        if params["v_publisher"] is not None:
+            params["v_publish_beat"] = params["v_now"]
+        # Without a staging copy the output is already where it belongs: nothing left to publish.
+        params["v_published"] = params["v_now"] if records and staging is None else None
         if self.dialect == "postgresql":
             # The common case is one atomic statement: run it without BEGIN/COMMIT round trips.
             with self._errors(what), self._engine.connect() as conn:
@@ -780,6 +811,10 @@ class Ledger:
             row.last_seen = last_seen
             row.output = _clip(output) if output is not None else None
             row.staging = _clip(staging) if staging is not None else None
+            if records and publisher is not None:
+                row.publisher, row.publish_beat = publisher, now
+            if records and staging is None:
+                row.published_at = now
             row.committed_at = now
             row.updated_at = now
             session.flush()
@@ -836,6 +871,130 @@ class Ledger:
             row.offset_stored = True
             row.offset_verified = bool(verified)
             row.updated_at = _now()
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    def unpublished(self, pipeline: str, source: SourceRef) -> list[OffsetRange]:
+        """The source's committed ranges with records whose output is not published yet, by start."""
+        _check_pipeline(pipeline)
+        with self._tx(f"unpublished ranges of {pipeline!r} {source.stream!r}", write=False) as session:
+            src = self._find_source(session, pipeline, source)
+            if src is None:
+                return []
+            return [_snapshot(r, pipeline, src) for r in session.scalars(_UNPUBLISHED, {"source_id": src.id})]
+
+    def take_publish(self, range_id: int, publisher: str, *, lease: timedelta) -> OffsetRange | None:
+        """Take (or keep) the publish lease of a committed, unpublished range; None if another
+        attempt holds a lease renewed within ``lease``, or there is nothing to publish.
+
+        Only the lease holder publishes: a zombie attempt and its retry, or two runs finding the
+        same stranded range, never copy into one directory at once. The lease moves only when its
+        holder stopped renewing it (:meth:`renew_publish`) for ``lease``.
+        """
+        if lease < timedelta(0):
+            raise LedgerError(f"lease must not be negative, got {lease}")
+        now = _now()
+        with self._tx(f"take the publish lease of range {range_id}") as session:
+            row, pipeline, src = self._load(session, range_id, lock=True)
+            if row.status != RangeStatus.COMMITTED.value or not row.records or row.published_at is not None:
+                return None
+            beat = row.publish_beat
+            if row.publisher not in (None, publisher) and beat is not None and beat >= now - lease:
+                return None
+            row.publisher, row.publish_beat, row.updated_at = publisher, now, now
+            session.flush()
+            return _snapshot(row, pipeline, src)
+
+    def renew_publish(self, range_ids: list[int], publisher: str) -> list[int]:
+        """Renew ``publisher``'s publish leases; returns the ids it still holds (unpublished)."""
+        if not range_ids:
+            return []
+        now = _now()
+        with self._tx(f"renew publish leases of {publisher}") as session:
+            held = session.scalars(
+                update(Range)
+                .where(
+                    Range.id.in_(list(range_ids)),
+                    Range.publisher == publisher,
+                    Range.published_at.is_(None),
+                )
+                .values(publish_beat=now)
+                .returning(Range.id)
+                .execution_options(synchronize_session=False)
+            ).all()
+            return sorted(int(i) for i in held)
+
+    def mark_published(self, range_id: int, publisher: str) -> OffsetRange:
+        """Record that the range's output is in its final place (idempotent for its publisher).
+
+        Refused when another attempt holds the lease: that attempt may be copying into the same
+        directory, so this one's copy proves nothing.
+        """
+        now = _now()
+        with self._tx(f"mark range {range_id} published") as session:
+            row, pipeline, src = self._load(session, range_id, lock=True)
+            label = f"range {range_id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset}))"
+            if row.status != RangeStatus.COMMITTED.value:
+                raise LedgerError(f"{label} is {row.status}; only a committed range is published")
+            if row.published_at is not None:
+                return _snapshot(row, pipeline, src)
+            if row.publisher != publisher:
+                raise LedgerError(
+                    f"{label}: the publish lease is held by {row.publisher or 'nobody'}, not {publisher}; "
+                    "its output was not recorded as published"
+                )
+            row.published_at, row.updated_at = now, now
+            session.flush()
+            return _snapshot(row, pipeline, src)
+
+    def new_epoch(self, pipeline: str, source: SourceRef, *, reason: str = "") -> tuple[int, int]:
+        """Start a new history for a stream that was deleted and re-created (offsets from 0 again).
+
+        The old history is kept, under the broker identity ``<broker>#epoch<N>`` (so neither a
+        claim nor a broker check ever mixes the two streams; the audit still covers it), and the
+        new epoch begins with an empty committed range ``[0, 0)``: the next batch reads the new
+        stream from its first offset. Returns ``(old_epoch, new_epoch)``.
+        """
+        _check_pipeline(pipeline)
+        what = f"new epoch for pipeline {pipeline!r} stream {source.stream!r}"
+        with self._tx(what) as session:
+            src = self._find_source(session, pipeline, source)
+            if src is None:
+                raise LedgerError(f"{what}: the ledger has no history for this stream on {source.broker}")
+            self._lock_sources(session, [src.id])
+            old = int(src.epoch)
+            retired = f"{src.broker}#epoch{old}"
+            if session.scalars(select(Source.id).where(
+                    Source.pipeline_id == src.pipeline_id, Source.broker == retired,
+                    Source.stream == src.stream)).first() is not None:
+                raise LedgerError(f"{what}: a retired history {retired!r} already exists; refusing to merge")
+            open_claims = session.scalars(select(Range.id).where(
+                Range.source_id == src.id, Range.status == RangeStatus.CLAIMED.value)).all()
+            if open_claims:
+                raise LedgerError(
+                    f"{what}: claims {sorted(open_claims)} are still open; let them finish or fail them "
+                    "(`streamledger ledger release-stale`) first"
+                )
+            src.broker = retired
+            session.flush()
+            now = _now()
+            fresh = Source(pipeline_id=src.pipeline_id, broker=source.broker, stream=source.stream,
+                           super_stream=source.super_stream, created_at=now, epoch=old + 1)
+            session.add(fresh)
+            session.flush()
+            marker = RunIdentity("streamledger", f"new-epoch-{old + 1}", "ledger")
+            row = self._new_row(fresh.id, 0, 0, RangeStatus.COMMITTED, marker, now,
+                                error=_clip(f"epoch {old + 1} begins: {reason}") if reason else None)
+            row.records, row.committed_at = 0, now
+            session.add(row)
+            self._sources.clear()
+            return old, old + 1
+
+    def epoch(self, pipeline: str, source: SourceRef) -> int:
+        """The source's current epoch (0 until ``new_epoch``; 0 for a source without history)."""
+        with self._tx(f"epoch of {pipeline!r} {source.stream!r}", write=False) as session:
+            src = self._find_source(session, pipeline, source)
+            return 0 if src is None else int(src.epoch)
 
     def fail(self, range_id: int, reason: str) -> None:
         """Give up a claimed range; its span is re-claimed as-is by the next claim of the source."""

@@ -100,6 +100,16 @@ class OffsetRange:
     committed_at: datetime | None
     heartbeat_at: datetime | None = None
     staging: str | None = None
+    published_at: datetime | None = None
+    """When the committed output reached its final place (None: not yet, or nothing to publish)."""
+    publisher: str | None = None
+    """The attempt holding the publish lease (see ``Ledger.take_publish``)."""
+    publish_beat: datetime | None = None
+
+    @property
+    def needs_publish(self) -> bool:
+        """A committed range with records whose output is not in its final place yet."""
+        return self.status == RangeStatus.COMMITTED and bool(self.records) and self.published_at is None
 
     @property
     def empty(self) -> bool:
@@ -137,6 +147,8 @@ class OffsetRange:
             "committed_at": self.committed_at.isoformat() if self.committed_at else None,
             "heartbeat_at": self.heartbeat_at.isoformat() if self.heartbeat_at else None,
             "staging": self.staging,
+            "published_at": self.published_at.isoformat() if self.published_at else None,
+            "publisher": self.publisher,
         }
 
 
@@ -144,8 +156,8 @@ class OffsetRange:
 class Watermark:
     """Where a source is provably done: the contiguous prefix of committed (or lost) ranges.
 
-    ``end`` is the exclusive end of that prefix (the first offset that an open claim, a failed hole
-    or the tail keeps undone), ``last_record`` the greatest record offset any committed range of the
+    ``end`` is the exclusive end of that prefix (the first offset that an open claim, a failed hole,
+    a committed range whose output is not published yet, or the tail keeps undone), ``last_record`` the greatest record offset any committed range of the
     prefix saw (None when the prefix holds no record). The broker's stored offset for the pipeline
     must lie in ``[last_record, end - 1]``: it covers every committed record and never passes an
     offset that is not done. ``blocked_by`` is the open claim at ``end``, if that is what stops it.
@@ -156,6 +168,9 @@ class Watermark:
     blocked_by: OffsetRange | None = None
     last_record_range: int | None = None
     """The id of the committed range that holds ``last_record`` (marked stored once the broker has it)."""
+    unpublished: OffsetRange | None = None
+    """The committed range at ``end`` whose output is not published yet, if that is what stops it:
+    the broker must not pass a range a reader cannot see yet."""
 
     def accepts(self, stored: int | None) -> bool:
         """True when a broker stored offset ``stored`` agrees with this watermark."""
