@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -152,6 +153,21 @@ class RunId:
 
     def key(self) -> tuple[str, str, str, int]:
         return (self.dag_id, self.run_id, self.task_id, self.map_index)
+
+    def attempt_token(self, nonce: str) -> str:
+        """This attempt's name as a publish-lease holder: the identity, the try and a nonce (two
+        BatchRuns of one try never share a lease)."""
+        who = [self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number]
+        return f"{json.dumps(who, separators=(',', ':'))}#{nonce}"
+
+    @classmethod
+    def from_attempt_token(cls, token: str) -> RunId | None:
+        """The identity inside an :meth:`attempt_token`, None when the token is not one."""
+        try:
+            dag_id, run_id, task_id, map_index, try_number = json.loads(token.rsplit("#", 1)[0])
+            return cls(str(dag_id), str(run_id), str(task_id), int(map_index), int(try_number))
+        except (ValueError, TypeError):
+            return None
 
 
 @dataclass(slots=True)

@@ -18,26 +18,29 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from streamledger.fs import LOCAL, OutputFS, join, local_path, parent
+from streamledger.manifest import MANIFEST, Manifest, ManifestError
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "_manifest.json"
+__all__ = [
+    "MANIFEST", "load_manifest", "local_path", "publish", "published", "read_manifest", "remove",
+    "write_manifest",
+]
 
-__all__ = ["MANIFEST", "local_path", "publish", "published", "read_manifest", "remove", "write_manifest"]
 
-
-def write_manifest(directory: str, manifest: Mapping[str, Any], fs: OutputFS = LOCAL) -> None:
+def write_manifest(directory: str, manifest: Manifest | Mapping[str, Any], fs: OutputFS = LOCAL) -> None:
     """Write ``_manifest.json`` atomically where the file system allows (temp + rename; one PUT)."""
     fs.mkdirs(directory)
-    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    fs.write_bytes(join(directory, MANIFEST), text.encode())
+    typed = manifest if isinstance(manifest, Manifest) else Manifest.from_dict(manifest)
+    fs.write_bytes(join(directory, MANIFEST), typed.to_json())
 
 
 def read_manifest(directory: str, fs: OutputFS = LOCAL) -> dict[str, Any] | None:
+    """The manifest in ``directory`` as plain JSON data, None when there is none."""
     raw = fs.read_bytes(join(directory, MANIFEST))
     if raw is None:
         return None
@@ -45,10 +48,19 @@ def read_manifest(directory: str, fs: OutputFS = LOCAL) -> dict[str, Any] | None
     return data
 
 
+def load_manifest(directory: str, fs: OutputFS = LOCAL) -> Manifest | None:
+    """The typed manifest in ``directory``; None when there is none (ManifestError when unreadable)."""
+    raw = fs.read_bytes(join(directory, MANIFEST))
+    return None if raw is None else Manifest.from_json(raw)
+
+
 def published(final: str, range_id: int, fs: OutputFS = LOCAL) -> bool:
     """True when ``final`` holds the published output of ledger range ``range_id``."""
-    manifest = read_manifest(final, fs)
-    return manifest is not None and manifest.get("range_id") == range_id
+    try:
+        manifest = load_manifest(final, fs)
+    except ManifestError:
+        return False
+    return manifest is not None and manifest.range_id == range_id
 
 
 def _unfinished_copy(staging: str, final: str, fs: OutputFS) -> bool:
@@ -57,16 +69,23 @@ def _unfinished_copy(staging: str, final: str, fs: OutputFS) -> bool:
     return MANIFEST not in have and have <= set(fs.files(staging))
 
 
-def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL) -> None:
+def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
+            guard: Callable[[], None] | None = None) -> None:
     """Move a verified staging directory to its final place (idempotent).
 
     A directory already at ``final`` that belongs to another range id cannot be a committed
     output of this ledger (one committed range per span); it is moved aside, never deleted. On a
     file system without atomic rename, a destination that is an interrupted copy of this staging
     directory is completed instead.
+
+    ``guard()`` runs before the rename and before every file copied (it raises when the caller no
+    longer holds the range's publish lease, and renews it otherwise), so two attempts never copy
+    into one directory at once: a stalled publisher stops at its next file.
     """
+    check = guard or (lambda: None)
     if published(final, range_id, fs):
         return
+    check()
     atomic = fs.renames_atomically(final)
     if fs.exists(final) and (atomic or not _unfinished_copy(staging, final, fs)):
         aside = f"{final.rstrip('/')}.superseded-{int(time.time())}"
@@ -79,8 +98,10 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL) -> No
     names = fs.files(staging)
     for rel in names:
         if rel != MANIFEST:
+            check()
             fs.copy_file(join(staging, rel), join(final, rel))
     if MANIFEST in names:
+        check()
         fs.copy_file(join(staging, MANIFEST), join(final, MANIFEST))
     else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
         fs.mkdirs(final)

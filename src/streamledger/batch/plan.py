@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
 
 from streamledger.batch.config import BatchConfig, Broker, RunId
 from streamledger.fs import join, parent
@@ -30,10 +29,13 @@ def _safe(part: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", part) or "_"
 
 
-def output_dir(root: str, pipeline: str, stream: str, start: int, end: int) -> str:
-    """A range's published directory: a pure function of its inputs (one per committed range)."""
+def output_dir(root: str, pipeline: str, stream: str, start: int, end: int, *, epoch: int = 0) -> str:
+    """A range's published directory: a pure function of its inputs (one per committed range).
+    Ranges of a re-created stream (``epoch`` > 0, see ``Ledger.new_epoch``) are named
+    ``e<epoch>-<start>-<end>`` so they never meet the old stream's ranges of the same span."""
     safe_pipeline = pipeline.replace("/", "_")
-    return join(root, safe_pipeline, stream, f"{start:012d}-{end:012d}")
+    span = f"{start:012d}-{end:012d}"
+    return join(root, safe_pipeline, stream, f"e{epoch}-{span}" if epoch else span)
 
 
 def staging_dir(root: str, pipeline: str, run: RunId, token: str) -> str:
@@ -66,19 +68,19 @@ def resolve_time(broker: Broker, stream: str, moment: datetime) -> int:
     return int(broker.resolve_offset(stream, OffsetSpec.timestamp(millis(moment))))
 
 
-def claim_limit(cfg: BatchConfig, broker: Broker, stream: str) -> tuple[int, int]:
-    """``(tail, limit)``: the committed tail, and how far a new range of this batch may reach
-    (the tail, or the first offset stamped at or after the data interval's end)."""
-    tail = int(broker.committed_tail(stream))
+def claim_limit(cfg: BatchConfig, broker: Broker, stream: str, tail: int) -> int:
+    """How far a new range of this batch may reach: the committed tail ``tail``, or the first
+    offset stamped at or after the data interval's end."""
     if cfg.interval_end is None:
-        return tail, tail
-    return tail, min(tail, resolve_time(broker, stream, cfg.interval_end))
+        return tail
+    return min(tail, resolve_time(broker, stream, cfg.interval_end))
 
 
-def initial_start(cfg: BatchConfig, broker: Broker, stream: str, tail: int) -> tuple[int, str]:
-    """Where a pipeline without ledger history starts: after the broker's stored offset, else at
-    the configured initial position. The ledger ignores it once the source has ranges."""
-    stored = broker.query_offset(stream, cfg.pipeline)
+def initial_start(cfg: BatchConfig, broker: Broker, stream: str, tail: int,
+                  stored: int | None) -> tuple[int, str]:
+    """Where a pipeline without ledger history starts: after the broker's stored offset
+    (``stored``, as the broker answered it), else at the configured initial position. The ledger
+    ignores it once the source has ranges."""
     if stored is not None:
         return stored + 1, "broker"
     position = cfg.initial_position
@@ -105,14 +107,3 @@ def offset_to_store(mark: Watermark, stored: int | None) -> int | None:
     if stored is not None and stored >= target:
         return None
     return target
-
-
-def entry_path(manifest: Any, stream: str, output: str, streams: int) -> str:
-    """Where the job wrote ``stream``'s records (runners of 0.1 wrote one stream flat into output)."""
-    entry = (manifest.get("streams") or {}).get(stream) or {}
-    path = entry.get("path")
-    if path:
-        return str(path)
-    if streams == 1:
-        return output
-    raise ValueError(f"the job's manifest gives no path for stream {stream!r}")

@@ -28,6 +28,7 @@ from streamledger.batch.config import (
     RunId,
     StepHook,
 )
+from streamledger.manifest import Manifest, ManifestError
 
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger, OffsetRange, RunIdentity, SourceRef
@@ -54,9 +55,11 @@ class Heartbeat:
     """
 
     def __init__(self, ledger: Ledger, run: RunIdentity, ids: list[int], interval: float,
-                 on_lost: Callable[[list[int]], None] | None = None) -> None:
+                 on_lost: Callable[[list[int]], None] | None = None,
+                 renew: Callable[[list[int]], list[int]] | None = None) -> None:
         self.ledger, self.run, self.ids, self.interval = ledger, run, list(ids), interval
         self.on_lost = on_lost
+        self.renew = renew or (lambda ids: ledger.heartbeat(ids, run))
         self.lost: list[int] = []
         self.beats = 0
         self._stop = threading.Event()
@@ -75,7 +78,7 @@ class Heartbeat:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                held = set(self.ledger.heartbeat(self.ids, self.run))
+                held = set(self.renew(self.ids))
             except Exception as exc:  # the database may be restarting: keep trying, the claim waits
                 log.warning("heartbeat of %d claim(s) failed: %s", len(self.ids), exc)
                 continue
@@ -119,6 +122,9 @@ class BatchRun:
         self.staging: str | None = None
         self._fs: filesystems.OutputFS | None = None
         self._started = datetime.now(UTC) - timedelta(seconds=1)  # the database clock may lag ours
+        self.token = run.attempt_token(uuid.uuid4().hex[:8])
+        """This attempt as a publish-lease holder."""
+        self.epochs: dict[str, int] = {}
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -178,14 +184,39 @@ class BatchRun:
                         src.stream, held.start, held.end, h)
             self.ledger.fail(held.id, f"released by {self.run.dag_id}/{self.run.run_id}: holder gone")
 
-    def claim_partition(self, stream: str) -> _Part:
+    def check_same_stream(self, stream: str, tail: int, stored: int | None) -> None:
+        """Refuse a source whose broker no longer holds the stream the ledger read.
+
+        A stream deleted and re-created starts at offset 0 again: claims would come back empty
+        (the ledger's end lies past the new tail) or start in the middle of the new stream, and the
+        old watermark would be stored on it. Two signs, both cheap: the committed tail is below the
+        ledger's end (a tail never shrinks), or the broker lost the offset the ledger stored on it.
+        """
+        cfg = self.config
+        pos = self.ledger.position(cfg.pipeline, self._source(stream))
+        self.epochs[stream] = pos.epoch
+        if pos.end is not None and tail < pos.end:
+            why = f"the broker's committed tail {tail} is below the ledger's end {pos.end}"
+        elif pos.stored is not None and stored is None:
+            why = (f"the broker has no stored offset for {cfg.pipeline!r} although the ledger stored "
+                   f"{pos.stored} there (ledger end {pos.end}, broker tail {tail})")
+        else:
+            return
+        raise BatchError(
+            f"stream {stream!r}: {why}: this is not the stream pipeline {cfg.pipeline!r} read (deleted and "
+            f"re-created?); nothing was claimed or stored. If it is a new stream, `streamledger ledger "
+            f"new-epoch --pipeline {cfg.pipeline} --stream {stream} --broker {self.identity}` keeps the old "
+            "history and reads the new stream from its first offset"
+        )
+
+    def claim_partition(self, stream: str, tail: int, stored: int | None) -> _Part:
         """Ask the ledger which range this run processes next (its one claim rule), then make sure
         the broker still holds it (recording retention's losses if so configured)."""
         cfg = self.config
         src = self._source(stream)
         self.release_gone_holders(src)
-        tail, limit = plan.claim_limit(cfg, self.broker, stream)
-        initial, origin = plan.initial_start(cfg, self.broker, stream, tail)
+        limit = plan.claim_limit(cfg, self.broker, stream, tail)
+        initial, origin = plan.initial_start(cfg, self.broker, stream, tail, stored)
         if initial > tail:
             raise BatchError(
                 f"stream {stream!r}: pipeline {cfg.pipeline!r} would start at {initial} ({origin}) but the "
@@ -230,8 +261,16 @@ class BatchRun:
         )
 
     def claim(self) -> None:
+        """Check every partition first (nothing is claimed when one of them is refused), then
+        claim each."""
         self.adopt_legacy_identity()
-        self.parts = [self.claim_partition(s) for s in self.streams()]
+        seen: list[tuple[str, int, int | None]] = []
+        for stream in self.streams():
+            tail = int(self.broker.committed_tail(stream))
+            stored = self.broker.query_offset(stream, self.config.pipeline)
+            self.check_same_stream(stream, tail, stored)
+            seen.append((stream, tail, stored))
+        self.parts = [self.claim_partition(*args) for args in seen]
         self.result.partitions = [p.result for p in self.parts]
         for p in self.parts:
             r = p.result
@@ -279,29 +318,43 @@ class BatchRun:
         cancel = getattr(self.runner, "cancel", None)
         with Heartbeat(self.ledger, self._ident(), ids, cfg.heartbeat_interval,
                        on_lost=(lambda _ids: cancel()) if callable(cancel) else None) as beat:
-            manifest = self.runner(url=cfg.url, ranges=ranges, output=self.staging, fmt=cfg.fmt,
-                                   splits=cfg.splits)
+            manifest = self._job(ranges, self.staging)
         if beat.lost:
             raise BatchError(f"claims {beat.lost} were taken from this run while its job ran "
                              "(no heartbeat reached the ledger in time); nothing was committed")
         for p in todo:
-            self.verify(p, manifest, len(todo))
+            self.verify(p, manifest, self.staging)
             p.result.read = True
             log.info("read %s [%d, %d): %d records in %.1f s", p.result.stream, p.result.start, p.result.end,
                      p.result.records, time.monotonic() - began)
         self._step("read")
 
-    def verify(self, p: _Part, manifest: Mapping[str, Any], streams: int) -> None:
+    def _job(self, ranges: Mapping[str, tuple[int, int]], output: str) -> Manifest:
+        """Run the job and parse what it says it wrote (the runner returns the manifest's JSON data)."""
+        cfg = self.config
+        raw = self.runner(url=cfg.url, ranges=ranges, output=output, fmt=cfg.fmt, splits=cfg.splits)
+        try:
+            return raw if isinstance(raw, Manifest) else Manifest.from_dict(raw)
+        except ManifestError as exc:
+            raise BatchError(f"the job's manifest for {sorted(ranges)} is unusable: {exc}") from exc
+
+    def _final(self, stream: str, start: int, end: int) -> str:
+        """A range's published directory (one per committed range; the epoch keeps a re-created
+        stream's ranges apart from the old stream's)."""
+        cfg = self.config
+        return plan.output_dir(cfg.output_root, cfg.pipeline, stream, start, end,
+                               epoch=self.epochs.get(stream, 0))
+
+    def verify(self, p: _Part, manifest: Manifest, staging: str) -> None:
         """Check one partition of the job's manifest against its claim; write the range's manifest."""
         r = p.result
         where = f"stream {r.stream!r} range [{r.start}, {r.end})"
-        entry = (manifest.get("streams") or {}).get(r.stream)
+        entry = manifest.entry(r.stream)
         if entry is None:
             raise BatchError(f"{where}: the job's manifest has no entry for it")
-        if (int(entry["start"]), int(entry["end"])) != (r.start, r.end):
-            raise BatchError(f"{where}: the job read [{entry['start']}, {entry['end']}) instead")
-        records = int(entry["records"])
-        first, last = entry.get("first_offset"), entry.get("last_offset")
+        if (entry.start, entry.end) != (r.start, r.end):
+            raise BatchError(f"{where}: the job read [{entry.start}, {entry.end}) instead")
+        records, first, last = entry.counts
         if records < 0 or records > r.end - r.start:
             raise BatchError(f"{where}: impossible record count {records}")
         if records == 0:
@@ -310,22 +363,18 @@ class BatchRun:
         elif first is None or last is None or not (r.start <= first <= last < r.end):
             raise BatchError(f"{where}: first/last offsets {first}/{last} lie outside the range")
         try:
-            path = plan.entry_path(manifest, r.stream, str(self.staging), streams)
-        except ValueError as exc:
+            path = manifest.entry_path(r.stream, staging)
+        except ManifestError as exc:
             raise BatchError(f"{where}: {exc}") from exc
         if not self.fs.is_dir(path):
             raise BatchError(f"{where}: the job wrote no directory at {path}")
-        r.records = records
-        r.first_offset = None if first is None else int(first)
-        r.last_offset = None if last is None else int(last)
+        r.records, r.first_offset, r.last_offset = records, first, last
         p.staging = path
         assert p.range is not None
-        final = plan.output_dir(self.config.output_root, self.config.pipeline, r.stream, r.start, r.end)
-        outputs.write_manifest(path, {
-            "pipeline": self.config.pipeline, "broker": self.identity, "range_id": p.range.id,
-            "streams": {r.stream: dict(entry)}, "output": final, "format": manifest.get("format"),
-            "written_at": manifest.get("written_at"),
-        }, self.fs)
+        final = p.range.output or self._final(r.stream, r.start, r.end)
+        outputs.write_manifest(path, manifest.for_range(r.stream, pipeline=self.config.pipeline,
+                                                        broker=self.identity, range_id=p.range.id,
+                                                        output=final), self.fs)
 
     # -- commit + publish ------------------------------------------------------------------------
 
@@ -335,34 +384,110 @@ class BatchRun:
             if not r.read:
                 continue
             assert p.range is not None
-            final = plan.output_dir(self.config.output_root, self.config.pipeline, r.stream, r.start, r.end)
-            p.range = self.ledger.commit(p.range.id, records=r.records, first_seen=r.first_offset,
-                                         last_seen=r.last_offset, output=final, staging=p.staging)
+            final = self._final(r.stream, r.start, r.end)
+            try:
+                p.range = self.ledger.commit(p.range.id, records=r.records, first_seen=r.first_offset,
+                                             last_seen=r.last_offset, output=final, staging=p.staging,
+                                             publisher=self.token)
+            except Exception as exc:
+                p.range = self._commit_outcome(p, exc)
             r.status = "committed"
             r.output = final
         self._step("committed")
 
+    def _commit_outcome(self, p: _Part, exc: Exception) -> OffsetRange:
+        """A commit that raised may still have happened (its reply lost with the connection): read
+        the range back; when it is committed with this attempt's counts, the commit stands."""
+        assert p.range is not None
+        r = p.result
+        try:
+            now = self.ledger.get(p.range.id)
+        except Exception as again:
+            p.result.status = "unknown"  # keeps the staging copy: the ledger may point at it
+            raise BatchError(f"stream {r.stream!r} range [{r.start}, {r.end}): the commit failed ({exc}) and "
+                             f"its outcome cannot be read back ({again}); the staging copy is kept") from exc
+        if now.status.value == "committed" and (now.records, now.first_seen, now.last_seen) == (
+                r.records, r.first_offset, r.last_offset):
+            log.warning("stream %s: the commit of [%d, %d) raised (%s) but the ledger has it committed: "
+                        "going on", r.stream, r.start, r.end, exc)
+            return now
+        raise exc
+
     def publish(self) -> None:
-        """Rename every committed range's staging copy into place (or recover an earlier attempt's)."""
+        """Publish every committed range of the batch's sources whose output is not in place:
+        this run's own first (it must succeed), then any an earlier run left stranded (it died, or
+        its publish failed, after the commit), so the offset stored next never passes one."""
+        mine = {p.range.id for p in self.parts if p.range is not None}
         for p in self.parts:
-            r, rng = p.result, p.range
-            if r.status != "committed" or rng is None or not r.records:
-                continue
-            final = rng.output or plan.output_dir(self.config.output_root, self.config.pipeline, r.stream,
-                                                  r.start, r.end)
-            if outputs.published(final, rng.id, self.fs):
-                continue
-            staging = p.staging or rng.staging
-            if staging and outputs.read_manifest(staging, self.fs) is not None:
-                outputs.publish(staging, final, rng.id, self.fs)
-                log.info("published %s [%d, %d) -> %s", r.stream, r.start, r.end, final)
-            else:
-                self.reread_committed(p, final)
+            if p.range is not None and p.range.needs_publish:
+                self.publish_range(p.range, p.staging, own=True)
+        for p in self.parts:
+            for rng in self.ledger.unpublished(self.config.pipeline, p.source):
+                if rng.id not in mine:
+                    self.publish_range(rng, None, own=False)
         if self.staging is not None:
             outputs.remove(self.staging, self.fs)
         if self.run.try_number > 1:  # a first try has no earlier attempt to clean up after
             self.sweep_staging()
         self._step("published")
+
+    def _take_lease(self, rng: OffsetRange) -> OffsetRange | None:
+        """The publish lease of ``rng`` for this attempt: kept if this attempt holds it, taken from
+        an attempt that is superseded (an older try of this run) or gone (``holder_alive``), or once
+        its holder stopped renewing it for ``claim_timeout``."""
+        lease = timedelta(seconds=self.config.claim_timeout)
+        holder = rng.publisher
+        replace = None
+        if holder and holder != self.token:
+            who = RunId.from_attempt_token(holder)
+            mine = who is not None and who.key() == self.run.key()
+            superseded = mine and who is not None and who.try_number < self.run.try_number
+            gone = (who is not None and who.key() != self.run.key() and self.holder_alive is not None
+                    and not self.holder_alive(who))
+            if superseded or gone:
+                replace = holder
+        return self.ledger.take_publish(rng.id, self.token, lease=lease, replace=replace)
+
+    def publish_range(self, rng: OffsetRange, staging: str | None, *, own: bool) -> None:
+        """Publish one committed range under its lease (from the verified staging copy; re-read
+        only when that copy is gone), then record it published."""
+        what = f"stream {rng.source.stream!r} range [{rng.start}, {rng.end})"
+        held = self._take_lease(rng)
+        if held is None:
+            now = self.ledger.get(rng.id)
+            if now.published_at is not None:
+                return
+            msg = (f"{what}: its output is being published by {now.publisher} (lease renewed at "
+                   f"{now.publish_beat}); not publishing it twice")
+            if own:
+                raise BatchError(msg + "; the broker offset stays before it")
+            log.warning("%s; the broker offset stays before it", msg)
+            return
+        final = held.output or self._final(rng.source.stream, rng.start, rng.end)
+
+        def guard() -> None:
+            if rng.id not in self.ledger.renew_publish([rng.id], self.token):
+                raise BatchError(f"{what}: the publish lease was taken over while publishing to {final}; "
+                                 "stopped before the next file")
+
+        if not outputs.published(final, rng.id, self.fs):
+            copy = staging or held.staging
+            if copy and outputs.load_manifest(copy, self.fs) is not None:
+                outputs.publish(copy, final, rng.id, self.fs, guard=guard)
+            else:
+                self.reread_committed(held, final, guard)
+            log.info("published %s -> %s%s", what, final, "" if own else " (stranded by an earlier run)")
+        self.ledger.mark_published(rng.id, self.token)
+
+    def release_publish_leases(self) -> None:
+        """After a failed publish, hand this attempt's leases back at once (best effort), so the
+        next run finishes the publish without waiting for the lease to expire."""
+        for p in self.parts:
+            if p.range is not None and p.result.status == "committed":
+                try:
+                    self.ledger.release_publish(p.range.id, self.token)
+                except Exception:  # reported, never masks the original error
+                    log.exception("could not release the publish lease of range %s", p.range.id)
 
     def sweep_staging(self) -> None:
         """Remove staging left by earlier attempts of this run identity (killed mid-read): every
@@ -375,29 +500,30 @@ class BatchRun:
             if old.startswith(name):
                 outputs.remove(filesystems.join(parent, old), self.fs)
 
-    def reread_committed(self, p: _Part, final: str) -> None:
+    def reread_committed(self, rng: OffsetRange, final: str, guard: Callable[[], None]) -> None:
         """A committed range lost both its output and its staging copy (deleted by hand): read it
         again and publish it only if the broker still holds exactly the committed records."""
-        r, rng = p.result, p.range
-        assert rng is not None
-        log.warning("stream %s: committed range [%d, %d) has no output at %s: reading it again", r.stream,
-                    r.start, r.end, final)
+        stream = rng.source.stream
+        log.warning("stream %s: committed range [%d, %d) has no output at %s: reading it again", stream,
+                    rng.start, rng.end, final)
         cfg = self.config
         staging = plan.staging_dir(cfg.output_root, cfg.pipeline, self.run, uuid.uuid4().hex[:8])
-        manifest = self.runner(url=cfg.url, ranges={r.stream: (r.start, r.end)}, output=staging,
-                               fmt=cfg.fmt, splits=cfg.splits)
-        entry = (manifest.get("streams") or {}).get(r.stream) or {}
-        seen = (int(entry.get("records", -1)), entry.get("first_offset"), entry.get("last_offset"))
+        manifest = self._job({stream: (rng.start, rng.end)}, staging)
+        entry = manifest.entry(stream)
+        seen = entry.counts if entry is not None else (-1, None, None)
         if seen != (rng.records, rng.first_seen, rng.last_seen):
             outputs.remove(staging, self.fs)
             raise BatchError(
-                f"stream {r.stream!r} range [{r.start}, {r.end}): re-read found records/first/last "
+                f"stream {stream!r} range [{rng.start}, {rng.end}): re-read found records/first/last "
                 f"{seen} but the ledger committed {(rng.records, rng.first_seen, rng.last_seen)}; the "
                 "broker no longer holds the same data (retention?)"
             )
-        self.staging = staging
-        self.verify(p, manifest, 1)
-        outputs.publish(str(p.staging), final, rng.id, self.fs)
+        part = _Part(PartitionResult(stream, rng.start, rng.end, "reread", range_id=rng.id), rng.source, rng)
+        self.verify(part, manifest, staging)
+        assert part.staging is not None
+        outputs.publish(part.staging, final, rng.id, self.fs, guard=guard)
+        if part.staging != staging:
+            outputs.remove(staging, self.fs)
 
     # -- store offset ----------------------------------------------------------------------------
 
@@ -412,7 +538,11 @@ class BatchRun:
             stored = self.broker.query_offset(r.stream, cfg.pipeline)
             target = plan.offset_to_store(mark, stored)
             if target is None:
-                if mark.blocked_by is not None and mark.end is not None and r.start >= mark.end:
+                if mark.unpublished is not None:
+                    u = mark.unpublished
+                    log.warning("stream %s: offset not stored past [%d, %d): committed but not published yet",
+                                r.stream, u.start, u.end)
+                elif mark.blocked_by is not None and mark.end is not None and r.start >= mark.end:
                     b = mark.blocked_by
                     log.info("stream %s: offset not stored: [%d, %d) of %s is still open before this range",
                              r.stream, b.start, b.end, b.run)
@@ -426,16 +556,29 @@ class BatchRun:
         self._step("stored")
 
     def fail(self, reason: str) -> None:
-        """Mark this attempt's uncommitted claims failed (best effort; the original error wins)."""
+        """Mark this attempt's uncommitted claims failed (best effort; the original error wins).
+
+        The staging copy is deleted only when the ledger says no range of this attempt points at
+        it: a claim whose state cannot be read back (the database went away mid-commit) may be
+        committed, so its copy stays for the retry.
+        """
+        keep = False
         for p in self.parts:
-            if p.result.status == "claimed" and p.range is not None:
-                try:
-                    self.ledger.fail(p.range.id, reason[:500])
-                    p.result.status = "failed"
-                except Exception:  # pragma: no cover - reported, never masks the original error
-                    log.exception("could not mark range %s failed", p.range.id)
-        if self.staging is not None and not any(p.result.status == "committed" and p.result.read
-                                                for p in self.parts):
+            if p.result.status not in ("claimed", "unknown") or p.range is None:
+                keep |= p.result.status == "committed" and p.result.read
+                continue
+            try:
+                now = self.ledger.get(p.range.id)
+                if now.status.value == "committed":
+                    p.range, p.result.status = now, "committed"
+                    keep |= p.result.read
+                    continue
+                self.ledger.fail(p.range.id, reason[:500])
+                p.result.status = "failed"
+            except Exception:  # reported, never masks the original error
+                log.exception("could not mark range %s failed (its staging copy is kept)", p.range.id)
+                keep = True
+        if self.staging is not None and not keep:
             outputs.remove(self.staging, self.fs)
 
     # -- all of it -------------------------------------------------------------------------------
@@ -449,7 +592,11 @@ class BatchRun:
         except Exception as exc:
             self.fail(f"{type(exc).__name__}: {exc}")
             raise
-        self.publish()
+        try:
+            self.publish()
+        except Exception:
+            self.release_publish_leases()
+            raise
         self.store_offsets()
         return self.result
 

@@ -1,4 +1,4 @@
-"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker`` commands.
+"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|new-epoch`` commands.
 
 The database comes from ``--db URL`` (default ``$STREAMLEDGER_LEDGER_URL`` or the SQLite file under
 ``$STREAMLEDGER_HOME``). ``audit`` exits 0 when the ledger is clean and 1 on any violation, so it
@@ -77,15 +77,18 @@ def _downgrade(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    from streamledger.batch.proof import audit
+
     with _ledger(args) as ledger:
         stale = timedelta(seconds=args.stale_after)
+        check = {"outputs_too": args.outputs, "deep": args.deep}
         if args.broker_url:
             from streamledger.sources import connect_log
 
             with connect_log(args.broker_url) as client:
-                report = ledger.audit(args.pipeline, broker=client.query_offset, stale_after=stale)
+                report = audit(ledger, args.pipeline, broker=client.query_offset, stale_after=stale, **check)
         else:
-            report = ledger.audit(args.pipeline, stale_after=stale)
+            report = audit(ledger, args.pipeline, stale_after=stale, **check)
         if args.html:
             from streamledger.ledger.html import render_html
 
@@ -131,6 +134,17 @@ def _release_stale(args: argparse.Namespace) -> int:
     return 0
 
 
+def _new_epoch(args: argparse.Namespace) -> int:
+    from streamledger.ledger import SourceRef
+
+    with _ledger(args) as ledger:
+        old, new = ledger.new_epoch(args.pipeline, SourceRef(broker=args.broker, stream=args.stream),
+                                    reason=args.reason or "")
+    print(f"pipeline {args.pipeline} stream {args.stream} on {args.broker}: epoch {old} retired (kept under "
+          f"{args.broker}#epoch{old}); epoch {new} reads the stream from its first offset")
+    return 0
+
+
 def _rename_broker(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         moved = ledger.rename_broker(args.old, args.new, pipeline=args.pipeline)
@@ -171,6 +185,10 @@ def register(sub: Any) -> None:
         help="claims older than this count as stuck (default 3600)",
     )
     p.add_argument("--html", default=None, metavar="FILE", help="also write an HTML report with coverage")
+    p.add_argument("--no-outputs", dest="outputs", action="store_false",
+                   help="do not check the published outputs against the ledger (checked by default)")
+    p.add_argument("--deep", action="store_true",
+                   help="also count the rows in every published range's data files")
     _json_option(p)
     p.set_defaults(func=_audit)
 
@@ -187,6 +205,15 @@ def register(sub: Any) -> None:
     p.add_argument("new", help="e.g. rabbitmq://rabbit@node1/%%2F (the broker's cluster name)")
     p.add_argument("--pipeline", default=None)
     p.set_defaults(func=_rename_broker)
+
+    p = cmds.add_parser("new-epoch", help="a stream was deleted and re-created: keep its history, start anew")
+    _db_option(p)
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--stream", required=True, help="the stream (or super stream partition)")
+    p.add_argument("--broker", required=True,
+                   help="the broker identity as the ledger names it (the batch's refusal prints it)")
+    p.add_argument("--reason", default=None, help="recorded with the new epoch")
+    p.set_defaults(func=_new_epoch)
 
     p = cmds.add_parser("release-stale", help="fail claims not heard from for --older-than seconds")
     _db_option(p)

@@ -23,6 +23,7 @@ from dagster import (
     asset_check,
 )
 
+from streamledger.batch.proof import audit
 from streamledger.dagster.assets import DEFAULT_BROKER_KEY, DEFAULT_LEDGER_KEY
 
 
@@ -64,7 +65,7 @@ def build_ledger_audit_check(
     def _ledger_audit(context: AssetCheckExecutionContext) -> AssetCheckResult:
         ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         with getattr(context.resources, broker_resource_key).get_client() as client:
-            report = ledger.audit(pipeline, broker=client, stale_after=stale_after)
+            report = audit(ledger, pipeline, broker=client, stale_after=stale_after)
         return AssetCheckResult(
             passed=bool(report.clean), severity=AssetCheckSeverity.ERROR, metadata=audit_metadata(report)
         )

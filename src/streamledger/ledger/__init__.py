@@ -51,7 +51,7 @@ SQLite write transactions start with ``BEGIN IMMEDIATE`` under WAL with a 30 s b
 from streamledger.ledger.audit import AuditReport, BrokerOffsetLookup, OffsetQuerier, Violation, ViolationKind
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.store import Ledger
-from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef
+from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourcePosition, SourceRef
 
 __all__ = [
     "AuditReport",
@@ -62,6 +62,7 @@ __all__ = [
     "OffsetRange",
     "RangeStatus",
     "RunIdentity",
+    "SourcePosition",
     "SourceRef",
     "Violation",
     "ViolationKind",

@@ -23,7 +23,7 @@ from sqlalchemy import DateTime, String, bindparam, text
 from sqlalchemy.orm import Session
 
 from streamledger.errors import StreamledgerError
-from streamledger.ledger.types import Watermark
+from streamledger.ledger.types import Watermark, is_retired
 
 BrokerOffsetLookup = Callable[[str, str], int | None]
 """``(stream, reference) -> stored offset`` (inclusive: the last processed record), None when unset."""
@@ -273,6 +273,12 @@ def _drift(stored: int | None, mark: Watermark) -> str | None:
     if mark.accepts(stored):
         return None
     shown = "no offset" if stored is None else f"offset {stored}"
+    if stored is None and mark.last_record is not None:
+        return (
+            f"the broker stores no offset although the ledger's done prefix ends at {mark.end} with last "
+            f"record {mark.last_record}: the stream was deleted and re-created, or the offset reset; "
+            "`streamledger ledger new-epoch` starts a new history for a new stream"
+        )
     seen = f"last record {mark.last_record}" if mark.last_record is not None else "no record"
     if stored is not None and mark.end is not None and stored > mark.end - 1:
         return (
@@ -468,7 +474,9 @@ def run_audit(
 
     if broker is not None:
         lookup = _as_lookup(broker)
-        for sid, (name, stream, _url) in sources.items():
+        for sid, (name, stream, url) in sources.items():
+            if is_retired(url):  # a re-created stream's old history: no broker holds it any more
+                continue
             try:
                 stored = lookup(stream, name)
             except StreamledgerError as exc:

@@ -175,5 +175,5 @@ class Range(LedgerBase):
     # 0005: the output is in its final place; until then the broker offset cannot pass this range.
     published_at: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
     # 0005: the publish lease: which attempt publishes it, last renewed when.
-    publisher: Mapped[str | None] = mapped_column(String(400), nullable=True)
+    publisher: Mapped[str | None] = mapped_column(Text, nullable=True)
     publish_beat: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)

@@ -47,9 +47,11 @@ from streamledger.ledger.types import (
     OffsetRange,
     RangeStatus,
     RunIdentity,
+    SourcePosition,
     SourceRef,
     Watermark,
     pipeline_name_problem,
+    retired_broker,
 )
 
 _LIVE = Range.status != RangeStatus.FAILED.value
@@ -883,13 +885,16 @@ class Ledger:
                 return []
             return [_snapshot(r, pipeline, src) for r in session.scalars(_UNPUBLISHED, {"source_id": src.id})]
 
-    def take_publish(self, range_id: int, publisher: str, *, lease: timedelta) -> OffsetRange | None:
+    def take_publish(self, range_id: int, publisher: str, *, lease: timedelta,
+                     replace: str | None = None) -> OffsetRange | None:
         """Take (or keep) the publish lease of a committed, unpublished range; None if another
         attempt holds a lease renewed within ``lease``, or there is nothing to publish.
 
         Only the lease holder publishes: a zombie attempt and its retry, or two runs finding the
         same stranded range, never copy into one directory at once. The lease moves only when its
-        holder stopped renewing it (:meth:`renew_publish`) for ``lease``.
+        holder stopped renewing it (:meth:`renew_publish`) for ``lease``, or when the caller
+        names the holder in ``replace`` (it knows that holder is gone or superseded: a
+        compare-and-swap, so a third attempt that took the lease meanwhile keeps it).
         """
         if lease < timedelta(0):
             raise LedgerError(f"lease must not be negative, got {lease}")
@@ -899,7 +904,7 @@ class Ledger:
             if row.status != RangeStatus.COMMITTED.value or not row.records or row.published_at is not None:
                 return None
             beat = row.publish_beat
-            if row.publisher not in (None, publisher) and beat is not None and beat >= now - lease:
+            if row.publisher not in (None, publisher, replace) and beat is not None and beat >= now - lease:
                 return None
             row.publisher, row.publish_beat, row.updated_at = publisher, now, now
             session.flush()
@@ -923,6 +928,18 @@ class Ledger:
                 .execution_options(synchronize_session=False)
             ).all()
             return sorted(int(i) for i in held)
+
+    def release_publish(self, range_id: int, publisher: str) -> bool:
+        """Give up ``publisher``'s lease of an unpublished range (its publish failed), so the next
+        run takes it at once; True when there was one to give up."""
+        with self._tx(f"release the publish lease of range {range_id}") as session:
+            done = session.execute(
+                update(Range)
+                .where(Range.id == range_id, Range.publisher == publisher, Range.published_at.is_(None))
+                .values(publisher=None, publish_beat=None)
+                .execution_options(synchronize_session=False)
+            )
+            return bool(getattr(done, "rowcount", 0))
 
     def mark_published(self, range_id: int, publisher: str) -> OffsetRange:
         """Record that the range's output is in its final place (idempotent for its publisher).
@@ -963,7 +980,7 @@ class Ledger:
                 raise LedgerError(f"{what}: the ledger has no history for this stream on {source.broker}")
             self._lock_sources(session, [src.id])
             old = int(src.epoch)
-            retired = f"{src.broker}#epoch{old}"
+            retired = retired_broker(src.broker, old)
             if session.scalars(select(Source.id).where(
                     Source.pipeline_id == src.pipeline_id, Source.broker == retired,
                     Source.stream == src.stream)).first() is not None:
@@ -989,6 +1006,23 @@ class Ledger:
             session.add(row)
             self._sources.clear()
             return old, old + 1
+
+    def position(self, pipeline: str, source: SourceRef) -> SourcePosition:
+        """Where the source's history ends, its epoch and the last offset stored on the broker."""
+        _check_pipeline(pipeline)
+        with self._tx(f"position of {pipeline!r} {source.stream!r}", write=False) as session:
+            src = self._find_source(session, pipeline, source)
+            if src is None:
+                return SourcePosition(None, 0, None)
+            stored = session.scalars(
+                select(func.max(Range.last_seen)).where(
+                    Range.source_id == src.id,
+                    Range.status == RangeStatus.COMMITTED.value,
+                    Range.offset_stored.is_(True),
+                )
+            ).first()
+            return SourcePosition(self._tail(session, src.id), int(src.epoch),
+                                  None if stored is None else int(stored))
 
     def epoch(self, pipeline: str, source: SourceRef) -> int:
         """The source's current epoch (0 until ``new_epoch``; 0 for a source without history)."""

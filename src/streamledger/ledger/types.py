@@ -7,6 +7,7 @@ CLI) can keep, compare, pickle and serialise them after the ledger's transaction
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -32,6 +33,20 @@ def pipeline_name_problem(name: object) -> str | None:
             f"allows at most {MAX_PIPELINE_BYTES}"
         )
     return None
+
+
+_RETIRED = re.compile(r"#epoch(\d+)$")
+
+
+def retired_broker(broker: str, epoch: int) -> str:
+    """The broker identity a source's history keeps once its stream was re-created (a new epoch
+    began): no broker answers to it, so no claim and no broker check ever reaches it again."""
+    return f"{broker}#epoch{epoch}"
+
+
+def is_retired(broker: str) -> bool:
+    """Whether a source's broker identity is a retired epoch's (see :func:`retired_broker`)."""
+    return _RETIRED.search(broker) is not None
 
 
 class RangeStatus(enum.StrEnum):
@@ -157,8 +172,9 @@ class Watermark:
     """Where a source is provably done: the contiguous prefix of committed (or lost) ranges.
 
     ``end`` is the exclusive end of that prefix (the first offset that an open claim, a failed hole,
-    a committed range whose output is not published yet, or the tail keeps undone), ``last_record`` the greatest record offset any committed range of the
-    prefix saw (None when the prefix holds no record). The broker's stored offset for the pipeline
+    a committed range whose output is not published yet, or the tail keeps undone), ``last_record``
+    the greatest record offset any committed range of the prefix saw (None when the prefix holds no
+    record). The broker's stored offset for the pipeline
     must lie in ``[last_record, end - 1]``: it covers every committed record and never passes an
     offset that is not done. ``blocked_by`` is the open claim at ``end``, if that is what stops it.
     """
@@ -179,3 +195,18 @@ class Watermark:
         if self.last_record is not None and stored < self.last_record:
             return False
         return self.end is None or stored <= self.end - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePosition:
+    """What the ledger knows of a source before a batch claims: one read, one transaction.
+
+    ``end`` is where the live ranges end (None without history), ``epoch`` which incarnation of
+    the stream the history belongs to, ``stored`` the greatest offset the ledger recorded as
+    stored on the broker (None if it never stored one). A broker whose committed tail is below
+    ``end``, or which has no stored offset although the ledger stored one, holds another stream.
+    """
+
+    end: int | None
+    epoch: int
+    stored: int | None

@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from streamledger.batch.proof import audit
 from streamledger.errors import StreamledgerError
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
@@ -51,9 +52,9 @@ class LedgerAuditOperator(BaseOperator):
         pipeline = self.pipeline or None
         if self.rabbitmq_stream_conn_id:
             with RabbitMQStreamHook(self.rabbitmq_stream_conn_id).get_conn() as client:
-                report = ledger.audit(pipeline, broker=client)
+                report = audit(ledger, pipeline, broker=client)
         else:
-            report = ledger.audit(pipeline)
+            report = audit(ledger, pipeline)
         data: dict[str, Any] = json.loads(report.to_json())
         self.log.info("ledger audit%s:\n%s", f" of {pipeline}" if pipeline else "", report.to_text())
         if not report.clean and self.fail_on_violations:

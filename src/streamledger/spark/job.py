@@ -38,6 +38,7 @@ from typing import Any
 
 from streamledger import fs
 from streamledger.errors import StreamledgerError
+from streamledger.manifest import MANIFEST, Manifest, StreamEntry
 from streamledger.sources import connect_log, log_kind, require_feature
 from streamledger.spark.planning import (
     OffsetBound,
@@ -50,7 +51,6 @@ from streamledger.spark.planning import (
 from streamledger.spark.session import DEFAULT_MASTER, build_session, register_source
 
 FORMATS = ("parquet", "orc", "json")
-MANIFEST = "_manifest.json"
 PART_COLUMN = "streamledger_part"  # no leading "_": pyarrow skips such paths
 
 
@@ -208,17 +208,16 @@ def run_job(
             entry["lost"] = [list(r.lost)]
         streams[r.stream] = entry
 
-    manifest: dict[str, Any] = {
-        "streams": streams,
-        "output": out_dir,
-        "format": fmt,
-        "decode": decode,
-        "splits": splits,
-        "written_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
-    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    out_fs.write_bytes(fs.join(out_dir, MANIFEST), text.encode())  # temp + rename where atomic
-    return manifest
+    manifest = Manifest(
+        streams={s: StreamEntry.from_dict(s, e) for s, e in streams.items()},
+        output=out_dir,
+        format=fmt,
+        decode=decode,
+        splits=splits,
+        written_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    )
+    out_fs.write_bytes(fs.join(out_dir, MANIFEST), manifest.to_json())  # temp + rename where atomic
+    return manifest.to_dict()
 
 
 def resolve_ranges(

@@ -8,120 +8,21 @@ names the issue item it proves.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
-from streamledger.batch import BatchConfig, BatchError, LocalSparkRunner, RunId, run_batch
+from streamledger.batch import BatchConfig, BatchError, run_batch
 from streamledger.ledger import Ledger, RangeStatus
 from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.batch.helpers import CountingRunner, KillAtStore, Killed, committed_bodies, config, rid
 from tests.integration.spark.helpers import body, create_stream, publish
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Killed(BaseException):
-    """SIGKILL, as far as the batch can tell: no except clause of it sees this."""
-
-
-class CountingRunner:
-    """The real local Spark runner, counting its calls; ``die`` makes the next call fail first."""
-
-    def __init__(self, spark: Any) -> None:
-        self.inner = LocalSparkRunner()
-        self.inner._spark = spark
-        self.calls = 0
-        self.die: BaseException | None = None
-        self.die_mid_write = False
-
-    def __call__(self, **kwargs: Any) -> Mapping[str, Any]:
-        self.calls += 1
-        if self.die_mid_write:
-            # What a job that dies mid-write leaves behind in the location it was given.
-            out = Path(kwargs["output"])
-            out.mkdir(parents=True, exist_ok=True)
-            for old in out.rglob("*"):
-                if old.is_file():
-                    old.unlink()
-            (out / "part-00000-dying.parquet").write_bytes(b"PAR1 half a file")
-            raise RuntimeError("executor lost mid-write")
-        if self.die is not None:
-            exc, self.die = self.die, None
-            raise exc
-        return self.inner(**kwargs)
-
-
-class KillAtStore:
-    """A StreamClient whose next StoreOffset is where the process dies (after the commit)."""
-
-    def __init__(self, client: StreamClient) -> None:
-        self._client = client
-        self.kill = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    def store_offset_verified(self, *args: Any, **kwargs: Any) -> None:
-        if self.kill:
-            self.kill = False
-            raise Killed("killed between commit and StoreOffset")
-        self._client.store_offset_verified(*args, **kwargs)
-
-
-@pytest.fixture
-def runner(spark: Any) -> CountingRunner:
-    return CountingRunner(spark)
-
-
-@pytest.fixture
-def client(rabbitmq_url: str) -> Iterator[StreamClient]:
-    with StreamClient.connect(rabbitmq_url) as c:
-        yield c
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def any_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    else:
-        url = request.getfixturevalue("postgres_url")
-    with Ledger(url, create=True) as led:
-        yield led
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", create=True) as led:
-        yield led
-
-
-def config(url: str, root: Path, stream: str, **kw: Any) -> BatchConfig:
-    return BatchConfig(pipeline=kw.pop("pipeline", "p-exactly-once"), url=url, output_root=str(root),
-                       stream=stream, **kw)
-
-
-def rid(task: str, run: str = "r1", try_number: int = 1, map_index: int = -1) -> RunId:
-    return RunId("dag", run, task, map_index=map_index, try_number=try_number)
-
-
-def committed_bodies(ledger: Ledger, pipeline: str) -> list[bytes]:
-    """Every body in every committed range's published output (what a downstream reader sees)."""
-    bodies: list[bytes] = []
-    for r in ledger.ranges(pipeline):
-        if r.status == RangeStatus.COMMITTED and r.records:
-            assert r.output is not None
-            manifest = json.loads((Path(r.output) / "_manifest.json").read_text())
-            assert manifest["streams"][r.source.stream]["records"] == r.records
-            table = pq.read_table(r.output, columns=["offset", "body"])
-            assert table.num_rows == r.records, r
-            bodies.extend(table.column("body").to_pylist())
-    return bodies
 
 
 def test_stored_offset_never_passes_a_claim_whose_holder_was_killed(

@@ -38,7 +38,7 @@ def test_upgrade_audit_ranges_release(
     assert rc == 0 and "0005_publish_lease_epoch -> 0005_publish_lease_epoch" in out
     ledger = make_history(sqlite_url)
 
-    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url)
+    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--no-outputs")
     assert rc == 0 and "CLEAN" in out
     rc, out, _ = cli(capsys, "ranges", "--db", sqlite_url, "--json")
     rows = json.loads(out)
@@ -53,18 +53,18 @@ def test_upgrade_audit_ranges_release(
     middle = rows[1]["id"]
     raw(ledger, "DELETE FROM streamledger_range WHERE id = :id", id=middle)
     html = tmp_path / "audit.html"
-    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--json", "--html", str(html))
+    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--json", "--html", str(html), "--no-outputs")
     report = json.loads(out)
     assert rc == 1 and report["clean"] is False and report["violations"][0]["kind"] == "gap"
     assert "gap [10, 20)" in html.read_text()
-    rc = main(["--json", "ledger", "audit", "--db", sqlite_url])  # the top-level --json counts too
+    rc = main(["--json", "ledger", "audit", "--db", sqlite_url, "--no-outputs"])  # the top-level --json counts too
     out = capsys.readouterr().out
     assert rc == 1 and json.loads(out)["violation_counts"] == {"gap": 1}
 
     ledger.claim("p", SRC, 40, run(9), initial_start=0)
     rc, out, err = cli(capsys, "release-stale", "--db", sqlite_url, "--older-than", "0")
     assert rc == 0 and "[30, 40) failed" in out and "1 stale claim(s) released" in err
-    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--pipeline", "nobody")
+    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--pipeline", "nobody", "--no-outputs")
     assert rc == 0
     rc, out, _ = cli(capsys, "downgrade", "--db", sqlite_url, "--revision", "base")
     assert rc == 0 and "-> empty" in out

@@ -36,7 +36,7 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     # Plain ALTER TABLE ADD COLUMN on both dialects: no table rebuild, so 0002's triggers stay.
     op.add_column("streamledger_range", sa.Column("published_at", sa.DateTime(), nullable=True))
-    op.add_column("streamledger_range", sa.Column("publisher", sa.String(400), nullable=True))
+    op.add_column("streamledger_range", sa.Column("publisher", sa.Text(), nullable=True))
     op.add_column("streamledger_range", sa.Column("publish_beat", sa.DateTime(), nullable=True))
     op.add_column(
         "streamledger_source", sa.Column("epoch", sa.Integer(), nullable=False, server_default="0")

@@ -1,0 +1,124 @@
+"""The whole proof: the ledger's audit plus what the ledger alone cannot see, the published outputs.
+
+The ledger's audit (:meth:`streamledger.ledger.Ledger.audit`) proves the offset history is
+contiguous, committed and agrees with the broker. That proof is worth nothing to a reader if a
+committed range's directory was deleted, or holds another range's files. So for every committed
+range with records whose output is published, the output is checked here against the ledger:
+
+* its ``_manifest.json`` exists and names the same ledger range and pipeline (else the directory
+  is missing or foreign);
+* the manifest's entry for the stream has the range's span, record count and first/last offsets;
+* with ``deep``, the rows in the data files are counted too (Parquet footers; a full read for
+  other formats).
+
+The check lives in the batch package because the batch owns the output layout and its manifest;
+the ledger never touches a file system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from streamledger import fs as filesystems
+from streamledger.batch import outputs
+from streamledger.ledger.audit import AuditReport, Violation, ViolationKind
+from streamledger.manifest import MANIFEST, ManifestError
+
+if TYPE_CHECKING:
+    from streamledger.ledger import Ledger, OffsetRange
+
+__all__ = ["audit", "check_output", "count_rows"]
+
+
+def _violation(kind: ViolationKind, rng: OffsetRange, detail: str) -> Violation:
+    return Violation(kind, rng.pipeline, rng.source.stream, rng.source.broker, rng.start, rng.end, rng.id,
+                     detail)
+
+
+def count_rows(location: str, fmt: str, fs: filesystems.OutputFS) -> int:
+    """Rows in the data files of one published range directory (``_``/``.`` files are not data)."""
+    import pyarrow.dataset as ds
+
+    names = [n for n in fs.files(location) if not n.split("/")[-1].startswith(("_", "."))]
+    if not names:
+        return 0
+    arrow_fs: Any = None
+    if filesystems.scheme(location) in ("", "file"):
+        local = filesystems.local_path(location)
+        paths = [str(local / n) for n in names]
+    else:
+        from pyarrow import fs as pafs
+
+        arrow_fs, root = pafs.FileSystem.from_uri(location)
+        paths = [f"{root.rstrip('/')}/{n}" for n in names]
+    dataset = ds.dataset(paths, format=fmt, filesystem=arrow_fs)
+    return int(dataset.count_rows())
+
+
+def check_output(rng: OffsetRange, fs: filesystems.OutputFS, *, deep: bool = False) -> Violation | None:
+    """Why a committed, published range's output disagrees with the ledger, or None."""
+    where = rng.output
+    if not where:
+        return _violation(ViolationKind.OUTPUT_MISSING, rng, "committed with records but no output location")
+    try:
+        manifest = outputs.load_manifest(where, fs)
+    except ManifestError as exc:
+        return _violation(ViolationKind.OUTPUT_MISMATCH, rng, f"{where}/{MANIFEST} is unreadable: {exc}")
+    except OSError as exc:
+        return _violation(ViolationKind.OUTPUT_MISSING, rng, f"cannot read {where}/{MANIFEST}: {exc}")
+    if manifest is None:
+        return _violation(ViolationKind.OUTPUT_MISSING, rng,
+                          f"no published output at {where} (the directory or its {MANIFEST} is gone)")
+    if manifest.range_id != rng.id or (manifest.pipeline is not None and manifest.pipeline != rng.pipeline):
+        return _violation(ViolationKind.OUTPUT_MISMATCH, rng,
+                          f"{where} is foreign: its manifest names range {manifest.range_id} of pipeline "
+                          f"{manifest.pipeline!r}, not range {rng.id} of {rng.pipeline!r}")
+    entry = manifest.entry(rng.source.stream)
+    ledger_counts = (rng.records, rng.first_seen, rng.last_seen)
+    if entry is None:
+        return _violation(ViolationKind.OUTPUT_MISMATCH, rng,
+                          f"{where}: the manifest has no entry for stream {rng.source.stream!r}")
+    if (entry.start, entry.end) != (rng.start, rng.end) or entry.counts != ledger_counts:
+        return _violation(ViolationKind.OUTPUT_MISMATCH, rng,
+                          f"{where}: the manifest says [{entry.start}, {entry.end}) records/first/last "
+                          f"{entry.counts}, the ledger {ledger_counts}")
+    if deep:
+        try:
+            rows = count_rows(where, manifest.format or "parquet", fs)
+        except Exception as exc:  # an unreadable data file is a finding, not a crash of the audit
+            return _violation(ViolationKind.OUTPUT_MISMATCH, rng, f"{where}: cannot count rows: {exc}")
+        if rows != rng.records:
+            return _violation(ViolationKind.OUTPUT_MISMATCH, rng,
+                              f"{where}: the data files hold {rows} rows, the ledger committed {rng.records}")
+    return None
+
+
+def check_outputs(ranges: Iterable[OffsetRange], *, deep: bool = False,
+                  fs_for: Callable[[str], filesystems.OutputFS] = filesystems.filesystem_for,
+                  ) -> list[Violation]:
+    """Check every committed range with records whose output is published (see :func:`check_output`)."""
+    found: list[Violation] = []
+    cache: dict[str, filesystems.OutputFS] = {}
+    for rng in ranges:
+        if rng.status.value != "committed" or not rng.records or rng.published_at is None:
+            continue
+        key = filesystems.scheme(rng.output or "")
+        if key not in cache:
+            cache[key] = fs_for(rng.output or "")
+        problem = check_output(rng, cache[key], deep=deep)
+        if problem is not None:
+            found.append(problem)
+    return found
+
+
+def audit(ledger: Ledger, pipeline: str | None = None, *, broker: Any = None,
+          stale_after: timedelta = timedelta(hours=1), outputs_too: bool = True, deep: bool = False,
+          fs_for: Callable[[str], filesystems.OutputFS] = filesystems.filesystem_for) -> AuditReport:
+    """The ledger's audit and, unless ``outputs_too`` is False, the published outputs' check."""
+    report = ledger.audit(pipeline, broker=broker, stale_after=stale_after)
+    if not outputs_too:
+        return report
+    return report.with_findings(check_outputs(ledger.ranges(pipeline), deep=deep, fs_for=fs_for),
+                                outputs_checked=True)
