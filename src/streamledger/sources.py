@@ -19,6 +19,7 @@ from streamledger.errors import StreamledgerError
 
 __all__ = [
     "KINDS",
+    "MAX_OFFSET",
     "LogKind",
     "OffsetLog",
     "UnsupportedSource",
@@ -29,6 +30,12 @@ __all__ = [
     "source_identity",
     "spark_format",
 ]
+
+
+MAX_OFFSET = 2**63 - 1
+"""The largest offset a range may name, for every kind of log: the ledger stores offsets as signed
+64-bit integers (SQL ``BIGINT``) and mewbase positions are int64, so a larger one is refused as input
+rather than failing half-way in a database driver."""
 
 
 class UnsupportedSource(StreamledgerError, ValueError):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -20,9 +22,52 @@ if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): impor
     from streamledger.ledger import Ledger, OffsetRange
 
 
+# -- argument types: bad input stops argparse (one line, exit 2) before a ledger is opened --------
+
+MAX_SECONDS = 100 * 365 * 86400
+"""A duration's upper bound: ``now - duration`` must still be a date."""
+
+
+def _seconds(text: str) -> float:
+    """A duration in seconds: a finite number in ``0..MAX_SECONDS``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"seconds must be in 0..{MAX_SECONDS} (100 years), got {text}")
+    return value
+
+
+def _db_url(text: str) -> str:
+    """A ledger URL the engine accepts (checked without connecting; the password never shown)."""
+    from streamledger.ledger.engine import parse_url
+    from streamledger.ledger.errors import LedgerError
+
+    try:
+        parse_url(text)
+    except LedgerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _report_file(text: str) -> Path:
+    """A file the report can be written to: its directory exists and it is not itself a directory."""
+    path = Path(text)
+    folder = path.parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"directory {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"directory {folder} is not writable")
+    return path
+
+
 def _db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
+        type=_db_url,
         default=None,
         metavar="URL",
         help="ledger database: sqlite:///FILE or postgresql+psycopg://user@host:port/db "
@@ -89,7 +134,7 @@ def _audit(args: argparse.Namespace) -> int:
         if args.html:
             from streamledger.ledger.html import render_html
 
-            Path(args.html).write_text(render_html(ledger, report, pipeline=args.pipeline), encoding="utf-8")
+            args.html.write_text(render_html(ledger, report, pipeline=args.pipeline), encoding="utf-8")
     print(report.to_json() if getattr(args, "json", False) else report.to_text())
     if args.html:
         print(f"HTML report written to {args.html}", file=sys.stderr)
@@ -165,12 +210,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--stale-after",
-        type=float,
+        type=_seconds,
         default=3600.0,
         metavar="SECONDS",
         help="claims older than this count as stuck (default 3600)",
     )
-    p.add_argument("--html", default=None, metavar="FILE", help="also write an HTML report with coverage")
+    p.add_argument(
+        "--html", type=_report_file, default=None, metavar="FILE", help="also write an HTML report (coverage)"
+    )
     _json_option(p)
     p.set_defaults(func=_audit)
 
@@ -190,7 +237,7 @@ def register(sub: Any) -> None:
 
     p = cmds.add_parser("release-stale", help="fail claims not heard from for --older-than seconds")
     _db_option(p)
-    p.add_argument("--older-than", type=float, required=True, metavar="SECONDS")
+    p.add_argument("--older-than", type=_seconds, required=True, metavar="SECONDS")
     p.add_argument("--pipeline", default=None)
     _json_option(p)
     p.set_defaults(func=_release_stale)

@@ -38,7 +38,7 @@ def safe_url(url: str | URL) -> str:
     """The URL with any password masked, fit for messages and logs."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         return "<unparseable database URL>"
 
 
@@ -48,6 +48,8 @@ def parse_url(url: str) -> URL:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise LedgerError(f"ledger database URL is not valid: {safe_url(url)}") from exc
+    except ValueError as exc:  # SQLAlchemy's int(port); its message could show the URL, so not used
+        raise LedgerError("ledger database URL is not valid: its port is not a number") from exc
     backend = parsed.get_backend_name()
     if backend == "postgresql":
         if parsed.drivername in ("postgresql", "postgres"):

@@ -51,6 +51,7 @@ from streamledger.ledger.types import (
     Watermark,
     pipeline_name_problem,
 )
+from streamledger.sources import MAX_OFFSET
 
 _LIVE = Range.status != RangeStatus.FAILED.value
 
@@ -198,9 +199,9 @@ def _check_pipeline(pipeline: str) -> None:
 
 
 def _check_offset(name: str, value: object, stream: str | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_OFFSET:
         where = f" for stream {stream!r}" if stream else ""
-        raise LedgerError(f"{name}{where} must be a non-negative integer offset, got {value!r}")
+        raise LedgerError(f"{name}{where} must be an integer offset in 0..2**63-1, got {value!r}")
     return value
 
 
