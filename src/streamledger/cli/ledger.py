@@ -2,14 +2,16 @@
 
 The database comes from ``--db URL`` (default ``$STREAMLEDGER_LEDGER_URL`` or the SQLite file under
 ``$STREAMLEDGER_HOME``). ``audit`` exits 0 when the ledger is clean and 1 on any violation, so it
-can gate a pipeline; with ``--broker-url`` it also compares the stored offsets of the log server the URL
-names, a RabbitMQ stream broker or a mewbase server (:mod:`streamledger.sources`; the client is
-imported only then).
+can gate a pipeline; with ``--broker-url`` (repeatable) it also compares the stored offsets of each
+source on its own log server, a RabbitMQ stream broker or a mewbase server, recognised by the identity
+the batch records (the cluster name it reports, see :func:`streamledger.sources.server_identities`);
+sources of servers not given are skipped with a note. Clients are imported only then.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
-    from streamledger.ledger import Ledger, OffsetRange
+    from streamledger.ledger import BrokerOffsetLookup, Ledger, OffsetRange
 
 
 # -- argument types: bad input stops argparse (one line, exit 2) before a ledger is opened --------
@@ -47,6 +49,17 @@ def _db_url(text: str) -> str:
     try:
         parse_url(text)
     except LedgerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _broker_url(text: str) -> str:
+    """A log server URL of a kind streamledger reads (the message names only the scheme)."""
+    from streamledger.sources import UnsupportedSource, log_kind
+
+    try:
+        log_kind(text)
+    except UnsupportedSource as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
@@ -121,14 +134,24 @@ def _downgrade(args: argparse.Namespace) -> int:
     return _migrate(args, "downgrade")
 
 
+def _broker_lookups(stack: contextlib.ExitStack, urls: list[str]) -> dict[str, BrokerOffsetLookup]:
+    """Connect to each server and map every ledger identity it answers for to its stored offsets."""
+    from streamledger.sources import connect_log, server_identities
+
+    lookups: dict[str, BrokerOffsetLookup] = {}
+    for url in urls:
+        client = stack.enter_context(connect_log(url))
+        for identity in server_identities(url, client):
+            lookups.setdefault(identity, client.query_offset)
+    return lookups
+
+
 def _audit(args: argparse.Namespace) -> int:
-    with _ledger(args) as ledger:
+    with _ledger(args) as ledger, contextlib.ExitStack() as stack:
         stale = timedelta(seconds=args.stale_after)
         if args.broker_url:
-            from streamledger.sources import connect_log
-
-            with connect_log(args.broker_url) as client:
-                report = ledger.audit(args.pipeline, broker=client.query_offset, stale_after=stale)
+            brokers = _broker_lookups(stack, args.broker_url)
+            report = ledger.audit(args.pipeline, broker=brokers, stale_after=stale)
         else:
             report = ledger.audit(args.pipeline, stale_after=stale)
         if args.html:
@@ -203,10 +226,13 @@ def register(sub: Any) -> None:
     p.add_argument("--pipeline", default=None, help="audit only this pipeline")
     p.add_argument(
         "--broker-url",
-        default=None,
+        action="append",
+        type=_broker_url,
+        default=[],
         metavar="URL",
-        help="also compare each source's stored offset on this log server "
-        "(rabbitmq-stream[+tls]://... or mewbase://host:port)",
+        help="also compare the stored offsets of the sources on this log server "
+        "(rabbitmq-stream[+tls]://... or mewbase://host:port; repeatable: each source is compared on "
+        "its own server, sources of servers not given are skipped with a note)",
     )
     p.add_argument(
         "--stale-after",

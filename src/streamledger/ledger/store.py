@@ -39,7 +39,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, aliased
 
 from streamledger.ledger import migrate
-from streamledger.ledger.audit import AuditReport, BrokerOffsetLookup, OffsetQuerier, run_audit
+from streamledger.ledger.audit import AuditReport, Brokers, run_audit
 from streamledger.ledger.engine import IMMEDIATE, default_url, make_engine, safe_url
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Pipeline, Range, Source
@@ -1174,13 +1174,15 @@ class Ledger:
         self,
         pipeline: str | None = None,
         *,
-        broker: BrokerOffsetLookup | OffsetQuerier | None = None,
+        broker: Brokers | None = None,
         stale_after: timedelta = timedelta(hours=1),
     ) -> AuditReport:
         """Check the invariants in SQL (see :mod:`streamledger.ledger.audit`).
 
         ``broker`` is ``callable(stream, reference) -> int | None`` or an object with that
-        ``query_offset`` method (a connected ``StreamClient``); it is asked once per audited source.
+        ``query_offset`` method (a connected ``StreamClient``), asked once per audited source; or a
+        mapping broker identity -> such a lookup, so each source is asked of its own broker (sources
+        of brokers not in it are skipped with a note).
         """
         with self._tx("audit", write=False) as session:
 
