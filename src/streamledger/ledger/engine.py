@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError
 
+from streamledger.home import state_dir
 from streamledger.ledger.errors import LedgerError
 
 IMMEDIATE = "streamledger_immediate"
@@ -26,12 +27,12 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 def default_url() -> str:
-    """``$STREAMLEDGER_LEDGER_URL``, else a SQLite file under ``$STREAMLEDGER_HOME``."""
+    """``$STREAMLEDGER_LEDGER_URL``, else a SQLite file in the state directory (checked, see
+    :mod:`streamledger.home`)."""
     env = os.environ.get("STREAMLEDGER_LEDGER_URL")
     if env:
         return env
-    home = Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger"))
-    return f"sqlite:///{home / 'ledger.sqlite'}"
+    return f"sqlite:///{state_dir() / 'ledger.sqlite'}"
 
 
 def safe_url(url: str | URL) -> str:
