@@ -19,6 +19,7 @@ from streamledger.errors import StreamledgerError
 
 __all__ = [
     "KINDS",
+    "MAX_OFFSET",
     "LogKind",
     "OffsetLog",
     "UnsupportedSource",
@@ -26,9 +27,17 @@ __all__ = [
     "find_kind",
     "log_kind",
     "require_feature",
+    "server_identities",
+    "server_name",
     "source_identity",
     "spark_format",
 ]
+
+
+MAX_OFFSET = 2**63 - 1
+"""The largest offset a range may name, for every kind of log: the ledger stores offsets as signed
+64-bit integers (SQL ``BIGINT``) and mewbase positions are int64, so a larger one is refused as input
+rather than failing half-way in a database driver."""
 
 
 class UnsupportedSource(StreamledgerError, ValueError):
@@ -148,6 +157,25 @@ def source_identity(url: str, name: str | None = None) -> str:
     in (a batch that learns the name later adopts such rows, see ``Ledger.rename_broker``).
     """
     return log_kind(url).identity(url, name)
+
+
+def server_name(log: object) -> str | None:
+    """The stable name a connected server reports (a RabbitMQ cluster name), None when it has none."""
+    name = getattr(log, "cluster_name", None)
+    return name if isinstance(name, str) and name else None
+
+
+def server_identities(url: str, log: object, name: str | None = None) -> tuple[str, ...]:
+    """Every identity the ledger may record sources of this server under, the own one first.
+
+    ``log`` is connected from ``url``; ``name`` overrides the name it reports. Besides the name-based
+    identity, rows of the URL's ``host:port`` form (written before the name was known, and adopted by
+    the next batch of their pipeline) belong to the same server.
+    """
+    name = name or server_name(log)
+    own = source_identity(url, name)
+    legacy = source_identity(url)
+    return (own,) if legacy == own else (own, legacy)
 
 
 def require_feature(url: str, feature: str, *, kinds: tuple[str, ...] = ("rabbitmq",)) -> LogKind:

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from streamledger.errors import StreamledgerError
 
@@ -25,8 +26,16 @@ _GROUPS = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr (the house rule for every error) and exit status 2;
+    the usage lines are left to ``--help``. Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamledger", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="streamledger", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--url",
         default=os.environ.get("STREAMLEDGER_RABBITMQ_URL", "rabbitmq-stream://guest:guest@127.0.0.1:5552/"),

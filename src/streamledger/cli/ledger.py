@@ -2,27 +2,85 @@
 
 The database comes from ``--db URL`` (default ``$STREAMLEDGER_LEDGER_URL`` or the SQLite file under
 ``$STREAMLEDGER_HOME``). ``audit`` exits 0 when the ledger is clean and 1 on any violation, so it
-can gate a pipeline; with ``--broker-url`` it also compares the stored offsets of the log server the URL
-names, a RabbitMQ stream broker or a mewbase server (:mod:`streamledger.sources`; the client is
-imported only then).
+can gate a pipeline; with ``--broker-url`` (repeatable) it also compares the stored offsets of each
+source on its own log server, a RabbitMQ stream broker or a mewbase server, recognised by the identity
+the batch records (the cluster name it reports, see :func:`streamledger.sources.server_identities`);
+sources of servers not given are skipped with a note. Clients are imported only then.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
-    from streamledger.ledger import Ledger, OffsetRange
+    from streamledger.ledger import BrokerOffsetLookup, Ledger, OffsetRange
+
+
+# -- argument types: bad input stops argparse (one line, exit 2) before a ledger is opened --------
+
+MAX_SECONDS = 100 * 365 * 86400
+"""A duration's upper bound: ``now - duration`` must still be a date."""
+
+
+def _seconds(text: str) -> float:
+    """A duration in seconds: a finite number in ``0..MAX_SECONDS``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"seconds must be in 0..{MAX_SECONDS} (100 years), got {text}")
+    return value
+
+
+def _db_url(text: str) -> str:
+    """A ledger URL the engine accepts (checked without connecting; the password never shown)."""
+    from streamledger.ledger.engine import parse_url
+    from streamledger.ledger.errors import LedgerError
+
+    try:
+        parse_url(text)
+    except LedgerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _broker_url(text: str) -> str:
+    """A log server URL of a kind streamledger reads (the message names only the scheme)."""
+    from streamledger.sources import UnsupportedSource, log_kind
+
+    try:
+        log_kind(text)
+    except UnsupportedSource as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _report_file(text: str) -> Path:
+    """A file the report can be written to: its directory exists and it is not itself a directory."""
+    path = Path(text)
+    folder = path.parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"directory {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"directory {folder} is not writable")
+    return path
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
+        type=_db_url,
         default=None,
         metavar="URL",
         help="ledger database: sqlite:///FILE or postgresql+psycopg://user@host:port/db "
@@ -76,23 +134,33 @@ def _downgrade(args: argparse.Namespace) -> int:
     return _migrate(args, "downgrade")
 
 
+def _broker_lookups(stack: contextlib.ExitStack, urls: list[str]) -> dict[str, BrokerOffsetLookup]:
+    """Connect to each server and map every ledger identity it answers for to its stored offsets."""
+    from streamledger.sources import connect_log, server_identities
+
+    lookups: dict[str, BrokerOffsetLookup] = {}
+    for url in urls:
+        client = stack.enter_context(connect_log(url))
+        for identity in server_identities(url, client):
+            lookups.setdefault(identity, client.query_offset)
+    return lookups
+
+
 def _audit(args: argparse.Namespace) -> int:
     from streamledger.batch.proof import audit
 
-    with _ledger(args) as ledger:
+    with _ledger(args) as ledger, contextlib.ExitStack() as stack:
         stale = timedelta(seconds=args.stale_after)
         check = {"outputs_too": args.outputs, "deep": args.deep}
         if args.broker_url:
-            from streamledger.sources import connect_log
-
-            with connect_log(args.broker_url) as client:
-                report = audit(ledger, args.pipeline, broker=client.query_offset, stale_after=stale, **check)
+            brokers = _broker_lookups(stack, args.broker_url)
+            report = audit(ledger, args.pipeline, broker=brokers, stale_after=stale, **check)
         else:
             report = audit(ledger, args.pipeline, stale_after=stale, **check)
         if args.html:
             from streamledger.ledger.html import render_html
 
-            Path(args.html).write_text(render_html(ledger, report, pipeline=args.pipeline), encoding="utf-8")
+            args.html.write_text(render_html(ledger, report, pipeline=args.pipeline), encoding="utf-8")
     print(report.to_json() if getattr(args, "json", False) else report.to_text())
     if args.html:
         print(f"HTML report written to {args.html}", file=sys.stderr)
@@ -172,19 +240,24 @@ def register(sub: Any) -> None:
     p.add_argument("--pipeline", default=None, help="audit only this pipeline")
     p.add_argument(
         "--broker-url",
-        default=None,
+        action="append",
+        type=_broker_url,
+        default=[],
         metavar="URL",
-        help="also compare each source's stored offset on this log server "
-        "(rabbitmq-stream[+tls]://... or mewbase://host:port)",
+        help="also compare the stored offsets of the sources on this log server "
+        "(rabbitmq-stream[+tls]://... or mewbase://host:port; repeatable: each source is compared on "
+        "its own server, sources of servers not given are skipped with a note)",
     )
     p.add_argument(
         "--stale-after",
-        type=float,
+        type=_seconds,
         default=3600.0,
         metavar="SECONDS",
         help="claims older than this count as stuck (default 3600)",
     )
-    p.add_argument("--html", default=None, metavar="FILE", help="also write an HTML report with coverage")
+    p.add_argument(
+        "--html", type=_report_file, default=None, metavar="FILE", help="also write an HTML report (coverage)"
+    )
     p.add_argument("--no-outputs", dest="outputs", action="store_false",
                    help="do not check the published outputs against the ledger (checked by default)")
     p.add_argument("--deep", action="store_true",
@@ -217,7 +290,7 @@ def register(sub: Any) -> None:
 
     p = cmds.add_parser("release-stale", help="fail claims not heard from for --older-than seconds")
     _db_option(p)
-    p.add_argument("--older-than", type=float, required=True, metavar="SECONDS")
+    p.add_argument("--older-than", type=_seconds, required=True, metavar="SECONDS")
     p.add_argument("--pipeline", default=None)
     _json_option(p)
     p.set_defaults(func=_release_stale)

@@ -28,12 +28,9 @@ from streamledger.dagster import (
     build_stream_backlog_sensor,
     build_stream_batch_asset,
 )
+from streamledger.home import state_dir
 
 DEFAULT_URL = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
-
-
-def _home() -> str:
-    return os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger")
 
 
 def _secret(name: str, default: str | None) -> Any:
@@ -43,7 +40,7 @@ def _secret(name: str, default: str | None) -> Any:
 
 PIPELINE = os.environ.get("STREAMLEDGER_PIPELINE", "dagster-stream-batch")
 SUPER_STREAM = os.environ.get("STREAMLEDGER_SUPER_STREAM", "events")
-OUTPUT_ROOT = os.environ.get("STREAMLEDGER_OUTPUT_ROOT") or os.path.join(_home(), "output")
+OUTPUT_ROOT = os.environ.get("STREAMLEDGER_OUTPUT_ROOT") or os.path.join(state_dir(), "output")
 
 stream_batch = build_stream_batch_asset(
     key="stream_batch",

@@ -48,7 +48,14 @@ server-side function ``streamledger_claim`` of migration 0003, so a claim is one
 SQLite write transactions start with ``BEGIN IMMEDIATE`` under WAL with a 30 s busy timeout.
 """
 
-from streamledger.ledger.audit import AuditReport, BrokerOffsetLookup, OffsetQuerier, Violation, ViolationKind
+from streamledger.ledger.audit import (
+    AuditReport,
+    BrokerOffsetLookup,
+    Brokers,
+    OffsetQuerier,
+    Violation,
+    ViolationKind,
+)
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.store import Ledger
 from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourcePosition, SourceRef
@@ -56,6 +63,7 @@ from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, Sou
 __all__ = [
     "AuditReport",
     "BrokerOffsetLookup",
+    "Brokers",
     "Ledger",
     "LedgerError",
     "OffsetQuerier",

@@ -14,7 +14,7 @@ import dataclasses
 import enum
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast
@@ -35,6 +35,12 @@ class OffsetQuerier(Protocol):
     def query_offset(self, stream: str, reference: str) -> int | None: ...
 
 
+Brokers = BrokerOffsetLookup | OffsetQuerier | Mapping[str, BrokerOffsetLookup | OffsetQuerier]
+"""What the audit compares stored offsets with: one lookup asked about every source, or a mapping
+from broker identity (``SourceRef.broker``) to that broker's lookup, so each source is asked of its
+own broker and sources of brokers not in the mapping are skipped with a note."""
+
+
 MAX_FINDINGS_PER_CHECK = 10_000
 
 
@@ -52,6 +58,7 @@ class ViolationKind(enum.StrEnum):
     UNPUBLISHED = "unpublished"
     OUTPUT_MISSING = "output_missing"
     OUTPUT_MISMATCH = "output_mismatch"
+    BROKER_NOT_GIVEN = "broker_not_given"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +107,9 @@ class AuditReport:
     truncated: bool = False
     elapsed_s: float = 0.0
     notes: tuple[Violation, ...] = ()
-    """Findings about work in flight that do not make the ledger wrong (e.g. committed ranges
-    waiting behind a claim that is still beating); they become violations once the claim is stale."""
+    """Findings that do not make the ledger wrong: work in flight (e.g. committed ranges waiting
+    behind a claim that is still beating; they become violations once the claim is stale), and
+    sources whose broker was not given to the audit."""
     outputs_checked: bool = False
     """Whether the published outputs were compared with the ledger (``streamledger.batch.audit_outputs``)."""
 
@@ -143,13 +151,16 @@ class AuditReport:
 
     def to_text(self) -> str:
         statuses = ", ".join(f"{n} {s}" for s, n in sorted(self.by_status.items())) or "no ranges"
+        skipped = sum(1 for n in self.notes if n.kind == ViolationKind.BROKER_NOT_GIVEN)
+        checked = "checked" if self.broker_checked else "not checked (no broker given)"
+        if skipped:
+            checked += f" ({skipped} source(s) of brokers not given were not compared)"
         lines = [
             f"ledger audit at {self.checked_at.isoformat(timespec='seconds')}: "
             f"{len(self.pipelines)} pipeline(s), {self.sources} source(s), "
             f"{self.ranges} range(s) ({statuses})",
-            f"broker offsets: {'checked' if self.broker_checked else 'not checked (no broker given)'}; "
-            f"claims older than {self.stale_after} count as stuck; published outputs: "
-            f"{'checked' if self.outputs_checked else 'not checked'}",
+            f"broker offsets: {checked}; claims older than {self.stale_after} count as stuck; "
+            f"published outputs: {'checked' if self.outputs_checked else 'not checked'}",
         ]
         if self.clean:
             lines.append(
@@ -160,7 +171,7 @@ class AuditReport:
             lines.append(f"VIOLATIONS: {len(self.violations)}" + (" (truncated)" if self.truncated else ""))
             lines.extend("  " + v.to_text() for v in self.violations)
         if self.notes:
-            lines.append(f"NOTES (work in flight): {len(self.notes)}")
+            lines.append(f"NOTES (work in flight, brokers not given): {len(self.notes)}")
             lines.extend("  " + v.to_text() for v in self.notes)
         return "\n".join(lines)
 
@@ -301,6 +312,17 @@ def _as_lookup(broker: BrokerOffsetLookup | OffsetQuerier) -> BrokerOffsetLookup
     raise TypeError(f"broker must be callable(stream, reference) or have query_offset(), got {broker!r}")
 
 
+def _lookup_for(broker: Brokers, identity: str) -> BrokerOffsetLookup | None:
+    """The lookup a source of broker ``identity`` is checked against; None: its broker was not given.
+
+    A mapping names each broker's lookup; a single lookup (the 0.x API) is asked about every source.
+    """
+    if isinstance(broker, Mapping):
+        own = broker.get(identity)
+        return None if own is None else _as_lookup(own)
+    return _as_lookup(broker)
+
+
 def _as_utc(value: Any) -> datetime | None:
     if value is None:
         return None
@@ -314,7 +336,7 @@ def run_audit(
     session: Session,
     *,
     pipeline: str | None,
-    broker: BrokerOffsetLookup | OffsetQuerier | None,
+    broker: Brokers | None,
     stale_after: timedelta,
     now: datetime,
     watermark: Callable[[int], Watermark] | None = None,
@@ -473,9 +495,14 @@ def run_audit(
         (findings if quiet > stale_after.total_seconds() else notes).append(finding)
 
     if broker is not None:
-        lookup = _as_lookup(broker)
         for sid, (name, stream, url) in sources.items():
             if is_retired(url):  # a re-created stream's old history: no broker holds it any more
+                continue
+            lookup = _lookup_for(broker, url)
+            if lookup is None:
+                skip = f"broker {url} was not given to the audit: its stored offset is not compared"
+                notes.append(Violation(ViolationKind.BROKER_NOT_GIVEN, name, stream, url, None, None, None,
+                                       skip))
                 continue
             try:
                 stored = lookup(stream, name)

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError
 
+from streamledger.home import state_dir
 from streamledger.ledger.errors import LedgerError
 
 IMMEDIATE = "streamledger_immediate"
@@ -26,19 +27,19 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 def default_url() -> str:
-    """``$STREAMLEDGER_LEDGER_URL``, else a SQLite file under ``$STREAMLEDGER_HOME``."""
+    """``$STREAMLEDGER_LEDGER_URL``, else a SQLite file in the state directory (checked, see
+    :mod:`streamledger.home`)."""
     env = os.environ.get("STREAMLEDGER_LEDGER_URL")
     if env:
         return env
-    home = Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger"))
-    return f"sqlite:///{home / 'ledger.sqlite'}"
+    return f"sqlite:///{state_dir() / 'ledger.sqlite'}"
 
 
 def safe_url(url: str | URL) -> str:
     """The URL with any password masked, fit for messages and logs."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         return "<unparseable database URL>"
 
 
@@ -48,6 +49,8 @@ def parse_url(url: str) -> URL:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise LedgerError(f"ledger database URL is not valid: {safe_url(url)}") from exc
+    except ValueError as exc:  # SQLAlchemy's int(port); its message could show the URL, so not used
+        raise LedgerError("ledger database URL is not valid: its port is not a number") from exc
     backend = parsed.get_backend_name()
     if backend == "postgresql":
         if parsed.drivername in ("postgresql", "postgres"):

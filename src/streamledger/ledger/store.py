@@ -39,7 +39,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, aliased
 
 from streamledger.ledger import migrate
-from streamledger.ledger.audit import AuditReport, BrokerOffsetLookup, OffsetQuerier, run_audit
+from streamledger.ledger.audit import AuditReport, Brokers, run_audit
 from streamledger.ledger.engine import IMMEDIATE, default_url, make_engine, safe_url
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Pipeline, Range, Source
@@ -53,6 +53,7 @@ from streamledger.ledger.types import (
     pipeline_name_problem,
     retired_broker,
 )
+from streamledger.sources import MAX_OFFSET
 
 _LIVE = Range.status != RangeStatus.FAILED.value
 
@@ -200,9 +201,9 @@ def _check_pipeline(pipeline: str) -> None:
 
 
 def _check_offset(name: str, value: object, stream: str | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_OFFSET:
         where = f" for stream {stream!r}" if stream else ""
-        raise LedgerError(f"{name}{where} must be a non-negative integer offset, got {value!r}")
+        raise LedgerError(f"{name}{where} must be an integer offset in 0..2**63-1, got {value!r}")
     return value
 
 
@@ -1207,13 +1208,15 @@ class Ledger:
         self,
         pipeline: str | None = None,
         *,
-        broker: BrokerOffsetLookup | OffsetQuerier | None = None,
+        broker: Brokers | None = None,
         stale_after: timedelta = timedelta(hours=1),
     ) -> AuditReport:
         """Check the invariants in SQL (see :mod:`streamledger.ledger.audit`).
 
         ``broker`` is ``callable(stream, reference) -> int | None`` or an object with that
-        ``query_offset`` method (a connected ``StreamClient``); it is asked once per audited source.
+        ``query_offset`` method (a connected ``StreamClient``), asked once per audited source; or a
+        mapping broker identity -> such a lookup, so each source is asked of its own broker (sources
+        of brokers not in it are skipped with a note).
         """
         with self._tx("audit", write=False) as session:
 

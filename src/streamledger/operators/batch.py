@@ -32,6 +32,7 @@ from streamledger.batch import (
     summarize,
 )
 from streamledger.batch.runners import SparkConnectRunner
+from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
 
@@ -42,7 +43,7 @@ _LOCAL_RUNNERS: dict[tuple[str, str], LocalSparkRunner] = {}
 
 
 def default_output_root() -> str:
-    return os.path.join(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger"), "output")
+    return os.path.join(state_dir(), "output")
 
 
 # The cancellable in-process runner is the library's own (job tags); the old name stays importable.

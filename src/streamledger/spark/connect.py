@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from streamledger import home
 from streamledger.errors import StreamledgerError
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -48,7 +49,7 @@ class ServerState:
 
 def state_dir(root: Path | None = None) -> Path:
     """Where the server's record and log live: ``root`` or ``$STREAMLEDGER_HOME/spark-connect``."""
-    return root or Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger")) / "spark-connect"
+    return root or home.state_dir() / "spark-connect"
 
 
 def _state_file(root: Path | None = None) -> Path:

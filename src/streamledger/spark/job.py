@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from streamledger import fs
+from streamledger.cli import OneLineParser
 from streamledger.errors import StreamledgerError
 from streamledger.manifest import MANIFEST, Manifest, StreamEntry
 from streamledger.sources import connect_log, log_kind, require_feature
@@ -239,7 +240,7 @@ def resolve_ranges(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="streamledger.spark.job",
         description="Read exact [start, end) offset ranges of RabbitMQ streams or mewbase channels into "
         "files with a manifest.",

@@ -20,11 +20,13 @@ Planning runs once (on the driver, or in Spark's planner process); the result is
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from streamledger.errors import StreamledgerError
+from streamledger.sources import MAX_OFFSET
 
 OffsetKind = Literal["earliest", "latest", "offset", "timestamp"]
 
@@ -94,17 +96,38 @@ class OffsetSource(Protocol):
 
 
 def _as_int(value: Any, what: str) -> int:
+    """An offset (or timestamp) in ``0..MAX_OFFSET``: an int, or a string of ASCII digits (``str.isdigit``
+    alone would take Arabic-Indic or full-width digits, and ``int()`` underscores)."""
     if isinstance(value, bool):
         raise PlanningError(f"{what}: expected an integer offset, got {value!r}")
     if isinstance(value, int):
         n = value
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        n = int(value.strip())
+    elif isinstance(value, str) and _ASCII_INT.fullmatch(value.strip()):
+        digits = value.strip()
+        if len(digits.lstrip("-")) > len(str(MAX_OFFSET)):
+            raise PlanningError(f"{what}: offsets are at most 2**63-1, got {len(digits)} digits")
+        n = int(digits)
     else:
-        raise PlanningError(f"{what}: expected an integer offset, got {value!r}")
+        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
+        raise PlanningError(f"{what}: expected an integer offset, got {shown!r}")
     if n < 0:
         raise PlanningError(f"{what}: offsets are >= 0, got {n}")
+    if n > MAX_OFFSET:
+        raise PlanningError(f"{what}: offsets are at most 2**63-1, got {n}")
     return n
+
+
+_ASCII_INT = re.compile(r"-?[0-9]+")
+
+
+def _json(text: str, what: str, *, show: bool = True) -> Any:
+    """``json.loads`` whose every failure is a one-line PlanningError naming ``what``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanningError(f"{what}: not valid JSON ({exc.msg})" + (f": {text!r}" if show else "")) from None
+    except ValueError:  # Python's cap on the digits of an integer literal
+        raise PlanningError(f"{what}: a number has too many digits (offsets are at most 2**63-1)") from None
 
 
 def parse_bound(value: Any, *, what: str) -> OffsetBound:
@@ -119,10 +142,7 @@ def parse_bound(value: Any, *, what: str) -> OffsetBound:
         if low in ("latest", "last", "tail"):
             return OffsetBound.latest()
         if text.startswith("{"):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise PlanningError(f"{what}: not valid JSON ({exc.msg}): {text!r}") from None
+            value = _json(text, what)
         else:
             return OffsetBound.offset(_as_int(text, what))
     if isinstance(value, dict):
@@ -145,10 +165,7 @@ def parse_bounds(
         return {s: default for s in streams}
     raw = str(text).strip()
     if raw.startswith("{"):
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise PlanningError(f"{what}: not valid JSON ({exc.msg}): {raw!r}") from None
+        obj = _json(raw, what)
         if not isinstance(obj, dict):
             raise PlanningError(f"{what}: expected a JSON object, got {raw!r}")
         if set(obj) in ({"timestamp"}, {"offset"}):
@@ -164,13 +181,7 @@ def parse_bounds(
 
 def parse_ranges(value: str | Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     """``{"stream": [start, end], ...}`` (JSON text or a mapping) -> validated half-open ranges."""
-    if isinstance(value, str):
-        try:
-            obj = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise PlanningError(f"ranges: not valid JSON ({exc.msg})") from None
-    else:
-        obj = dict(value)
+    obj = _json(value, "ranges", show=False) if isinstance(value, str) else dict(value)
     if not isinstance(obj, dict) or not obj:
         raise PlanningError('ranges: expected a non-empty JSON object {"stream": [start, end]}')
     out: dict[str, tuple[int, int]] = {}

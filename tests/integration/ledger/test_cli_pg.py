@@ -9,6 +9,7 @@ import pytest
 from streamledger.cli import main
 from streamledger.ledger import Ledger, SourceRef
 from streamledger.protocol.rabbitmq import StreamClient
+from streamledger.sources import source_identity
 from tests.unit.ledger.util import run
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -23,10 +24,11 @@ def test_audit_against_the_broker_stored_offset(
         published = client.publish(stream, [f"m{i}".encode() for i in range(5)])
         assert published.confirmed == 5
         client.store_offset_verified(stream, "pipe", 4)
+        identity = source_identity(rabbitmq_url, client.cluster_name)  # as the batch records it
 
     assert main(["ledger", "upgrade", "--db", postgres_url]) == 0
     ledger = Ledger(postgres_url)
-    src = SourceRef("rabbitmq://127.0.0.1:5552/", stream)
+    src = SourceRef(identity, stream)
     r = ledger.claim("pipe", src, 5, run(1), initial_start=0)
     ledger.commit(r.id, records=5, first_seen=0, last_seen=4, output=None)
     ledger.mark_offset_stored(r.id, True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -91,16 +92,16 @@ def test_ledger_urls() -> None:
         ledger_url_from_connection(host=None, port=None, login=None, password=None, schema=None, extra={})
 
 
-def test_default_ledger_url(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_ledger_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("STREAMLEDGER_LEDGER_URL", raising=False)
-    monkeypatch.setenv("STREAMLEDGER_HOME", "/srv/sl")
+    monkeypatch.setenv("STREAMLEDGER_HOME", str(tmp_path / "sl"))  # created 0700 on first use
     # One default for the hook, the library and the CLI (issue 10, item 7): the audit without
     # --db reads what the DAGs wrote.
     import argparse
 
     from streamledger.cli.ledger import _url
 
-    assert default_ledger_url() == "sqlite:////srv/sl/ledger.sqlite"
+    assert default_ledger_url() == f"sqlite:///{tmp_path}/sl/ledger.sqlite"
     assert _url(argparse.Namespace(db=None)) == default_ledger_url()
     monkeypatch.setenv("STREAMLEDGER_LEDGER_URL", "postgresql+psycopg://h/db")
     assert OffsetLedgerHook().get_url() == "postgresql+psycopg://h/db"

@@ -57,7 +57,8 @@ def test_upgrade_audit_ranges_release(
     report = json.loads(out)
     assert rc == 1 and report["clean"] is False and report["violations"][0]["kind"] == "gap"
     assert "gap [10, 20)" in html.read_text()
-    rc = main(["--json", "ledger", "audit", "--db", sqlite_url, "--no-outputs"])  # the top-level --json counts too
+    # the top-level --json counts too
+    rc = main(["--json", "ledger", "audit", "--db", sqlite_url, "--no-outputs"])
     out = capsys.readouterr().out
     assert rc == 1 and json.loads(out)["violation_counts"] == {"gap": 1}
 
