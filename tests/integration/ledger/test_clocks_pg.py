@@ -12,11 +12,13 @@ import contextlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from sqlalchemy import text
 
 import streamledger.batch.run as batch_run
+import streamledger.dagster.sensors as sensors
 import streamledger.ledger.store as store
 from streamledger.batch import BatchConfig, RunId
 from streamledger.batch.run import BatchRun
@@ -32,8 +34,9 @@ FIVE_MINUTES = timedelta(minutes=5)
 
 
 @contextlib.contextmanager
-def host_clock(skew: timedelta) -> Iterator[None]:
-    """While inside, this host's clock reads ``skew`` off the true time (the database's stays true)."""
+def host_clock(skew: timedelta, *modules: ModuleType) -> Iterator[None]:
+    """While inside, this host's clock (``datetime`` as the ledger, the batch and ``modules`` see it)
+    reads ``skew`` off the true time; the database's stays true."""
     real = datetime
 
     class Skewed(real):
@@ -42,8 +45,8 @@ def host_clock(skew: timedelta) -> Iterator[None]:
             return real.now(tz) + skew  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(store, "datetime", Skewed)
-        mp.setattr(batch_run, "datetime", Skewed)
+        for module in (store, batch_run, *modules):
+            mp.setattr(module, "datetime", Skewed)
         yield
 
 
@@ -140,3 +143,12 @@ def test_the_batch_tells_a_held_range_from_a_new_one_whatever_its_clock(
     with host_clock(skew):
         assert claim(1) == "new"
         assert claim(2) == "held"  # the retry gets its own range back
+
+
+def test_the_dagster_sensor_of_a_fast_host_sees_a_beating_claim_as_running(ledger: Ledger) -> None:
+    held = ledger.claim("p", SRC, 100, run(1), initial_start=0)
+    ledger.heartbeat([held.id], run(1))
+    broker = BrokerView({SRC.stream: [Chunk(0, list(range(200)), 0)]})
+    with host_clock(TEN_MINUTES, sensors):
+        state = sensors.stream_state(broker, ledger, "p", SRC.stream, claim_timeout=300.0)
+    assert ([r.id for r in state.claimed], [r.id for r in state.gone]) == ([held.id], [])
