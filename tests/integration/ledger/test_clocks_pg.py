@@ -152,3 +152,30 @@ def test_the_dagster_sensor_of_a_fast_host_sees_a_beating_claim_as_running(ledge
     with host_clock(TEN_MINUTES, sensors):
         state = sensors.stream_state(broker, ledger, "p", SRC.stream, claim_timeout=300.0)
     assert ([r.id for r in state.claimed], [r.id for r in state.gone]) == ([held.id], [])
+
+
+def test_publish_leases_are_judged_by_the_database_clock(ledger: Ledger) -> None:
+    a = ledger.claim("p", SRC, 100, run(1), initial_start=0)
+    before = db_now(ledger)
+    with host_clock(-TEN_MINUTES):  # a slow committer holds the lease and renews it
+        done = ledger.commit(a.id, records=1, first_seen=5, last_seen=5, output="/out/p/a",
+                             staging="/out/p/.staging-a", publisher="attempt-1")
+        assert ledger.renew_publish([a.id], "attempt-1") == [a.id]
+    with host_clock(TEN_MINUTES):  # a fast run finding the range unpublished
+        taken = ledger.take_publish(a.id, "attempt-2", lease=FIVE_MINUTES)
+        audit = ledger.audit(stale_after=FIVE_MINUTES)
+    assert taken is None, "a fast host took a publish lease renewed seconds ago"
+    assert not audit.of_kind(ViolationKind.UNPUBLISHED), audit.to_text()
+    with host_clock(-TEN_MINUTES):
+        published = ledger.mark_published(a.id, "attempt-1")
+    assert done.committed_at is not None and done.committed_at >= before
+    assert published.published_at is not None and published.published_at >= before
+
+
+def test_a_commit_without_staging_is_published_at_the_database_time(ledger: Ledger) -> None:
+    a = ledger.claim("p", SRC, 100, run(1), initial_start=0)
+    before = db_now(ledger)
+    with host_clock(-TEN_MINUTES):
+        done = ledger.commit(a.id, records=1, first_seen=5, last_seen=5, output="/out/p/a")
+    assert done.published_at is not None and done.published_at >= before
+    assert done.publish_beat is None
