@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from streamledger import fs as filesystems
@@ -121,7 +121,7 @@ class BatchRun:
         self.parts: list[_Part] = []
         self.staging: str | None = None
         self._fs: filesystems.OutputFS | None = None
-        self._started = datetime.now(UTC) - timedelta(seconds=1)  # the database clock may lag ours
+        self._started: datetime | None = None  # when this batch began claiming (ledger's clock)
         self.token = run.attempt_token(uuid.uuid4().hex[:8])
         """This attempt as a publish-lease holder."""
         self.epochs: dict[str, int] = {}
@@ -213,6 +213,8 @@ class BatchRun:
         """Ask the ledger which range this run processes next (its one claim rule), then make sure
         the broker still holds it (recording retention's losses if so configured)."""
         cfg = self.config
+        if self._started is None:  # the ledger's clock, as claimed_at is: the host's may be minutes off
+            self._started = self.ledger.clock()
         src = self._source(stream)
         self.release_gone_holders(src)
         limit = plan.claim_limit(cfg, self.broker, stream, tail)
@@ -243,7 +245,7 @@ class BatchRun:
             lost = (rng.start if lost is None else lost[0], lost_end)
         else:  # pragma: no cover - each round records a non-empty span, so this means a ledger bug
             raise BatchError(f"stream {stream!r}: could not claim past retention's losses")
-        # A range claimed before this batch started is this run's own from an earlier attempt.
+        # A range claimed before this batch began claiming is this run's own from an earlier attempt.
         came = "held" if rng.claimed_at < self._started else "new"
         result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id, lost=lost,
                                  status="empty" if rng.empty else rng.status.value)

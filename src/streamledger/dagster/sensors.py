@@ -138,7 +138,7 @@ def stream_state(
         stored = client.query_offset(stream, pipeline)
         start = int(stored) + 1 if stored is not None else int(client.first_offset(stream))
     below = front if front is not None else -1
-    now = datetime.now(UTC)
+    now = ledger.clock()  # the clock the heartbeats were stamped by: this host's may be off
     open_claims = [r for r in ranges if str(r.status) == "claimed"]
     gone = [r for r in open_claims if claim_gone(r, alive, claim_timeout, now)]
     claimed = [r for r in open_claims if r not in gone]

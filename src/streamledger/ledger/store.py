@@ -21,14 +21,19 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Engine,
+    Float,
     Integer,
     String,
     Table,
     Text,
     and_,
     bindparam,
+    case,
     func,
     insert,
+    literal,
+    literal_column,
+    null,
     or_,
     select,
     text,
@@ -37,6 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, aliased
+from sqlalchemy.sql.elements import ColumnElement
 
 from streamledger.ledger import migrate
 from streamledger.ledger.audit import AuditReport, Brokers, run_audit
@@ -56,6 +62,9 @@ from streamledger.ledger.types import (
 from streamledger.sources import MAX_OFFSET
 
 _LIVE = Range.status != RangeStatus.FAILED.value
+# PostgreSQL's clock as stored (naive UTC ``timestamp``): the ledger's one clock there (Ledger._clock).
+_PG_NOW = "(now() AT TIME ZONE 'UTC')"
+_DB_NOW = literal_column(_PG_NOW, DateTime())
 
 # The hot statements are built once: constructing SQLAlchemy statements costs more Python time than
 # running them, and a reused statement also reuses its compiled form (cache key memoised).
@@ -148,10 +157,18 @@ _UNPUBLISHED = (
     )
     .order_by(Range.start_offset)
 )
+# PostgreSQL stamps the commit by its own clock (Ledger._clock): the flags say which stamps to set.
+_COMMIT_CLAIMED_PG = _COMMIT_CLAIMED.values(
+    published_at=case((bindparam("v_publish_now", type_=Boolean()), _DB_NOW), else_=null()),
+    publish_beat=case((bindparam("v_publisher", type_=String()).is_not(None), _DB_NOW), else_=null()),
+    committed_at=_DB_NOW,
+    updated_at=_DB_NOW,
+)
 _PG_CLAIM = (
     text(
         "SELECT * FROM streamledger_claim(:pipeline, :broker, :stream, :super_stream, :end_limit, "
-        ":dag_id, :run_id, :task_id, :map_index, :try_number, :initial, :now, :max_span, :abandon_before)"
+        f":dag_id, :run_id, :task_id, :map_index, :try_number, :initial, {_PG_NOW}, :max_span, "
+        f"{_PG_NOW} - make_interval(secs => :abandon_secs))"
     )
     .bindparams(
         bindparam("super_stream", type_=String()),
@@ -159,9 +176,8 @@ _PG_CLAIM = (
         bindparam("map_index", type_=Integer()),
         bindparam("try_number", type_=Integer()),
         bindparam("initial", type_=BigInteger()),
-        bindparam("now", type_=DateTime()),
         bindparam("max_span", type_=BigInteger()),
-        bindparam("abandon_before", type_=DateTime()),
+        bindparam("abandon_secs", type_=Float()),
     )
     .columns(*_RANGES.c)
 )
@@ -176,7 +192,9 @@ _MAX_TEXT = 4000
 
 
 def _now() -> datetime:
-    """Naive UTC: both dialects store ``timestamp without time zone``."""
+    """This process's clock, naive UTC (both dialects store ``timestamp without time zone``).
+
+    Only :meth:`Ledger._clock` asks it, and only for SQLite."""
     return datetime.now(UTC).replace(tzinfo=None)
 
 
@@ -331,6 +349,32 @@ class Ledger:
         except SQLAlchemyError as exc:
             raise LedgerError(f"{what}: ledger database error: {_db_message(exc)}") from exc
 
+    # -- the clock -------------------------------------------------------------------------------
+
+    def _clock(self, session: Session) -> datetime:
+        """Now by the ledger's one clock (naive UTC), for every time the ledger stores or compares.
+
+        Hosts' clocks disagree, and abandonment compares the claimer's "now" with heartbeats other
+        hosts stamped: by its own clock a host minutes fast would take a claim that beat seconds
+        ago. So the time is the database's. PostgreSQL: its ``now()`` (the transaction's start),
+        which the one-statement paths (claim, commit, heartbeat) embed via :meth:`_clock_sql`
+        instead of reading it first. SQLite evaluates 'now' in the process that opens the file, so
+        its clock is this process's (a SQLite ledger is one host's file).
+        """
+        if self.dialect == "postgresql":
+            return session.execute(select(_DB_NOW)).scalar_one()
+        return _now()
+
+    def clock(self) -> datetime:
+        """Now by the ledger's clock (aware UTC): compare the ledger's timestamps with this, never
+        with the host's (see :meth:`_clock`)."""
+        with self._tx("read the ledger clock", write=False) as session:
+            return _utc(self._clock(session))
+
+    def _clock_sql(self) -> ColumnElement[datetime]:
+        """:meth:`_clock` inside a statement: no round trip of its own on PostgreSQL."""
+        return _DB_NOW if self.dialect == "postgresql" else literal(_now(), DateTime())
+
     # -- sources ---------------------------------------------------------------------------------
 
     def _insert(self) -> Callable[[Any], Any]:
@@ -342,7 +386,7 @@ class Ledger:
         found = session.scalars(_LOCK_SOURCE_BY_NAME, names).one_or_none()
         if found is not None:
             return found
-        now = _now()
+        now = self._clock(session)
         insert = self._insert()
         session.execute(
             insert(Pipeline)
@@ -451,13 +495,13 @@ class Ledger:
         if abandon_after is not None and abandon_after < timedelta(0):
             raise LedgerError(f"abandon_after must not be negative, got {abandon_after}")
         what = f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}"
-        now = _now()
-        abandon_before = None if abandon_after is None else now - abandon_after
         if self.dialect == "postgresql":
             return self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
-                                  abandon_before, now)
+                                  abandon_after)
         with self._tx(what) as session:
             src = self._lock_source(session, pipeline, source)
+            now = self._clock(session)
+            abandon_before = None if abandon_after is None else now - abandon_after
             mine = session.scalars(
                 _HELD_BY_RUN,
                 {
@@ -547,10 +591,10 @@ class Ledger:
         run: RunIdentity,
         initial_start: int | None,
         max_span: int | None,
-        abandon_before: datetime | None,
-        now: datetime,
+        abandon_after: timedelta | None,
     ) -> OffsetRange:
-        """PostgreSQL: the same rule in one server-side call (migration 0004), one round trip."""
+        """PostgreSQL: the same rule in one server-side call (migration 0004), one round trip; its
+        ``now`` and abandonment cutoff are the server's clock (:meth:`_clock`)."""
         params = {
             "pipeline": pipeline,
             "broker": source.broker,
@@ -563,9 +607,8 @@ class Ledger:
             "map_index": run.map_index,
             "try_number": run.try_number,
             "initial": initial_start,
-            "now": now,
             "max_span": max_span,
-            "abandon_before": abandon_before,
+            "abandon_secs": None if abandon_after is None else abandon_after.total_seconds(),
         }
         with self._errors(what), self._engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT")  # the call is its own transaction
@@ -586,7 +629,7 @@ class Ledger:
         """
         if not range_ids:
             return []
-        now = _now()
+        now = self._clock_sql()
         with self._tx(f"heartbeat of {run}") as session:
             held = session.scalars(
                 update(Range)
@@ -773,24 +816,28 @@ class Ledger:
             "v_output": _clip(output) if output is not None else None,
             "v_staging": _clip(staging) if staging is not None else None,
             "v_publisher": publisher if records else None,
-            "v_publish_beat": None,
-            "v_now": _now(),
+            # Without a staging copy the output is already where it belongs: nothing left to publish.
+            "v_publish_now": bool(records and staging is None),
         }
-        if params["v_publisher"] is not None:
-            params["v_publish_beat"] = params["v_now"]
-        # Without a staging copy the output is already where it belongs: nothing left to publish.
-        params["v_published"] = params["v_now"] if records and staging is None else None
         if self.dialect == "postgresql":
             # The common case is one atomic statement: run it without BEGIN/COMMIT round trips.
             with self._errors(what), self._engine.connect() as conn:
                 conn.execution_options(isolation_level="AUTOCOMMIT")
-                fast = conn.execute(_COMMIT_CLAIMED, params).first()
+                fast = conn.execute(_COMMIT_CLAIMED_PG, params).first()
                 if fast is not None:
                     with Session(conn) as session:
                         pipeline, ref = self._source_info(session, fast.source_id)
                     return _snapshot(fast, pipeline, ref)
         with self._tx(what) as session:
-            fast = None if self.dialect == "postgresql" else session.execute(_COMMIT_CLAIMED, params).first()
+            fast = None
+            if self.dialect != "postgresql":
+                now = self._clock(session)
+                fast = session.execute(_COMMIT_CLAIMED, {
+                    **params,
+                    "v_now": now,
+                    "v_published": now if params["v_publish_now"] else None,
+                    "v_publish_beat": now if params["v_publisher"] is not None else None,
+                }).first()
             if fast is not None:
                 pipeline, ref = self._source_info(session, fast.source_id)
                 return _snapshot(fast, pipeline, ref)
@@ -807,7 +854,7 @@ class Ledger:
                 )
             if row.status != RangeStatus.CLAIMED.value:
                 raise LedgerError(f"{label} is {row.status}; only a claimed range can be committed")
-            now = _now()
+            now = self._clock(session)
             row.status = RangeStatus.COMMITTED.value
             row.records = records
             row.first_seen = first_seen
@@ -873,7 +920,7 @@ class Ledger:
                 )
             row.offset_stored = True
             row.offset_verified = bool(verified)
-            row.updated_at = _now()
+            row.updated_at = self._clock_sql()  # stamped in the UPDATE
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -899,9 +946,9 @@ class Ledger:
         """
         if lease < timedelta(0):
             raise LedgerError(f"lease must not be negative, got {lease}")
-        now = _now()
         with self._tx(f"take the publish lease of range {range_id}") as session:
             row, pipeline, src = self._load(session, range_id, lock=True)
+            now = self._clock(session)
             if row.status != RangeStatus.COMMITTED.value or not row.records or row.published_at is not None:
                 return None
             beat = row.publish_beat
@@ -915,7 +962,7 @@ class Ledger:
         """Renew ``publisher``'s publish leases; returns the ids it still holds (unpublished)."""
         if not range_ids:
             return []
-        now = _now()
+        now = self._clock_sql()
         with self._tx(f"renew publish leases of {publisher}") as session:
             held = session.scalars(
                 update(Range)
@@ -948,9 +995,9 @@ class Ledger:
         Refused when another attempt holds the lease: that attempt may be copying into the same
         directory, so this one's copy proves nothing.
         """
-        now = _now()
         with self._tx(f"mark range {range_id} published") as session:
             row, pipeline, src = self._load(session, range_id, lock=True)
+            now = self._clock(session)
             label = f"range {range_id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset}))"
             if row.status != RangeStatus.COMMITTED.value:
                 raise LedgerError(f"{label} is {row.status}; only a committed range is published")
@@ -995,7 +1042,7 @@ class Ledger:
                 )
             src.broker = retired
             session.flush()
-            now = _now()
+            now = self._clock(session)
             fresh = Source(pipeline_id=src.pipeline_id, broker=source.broker, stream=source.stream,
                            super_stream=source.super_stream, created_at=now, epoch=old + 1)
             session.add(fresh)
@@ -1047,7 +1094,7 @@ class Ledger:
                 )
             row.status = RangeStatus.FAILED.value
             row.error = _clip(str(reason) or "failed")
-            row.updated_at = _now()
+            row.updated_at = self._clock_sql()  # stamped in the UPDATE
 
     def record_lost(
         self, pipeline: str, source: SourceRef, start: int, end: int, run: RunIdentity, reason: str
@@ -1066,7 +1113,7 @@ class Ledger:
         what = f"record lost [{start}, {end}) for pipeline {pipeline!r} stream {source.stream!r}"
         with self._tx(what) as session:
             src = self._lock_source(session, pipeline, source)
-            now = _now()
+            now = self._clock(session)
             mine = session.scalars(
                 select(Range).where(
                     Range.source_id == src.id,
@@ -1150,8 +1197,9 @@ class Ledger:
         """
         if older_than < timedelta(0):
             raise LedgerError(f"older_than must not be negative, got {older_than}")
-        cutoff = _now() - older_than
         with self._tx("release stale claims") as session:
+            now = self._clock(session)
+            cutoff = now - older_than
             query = (
                 select(Range, Source, Pipeline.name)
                 .join(Source, Source.id == Range.source_id)
@@ -1171,7 +1219,6 @@ class Ledger:
             rows = session.execute(query.with_for_update(of=Range)).all()
             if not rows:
                 return []
-            now = _now()
             ids = [r[0].id for r in rows]
             session.execute(
                 update(Range)
@@ -1225,5 +1272,6 @@ class Ledger:
                 return self._watermark(session, name, session.get_one(Source, source_id))
 
             return run_audit(
-                session, pipeline=pipeline, broker=broker, stale_after=stale_after, now=_now(), watermark=mark
+                session, pipeline=pipeline, broker=broker, stale_after=stale_after, now=self._clock(session),
+                watermark=mark
             )
