@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from streamledger.fs import LOCAL, OutputFS, join, local_path, parent
-from streamledger.manifest import MANIFEST, Manifest, ManifestError
+from streamledger.manifest import MANIFEST, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,11 @@ __all__ = [
 def write_manifest(directory: str, manifest: Manifest | Mapping[str, Any], fs: OutputFS = LOCAL) -> None:
     """Write ``_manifest.json`` atomically where the file system allows (temp + rename; one PUT)."""
     fs.mkdirs(directory)
-    typed = manifest if isinstance(manifest, Manifest) else Manifest.from_dict(manifest)
-    fs.write_bytes(join(directory, MANIFEST), typed.to_json())
+    if isinstance(manifest, Manifest):
+        text = manifest.to_json()
+    else:
+        text = (json.dumps(dict(manifest), indent=2, sort_keys=True) + "\n").encode()
+    fs.write_bytes(join(directory, MANIFEST), text)
 
 
 def read_manifest(directory: str, fs: OutputFS = LOCAL) -> dict[str, Any] | None:
@@ -57,10 +60,10 @@ def load_manifest(directory: str, fs: OutputFS = LOCAL) -> Manifest | None:
 def published(final: str, range_id: int, fs: OutputFS = LOCAL) -> bool:
     """True when ``final`` holds the published output of ledger range ``range_id``."""
     try:
-        manifest = load_manifest(final, fs)
-    except ManifestError:
+        manifest = read_manifest(final, fs)
+    except ValueError:  # a half-written or foreign file: not this range's output
         return False
-    return manifest is not None and manifest.range_id == range_id
+    return isinstance(manifest, dict) and manifest.get("range_id") == range_id
 
 
 def _unfinished_copy(staging: str, final: str, fs: OutputFS) -> bool:

@@ -421,8 +421,16 @@ class BatchRun:
         its publish failed, after the commit), so the offset stored next never passes one."""
         mine = {p.range.id for p in self.parts if p.range is not None}
         for p in self.parts:
-            if p.range is not None and p.range.needs_publish:
-                self.publish_range(p.range, p.staging, own=True)
+            rng = p.range
+            if rng is None or rng.status.value != "committed" or not rng.records:
+                continue
+            if rng.needs_publish:
+                self.publish_range(rng, p.staging, own=True)
+            elif p.result.start_from == "held" and rng.output and not outputs.published(rng.output, rng.id,
+                                                                                        self.fs):
+                # A retry finds its published output deleted by hand: restore it if the broker still
+                # holds exactly the committed records (the audit reports it missing meanwhile).
+                self.reread_committed(rng, rng.output, lambda: None)
         for p in self.parts:
             for rng in self.ledger.unpublished(self.config.pipeline, p.source):
                 if rng.id not in mine:
