@@ -26,16 +26,19 @@ half-open offset range ``[start, end)``; the ledger is the source of truth for w
 3. **verify**: the job's manifest must name each range exactly, with first/last offsets inside it.
 4. **commit**: each range moves to ``committed`` with its record count, first/last offsets, final
    output path and staging path. Only the claim's holder can commit (fencing).
-5. **publish**: each committed range's staging directory is renamed to
+5. **publish** (under the range's publish lease, which the commit hands the committer): each
+   committed range's staging directory is renamed to
    ``<root>/<pipeline>/<stream>/<start>-<end>/`` (where a rename is not atomic, on object stores,
    its files are copied, the manifest last, and staging is deleted; see ``outputs``). A published
    directory is never deleted or rewritten: retries of a committed range do not read the stream
    again (they finish the publish from the staging copy the ledger recorded; only if both copies
    were deleted by hand is the range re-read, and published only if the broker still holds exactly
-   the committed records).
+   the committed records). Every run also publishes committed ranges an earlier run left
+   unpublished (it died after its commit and was never retried, or its publish failed), so the
+   store step never passes one.
 6. **store offset = low watermark**: the broker's stored offset becomes the last committed record
-   of the source's contiguous done prefix (committed or lost ranges up to the first open claim or
-   failed hole), and only when the broker is behind it. It never passes a range nobody committed;
+   of the source's contiguous done prefix (committed or lost ranges up to the first open claim,
+   failed hole or unpublished output), and only when the broker is behind it. It never passes a range nobody committed;
    a range committed behind an open claim is covered once that claim commits. Idle stays idle:
    when no record was added nothing is stored (a StoreOffset writes a tracking chunk, which takes
    an offset), so a pipeline without new user data writes nothing to the stream and starts no job.
@@ -52,6 +55,15 @@ What a crash at each step leads to (a retry or a cleared task runs the same iden
   the broker behind the ledger meanwhile).
 * a worker that stalls past ``claim_timeout`` loses its claim: its commit is refused, so it can
   neither commit nor publish what it read.
+* after **commit**, never retried: the next run of the pipeline publishes the range (see 5).
+* an ambiguous **commit** (the reply lost): the range is read back; the staging copy is deleted
+  only when the ledger says nothing points at it.
+
+Before claiming, every partition is checked to still be the stream the ledger read: a committed
+tail below the ledger's end, or a broker that lost the offset the ledger stored, means the stream
+was deleted and re-created; the batch refuses (nothing claimed or stored) until
+``streamledger ledger new-epoch`` starts a new history. ``streamledger.batch.proof.audit`` is the
+audit plus the published outputs' check.
 
 Tests stop a batch after any step through ``on_step`` (``run_batch(..., on_step=hook)``); nothing
 in production reads a crash switch from the environment.
