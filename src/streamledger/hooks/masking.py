@@ -18,6 +18,9 @@ from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit
 
 # Query parameters of a URL that carry secrets (libpq's ``password``/``sslpassword``, tokens, keys).
 _SECRET_PARAM = re.compile(r"password|passwd|secret|token|key", re.IGNORECASE)
+# SQLAlchemy's reading of the user info: the password runs to the first "@" and may hold a "/" (Jinja's
+# ``urlencode`` leaves it), where ``urlsplit`` would end the host part there.
+_USERINFO_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^:/@]*:(?P<password>[^@]*)@")
 
 
 def secret_forms(secret: str) -> list[str]:
@@ -47,11 +50,13 @@ def mask_url(url: str | None) -> None:
         return
     try:
         parts = urlsplit(url)
-        written = parts.password
+        written = {parts.password}
     except ValueError:  # not a URL we can take apart: the whole string is all we can mask
         _mask(url)
         return
-    secrets = [unquote(written), written] if written else []
+    match = _USERINFO_PASSWORD.match(url)
+    written.add(match.group("password") if match else None)
+    secrets = [s for w in written if w for s in (unquote(w), w)]
     secrets += [value for key, value in parse_qsl(parts.query) if _SECRET_PARAM.search(key) and value]
     for secret in secrets:
         mask_password(secret)
