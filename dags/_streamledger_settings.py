@@ -10,14 +10,16 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_START_DATE`` | ``2026-01-01T00:00:00+00:00`` | first data interval's start |
 | ``STREAMLEDGER_SPARK_CONN_ID`` | (unset) | run the job via spark-submit on this connection |
 | ``STREAMLEDGER_SPARK_CONNECT_CONN_ID`` | (unset) | run the job on this ``spark_connect`` server |
+| ``STREAMLEDGER_DAG_LEDGER_URL`` | (unset) | ``ledger_url`` of the backfill DAG's tasks (templated, e.g. ``{{ var.value.ledger_url }}``) |
 | ``STREAMLEDGER_OUTPUT_ROOT`` | ``$STREAMLEDGER_HOME/output`` | where range directories are written |
 | ``STREAMLEDGER_EVENT_PIPELINE`` | ``<pipeline>-on-arrival`` | pipeline of the event-driven DAG |
 | ``STREAMLEDGER_MIN_BACKLOG`` | ``1`` | new offsets that start an event-driven run |
 | ``STREAMLEDGER_POLL_INTERVAL`` | ``30`` | seconds between the event trigger's checks |
 | ``STREAMLEDGER_MAX_RECORDS`` | ``1000000`` | cap per partition and batch (event-driven, mapped) |
 
-The broker comes from the ``rabbitmq_stream_default`` connection, the ledger from
-``STREAMLEDGER_LEDGER_URL`` (default: SQLite under ``$STREAMLEDGER_HOME``).
+The broker comes from the ``rabbitmq_stream_default`` connection, the ledger from the backfill DAG's
+``ledger_url`` when ``STREAMLEDGER_DAG_LEDGER_URL`` is set, else ``STREAMLEDGER_LEDGER_URL`` (default:
+SQLite under ``$STREAMLEDGER_HOME``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ START_DATE = datetime.fromisoformat(os.environ.get("STREAMLEDGER_START_DATE", "2
 SPARK_CONN_ID = os.environ.get("STREAMLEDGER_SPARK_CONN_ID") or None
 SPARK_CONNECT_CONN_ID = os.environ.get("STREAMLEDGER_SPARK_CONNECT_CONN_ID") or None
 OUTPUT_ROOT = os.environ.get("STREAMLEDGER_OUTPUT_ROOT") or None
+LEDGER_URL = os.environ.get("STREAMLEDGER_DAG_LEDGER_URL") or None
 EVENT_PIPELINE = os.environ.get("STREAMLEDGER_EVENT_PIPELINE") or f"{PIPELINE}-on-arrival"
 MIN_BACKLOG = int(os.environ.get("STREAMLEDGER_MIN_BACKLOG", "1"))
 POLL_INTERVAL = float(os.environ.get("STREAMLEDGER_POLL_INTERVAL", "30"))

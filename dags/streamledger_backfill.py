@@ -15,6 +15,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from _streamledger_settings import (
+    LEDGER_URL,
     OUTPUT_ROOT,
     PIPELINE,
     SPARK_CONN_ID,
@@ -49,9 +50,11 @@ with DAG(
         spark_conn_id=SPARK_CONN_ID,
         spark_connect_conn_id=SPARK_CONNECT_CONN_ID,
         output_root=OUTPUT_ROOT,
+        ledger_url=LEDGER_URL,
         outlets=[events],
     )
     audit = LedgerAuditOperator(
-        task_id="audit", pipeline=PIPELINE, rabbitmq_stream_conn_id="rabbitmq_stream_default", retries=0
+        task_id="audit", pipeline=PIPELINE, rabbitmq_stream_conn_id="rabbitmq_stream_default",
+        ledger_url=LEDGER_URL, retries=0,
     )
     read >> audit

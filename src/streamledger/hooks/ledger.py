@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 from airflow.sdk import BaseHook
 
+from streamledger.hooks.masking import mask_password, mask_url
 from streamledger.provider import LEDGER_UI
 
 if TYPE_CHECKING:
@@ -115,19 +116,20 @@ class OffsetLedgerHook(BaseHook):
         }
 
     def get_url(self) -> str:
+        """The ledger URL; its password (every form) is registered with the secret masker first."""
         if self.ledger_url:
-            return self.ledger_url
-        if self.ledger_conn_id:
+            url = self.ledger_url
+        elif self.ledger_conn_id:
             conn = self.get_connection(self.ledger_conn_id)
-            if conn.password:
-                from airflow.sdk.log import mask_secret
-
-                mask_secret(conn.password)
-            return ledger_url_from_connection(
+            mask_password(conn.password)
+            url = ledger_url_from_connection(
                 host=conn.host, port=conn.port, login=conn.login, password=conn.password,
                 schema=conn.schema, extra=conn.extra_dejson,
             )
-        return default_ledger_url()
+        else:
+            url = default_ledger_url()
+        mask_url(url)
+        return url
 
     def get_conn(self) -> Ledger:
         """The ledger (created once per hook; SQLite parent directories are created)."""

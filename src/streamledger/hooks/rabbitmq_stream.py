@@ -6,7 +6,8 @@ Connection fields: host, port (5552; 5551 for TLS), login, password, schema = vi
 default, or ``amqp10``: the create/delete operators then manage topology over AMQP 1.0 through
 RabbitMQ 4's ``/management`` node) and ``amqp_port`` (5672; 5671 for TLS). A connection URI such as
 ``rabbitmq-stream://user:pass@host:5552/vhost?tls=true`` works as well (Airflow turns the query into
-extra). The password is registered with Airflow's secret masker and never logged by this module.
+extra). The password, its encoded forms and the URLs holding it are registered with Airflow's secret
+masker (:mod:`streamledger.hooks.masking`) and never logged by this module.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from urllib.parse import quote, urlencode
 
 from airflow.sdk import BaseHook
 
+from streamledger.hooks.masking import mask_password, mask_url
 from streamledger.provider import RABBITMQ_STREAM_UI
 
 if TYPE_CHECKING:
@@ -131,12 +133,13 @@ class RabbitMQStreamHook(BaseHook):
     def get_url(self) -> str:
         """The broker URL including the password: pass it on, never log it."""
         conn = self._connection
-        if conn.password:
-            self._mask(conn.password)
-        return connection_url(
+        mask_password(conn.password)
+        url = connection_url(
             host=conn.host, port=conn.port, login=conn.login, password=conn.password,
             vhost=conn.schema, extra=conn.extra_dejson,
         )
+        mask_url(url)
+        return url
 
     def broker_identity(self, client: StreamClient | None = None) -> str:
         """A credential-free broker name, as the ledger records it: the cluster name the broker
@@ -167,10 +170,10 @@ class RabbitMQStreamHook(BaseHook):
         from streamledger.protocol.amqp10 import Management
 
         conn = self._connection
-        if conn.password:
-            self._mask(conn.password)
+        mask_password(conn.password)
         url = amqp10_url(host=conn.host, login=conn.login, password=conn.password, vhost=conn.schema,
                          extra=conn.extra_dejson)
+        mask_url(url)
         return Management.connect(url, timeout=self.timeout)
 
     def test_connection(self) -> tuple[bool, str]:
@@ -185,11 +188,3 @@ class RabbitMQStreamHook(BaseHook):
             return True, message
         except Exception as exc:
             return False, f"{type(exc).__name__}: {exc}"
-
-    @staticmethod
-    def _mask(secret: str) -> None:
-        try:
-            from airflow.sdk.log import mask_secret
-        except ImportError:  # pragma: no cover - older task SDKs
-            return
-        mask_secret(secret)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
+from streamledger.hooks.masking import mask_password
 from streamledger.provider import TUBEMQ_UI
 
 if TYPE_CHECKING:
@@ -65,10 +66,7 @@ class TubeMQHook(BaseHook):
     def get_conn(self) -> dict[str, Any]:
         """``{"masters": [(host, port)...], "user": ..., "secret": ..., "timeout": s}`` for the client."""
         conn = self.get_connection(self.tubemq_conn_id)
-        if conn.password:
-            from airflow.sdk.log import mask_secret
-
-            mask_secret(conn.password)
+        mask_password(conn.password)
         return {
             "masters": parse_masters(conn.host, conn.port),
             "user": conn.login or None,

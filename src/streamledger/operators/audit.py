@@ -16,6 +16,7 @@ from airflow.sdk import BaseOperator, Context
 from streamledger.batch.proof import audit
 from streamledger.errors import StreamledgerError
 from streamledger.hooks.ledger import OffsetLedgerHook
+from streamledger.hooks.masking import MaskRenderedUrls
 from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
 
 
@@ -23,7 +24,7 @@ class LedgerAuditFailed(StreamledgerError):
     """The audit found violations."""
 
 
-class LedgerAuditOperator(BaseOperator):
+class LedgerAuditOperator(MaskRenderedUrls, BaseOperator):
     """Audit the offset ledger.
 
     :param pipeline: audit one pipeline (default: all). Templated.

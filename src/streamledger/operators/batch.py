@@ -34,6 +34,7 @@ from streamledger.batch import (
 from streamledger.batch.runners import SparkConnectRunner
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
+from streamledger.hooks.masking import MaskRenderedUrls, mask_url
 from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
 
 if TYPE_CHECKING:
@@ -71,9 +72,12 @@ def connect_runner(url: str) -> SparkConnectRunner:
 class SparkSubmitRunner:
     """Runs the job with the apache-spark provider's ``SparkSubmitHook`` (a Spark cluster or local).
 
-    The broker URL travels in the ``STREAMLEDGER_RABBITMQ_URL`` environment variable, not on the
-    command line, so it never shows in process lists or the logged spark-submit command. That works
-    for client deploy mode (the driver runs where spark-submit runs).
+    The broker URL reaches the job in a file (``job.url_file``: mode 0600 in a private directory,
+    removed after the submit), and only the file's path is on the command line (``--url-file``).
+    Environment variables are no way to carry it: on YARN and Kubernetes the hook turns them into
+    ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` arguments, which the
+    process list and the logged spark-submit command show. In cluster deploy mode the driver runs
+    elsewhere, so the file is shipped with ``--files`` (docs/airflow.md, "Secrets").
     """
 
     def __init__(self, conn_id: str, *, conf: Mapping[str, str] | None = None, name: str = "streamledger",
@@ -89,26 +93,44 @@ class SparkSubmitRunner:
         if self._hook is not None:
             self._hook.on_kill()
 
-    def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
-                 splits: int) -> Mapping[str, Any]:
+    def deploy_mode(self) -> str | None:
+        """The deploy mode as the hook resolves it: ``deploy_mode`` given, else the connection's
+        extra ``deploy-mode``."""
+        if self.submit_kwargs.get("deploy_mode"):
+            return str(self.submit_kwargs["deploy_mode"])
+        from airflow.sdk import BaseHook
+
+        mode = BaseHook.get_connection(self.conn_id).extra_dejson.get("deploy-mode")
+        return str(mode) if mode else None
+
+    def hook(self, url_file: Path, *, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
+             splits: int) -> Any:
+        """The ``SparkSubmitHook`` for one run whose URL is in ``url_file``."""
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-        import streamledger.spark.job as job
-
         env = {
-            "STREAMLEDGER_RABBITMQ_URL": url,
             "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
         }
-        args = ["--ranges", json.dumps({s: list(r) for s, r in ranges.items()}), "--output", output,
-                "--format", fmt, "--splits", str(splits)]
-        hook = SparkSubmitHook(conn_id=self.conn_id, conf=self.conf, name=self.name, application_args=args,
-                               env_vars=env, **self.submit_kwargs)
-        self._hook = hook
-        try:
-            hook.submit(application=str(Path(job.__file__)))
-        finally:
-            self._hook = None
+        args = ["--url-file", str(url_file), "--ranges", json.dumps({s: list(r) for s, r in ranges.items()}),
+                "--output", output, "--format", fmt, "--splits", str(splits)]
+        kwargs = dict(self.submit_kwargs)
+        if self.deploy_mode() == "cluster":
+            kwargs["files"] = ",".join(f for f in (kwargs.get("files"), str(url_file)) if f)
+        return SparkSubmitHook(conn_id=self.conn_id, conf=self.conf, name=self.name, application_args=args,
+                               env_vars=env, **kwargs)
+
+    def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
+                 splits: int) -> Mapping[str, Any]:
+        import streamledger.spark.job as job
+
+        mask_url(url)  # spark-submit's own output is logged line by line
+        with job.url_file(url) as path:
+            self._hook = self.hook(path, ranges=ranges, output=output, fmt=fmt, splits=splits)
+            try:
+                self._hook.submit(application=str(Path(job.__file__)))
+            finally:
+                self._hook = None
         return read_manifest(output)
 
 
@@ -135,7 +157,7 @@ def run_identity(ti: Any) -> RunId:
                  int(ti.try_number or 1))
 
 
-class StreamBatchOperator(BaseOperator):
+class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
     """Process the next offset range of every partition of a stream or super stream, exactly once.
 
     :param pipeline: consumer reference (<= 256 chars): names the ledger history and the broker's

@@ -18,10 +18,11 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
+from streamledger.hooks.masking import MaskRenderedUrls
 from streamledger.triggers.backlog import StreamBacklogTrigger, measure_backlog
 
 
-class StreamBacklogSensor(BaseSensorOperator):
+class StreamBacklogSensor(MaskRenderedUrls, BaseSensorOperator):
     """Succeeds when ``min_backlog`` offsets wait to be processed for ``pipeline``.
 
     :param pipeline: consumer reference. Templated.

@@ -15,6 +15,10 @@ All streams are read by one Spark job in parallel; with more than one, each stre
 their own subdirectory (``manifest["streams"][s]["path"]``; one stream is written flat). The
 manifest's counts and first/last offsets are metrics observed on the rows as they are written (see
 ``_observe_written``), not taken from the plan, so a verifier can compare them with the planned range.
+
+Credentials: a submitted job gets its URL from a file (``--url-file``, written by :func:`url_file`
+with mode 0600 in a private directory), never from its command line, which process lists, the
+spark-submit log line and the cluster's application record all show.
 """
 
 from __future__ import annotations
@@ -29,10 +33,13 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
+import shutil
+import tempfile
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +60,7 @@ from streamledger.spark.session import DEFAULT_MASTER, build_session, register_s
 
 FORMATS = ("parquet", "orc", "json")
 PART_COLUMN = "streamledger_part"  # no leading "_": pyarrow skips such paths
+URL_FILE_NAME = "streamledger-url"
 
 
 class JobError(StreamledgerError):
@@ -239,6 +247,38 @@ def resolve_ranges(
     return {r.stream: (r.requested_start, r.end) for r in planned}
 
 
+@contextlib.contextmanager
+def url_file(url: str) -> Iterator[Path]:
+    """``url`` in a file only this user can read (0600 in a fresh 0700 directory), removed on exit.
+
+    Its *path* is what travels (``--url-file``): a path is no secret. In cluster deploy mode the
+    driver runs elsewhere; ship the file with ``--files`` and the job finds it by name (see
+    :func:`read_url_file`).
+    """
+    directory = Path(tempfile.mkdtemp(prefix="streamledger-"))
+    try:
+        path = directory / URL_FILE_NAME
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(url + "\n")
+        yield path
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def read_url_file(path: str) -> str:
+    """The URL in ``path``, or in a file of the same name in the working directory (where YARN and
+    Kubernetes put ``--files`` for a driver in cluster deploy mode)."""
+    for candidate in (Path(path), Path(os.path.basename(path))):
+        if candidate.is_file():
+            url = candidate.read_text().strip()
+            if not url:
+                raise PlanningError(f"--url-file {path}: the file is empty")
+            return url
+    raise PlanningError(f"--url-file {path}: no such file here or in the working directory "
+                        "(in cluster deploy mode, ship it with --files)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="streamledger.spark.job",
@@ -247,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--url", default=os.environ.get("STREAMLEDGER_RABBITMQ_URL"),
                    help="rabbitmq-stream://user:pass@host:5552/vhost or mewbase://[user:pass@]host:port "
-                   "(default: $STREAMLEDGER_RABBITMQ_URL)")
+                   "(default: $STREAMLEDGER_RABBITMQ_URL); a password here shows in process lists")
+    p.add_argument("--url-file", help="read the URL from this file instead (keeps the password off "
+                   "the command line); wins over --url")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--stream", action="append", default=[], help="a stream or channel (repeatable)")
     src.add_argument("--super-stream", help="all partitions of this super stream")
@@ -277,8 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.url_file:
+            args.url = read_url_file(args.url_file)
         if not args.url:
-            raise PlanningError("--url is required (or set STREAMLEDGER_RABBITMQ_URL)")
+            raise PlanningError("--url or --url-file is required (or set STREAMLEDGER_RABBITMQ_URL)")
         if args.ranges:
             if args.stream or args.super_stream:
                 raise PlanningError("--ranges names the streams itself; drop --stream/--super-stream")
