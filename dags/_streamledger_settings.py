@@ -10,7 +10,7 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_START_DATE`` | ``2026-01-01T00:00:00+00:00`` | first data interval's start |
 | ``STREAMLEDGER_SPARK_CONN_ID`` | (unset) | run the job via spark-submit on this connection |
 | ``STREAMLEDGER_SPARK_CONNECT_CONN_ID`` | (unset) | run the job on this ``spark_connect`` server |
-| ``STREAMLEDGER_DAG_LEDGER_URL`` | (unset) | templated ``ledger_url`` of the backfill tasks (``{{ var.value.x }}``) |
+| ``STREAMLEDGER_DAG_LEDGER_URL`` | (unset) | templated ``ledger_url`` of the backfill tasks |
 | ``STREAMLEDGER_OUTPUT_ROOT`` | ``$STREAMLEDGER_HOME/output`` | where range directories are written |
 | ``STREAMLEDGER_EVENT_PIPELINE`` | ``<pipeline>-on-arrival`` | pipeline of the event-driven DAG |
 | ``STREAMLEDGER_MIN_BACKLOG`` | ``1`` | new offsets that start an event-driven run |
