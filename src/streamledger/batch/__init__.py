@@ -41,7 +41,8 @@ half-open offset range ``[start, end)``; the ledger is the source of truth for w
    failed hole or unpublished output), and only when the broker is behind it. It never passes a
    range nobody committed; a range committed behind an open claim is covered once that claim
    commits. Idle stays idle: when no record was added nothing is stored (a StoreOffset writes a
-   tracking chunk, which takes an offset), so a pipeline without new user data writes nothing to the stream and starts no job.
+   tracking chunk, which takes an offset), so a pipeline without new user data writes nothing to
+   the stream and starts no job.
 
 What a crash at each step leads to (a retry or a cleared task runs the same identity again):
 
