@@ -95,7 +95,7 @@ def test_the_offset_never_passes_a_committed_range_whose_publish_lease_is_still_
     notes = audit(ledger, PIPE, broker=client)
     assert [v.kind for v in notes.notes] == [ViolationKind.UNPUBLISHED]
     time.sleep(2.2)
-    quiet = audit(ledger, PIPE, stale_after=timedelta(seconds=2))
+    quiet = audit(ledger, PIPE, stale_after=timedelta(seconds=1))
     assert quiet.of_kind(ViolationKind.UNPUBLISHED), quiet.to_text()  # its lease went quiet: a violation
     run_batch(cfg, run=rid("c", run="r3"), ledger=ledger, broker=client, runner=runner)
     assert sorted(committed_bodies(ledger, PIPE)) == expected(s, 200)

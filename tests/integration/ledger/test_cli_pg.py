@@ -34,14 +34,16 @@ def test_audit_against_the_broker_stored_offset(
     ledger.mark_offset_stored(r.id, True)
     capsys.readouterr()
 
-    rc = main(["ledger", "audit", "--db", postgres_url, "--pipeline", "pipe", "--broker-url", rabbitmq_url])
+    rc = main(["ledger", "audit", "--db", postgres_url, "--pipeline", "pipe", "--broker-url", rabbitmq_url,
+               "--no-outputs"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "broker offsets: checked" in out and "CLEAN" in out
 
     with StreamClient.connect(rabbitmq_url) as client:
         client.store_offset_verified(stream, "pipe", 2)  # someone rewound the consumer
-    rc = main(["ledger", "audit", "--db", postgres_url, "--broker-url", rabbitmq_url, "--json"])
+    rc = main(["ledger", "audit", "--db", postgres_url, "--broker-url", rabbitmq_url, "--json",
+               "--no-outputs"])
     report = json.loads(capsys.readouterr().out)
     assert rc == 1
     assert [(v["kind"], v["stream"]) for v in report["violations"]] == [("broker_drift", stream)]
