@@ -11,7 +11,6 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from streamledger.errors import StreamledgerError
-from streamledger.ledger.types import pipeline_name_problem
 
 
 class BatchError(StreamledgerError):
@@ -85,21 +84,12 @@ class BatchConfig:
     claim_timeout: float = 600.0
 
     def __post_init__(self) -> None:
-        problem = pipeline_name_problem(self.pipeline)
+        from streamledger.batch.position import source_problem
+
+        problem = source_problem(self.pipeline, self.stream, self.super_stream, self.url)
         if problem is not None:
             raise BatchError(problem)
         name = f"pipeline {self.pipeline!r}"
-        if (self.stream is None) == (self.super_stream is None):
-            raise BatchError(f"{name}: give exactly one of stream or super_stream")
-        if self.super_stream is not None:
-            from streamledger.sources import find_kind
-
-            kind = find_kind(self.url)  # None: an unknown scheme, reported when the batch connects
-            if kind is not None and not kind.super_streams:
-                raise BatchError(
-                    f"{name}: super_stream is only available for rabbitmq sources; a {kind.name} URL "
-                    f"names one {kind.unit}: give stream="
-                )
         if self.max_records is not None:
             warnings.warn(
                 "BatchConfig.max_records counts offsets, not records (tracking chunks take offsets); "

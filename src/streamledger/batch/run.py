@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -28,10 +28,11 @@ from streamledger.batch.config import (
     RunId,
     StepHook,
 )
+from streamledger.batch.position import PipelineSource, cluster_name, measure, user_records
 from streamledger.manifest import Manifest, ManifestError
 
 if TYPE_CHECKING:
-    from streamledger.ledger import Ledger, OffsetRange, RunIdentity, SourceRef
+    from streamledger.ledger import Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
 
 log = logging.getLogger("streamledger.batch")
 
@@ -113,8 +114,10 @@ class BatchRun:
         self.runner = runner
         self.holder_alive = holder_alive
         self.on_step = on_step
-        name = config.broker_name or _cluster_name(broker)
-        self.identity = plan.broker_identity(config.url, name)
+        self.source = PipelineSource(config.pipeline, config.url, stream=config.stream,
+                                     super_stream=config.super_stream, broker_name=config.broker_name)
+        name = config.broker_name or cluster_name(broker)
+        self.identity = self.source.identity(broker)
         self._legacy = plan.broker_identity(config.url) if name else None
         self.result = BatchResult(pipeline=config.pipeline, broker=self.identity,
                                   super_stream=config.super_stream)
@@ -152,14 +155,7 @@ class BatchRun:
         return SourceRef(broker=self.identity, stream=stream, super_stream=self.config.super_stream)
 
     def streams(self) -> list[str]:
-        cfg = self.config
-        if cfg.super_stream is not None:
-            names = self.broker.partitions(cfg.super_stream)
-            if not names:
-                raise BatchError(f"super stream {cfg.super_stream!r} has no partitions")
-            return list(names)
-        assert cfg.stream is not None
-        return [cfg.stream]
+        return self.source.streams(self.broker)
 
     # -- claim -----------------------------------------------------------------------------------
 
@@ -171,20 +167,20 @@ class BatchRun:
                 log.warning("ledger: %d source(s) of %s moved from %s to %s", moved, self.config.pipeline,
                             self._legacy, self.identity)
 
-    def release_gone_holders(self, src: SourceRef) -> None:
+    def release_gone_holders(self, open_claims: Sequence[OffsetRange]) -> None:
         """Fail other runs' claims whose holder the scheduler says is gone (``holder_alive``)."""
         if self.holder_alive is None:
             return
-        for held in self.ledger.open_claims(self.config.pipeline, src):
+        for held in open_claims:
             h = held.run
             holder = RunId(h.dag_id, h.run_id, h.task_id, h.map_index, h.try_number)
             if holder.key() == self.run.key() or self.holder_alive(holder):
                 continue
             log.warning("stream %s: [%d, %d) is held by %s, which is no longer running: releasing it",
-                        src.stream, held.start, held.end, h)
+                        held.source.stream, held.start, held.end, h)
             self.ledger.fail(held.id, f"released by {self.run.dag_id}/{self.run.run_id}: holder gone")
 
-    def check_same_stream(self, stream: str, tail: int, stored: int | None) -> None:
+    def check_same_stream(self, stream: str, tail: int, stored: int | None) -> SourcePosition:
         """Refuse a source whose broker no longer holds the stream the ledger read.
 
         A stream deleted and re-created starts at offset 0 again: claims would come back empty
@@ -201,7 +197,7 @@ class BatchRun:
             why = (f"the broker has no stored offset for {cfg.pipeline!r} although the ledger stored "
                    f"{pos.stored} there (ledger end {pos.end}, broker tail {tail})")
         else:
-            return
+            return pos
         raise BatchError(
             f"stream {stream!r}: {why}: this is not the stream pipeline {cfg.pipeline!r} read (deleted and "
             f"re-created?); nothing was claimed or stored. If it is a new stream, `streamledger ledger "
@@ -209,14 +205,14 @@ class BatchRun:
             "history and reads the new stream from its first offset"
         )
 
-    def claim_partition(self, stream: str, tail: int, stored: int | None) -> _Part:
+    def claim_partition(self, stream: str, tail: int, stored: int | None, pos: SourcePosition) -> _Part:
         """Ask the ledger which range this run processes next (its one claim rule), then make sure
         the broker still holds it (recording retention's losses if so configured)."""
         cfg = self.config
         if self._started is None:  # the ledger's clock, as claimed_at is: the host's may be minutes off
             self._started = self.ledger.clock()
         src = self._source(stream)
-        self.release_gone_holders(src)
+        self.release_gone_holders(pos.open_claims)
         limit = plan.claim_limit(cfg, self.broker, stream, tail)
         initial, origin = plan.initial_start(cfg, self.broker, stream, tail, stored)
         if initial > tail:
@@ -266,12 +262,11 @@ class BatchRun:
         """Check every partition first (nothing is claimed when one of them is refused), then
         claim each."""
         self.adopt_legacy_identity()
-        seen: list[tuple[str, int, int | None]] = []
+        seen: list[tuple[str, int, int | None, SourcePosition]] = []
         for stream in self.streams():
             tail = int(self.broker.committed_tail(stream))
             stored = self.broker.query_offset(stream, self.config.pipeline)
-            self.check_same_stream(stream, tail, stored)
-            seen.append((stream, tail, stored))
+            seen.append((stream, tail, stored, self.check_same_stream(stream, tail, stored)))
         self.parts = [self.claim_partition(*args) for args in seen]
         self.result.partitions = [p.result for p in self.parts]
         for p in self.parts:
@@ -287,19 +282,9 @@ class BatchRun:
 
     def skip_ranges_without_records(self) -> None:
         """Commit claimed ranges that hold no user record (only tracking offsets) without a job."""
-        read_range = getattr(self.broker, "read_range", None)
-        if read_range is None:
-            return
         for p in self.to_read():
             r = p.result
-            batches = read_range(r.stream, r.start, r.end, decode="raw")
-            try:
-                has_records = any(len(b) for b in batches)
-            finally:
-                close = getattr(batches, "close", None)
-                if close is not None:
-                    close()
-            if not has_records:
+            if not user_records(self.broker, r.stream, r.start, r.end):
                 assert p.range is not None
                 p.range = self.ledger.commit(p.range.id, records=0, first_seen=None, last_seen=None,
                                              output=None)
@@ -611,11 +596,6 @@ class BatchRun:
         return self.result
 
 
-def _cluster_name(broker: Any) -> str | None:
-    name = getattr(broker, "cluster_name", None)
-    return name if isinstance(name, str) and name else None
-
-
 def run_batch(
     config: BatchConfig,
     *,
@@ -635,20 +615,10 @@ def run_batch(
 
 def backlog(ledger: Ledger, broker: Broker, *, pipeline: str, url: str, streams: list[str] | Any,
             super_stream: str | None = None, broker_name: str | None = None) -> dict[str, int]:
-    """Unprocessed offsets per stream: committed tail minus where the pipeline would go on.
-
-    Counts offsets, an upper bound on records (tracking chunks take offsets too). The position is
-    the ledger's tail, else the broker's stored offset + 1, else the first retained offset.
-    """
-    from streamledger.ledger import SourceRef
-
-    ident = plan.broker_identity(url, broker_name or _cluster_name(broker))
-    out: dict[str, int] = {}
-    for stream in streams:
-        tail = broker.committed_tail(stream)
-        start = ledger.last_end(pipeline, SourceRef(broker=ident, stream=stream, super_stream=super_stream))
-        if start is None:
-            stored = broker.query_offset(stream, pipeline)
-            start = stored + 1 if stored is not None else broker.first_offset(stream)
-        out[stream] = max(0, tail - start)
-    return out
+    """Unprocessed offsets per stream: committed tail minus where the pipeline would go on (the
+    position room's start), an upper bound on records (tracking chunks take offsets too)."""
+    names = list(streams)
+    source = PipelineSource(pipeline, url, stream=None if super_stream else names[0],
+                            super_stream=super_stream, broker_name=broker_name)
+    found = measure(broker, ledger, source, streams=names, last_user=False)
+    return {p.stream: max(0, p.tail - p.start) for p in found}

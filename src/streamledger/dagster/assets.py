@@ -40,6 +40,7 @@ from dagster import (
 )
 
 from streamledger.batch import BatchConfig, BatchResult, run_batch
+from streamledger.batch.position import PipelineSource
 from streamledger.dagster.identity import holder_alive, run_id_for
 from streamledger.errors import StreamledgerError
 
@@ -90,7 +91,7 @@ def check_window_order(
     client: Any,
     ledger: Any,
     *,
-    pipeline: str,
+    source: PipelineSource,
     streams: Sequence[str],
     window_start: datetime,
     partition: str,
@@ -108,11 +109,12 @@ def check_window_order(
     def offset_at(stream: str, moment: datetime) -> int:
         return int(client.resolve_offset(stream, OffsetSpec.timestamp(_millis(moment))))
 
+    pipeline = source.pipeline
+    identity = source.identity(client)
     for stream in streams:
-        ranges = ledger.ranges(pipeline, stream=stream)
-        live = [r for r in ranges if str(r.status) in ("claimed", "committed", "lost")]
-        if live:
-            end = max(r.end for r in live)
+        found = ledger.position(pipeline, source.ref(identity, stream)).end
+        if found is not None:
+            end = found
         elif first_window_start is not None and first_window_start < window_start:
             end = offset_at(stream, first_window_start)
         else:
@@ -210,9 +212,10 @@ def build_stream_batch_asset(
         )
         with broker.get_client() as client:
             if config.interval_start is not None:
-                streams: list[str] = client.partitions(super_stream) if super_stream else [str(stream)]
+                source = PipelineSource(pipeline, config.url, stream=stream, super_stream=super_stream,
+                                        broker_name=config.broker_name)
                 check_window_order(
-                    client, ledger, pipeline=pipeline, streams=streams,
+                    client, ledger, source=source, streams=source.streams(client),
                     window_start=config.interval_start, partition=context.partition_key,
                     first_window_start=first_window_start,
                 )

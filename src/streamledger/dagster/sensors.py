@@ -29,7 +29,6 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from dagster import (
@@ -45,13 +44,19 @@ from dagster import (
 )
 
 from streamledger.batch import BatchConfig, RunId
+from streamledger.batch.position import (
+    PipelineSource,
+    StreamPosition,
+    measure,
+    source_problem,
+    user_records,
+)
 from streamledger.dagster.assets import DEFAULT_BROKER_KEY, DEFAULT_LEDGER_KEY
 from streamledger.dagster.identity import holder_alive
 from streamledger.errors import StreamledgerError
 
 PIPELINE_TAG = "streamledger/pipeline"
 BACKLOG_TAG = "streamledger/backlog_offsets"
-_DONE = ("committed", "lost")
 #: The batch's default; a claim without heartbeat for this long is redone by the next run.
 DEFAULT_CLAIM_TIMEOUT: float = BatchConfig.__dataclass_fields__["claim_timeout"].default  # type: ignore[assignment]
 
@@ -76,49 +81,15 @@ class StreamState:
 
 def records_waiting(client: Any, state: StreamState, need: int) -> int:
     """User records in ``[start, tail)``, counting no further than ``need`` (cheap when small)."""
-    from streamledger.protocol.rabbitmq import DataLossError
-
     if state.offsets == 0 or need <= 0:
         return 0
-    seen = 0
-    try:
-        batches = client.read_range(state.stream, state.start, state.tail, decode="raw")
-        try:
-            for batch in batches:
-                seen += len(batch)
-                if seen >= need:
-                    break
-        finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
-    except DataLossError:
-        return need  # retention ran past the start: the batch must run to record (or refuse) the loss
-    return seen
+    return user_records(client, state.stream, state.start, state.tail, need)
 
 
-def frontier(ranges: Sequence[Any]) -> int | None:
-    """End of the contiguous run of committed (or lost) ranges from the pipeline's first range."""
-    done = sorted((r for r in ranges if str(r.status) in _DONE), key=lambda r: (r.start, r.end))
-    if not done:
-        return None
-    end = int(done[0].start)
-    for r in done:
-        if r.start > end:
-            break  # a hole: whatever lies beyond is not safely done
-        end = max(end, int(r.end))
-    return end
-
-
-def claim_gone(rng: Any, alive: Callable[[RunId], bool], claim_timeout: float, now: datetime) -> bool:
-    """A claim nobody will finish: its heartbeat stopped, or the instance saw its run family end."""
-    beat = rng.heartbeat_at or rng.claimed_at
-    if beat.tzinfo is None:
-        beat = beat.replace(tzinfo=UTC)
-    if (now - beat).total_seconds() > claim_timeout:
-        return True
-    h = rng.run
-    return not alive(RunId(h.dag_id, h.run_id, h.task_id, h.map_index, h.try_number))
+def state_of(position: StreamPosition) -> StreamState:
+    """The sensor's view of one stream, from the position room (ledger frontier, claims, holes)."""
+    return StreamState(position.stream, position.frontier, position.tail, position.resume,
+                       list(position.claimed), list(position.ledger.holes), list(position.gone))
 
 
 def stream_state(
@@ -128,26 +99,14 @@ def stream_state(
     stream: str,
     alive: Callable[[RunId], bool] = lambda holder: True,
     claim_timeout: float = DEFAULT_CLAIM_TIMEOUT,
+    *,
+    identity: str,
 ) -> StreamState:
-    ranges = ledger.ranges(pipeline, stream=stream)
-    front = frontier(ranges)
-    tail = int(client.committed_tail(stream))
-    if front is not None:
-        start = front
-    else:
-        stored = client.query_offset(stream, pipeline)
-        start = int(stored) + 1 if stored is not None else int(client.first_offset(stream))
-    below = front if front is not None else -1
-    now = ledger.clock()  # the clock the heartbeats were stamped by: this host's may be off
-    open_claims = [r for r in ranges if str(r.status) == "claimed"]
-    gone = [r for r in open_claims if claim_gone(r, alive, claim_timeout, now)]
-    claimed = [r for r in open_claims if r not in gone]
-    redone = {(r.start, r.end) for r in ranges if str(r.status) in _DONE}
-    failed = [
-        r for r in ranges
-        if str(r.status) == "failed" and r.end > below and (r.start, r.end) not in redone
-    ]
-    return StreamState(stream, front, tail, start, claimed, failed, gone)
+    """One stream's state for ``pipeline`` on the broker the ledger names ``identity``."""
+    source = PipelineSource(pipeline, "", stream=stream)
+    (position,) = measure(client, ledger, source, streams=[stream], holder_alive=alive,
+                          claim_timeout=claim_timeout, identity=identity, last_user=False)
+    return state_of(position)
 
 
 def cursor_of(states: Sequence[StreamState]) -> dict[str, Any]:
@@ -185,8 +144,9 @@ def build_stream_backlog_sensor(
     :param min_backlog: user records (summed over the streams) that make a run worth starting.
     :param claim_timeout: the asset's ``BatchConfig.claim_timeout`` (when a silent claim is abandoned).
     """
-    if (super_stream is None) == (stream is None):
-        raise StreamledgerError(f"pipeline {pipeline!r}: give exactly one of stream or super_stream")
+    problem = source_problem(pipeline, stream, super_stream)
+    if problem is not None:
+        raise StreamledgerError(problem)
     if isinstance(asset, AssetsDefinition) and asset.partitions_def is not None:
         raise StreamledgerError(
             f"pipeline {pipeline!r}: the backlog sensor drives an unpartitioned asset; schedule a "
@@ -195,7 +155,6 @@ def build_stream_backlog_sensor(
     if min_backlog < 1:
         raise StreamledgerError(f"pipeline {pipeline!r}: min_backlog must be >= 1, got {min_backlog}")
     key = asset.key if isinstance(asset, AssetsDefinition) else AssetKey.from_coercible(asset)
-    names: list[str] = [stream] if stream is not None else []
 
     @sensor(
         name=name or f"{key.to_python_identifier()}_backlog_sensor",
@@ -209,10 +168,13 @@ def build_stream_backlog_sensor(
         # Resources come from context.resources (keys are configurable); a direct call, as in tests,
         # also passes them as keyword arguments, which ``_direct`` absorbs.
         ledger = getattr(context.resources, ledger_resource_key).get_ledger()
-        with getattr(context.resources, broker_resource_key).get_client() as client:
-            streams = client.partitions(super_stream) if super_stream else names
+        broker = getattr(context.resources, broker_resource_key)
+        with broker.get_client() as client:
+            source = PipelineSource(pipeline, str(broker.url), stream=stream, super_stream=super_stream)
             alive = holder_alive(context.instance, current_run_id="")
-            states = [stream_state(client, ledger, pipeline, s, alive, claim_timeout) for s in streams]
+            positions = measure(client, ledger, source, holder_alive=alive, claim_timeout=claim_timeout,
+                            last_user=False)  # the sensor counts user records instead (records_waiting)
+            states = [state_of(p) for p in positions]
             cursor = cursor_of(states)
             text = json.dumps(cursor, sort_keys=True)
             claimed = [(s.stream, r) for s in states for r in s.claimed]

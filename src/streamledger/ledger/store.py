@@ -1055,13 +1055,18 @@ class Ledger:
             self._sources.clear()
             return old, old + 1
 
-    def position(self, pipeline: str, source: SourceRef) -> SourcePosition:
-        """Where the source's history ends, its epoch and the last offset stored on the broker."""
+    def position(self, pipeline: str, source: SourceRef, *,
+                 stale_after: timedelta | None = None) -> SourcePosition:
+        """Where ``pipeline`` stands on ``source`` (see :class:`SourcePosition`), in one transaction.
+
+        Every poller (the batch, the Airflow sensor and triggers, the Dagster sensor and assets)
+        reads the pipeline's position here, through ``streamledger.batch.position.measure``.
+        """
         _check_pipeline(pipeline)
         with self._tx(f"position of {pipeline!r} {source.stream!r}", write=False) as session:
             src = self._find_source(session, pipeline, source)
             if src is None:
-                return SourcePosition(None, 0, None)
+                return SourcePosition(None, 0, None, Watermark(None, None))
             stored = session.scalars(
                 select(func.max(Range.last_seen)).where(
                     Range.source_id == src.id,
@@ -1069,8 +1074,38 @@ class Ledger:
                     Range.offset_stored.is_(True),
                 )
             ).first()
-            return SourcePosition(self._tail(session, src.id), int(src.epoch),
-                                  None if stored is None else int(stored))
+            mark = self._watermark(session, pipeline, src)
+            first_live = session.scalars(
+                select(Range.status).where(Range.source_id == src.id, _LIVE)
+                .order_by(Range.start_offset, Range.end_offset).limit(1)
+            ).first()
+            done = first_live in (RangeStatus.COMMITTED.value, RangeStatus.LOST.value)
+            claims = session.scalars(
+                select(Range).where(Range.source_id == src.id, Range.status == RangeStatus.CLAIMED.value)
+                .order_by(Range.start_offset)
+            ).all()
+            stale: frozenset[int] = frozenset()
+            if stale_after is not None and claims:
+                cutoff = self._clock(session) - stale_after
+                stale = frozenset(int(r.id) for r in claims if (r.heartbeat_at or r.claimed_at) < cutoff)
+            holes = session.scalars(
+                select(Range).where(
+                    Range.source_id == src.id,
+                    Range.status == RangeStatus.FAILED.value,
+                    Range.end_offset > Range.start_offset,
+                    func.coalesce(_COVERING_END, -1) <= Range.start_offset,
+                ).order_by(Range.start_offset)
+            ).all()
+            return SourcePosition(
+                end=self._tail(session, src.id),
+                epoch=int(src.epoch),
+                stored=None if stored is None else int(stored),
+                watermark=mark,
+                frontier=mark.end if done else None,
+                open_claims=tuple(_snapshot(r, pipeline, src) for r in claims),
+                stale=stale,
+                holes=tuple(_snapshot(r, pipeline, src) for r in holes),
+            )
 
     def epoch(self, pipeline: str, source: SourceRef) -> int:
         """The source's current epoch (0 until ``new_epoch``; 0 for a source without history)."""

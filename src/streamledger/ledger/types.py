@@ -199,14 +199,24 @@ class Watermark:
 
 @dataclass(frozen=True, slots=True)
 class SourcePosition:
-    """What the ledger knows of a source before a batch claims: one read, one transaction.
+    """Where a pipeline stands on one source, as the ledger knows it: one read, one transaction.
 
-    ``end`` is where the live ranges end (None without history), ``epoch`` which incarnation of
-    the stream the history belongs to, ``stored`` the greatest offset the ledger recorded as
-    stored on the broker (None if it never stored one). A broker whose committed tail is below
-    ``end``, or which has no stored offset although the ledger stored one, holds another stream.
+    ``end`` is where the live ranges end, so where a new range begins (None without history);
+    ``epoch`` which incarnation of the stream the history belongs to; ``stored`` the greatest
+    offset the ledger recorded as stored on the broker (None if it never stored one): a broker whose
+    committed tail is below ``end``, or which has no stored offset although the ledger stored one,
+    holds another stream. ``watermark`` is the done prefix (the broker's stored offset rule);
+    ``frontier`` its end once the prefix holds a committed or lost range (None before: a claim
+    alone is not done). ``open_claims`` are the claims in flight; ``stale`` the ids of those not
+    heard from for the caller's ``stale_after`` by the ledger's clock (the abandonment rule, decided
+    here only); ``holes`` failed ranges no live range redid yet.
     """
 
     end: int | None
     epoch: int
     stored: int | None
+    watermark: Watermark | None = None
+    frontier: int | None = None
+    open_claims: tuple[OffsetRange, ...] = ()
+    stale: frozenset[int] = frozenset()
+    holes: tuple[OffsetRange, ...] = ()

@@ -31,6 +31,7 @@ from streamledger.batch import (
     run_batch,
     summarize,
 )
+from streamledger.batch.position import source_problem
 from streamledger.batch.runners import SparkConnectRunner
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
@@ -266,8 +267,9 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
 
         if not self.pipeline:
             raise ValueError(f"{self.task_id}: pipeline is required")
-        if (self.stream is None) == (self.super_stream is None):
-            raise ValueError(f"{self.task_id}: give exactly one of stream= or super_stream=")
+        problem = source_problem(str(self.pipeline), self.stream, self.super_stream, keywords=True)
+        if problem is not None:
+            raise ValueError(f"{self.task_id}: {problem}")
         position = self.initial_position
         if not (pending(position) or isinstance(position, int)
                 or position in ("first", "tail", "interval_start")

@@ -18,6 +18,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
+from streamledger.batch.position import source_problem
 from streamledger.hooks.masking import MaskRenderedUrls
 from streamledger.triggers.backlog import StreamBacklogTrigger, measure_backlog
 
@@ -43,8 +44,9 @@ class StreamBacklogSensor(MaskRenderedUrls, BaseSensorOperator):
                  ledger_conn_id: str | None = None, ledger_url: str | None = None,
                  deferrable: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if (stream is None) == (super_stream is None):
-            raise ValueError(f"{self.task_id}: give exactly one of stream= or super_stream=")
+        problem = source_problem(pipeline, stream, super_stream, keywords=True)
+        if problem is not None:
+            raise ValueError(f"{self.task_id}: {problem}")
         self.pipeline = pipeline
         self.stream = stream
         self.super_stream = super_stream

@@ -5,84 +5,30 @@ The stream client and the ledger are synchronous, so each check runs in a worker
 connection ids, never to credentials. Checks read the ledger through one engine per process and
 never migrate it (:func:`streamledger.hooks.ledger.polling_ledger`).
 
-This module also holds the position rules every poller shares (:func:`measure_positions`): where the
-pipeline's next batch starts, the committed tail, and whether any *user* data lies between them.
-The last check matters because StoreOffset on an idle stream writes a tracking chunk that takes an
-offset: after a batch stores its offset the tail moves by one with nothing to read, and a poller
-that only compared offsets would report a backlog of 1 forever.
+Where a pipeline stands (its next start, the committed tail, whether a user record waits) is decided
+in the position room, :mod:`streamledger.batch.position`; this module only polls it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from streamledger.batch.position import PipelineSource, StreamPosition, measure
 
-@dataclass(frozen=True, slots=True)
-class StreamPosition:
-    """One partition as a poller sees it.
-
-    ``start``: where the pipeline's next batch starts (the batch planning rule); ``tail``: the
-    committed tail (exclusive); ``last_user``: first offset of the last user chunk (``tail`` when the
-    stream holds no user chunk).
-    """
-
-    stream: str
-    start: int
-    tail: int
-    last_user: int
-
-    def has_user_data_from(self, offset: int) -> bool:
-        """Whether a user chunk starts at or after ``offset`` (chunk boundaries: tails always are one)."""
-        return offset <= self.last_user < self.tail
-
-    @property
-    def backlog(self) -> int:
-        """Unprocessed offsets (an upper bound on records), 0 when only tracking chunks follow ``start``."""
-        return self.tail - self.start if self.has_user_data_from(self.start) else 0
-
-
-class _NoHistory:
-    """A ledger that does not exist yet: no pipeline has any range."""
-
-    def last_end(self, pipeline: str, source: Any) -> int | None:
-        return None
-
-
-class _PinnedTails:
-    """The broker as the batch's backlog rule sees it, with each tail read once by the caller, so
-    ``start = tail - backlog`` is exact even while data arrives."""
-
-    def __init__(self, client: Any, tails: Mapping[str, int]) -> None:
-        self._client = client
-        self._tails = tails
-
-    def committed_tail(self, name: str) -> int:
-        return self._tails[name]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
+__all__ = ["StreamBacklogTrigger", "StreamPosition", "measure_backlog", "measure_positions", "poll_positions"]
 
 
 def measure_positions(client: Any, ledger: Any, *, pipeline: str, url: str, streams: Sequence[str],
                       super_stream: str | None) -> list[StreamPosition]:
-    """Positions of ``streams`` for ``pipeline``; ``ledger=None`` means the ledger has no history yet.
-
-    The start rule is :func:`streamledger.batch.backlog` (ledger end, else broker stored offset + 1,
-    else the first retained offset): one rule, used by the batch, the sensor and the triggers.
-    """
-    from streamledger.batch import backlog
-    from streamledger.protocol.rabbitmq import OffsetSpec
-
-    last = {s: client.resolve_offset(s, OffsetSpec.last()) for s in streams}  # before the tails
-    tails = {s: client.committed_tail(s) for s in streams}
-    pending = backlog(cast(Any, ledger if ledger is not None else _NoHistory()), _PinnedTails(client, tails),
-                      pipeline=pipeline, url=url, streams=streams, super_stream=super_stream)
-    return [StreamPosition(s, tails[s] - pending[s], tails[s], last[s]) for s in streams]
+    """Positions of ``streams`` for ``pipeline`` (``ledger=None``: no ledger yet): the position room's
+    :func:`streamledger.batch.position.measure`, the one rule the batch and every poller use."""
+    source = PipelineSource(pipeline, url, stream=None if super_stream else streams[0],
+                            super_stream=super_stream)
+    return measure(client, ledger, source, streams=streams)
 
 
 def poll_positions(*, pipeline: str, stream: str | None, super_stream: str | None,
@@ -99,10 +45,9 @@ def poll_positions(*, pipeline: str, stream: str | None, super_stream: str | Non
     hook = RabbitMQStreamHook(rabbitmq_stream_conn_id)
     url = hook.get_url()
     ledger = OffsetLedgerHook(ledger_conn_id, ledger_url=ledger_url).get_polling_ledger()
+    source = PipelineSource(pipeline, url, stream=stream, super_stream=super_stream)
     with hook.get_conn() as client:
-        streams = list(client.partitions(super_stream)) if super_stream else [str(stream)]
-        positions = measure_positions(client, ledger, pipeline=pipeline, url=url, streams=streams,
-                                      super_stream=super_stream)
+        positions = measure(client, ledger, source)
         return then(client, positions) if then is not None else positions
 
 

@@ -47,6 +47,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from streamledger.batch.position import source_problem
 from streamledger.triggers.backlog import StreamPosition, poll_positions
 
 ANNOUNCED_SUFFIX = ".announced"
@@ -99,8 +100,9 @@ class StreamDataEventTrigger(BaseEventTrigger):
         super().__init__()  # type: ignore[no-untyped-call]
         if not pipeline:
             raise ValueError("StreamDataEventTrigger: pipeline is required")
-        if (stream is None) == (super_stream is None):
-            raise ValueError(f"pipeline {pipeline!r}: give exactly one of stream= or super_stream=")
+        problem = source_problem(pipeline, stream, super_stream, keywords=True)
+        if problem is not None:
+            raise ValueError(problem)
         if int(min_backlog) < 1:
             raise ValueError(f"pipeline {pipeline!r}: min_backlog must be >= 1, got {min_backlog}")
         if float(poll_interval) <= 0:

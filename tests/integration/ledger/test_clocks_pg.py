@@ -149,8 +149,9 @@ def test_the_dagster_sensor_of_a_fast_host_sees_a_beating_claim_as_running(ledge
     held = ledger.claim("p", SRC, 100, run(1), initial_start=0)
     ledger.heartbeat([held.id], run(1))
     broker = BrokerView({SRC.stream: [Chunk(0, list(range(200)), 0)]})
-    with host_clock(TEN_MINUTES, sensors):
-        state = sensors.stream_state(broker, ledger, "p", SRC.stream, claim_timeout=300.0)
+    with host_clock(TEN_MINUTES):  # the sensor has no clock of its own: the ledger judges
+        state = sensors.stream_state(broker, ledger, "p", SRC.stream, claim_timeout=300.0,
+                                     identity=SRC.broker)
     assert ([r.id for r in state.claimed], [r.id for r in state.gone]) == ([held.id], [])
 
 

@@ -17,7 +17,6 @@ from streamledger.dagster import (
     build_stream_backlog_sensor,
     build_stream_batch_asset,
 )
-from streamledger.dagster.sensors import frontier
 from streamledger.errors import StreamledgerError
 from streamledger.ledger import Ledger, RunIdentity, SourceRef
 
@@ -76,18 +75,18 @@ def test_frontier_stops_at_the_first_span_not_committed(tmp_path: Path) -> None:
     def claim(run: str, end: int, start: int | None = None) -> int:
         return ledger.claim("p", src, end, RunIdentity("dagster", run, "a"), initial_start=start).id
 
-    assert frontier(ledger.ranges("p", stream="s")) is None
+    assert ledger.position("p", src).frontier is None
     first = claim("r1", 10, start=5)
-    assert frontier(ledger.ranges("p", stream="s")) is None  # claimed is not done
+    assert ledger.position("p", src).frontier is None  # claimed is not done
     ledger.commit(first, records=5, first_seen=5, last_seen=9, output="/o/1")
-    assert frontier(ledger.ranges("p", stream="s")) == 10
+    assert ledger.position("p", src).frontier == 10
     second = claim("r2", 20)
     ledger.fail(second, "spark died")
-    assert frontier(ledger.ranges("p", stream="s")) == 10  # a failed run never moves it
+    assert ledger.position("p", src).frontier == 10  # a failed run never moves it
     redo = claim("r3", 30)  # the ledger hands the failed span back, exactly
     assert (ledger.get(redo).start, ledger.get(redo).end) == (10, 20)
     ledger.commit(redo, records=10, first_seen=10, last_seen=19, output="/o/2")
-    assert frontier(ledger.ranges("p", stream="s")) == 20
+    assert ledger.position("p", src).frontier == 20
 
 
 def test_example_definitions_load(monkeypatch: pytest.MonkeyPatch) -> None:

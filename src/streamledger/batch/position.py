@@ -1,0 +1,215 @@
+"""Where a pipeline stands on its streams: one room for every poller.
+
+The batch, the Airflow sensor and triggers, and the Dagster sensor and assets all ask the same
+questions: which streams does the pipeline read (a stream, or a super stream's partitions), where
+does its next range begin, what is done, which claims are in flight and which will never finish,
+and is a *user* record waiting? They used to answer them in four rooms with four slightly different
+answers. Here: :class:`PipelineSource` (which streams; "exactly one of stream or super stream" is
+checked here only), :class:`StreamPosition` (the answers for one stream) and :func:`measure` (one
+ledger read per stream, :meth:`streamledger.ledger.Ledger.position`, plus the broker's tail).
+
+The abandonment rule lives in the ledger (``SourcePosition.stale``, by the ledger's clock); this room
+adds only what the scheduler knows (``holder_alive``). "A user record waits" means: the last user
+chunk (``OffsetSpec.last()``) starts at or after the position. A StoreOffset on an idle stream
+writes a tracking chunk that takes an offset, so comparing offsets alone would see a backlog of 1
+forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from streamledger.batch.config import BatchError, RunId
+from streamledger.batch.plan import broker_identity
+from streamledger.ledger.types import SourcePosition, SourceRef, Watermark, pipeline_name_problem
+
+if TYPE_CHECKING:
+    from streamledger.ledger import Ledger, OffsetRange
+
+__all__ = [
+    "PipelineSource", "StreamPosition", "cluster_name", "measure", "source_problem", "user_records",
+]
+
+
+def source_problem(pipeline: str, stream: str | None, super_stream: str | None,
+                   url: str | None = None, *, keywords: bool = False) -> str | None:
+    """Why these cannot name a pipeline's source, or None: the one place the rule is written.
+    ``keywords`` names the arguments as Python keywords (``stream=``), as operators are called."""
+    problem = pipeline_name_problem(pipeline)
+    if problem is not None:
+        return problem
+    if (stream is None) == (super_stream is None):
+        eq = "=" if keywords else ""
+        return f"pipeline {pipeline!r}: give exactly one of stream{eq} or super_stream{eq}"
+    if super_stream is not None and url is not None:
+        from streamledger.sources import find_kind
+
+        kind = find_kind(url)  # None: an unknown scheme, reported when the log is connected
+        if kind is not None and not kind.super_streams:
+            return (f"pipeline {pipeline!r}: super_stream is only available for rabbitmq sources; a "
+                    f"{kind.name} URL names one {kind.unit}: give stream=")
+    return None
+
+
+def cluster_name(log: Any) -> str | None:
+    """The name the log server reports for itself (RabbitMQ's cluster name), if any."""
+    name = getattr(log, "cluster_name", None)
+    return name if isinstance(name, str) and name else None
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSource:
+    """A pipeline and what it reads: exactly one of a stream or a super stream, on one log server."""
+
+    pipeline: str
+    url: str
+    stream: str | None = None
+    super_stream: str | None = None
+    broker_name: str | None = None
+
+    def __post_init__(self) -> None:
+        problem = source_problem(self.pipeline, self.stream, self.super_stream, self.url)
+        if problem is not None:
+            raise BatchError(problem)
+
+    def streams(self, log: Any) -> list[str]:
+        """The stream, or the super stream's partitions as the broker lists them now."""
+        if self.super_stream is not None:
+            names = list(log.partitions(self.super_stream))
+            if not names:
+                raise BatchError(f"super stream {self.super_stream!r} has no partitions")
+            return names
+        assert self.stream is not None
+        return [self.stream]
+
+    def identity(self, log: Any) -> str:
+        """The credential-free broker identity the ledger files this pipeline's history under."""
+        return broker_identity(self.url, self.broker_name or cluster_name(log))
+
+    def ref(self, identity: str, stream: str) -> SourceRef:
+        return SourceRef(broker=identity, stream=stream, super_stream=self.super_stream)
+
+
+_NO_HISTORY = SourcePosition(None, 0, None, Watermark(None, None))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPosition:
+    """One stream of a pipeline as every poller sees it.
+
+    ``start``: where the pipeline's next new range begins (the ledger's end, else the broker's
+    stored offset + 1, else the first retained offset); ``tail``: the committed tail (exclusive);
+    ``last_user``: the first offset of the last user chunk (``tail`` when unknown or none);
+    ``ledger``: the ledger's side (watermark, frontier, claims, holes); ``gone``: open claims nobody
+    will finish (not heard from for the claim timeout, or whose holder the scheduler reports gone).
+    """
+
+    stream: str
+    start: int
+    tail: int
+    last_user: int
+    ledger: SourcePosition = field(default_factory=lambda: _NO_HISTORY)
+    gone: tuple[OffsetRange, ...] = ()
+
+    def has_user_data_from(self, offset: int) -> bool:
+        """Whether a user chunk starts at or after ``offset`` (chunk boundaries: tails always are one)."""
+        return offset <= self.last_user < self.tail
+
+    @property
+    def backlog(self) -> int:
+        """Unprocessed offsets (an upper bound on records), 0 when only tracking chunks follow ``start``."""
+        return self.tail - self.start if self.has_user_data_from(self.start) else 0
+
+    @property
+    def claimed(self) -> tuple[OffsetRange, ...]:
+        """Claims in flight that someone may still finish."""
+        gone = {r.id for r in self.gone}
+        return tuple(r for r in self.ledger.open_claims if r.id not in gone)
+
+    @property
+    def frontier(self) -> int | None:
+        """End of the done prefix once it holds a committed or lost range (None before)."""
+        return self.ledger.frontier
+
+    @property
+    def resume(self) -> int:
+        """Where the done work ends: the frontier, else (no history) the start."""
+        return self.ledger.frontier if self.ledger.frontier is not None else self.start
+
+
+def _last_user(log: Any, stream: str) -> int | None:
+    """First offset of the stream's last user chunk; None when the log cannot say (then any offset
+    past the start counts as data)."""
+    resolve = getattr(log, "resolve_offset", None)
+    if resolve is None:
+        return None
+    from streamledger.protocol.rabbitmq import OffsetSpec
+
+    return int(resolve(stream, OffsetSpec.last()))
+
+
+def measure(log: Any, ledger: Ledger | None, source: PipelineSource, *,
+            streams: Sequence[str] | None = None,
+            holder_alive: Callable[[RunId], bool] | None = None,
+            claim_timeout: float | None = None,
+            identity: str | None = None,
+            last_user: bool = True) -> list[StreamPosition]:
+    """The position of every stream of ``source`` (``streams`` if the caller listed them already).
+
+    ``ledger`` None means no ledger exists yet (no pipeline has history). Each stream costs one
+    ledger read and the broker's last chunk, tail and (without ledger history) stored offset; the
+    last chunk is read before the tail, so ``last_user < tail`` holds even while data arrives.
+    ``last_user=False`` skips the last chunk (callers that count offsets, not user records).
+    """
+    names = list(streams) if streams is not None else source.streams(log)
+    ident = identity or source.identity(log)
+    stale = None if claim_timeout is None else timedelta(seconds=claim_timeout)
+    out: list[StreamPosition] = []
+    for stream in names:
+        last = _last_user(log, stream) if last_user else None
+        tail = int(log.committed_tail(stream))
+        pos = (ledger.position(source.pipeline, source.ref(ident, stream), stale_after=stale)
+               if ledger is not None else _NO_HISTORY)
+        if pos.end is not None:
+            start = pos.end
+        else:
+            stored = log.query_offset(stream, source.pipeline)
+            start = stored + 1 if stored is not None else int(log.first_offset(stream))
+        gone = []
+        for claim in pos.open_claims:
+            h = claim.run
+            holder = RunId(h.dag_id, h.run_id, h.task_id, h.map_index, h.try_number)
+            if claim.id in pos.stale or (holder_alive is not None and not holder_alive(holder)):
+                gone.append(claim)
+        out.append(StreamPosition(stream, start, tail, max(start, tail - 1) if last is None else last, pos,
+                                  tuple(gone)))
+    return out
+
+
+def user_records(log: Any, stream: str, start: int, end: int, need: int = 1) -> int:
+    """User records in ``[start, end)``, counting no further than ``need``: what tells a range of
+    tracking chunks only (nothing to read) from one with data. A log without ``read_range``, or a
+    start below retention, answers ``need`` (the batch must run to read or record the loss)."""
+    read_range = getattr(log, "read_range", None)
+    if read_range is None or start >= end or need <= 0:
+        return need if read_range is None and start < end and need > 0 else 0
+    from streamledger.protocol.rabbitmq import DataLossError
+
+    seen = 0
+    try:
+        batches = read_range(stream, start, end, decode="raw")
+        try:
+            for batch in batches:
+                seen += len(batch)
+                if seen >= need:
+                    break
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+    except DataLossError:
+        return need
+    return seen
