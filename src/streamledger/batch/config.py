@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol
 
 from streamledger.errors import StreamledgerError
 from streamledger.ledger.types import pipeline_name_problem
+from streamledger.paths import name_problem
 
 
 class BatchError(StreamledgerError):
@@ -91,6 +92,10 @@ class BatchConfig:
         name = f"pipeline {self.pipeline!r}"
         if (self.stream is None) == (self.super_stream is None):
             raise BatchError(f"{name}: give exactly one of stream or super_stream")
+        for what, given in (("stream", self.stream), ("super stream", self.super_stream)):
+            problem = None if given is None else name_problem(what, given)
+            if problem is not None:
+                raise BatchError(problem)
         if self.super_stream is not None:
             from streamledger.sources import find_kind
 
