@@ -1,10 +1,10 @@
 """Issue 19, item 4: names that escape or collide in the output tree.
 
 Against the real RabbitMQ 4.3 broker (it accepts stream names such as ``../../x`` or ones holding a
-NUL), local Spark and a real SQLite ledger: a stream, a pipeline and a broker identity each become
-one reversibly encoded path component (``streamledger.paths``), so nothing leaves the output root,
-distinct names never share a directory, and a name no ledger or file system can hold is refused
-before anything is claimed.
+NUL), local Spark and a real SQLite ledger (the fixtures of ``conftest.py``): a stream, a pipeline
+and a broker identity each become one reversibly encoded path component (``streamledger.paths``),
+so nothing leaves the output root, distinct names never share a directory, and a name no ledger or
+file system can hold is refused before anything is claimed.
 """
 
 from __future__ import annotations
@@ -17,31 +17,13 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from streamledger.batch import BatchConfig, BatchError, LocalSparkRunner, RunId, run_batch
+from streamledger.batch import BatchConfig, BatchError, RunId, run_batch
 from streamledger.ledger import Ledger, OffsetRange, RangeStatus
 from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.batch.helpers import CountingRunner
 from tests.integration.spark.helpers import body, create_stream, publish
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def runner(spark: Any) -> LocalSparkRunner:
-    inner = LocalSparkRunner()
-    inner._spark = spark
-    return inner
-
-
-@pytest.fixture
-def client(rabbitmq_url: str) -> Iterator[StreamClient]:
-    with StreamClient.connect(rabbitmq_url) as c:
-        yield c
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", create=True) as led:
-        yield led
 
 
 @pytest.fixture
@@ -74,7 +56,7 @@ def files_outside(tmp_path: Path, root: Path) -> list[Path]:
 
 
 def test_a_stream_named_dot_dot_writes_inside_the_output_root(
-    ledger: Ledger, client: StreamClient, runner: LocalSparkRunner, rabbitmq_url: str, stream_name: Any,
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     odd_streams: list[str], tmp_path: Path, spark: Any,
 ) -> None:
     s = f"../../{stream_name('dotdot')}"
@@ -93,7 +75,7 @@ def test_a_stream_named_dot_dot_writes_inside_the_output_root(
 
 
 def test_pipelines_a_slash_b_and_a_underscore_b_get_distinct_directories(
-    ledger: Ledger, client: StreamClient, runner: LocalSparkRunner, rabbitmq_url: str, stream_name: Any,
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path,
 ) -> None:
     s = stream_name("slash")
@@ -114,7 +96,7 @@ def test_pipelines_a_slash_b_and_a_underscore_b_get_distinct_directories(
 
 
 def test_two_brokers_of_one_pipeline_and_stream_publish_apart(
-    ledger: Ledger, client: StreamClient, runner: LocalSparkRunner, rabbitmq_url: str, stream_name: Any,
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path,
 ) -> None:
     s = stream_name("brokers")
@@ -138,7 +120,7 @@ def test_two_brokers_of_one_pipeline_and_stream_publish_apart(
 
 
 def test_a_nul_in_a_stream_name_is_refused_before_anything_is_claimed(
-    ledger: Ledger, client: StreamClient, runner: LocalSparkRunner, rabbitmq_url: str, stream_name: Any,
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     odd_streams: list[str], tmp_path: Path,
 ) -> None:
     s = f"{stream_name('nul')}\x00x"
@@ -154,7 +136,7 @@ def test_a_nul_in_a_stream_name_is_refused_before_anything_is_claimed(
 
 
 def test_a_super_stream_partition_with_a_nul_is_refused_before_any_partition_is_claimed(
-    ledger: Ledger, client: StreamClient, runner: LocalSparkRunner, rabbitmq_url: str, stream_name: Any,
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path,
 ) -> None:
     sup = stream_name.super_stream("nulpart")
