@@ -2,7 +2,7 @@
 
 Every DAG run reads, for each partition, the offsets from where the pipeline's ledger ends up to the
 first offset stamped at or after the run's data interval end (chunk timestamps are the broker's
-clock at publish), writes them to ``<output>/<pipeline>/<partition>/<start>-<end>/`` as Parquet,
+clock at publish), writes them to ``<output>/<pipeline>/<broker>/<partition>/<start>-<end>/`` as Parquet,
 commits the ranges in the ledger and stores the broker offset. With ``catchup=True`` the scheduler
 creates one run per missed interval; ``max_active_runs=1`` keeps them in order, which the ledger's
 contiguity requires. The Asset event of each run carries the ranges it processed, and each run

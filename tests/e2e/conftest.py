@@ -102,7 +102,7 @@ class Scenario:
         import pyarrow.parquet as pq
 
         rows = []
-        for part in sorted((self.output_root / self.pipeline).glob("*/*/*.parquet")):
+        for part in sorted((self.output_root / self.pipeline).glob("*/*/*/*.parquet")):
             table = pq.read_table(part, columns=["stream", "offset", "body"])
             columns = [table.column(c).to_pylist() for c in ("stream", "offset", "body")]
             for stream, offset, body in zip(*columns, strict=True):

@@ -262,7 +262,7 @@ def _output_rows(root: Path) -> list[tuple[str, int, int]]:
     import pyarrow.parquet as pq
 
     out = []
-    for part in sorted(root.glob("*/*/*.parquet")):
+    for part in sorted(root.glob("*/*/*/*.parquet")):
         table = pq.read_table(part, columns=["stream", "offset", "body"])
         for stream, offset, body in zip(*(table.column(c).to_pylist() for c in ("stream", "offset", "body")),
                                         strict=True):

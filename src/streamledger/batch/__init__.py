@@ -28,8 +28,13 @@ half-open offset range ``[start, end)``; the ledger is the source of truth for w
    output path and staging path. Only the claim's holder can commit (fencing).
 5. **publish** (under the range's publish lease, which the commit hands the committer): each
    committed range's staging directory is renamed to
-   ``<root>/<pipeline>/<stream>/<start>-<end>/`` (where a rename is not atomic, on object stores,
-   its files are copied, the manifest last, and staging is deleted; see ``outputs``). A published
+   ``<root>/<pipeline>/<broker>/<stream>/<start>-<end>/`` (``<broker>`` is the ledger's broker
+   identity; where a rename is not atomic, on object stores, its files are copied, the manifest
+   last, and staging is deleted; see ``outputs``). Each name is one component
+   (:func:`streamledger.paths.encode_component`: ordinary names unchanged, anything else escaped
+   reversibly), so no name leaves the root and distinct pipelines, brokers or streams never share
+   a directory; a range committed under an older layout keeps the ``output`` the ledger recorded.
+   Names holding NUL, control characters or no UTF-8 are refused before anything is claimed. A published
    directory is never deleted or rewritten: retries of a committed range do not read the stream
    again (they finish the publish from the staging copy the ledger recorded; only if both copies
    were deleted by hand is the range re-read, and published only if the broker still holds exactly

@@ -6,12 +6,12 @@ should store (the ledger's watermark)."""
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 
 from streamledger.batch.config import BatchConfig, Broker, RunId
 from streamledger.fs import join, parent
 from streamledger.ledger.types import Watermark
+from streamledger.paths import encode_component, fit_component
 from streamledger.sources import source_identity
 
 
@@ -25,36 +25,44 @@ def broker_identity(url: str, name: str | None = None) -> str:
     return source_identity(url, name)
 
 
-def _safe(part: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._=-]+", "_", part) or "_"
-
-
-def output_dir(root: str, pipeline: str, stream: str, start: int, end: int, *, epoch: int = 0) -> str:
-    """A range's published directory: a pure function of its inputs (one per committed range).
+def output_dir(root: str, pipeline: str, broker: str, stream: str, start: int, end: int, *,
+               epoch: int = 0) -> str:
+    """A range's published directory, ``<root>/<pipeline>/<broker>/<stream>/<start>-<end>``: a pure
+    function of its inputs (one per committed range). Each name is one component
+    (:func:`streamledger.paths.encode_component`): nothing leaves the root, distinct pipelines,
+    brokers (identities as :func:`broker_identity` gives them) or streams never share a directory.
     Ranges of a re-created stream (``epoch`` > 0, see ``Ledger.new_epoch``) are named
     ``e<epoch>-<start>-<end>`` so they never meet the old stream's ranges of the same span."""
-    safe_pipeline = pipeline.replace("/", "_")
+    names = (encode_component(pipeline), encode_component(broker), encode_component(stream))
     span = f"{start:012d}-{end:012d}"
-    return join(root, safe_pipeline, stream, f"e{epoch}-{span}" if epoch else span)
+    return join(root, *names, f"e{epoch}-{span}" if epoch else span)
 
 
-def staging_dir(root: str, pipeline: str, run: RunId, token: str) -> str:
+def staging_dir(root: str, pipeline: str, broker: str, run: RunId, token: str) -> str:
     """Where one attempt's job writes (every partition of the batch): outside the pipeline's
-    published tree (``<root>/_staging/<pipeline>/...``), so a reader globbing
-    ``<root>/<pipeline>/`` never sees unpublished files, yet on the same file system for the rename."""
-    return join(parent(staging_prefix(root, pipeline, run)), f"{attempt_name(run)}.{token}")
+    published tree (``<root>/_staging/<pipeline>/<broker>/...``; no encoded pipeline is
+    ``_staging``), so a reader globbing ``<root>/<pipeline>/`` never sees unpublished files, yet on
+    the same file system for the rename."""
+    return join(parent(staging_prefix(root, pipeline, broker, run)), f"{attempt_name(run)}.{token}")
+
+
+_WHO_BYTES = 200
+"""Room for ``dag.run.task.map`` in a staging name, leaving ``.t<try>.<token>`` within one component."""
 
 
 def attempt_name(run: RunId) -> str:
-    """``dag.run.task.map.tN``: staging names start with the run identity, then the try."""
-    who = f"{_safe(run.dag_id)}.{_safe(run.run_id)}.{_safe(run.task_id)}.{run.map_index}"
+    """``dag.run.task.map.tN``: staging names start with the run identity, then the try. The parts
+    are encoded with every ``.`` escaped, so the dots separate them unambiguously and one run's
+    prefix (:func:`staging_prefix`) never matches another run's attempts."""
+    parts = [encode_component(p, keep_dots=False) for p in (run.dag_id, run.run_id, run.task_id)]
+    who = fit_component(".".join([*parts, str(run.map_index)]), _WHO_BYTES)
     return f"{who}.t{run.try_number}"
 
 
-def staging_prefix(root: str, pipeline: str, run: RunId) -> str:
+def staging_prefix(root: str, pipeline: str, broker: str, run: RunId) -> str:
     """The common prefix of every attempt's staging directory of this run identity."""
     who = attempt_name(run).rsplit(".t", 1)[0]
-    return join(root, "_staging", pipeline.replace("/", "_"), f"{who}.t")
+    return join(root, "_staging", encode_component(pipeline), encode_component(broker), f"{who}.t")
 
 
 def millis(moment: datetime) -> int:

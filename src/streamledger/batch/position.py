@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from streamledger.batch.config import BatchError, RunId
 from streamledger.batch.plan import broker_identity
 from streamledger.ledger.types import SourcePosition, SourceRef, Watermark, pipeline_name_problem
+from streamledger.paths import name_problem
 
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger, OffsetRange
@@ -44,6 +45,10 @@ def source_problem(pipeline: str, stream: str | None, super_stream: str | None,
     if (stream is None) == (super_stream is None):
         eq = "=" if keywords else ""
         return f"pipeline {pipeline!r}: give exactly one of stream{eq} or super_stream{eq}"
+    for what, given in (("stream", stream), ("super stream", super_stream)):
+        problem = None if given is None else name_problem(what, given)
+        if problem is not None:
+            return problem
     if super_stream is not None and url is not None:
         from streamledger.sources import find_kind
 
@@ -81,6 +86,10 @@ class PipelineSource:
             names = list(log.partitions(self.super_stream))
             if not names:
                 raise BatchError(f"super stream {self.super_stream!r} has no partitions")
+            for name in names:  # as the broker lists them: refused before anything is claimed
+                problem = name_problem("partition", name)
+                if problem is not None:
+                    raise BatchError(f"super stream {self.super_stream!r}: {problem}")
             return names
         assert self.stream is not None
         return [self.stream]

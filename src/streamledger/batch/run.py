@@ -298,7 +298,8 @@ class BatchRun:
         if not todo:
             return
         cfg = self.config
-        self.staging = plan.staging_dir(cfg.output_root, cfg.pipeline, self.run, uuid.uuid4().hex[:8])
+        self.staging = plan.staging_dir(cfg.output_root, cfg.pipeline, self.identity, self.run,
+                                        uuid.uuid4().hex[:8])
         ranges = {p.result.stream: (p.result.start, p.result.end) for p in todo}
         began = time.monotonic()
         ids = [p.range.id for p in todo if p.range is not None]
@@ -326,10 +327,10 @@ class BatchRun:
             raise BatchError(f"the job's manifest for {sorted(ranges)} is unusable: {exc}") from exc
 
     def _final(self, stream: str, start: int, end: int) -> str:
-        """A range's published directory (one per committed range; the epoch keeps a re-created
-        stream's ranges apart from the old stream's)."""
+        """A range's published directory (one per committed range, apart per pipeline, broker and
+        stream; the epoch keeps a re-created stream's ranges apart from the old stream's)."""
         cfg = self.config
-        return plan.output_dir(cfg.output_root, cfg.pipeline, stream, start, end,
+        return plan.output_dir(cfg.output_root, cfg.pipeline, self.identity, stream, start, end,
                                epoch=self.epochs.get(stream, 0))
 
     def verify(self, p: _Part, manifest: Manifest, staging: str) -> None:
@@ -489,7 +490,7 @@ class BatchRun:
         range they could have committed is published by now, so nothing there is needed. Only
         retries sweep, so an idle first try touches no file system (for a URI root, resolving it
         may start the runner's Spark session)."""
-        prefix = plan.staging_prefix(self.config.output_root, self.config.pipeline, self.run)
+        prefix = plan.staging_prefix(self.config.output_root, self.config.pipeline, self.identity, self.run)
         parent, name = filesystems.parent(prefix), filesystems.name(prefix)
         for old in self.fs.listdir(parent):
             if old.startswith(name):
@@ -502,7 +503,8 @@ class BatchRun:
         log.warning("stream %s: committed range [%d, %d) has no output at %s: reading it again", stream,
                     rng.start, rng.end, final)
         cfg = self.config
-        staging = plan.staging_dir(cfg.output_root, cfg.pipeline, self.run, uuid.uuid4().hex[:8])
+        staging = plan.staging_dir(cfg.output_root, cfg.pipeline, self.identity, self.run,
+                                   uuid.uuid4().hex[:8])
         manifest = self._job({stream: (rng.start, rng.end)}, staging)
         entry = manifest.entry(stream)
         seen = entry.counts if entry is not None else (-1, None, None)

@@ -3,7 +3,7 @@
 :func:`build_stream_batch_asset` returns an ordinary ``AssetsDefinition`` whose step runs
 :func:`streamledger.batch.run_batch` once: one half-open offset range per partition of the super
 stream (or the one stream), read by one Spark job into staging, committed in the ledger, published
-as ``<output_root>/<pipeline>/<stream>/<start>-<end>/``, then the broker's stored offset follows the
+as ``<output_root>/<pipeline>/<broker>/<stream>/<start>-<end>/``, then the broker's stored offset follows the
 ledger's low watermark. The delivery rules are those of :mod:`streamledger.batch`; this module only
 adds the Dagster side:
 

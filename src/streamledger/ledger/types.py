@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from streamledger.paths import name_problem
+
 MAX_PIPELINE_BYTES = 255
 """The broker's consumer reference (the pipeline name, used for StoreOffset) is a stream-protocol
 string of at most 255 *bytes* of UTF-8 (RabbitMQ refuses longer ones at StoreOffset)."""
@@ -26,6 +28,9 @@ def pipeline_name_problem(name: object) -> str | None:
     """
     if not isinstance(name, str) or not name:
         return "pipeline name must be a non-empty string (it is the broker's consumer reference)"
+    problem = name_problem("pipeline", name)
+    if problem is not None:
+        return problem
     size = len(name.encode("utf-8"))
     if size > MAX_PIPELINE_BYTES:
         return (

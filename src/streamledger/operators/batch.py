@@ -168,8 +168,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
     :param rabbitmq_stream_conn_id: broker connection (default ``rabbitmq_stream_default``).
     :param ledger_conn_id: ledger connection; ``None`` uses ``ledger_url`` or the default SQLite file.
     :param ledger_url: SQLAlchemy URL of the ledger (wins over the connection). Templated.
-    :param output_root: where range directories go
-        (``<root>/<pipeline>/<stream>/<start>-<end>``); default ``$STREAMLEDGER_HOME/output``. Templated.
+    :param output_root: where range directories go (``<root>/<pipeline>/<broker>/<stream>/<start>-<end>``,
+        each name one escaped component); default ``$STREAMLEDGER_HOME/output``. Templated.
         A path or a URI Spark can write (``file://``, ``hdfs://``, ``s3a://``, ``gs://``; docs/ledger.md).
     :param initial_position: where a partition without ledger or broker history starts:
         ``"first"`` (default), ``"tail"``, ``"interval_start"`` (the data interval's start,

@@ -148,7 +148,7 @@ def test_file_uri_root_crash_after_commit_then_retry_publishes_from_staging(
     }
     assert client.query_offset(parts[0], "p-uri") == 69 and client.query_offset(parts[1], "p-uri") == 29
     staging = tmp_path / "out" / "_staging" / "p-uri"
-    assert not staging.exists() or not any(staging.iterdir()), list(staging.iterdir())
+    assert not any(p.is_file() for p in staging.rglob("*")), list(staging.rglob("*"))
 
     # New data, one more batch on the same root: a fresh range, published straight away.
     publish(rabbitmq_url, parts[0], 5, start=70)

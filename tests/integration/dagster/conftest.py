@@ -62,7 +62,7 @@ class Setup:
         root = Path(self.output_root) / self.pipeline
         return [
             json.loads(b)["id"]
-            for f in sorted(root.glob("*/*/*.parquet"))
+            for f in sorted(root.glob("*/*/*/*.parquet"))
             for b in pq.read_table(f, columns=["body"]).column("body").to_pylist()
         ]
 

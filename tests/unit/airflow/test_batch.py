@@ -27,6 +27,7 @@ from streamledger.batch import (
     run_batch,
 )
 from streamledger.ledger import Ledger
+from streamledger.paths import encode_component
 
 URL = "rabbitmq-stream://guest:secret@127.0.0.1:5552/"
 
@@ -138,10 +139,17 @@ def run(n: str = "r1", try_number: int = 1) -> RunId:
     return RunId("dag", n, "read", -1, try_number)
 
 
+BROKER = broker_identity(URL)  # the stand-in broker reports no cluster name: the URL's host:port
+
+
 def published(root: Path, stream: str, start: int, end: int) -> list[int]:
     data: list[int] = json.loads(
-        (Path(output_dir(str(root / "out"), "pipe", stream, start, end)) / "part.json").read_text())
+        (Path(output_dir(str(root / "out"), "pipe", BROKER, stream, start, end)) / "part.json").read_text())
     return data
+
+
+def no_staging_left(root: Path) -> bool:
+    return not any(p.is_file() for p in (root / "out" / "_staging" / "pipe").rglob("*"))
 
 
 def test_first_batch_reads_to_the_tail_commits_and_stores(tmp_path: Path, ledger: Ledger,
@@ -154,12 +162,12 @@ def test_first_batch_reads_to_the_tail_commits_and_stores(tmp_path: Path, ledger
     (r0, r1) = sorted(ledger.ranges("pipe"), key=lambda r: r.source.stream)
     assert (r0.status.value, r0.records, r0.first_seen, r0.last_seen) == ("committed", 30, 0, 30)
     assert r0.offset_stored and r0.offset_verified
-    assert r0.output == output_dir(str(tmp_path / "out"), "pipe", "ev-0", 0, 31)
+    assert r0.output == output_dir(str(tmp_path / "out"), "pipe", BROKER, "ev-0", 0, 31)
     assert published(tmp_path, "ev-0", 0, 31) == broker.records("ev-0", 0, 31)
     assert r0.source.broker == broker_identity(URL) and "secret" not in r0.source.broker
     assert broker.stored == {("ev-0", "pipe"): 30, ("ev-1", "pipe"): 5}
     assert r1.end == 6
-    assert not any((tmp_path / "out" / "_staging" / "pipe").iterdir())
+    assert no_staging_left(tmp_path)
 
 
 def test_next_batch_starts_at_the_ledger_end_and_empty_is_a_no_op(tmp_path: Path, ledger: Ledger,
@@ -278,8 +286,9 @@ def test_crash_after_each_step_then_retry_is_exactly_once(tmp_path: Path, ledger
     assert len(runner.calls) == (2 if step == "read" else 1)
     assert published(tmp_path, "ev-0", 0, 31) == broker.records("ev-0", 0, 31)
     # the killed attempt's staging is gone, and nothing unpublished lies in the pipeline's tree
-    assert not any((tmp_path / "out" / "_staging" / "pipe").iterdir())
-    assert [p.name for p in (tmp_path / "out" / "pipe").iterdir()] == ["ev-0"]
+    assert no_staging_left(tmp_path)
+    assert [p.relative_to(tmp_path / "out" / "pipe") for p in (tmp_path / "out" / "pipe").glob("*/*")] == [
+        Path(encode_component(BROKER), "ev-0")]
 
 
 def test_a_committed_range_whose_output_was_deleted_is_reread_only_if_unchanged(
@@ -289,7 +298,7 @@ def test_a_committed_range_whose_output_was_deleted_is_reread_only_if_unchanged(
 
     cfg = config(tmp_path, stream="ev-0", super_stream=None)
     run_batch(cfg, run=run(), ledger=ledger, broker=broker, runner=Runner(broker))
-    shutil.rmtree(output_dir(str(tmp_path / "out"), "pipe", "ev-0", 0, 31))
+    shutil.rmtree(output_dir(str(tmp_path / "out"), "pipe", BROKER, "ev-0", 0, 31))
     with pytest.raises(BatchError, match=r"re-read found records/first/last \(29, 0, 30\) but the ledger"):
         run_batch(cfg, run=run(try_number=2), ledger=ledger, broker=broker,
                   runner=Runner(broker, tamper={"records": 29}))

@@ -15,6 +15,7 @@ import pytest
 from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
 from streamledger.ledger import Ledger
 from streamledger.operators.batch import StreamBatchOperator
+from streamledger.paths import encode_component
 from streamledger.protocol.rabbitmq import StreamClient, parse_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq]
@@ -80,7 +81,8 @@ def test_openlineage_reports_partitions_ranges_and_outputs(mapped_runs: dict[str
     assert (facet.firstOffset, facet.lastOffset, facet.status) == (0, 5, "committed")
 
     (target,) = lineage.outputs
-    expected_dir = mapped_runs["root"] / "h14-mapped" / partition / "000000000000-000000000006"
+    expected_dir = (mapped_runs["root"] / "h14-mapped" / encode_component(broker) / partition
+                    / "000000000000-000000000006")
     assert (target.namespace, target.name) == ("file", str(expected_dir))
     assert Path(target.name, "_manifest.json").is_file()
     assert target.outputFacets["outputStatistics"].rowCount == 6

@@ -20,11 +20,14 @@ def test_uri_helpers_keep_plain_paths_as_before_and_join_uris_by_string() -> Non
     assert fs.join("s3a://bucket/root/", "p", "s") == "s3a://bucket/root/p/s"
     assert fs.parent("s3a://bucket/root/p") == "s3a://bucket/root" and fs.name("s3a://b/r/p/") == "p"
     run = RunId("dag", "r 1", "t")
-    assert plan.output_dir("/out", "p", "s", 0, 10) == "/out/p/s/000000000000-000000000010"
-    assert plan.output_dir("gs://b/out", "p/q", "s", 0, 10) == "gs://b/out/p_q/s/000000000000-000000000010"
-    staging = plan.staging_dir("hdfs://nn:8020/out", "p", run, "abcd")
-    assert staging == "hdfs://nn:8020/out/_staging/p/dag.r_1.t.-1.t1.abcd"
-    assert staging.startswith(plan.staging_prefix("hdfs://nn:8020/out", "p", run))
+    b = "rabbitmq://c1/%2F"
+    assert plan.output_dir("/out", "p", b, "s", 0, 10) == (
+        "/out/p/rabbitmq~3A~2F~2Fc1~2F~252F/s/000000000000-000000000010")
+    assert plan.output_dir("gs://b/out", "p/q", "mewbase://m", "s", 0, 10) == (
+        "gs://b/out/p~2Fq/mewbase~3A~2F~2Fm/s/000000000000-000000000010")
+    staging = plan.staging_dir("hdfs://nn:8020/out", "p", b, run, "abcd")
+    assert staging == "hdfs://nn:8020/out/_staging/p/rabbitmq~3A~2F~2Fc1~2F~252F/dag.r~201.t.-1.t1.abcd"
+    assert staging.startswith(plan.staging_prefix("hdfs://nn:8020/out", "p", b, run))
 
 
 @pytest.fixture(params=["plain", "arrow-file-uri"])

@@ -1,0 +1,152 @@
+"""Issue 19, item 4: names that escape or collide in the output tree.
+
+Against the real RabbitMQ 4.3 broker (it accepts stream names such as ``../../x`` or ones holding a
+NUL), local Spark and a real SQLite ledger (the fixtures of ``conftest.py``): a stream, a pipeline
+and a broker identity each become one reversibly encoded path component (``streamledger.paths``),
+so nothing leaves the output root, distinct names never share a directory, and a name no ledger or
+file system can hold is refused before anything is claimed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from streamledger.batch import BatchConfig, BatchError, RunId, run_batch
+from streamledger.ledger import Ledger, OffsetRange, RangeStatus
+from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.batch.helpers import CountingRunner
+from tests.integration.spark.helpers import body, create_stream, publish
+
+pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def odd_streams(client: StreamClient) -> Iterator[list[str]]:
+    """Streams with names the CLI clean-up cannot pass on (``..``, NUL): deleted through the client."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        try:
+            client.delete_stream(name)
+        except Exception:  # best effort, like the shared clean-up
+            pass
+
+
+def committed(ledger: Ledger, pipeline: str) -> list[OffsetRange]:
+    return [r for r in ledger.ranges(pipeline) if r.status == RangeStatus.COMMITTED and r.records]
+
+
+def published_bodies(r: OffsetRange) -> list[bytes]:
+    """The range's published records, after checking its manifest names this very range."""
+    assert r.output is not None
+    manifest = json.loads((Path(r.output) / "_manifest.json").read_text())
+    assert manifest["range_id"] == r.id and manifest["output"] == r.output
+    return sorted(pq.read_table(r.output, columns=["body"]).column("body").to_pylist())
+
+
+def files_outside(tmp_path: Path, root: Path) -> list[Path]:
+    return [p for p in tmp_path.rglob("*") if p.is_file() and root not in p.parents
+            and not p.name.startswith("ledger.sqlite")]
+
+
+def test_a_stream_named_dot_dot_writes_inside_the_output_root(
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    odd_streams: list[str], tmp_path: Path, spark: Any,
+) -> None:
+    s = f"../../{stream_name('dotdot')}"
+    odd_streams.append(s)
+    create_stream(rabbitmq_url, s, 25)
+    root = tmp_path / "deep" / "out"
+    cfg = BatchConfig(pipeline="p-names", url=rabbitmq_url, output_root=str(root), stream=s)
+    run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner)
+    (r,) = committed(ledger, "p-names")
+    assert r.output is not None
+    assert root.resolve() in Path(r.output).resolve().parents, f"{r.output} lies outside {root}"
+    assert files_outside(tmp_path, root) == []
+    assert published_bodies(r) == sorted(body(s, i) for i in range(25))
+    assert spark.read.parquet(r.output).count() == 25  # Hadoop neither unquotes nor globs the escapes
+    assert client.query_offset(s, "p-names") == 24
+
+
+def test_pipelines_a_slash_b_and_a_underscore_b_get_distinct_directories(
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    s = stream_name("slash")
+    create_stream(rabbitmq_url, s, 30)
+    root = tmp_path / "out"
+    for pipeline in ("a/b", "a_b"):  # no StoreOffset: its tracking chunk would shift the next range
+        cfg = BatchConfig(pipeline=pipeline, url=rabbitmq_url, output_root=str(root), stream=s,
+                          store_offset=False)
+        run_batch(cfg, run=RunId("dag", pipeline, "t"), ledger=ledger, broker=client, runner=runner)
+    (slash,), (underscore,) = committed(ledger, "a/b"), committed(ledger, "a_b")
+    assert (slash.start, slash.end) == (underscore.start, underscore.end) == (0, 30)
+    assert slash.output and underscore.output
+    trees = {Path(r).relative_to(root).parts[0] for r in (slash.output, underscore.output)}
+    assert len(trees) == 2, f"both pipelines publish under {root / trees.pop()}"
+    expected = sorted(body(s, i) for i in range(30))
+    assert published_bodies(slash) == expected and published_bodies(underscore) == expected
+    assert not list(root.rglob("*.superseded-*")), "a committed output was moved aside"
+
+
+def test_two_brokers_of_one_pipeline_and_stream_publish_apart(
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    s = stream_name("brokers")
+    create_stream(rabbitmq_url, s, 20)
+    root = tmp_path / "out"
+    outputs = {}
+    for name in ("east", "west"):
+        # store_offset off: both "brokers" are one real broker here, which keeps one stored offset
+        cfg = BatchConfig(pipeline="p-two", url=rabbitmq_url, output_root=str(root), stream=s,
+                          broker_name=name, store_offset=False)
+        result = run_batch(cfg, run=RunId("dag", name, "t"), ledger=ledger, broker=client, runner=runner)
+        (part,) = result.partitions
+        assert (part.start, part.end, part.records) == (0, 20, 20)
+        outputs[name] = part.output
+    ranges = committed(ledger, "p-two")
+    assert sorted(r.source.broker for r in ranges) == ["rabbitmq://east/%2F", "rabbitmq://west/%2F"]
+    assert outputs["east"] != outputs["west"]
+    for r in ranges:  # both still published where the ledger says, each with its own manifest
+        assert published_bodies(r) == sorted(body(s, i) for i in range(20))
+    assert not list(root.rglob("*.superseded-*")), "one broker's committed output was moved aside"
+
+
+def test_a_nul_in_a_stream_name_is_refused_before_anything_is_claimed(
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    odd_streams: list[str], tmp_path: Path,
+) -> None:
+    s = f"{stream_name('nul')}\x00x"
+    odd_streams.append(s)
+    create_stream(rabbitmq_url, s, 5)  # the broker takes it
+    with pytest.raises(BatchError, match=r"^stream .*NUL") as caught:
+        cfg = BatchConfig(pipeline="p-nul", url=rabbitmq_url, output_root=str(tmp_path / "out"), stream=s)
+        run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner)
+    assert "\n" not in str(caught.value)
+    assert ledger.ranges("p-nul") == []
+    assert client.query_offset(s, "p-nul") is None
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_super_stream_partition_with_a_nul_is_refused_before_any_partition_is_claimed(
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    sup = stream_name.super_stream("nulpart")
+    client.create_super_stream(sup, binding_keys=["ok", "bad\x00"])
+    bad, ok = sorted(client.partitions(sup))  # as the broker lists them
+    assert bad == f"{sup}-bad\x00" and ok == f"{sup}-ok"
+    publish(rabbitmq_url, ok, 10)
+    cfg = BatchConfig(pipeline="p-nul-part", url=rabbitmq_url, output_root=str(tmp_path / "out"),
+                      super_stream=sup)
+    with pytest.raises(BatchError, match=rf"^super stream {sup!r}: partition .*NUL"):
+        run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner)
+    assert ledger.ranges("p-nul-part") == []
+    assert not (tmp_path / "out").exists()
