@@ -47,7 +47,9 @@ when there is one stream)."""
 
 StepHook = Callable[[str, Any], None]
 """``hook(step, batch_run)`` after each step: ``claimed``, ``read``, ``committed``, ``published``,
-``stored``. Tests inject crashes here; production code passes none."""
+``stored``. Tests inject crashes here; production code passes none. Finer marks for timing
+(``bench/partitions.py``): ``planned`` (sources checked, before any claim), ``probed`` (ranges
+without user records committed), ``job`` (the job returned, before verifying it)."""
 
 InitialPosition = Literal["first", "tail", "interval_start"] | int
 

@@ -267,6 +267,7 @@ class BatchRun:
             tail = int(self.broker.committed_tail(stream))
             stored = self.broker.query_offset(stream, self.config.pipeline)
             seen.append((stream, tail, stored, self.check_same_stream(stream, tail, stored)))
+        self._step("planned")
         self.parts = [self.claim_partition(*args) for args in seen]
         self.result.partitions = [p.result for p in self.parts]
         for p in self.parts:
@@ -291,6 +292,7 @@ class BatchRun:
                 r.status = "committed"
                 log.info("stream %s: [%d, %d) holds no user record (tracking only): committed, no job",
                          r.stream, r.start, r.end)
+        self._step("probed")
 
     def read(self) -> None:
         """One job for every partition that has something to read, into a fresh staging directory."""
@@ -307,6 +309,7 @@ class BatchRun:
         with Heartbeat(self.ledger, self._ident(), ids, cfg.heartbeat_interval,
                        on_lost=(lambda _ids: cancel()) if callable(cancel) else None) as beat:
             manifest = self._job(ranges, self.staging)
+        self._step("job")
         if beat.lost:
             raise BatchError(f"claims {beat.lost} were taken from this run while its job ran "
                              "(no heartbeat reached the ledger in time); nothing was committed")

@@ -1,0 +1,242 @@
+"""A batch's cost per partition: ``run_batch`` over super streams of N partitions x 10 records.
+
+    PYTHONPATH=src python bench/partitions.py [--partitions 3,30,100] [--ledgers sqlite,postgres]
+                                              [--rounds 2] [--idle 2] [--url URL]
+
+For every partition count and ledger (SQLite file; PostgreSQL from ``scripts/postgres.sh``, a fresh
+database per round), each round creates a fresh super stream of N partitions, publishes 10 AMQP
+records into each, then runs the **first batch** (claims, reads and publishes all N x 10 records)
+and ``--idle`` **idle batches** (nothing new) with ``run_batch``, local Spark ``local[2]`` (the JVM
+and the Python workers are warmed first with an untimed batch), directory outputs.
+
+The time of each batch is split by step from the batch's ``on_step`` marks (perf counter at each):
+``plan`` (broker partitions, tails, stored offsets, the ledger's position per source), ``claim``,
+``probe`` (ranges holding only tracking chunks), ``job`` (the Spark job), ``verify`` (manifest
+checks, per-range manifests), ``commit``, ``publish``, ``store`` (StoreOffset + read back). The
+table prints medians over the rounds; broker and ledger calls per batch are counted through thin
+proxies (counts only, no timing inside them). Targets (issue 24, printed, not asserted): 100
+partitions <= 5 s first batch and <= 0.5 s idle; 1,000 partitions within 10x of 100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from ledger import pg_database, pg_server  # noqa: E402  (bench/ledger.py: the private cluster)
+
+from streamledger.batch import BatchConfig, LocalSparkRunner, RunId, run_batch  # noqa: E402
+from streamledger.ledger import Ledger  # noqa: E402
+from streamledger.protocol.rabbitmq import StreamClient  # noqa: E402
+
+DEFAULT_URL = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
+RECORDS = 10
+STEPS = ("plan", "claim", "probe", "job", "verify", "commit", "publish", "store")
+# on_step mark -> the step that ended there (time since the previous mark)
+MARKS = {"planned": "plan", "claimed": "claim", "probed": "probe", "job": "job", "read": "verify",
+         "committed": "commit", "published": "publish", "stored": "store"}
+
+
+class Counting:
+    """A proxy that counts the calls made through it (per method name)."""
+
+    def __init__(self, inner: Any, counts: collections.Counter[str]) -> None:
+        self._inner, self._counts = inner, counts
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if not callable(value):
+            return value
+        counts = self._counts
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return value(*args, **kwargs)
+
+        return call
+
+
+def timed_batch(cfg: BatchConfig, run: RunId, ledger: Ledger, broker: StreamClient,
+                runner: LocalSparkRunner) -> tuple[float, dict[str, float], dict[str, int], int]:
+    """One ``run_batch``: (wall seconds, seconds per step, calls per broker/ledger method, records)."""
+    steps: dict[str, float] = dict.fromkeys(STEPS, 0.0)
+    calls: collections.Counter[str] = collections.Counter()
+    last = [0.0]
+
+    def mark(name: str, _batch: Any) -> None:
+        now = time.perf_counter()
+        step = MARKS.get(name)
+        if step is not None:
+            steps[step] += now - last[0]
+        last[0] = now
+
+    last[0] = began = time.perf_counter()
+    result = run_batch(cfg, run=run, ledger=Counting(ledger, calls),  # type: ignore[arg-type]
+                       broker=Counting(broker, calls), runner=runner, on_step=mark)
+    wall = time.perf_counter() - began
+    return wall, steps, dict(calls), result.records
+
+
+def fill(client: StreamClient, name: str, partitions: int) -> float:
+    """A fresh super stream of ``partitions`` partitions with RECORDS records each; seconds taken."""
+    began = time.perf_counter()
+    client.create_super_stream(name, partitions=partitions)
+    for part in client.partitions(name):
+        result = client.publish(part, (f"{part}:{i}".encode() for i in range(RECORDS)))
+        if result.confirmed != RECORDS:
+            raise SystemExit(f"publish to {part}: {result.confirmed}/{RECORDS} confirmed")
+    return time.perf_counter() - began
+
+
+def ledger_url(kind: str, tmp: Path, server: Callable[[], str]) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp / f'ledger-{uuid.uuid4().hex[:8]}.sqlite'}"
+    return pg_database(server(), f"sl_bench_parts_{uuid.uuid4().hex[:10]}", fresh=True)
+
+
+def drop_pg(url: str) -> None:
+    import psycopg
+
+    admin, name = url.rsplit("/", 1)
+    with psycopg.connect(admin.replace("postgresql+psycopg://", "postgresql://", 1) + "/postgres",
+                         autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+Row = tuple[int, str, str, float, dict[str, float], dict[str, int]]
+
+
+def one_round(n: int, kind: str, url: str, args: argparse.Namespace, name: str, out: Path,
+              client: StreamClient, runner: LocalSparkRunner) -> list[Row]:
+    """The first batch over a freshly filled super stream, then ``args.idle`` idle batches."""
+    rows: list[Row] = []
+    with Ledger(url, create=True) as led:
+        cfg = BatchConfig(pipeline="bench", url=args.url, output_root=str(out), super_stream=name)
+        for i in range(1 + args.idle):
+            batch = "first" if i == 0 else "idle"
+            wall, steps, calls, records = timed_batch(cfg, RunId("bench", f"{batch}-{i}", "t"), led, client,
+                                                      runner)
+            want = n * RECORDS if i == 0 else 0
+            if records != want:
+                raise SystemExit(f"{name}: {batch} batch read {records} records, not {want}")
+            rows.append((n, kind, batch, wall, steps, calls))
+            print(f"  N={n} {kind}: {batch} batch {wall:.2f} s", flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--partitions", default="3,30,100")
+    parser.add_argument("--ledgers", default="sqlite,postgres")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--idle", type=int, default=2, help="idle batches after each first batch")
+    parser.add_argument("--url", default=os.environ.get("STREAMLEDGER_BENCH_URL", DEFAULT_URL))
+    parser.add_argument("--calls", action="store_true", help="print broker/ledger calls per batch")
+    args = parser.parse_args()
+    counts = [int(x) for x in args.partitions.split(",")]
+    kinds = args.ledgers.split(",")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    tmp = Path(tempfile.mkdtemp(prefix="sl-bench-parts-"))
+    server_url: list[str] = []
+
+    def server() -> str:
+        if not server_url:
+            server_url.append(pg_server())
+        return server_url[0]
+
+    runner = LocalSparkRunner("local[2]", conf={"spark.driver.memory": "2g"})
+    client = StreamClient.connect(args.url, timeout=60.0)
+    made: list[str] = []
+    rows: list[Row] = []
+    try:
+        began = time.perf_counter()
+        runner.session().sparkContext.setLogLevel("ERROR")
+        warm = f"bench-parts-warm-{uuid.uuid4().hex[:6]}"
+        made.append(warm)
+        fill(client, warm, 3)
+        with Ledger(ledger_url("sqlite", tmp, server), create=True) as led:
+            cfg = BatchConfig(pipeline="bench", url=args.url, output_root=str(tmp / "warm"),
+                              super_stream=warm)
+            for i in range(2):
+                run_batch(cfg, run=RunId("bench", f"warm-{i}", "t"), ledger=led, broker=client, runner=runner)
+        print(f"warm-up (Spark session + 2 batches): {time.perf_counter() - began:.1f} s", flush=True)
+        for n in counts:
+            for kind in kinds:
+                for rnd in range(args.rounds):
+                    name = f"bench-parts-{n}-{uuid.uuid4().hex[:6]}"
+                    made.append(name)
+                    took = fill(client, name, n)
+                    print(f"  N={n} {kind} round {rnd + 1}: super stream filled in {took:.1f} s", flush=True)
+                    url = ledger_url(kind, tmp, server)
+                    try:
+                        rows += one_round(n, kind, url, args, name, tmp / name, client, runner)
+                    finally:
+                        if kind == "postgres":
+                            drop_pg(url)
+                        shutil.rmtree(tmp / name, ignore_errors=True)
+                        client.delete_super_stream(name, missing_ok=True)
+                        made.remove(name)
+        report(rows, counts, kinds, args.calls)
+    finally:
+        for name in made:
+            try:
+                client.delete_super_stream(name, missing_ok=True)
+            except Exception as exc:  # clean-up is best effort
+                print(f"could not delete {name}: {exc}", file=sys.stderr)
+        client.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def report(rows: list[Row], counts: list[int], kinds: list[str], show_calls: bool) -> None:
+    """Medians per (partitions, ledger, batch): wall, per partition, and the split by step."""
+    print()
+    print("| partitions | ledger | batch | wall | per partition | " + " | ".join(STEPS) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(STEPS))
+    walls: dict[tuple[int, str, str], float] = {}
+    for n in counts:
+        for kind in kinds:
+            for batch in ("first", "idle"):
+                mine = [r for r in rows if r[:3] == (n, kind, batch)]
+                if not mine:
+                    continue
+                wall = median([r[3] for r in mine])
+                walls[(n, kind, batch)] = wall
+                split = " | ".join(f"{median([r[4][s] for r in mine]):.2f}" for s in STEPS)
+                print(f"| {n} | {kind} | {batch} | {wall:.2f} s | {wall / n * 1000:,.0f} ms | {split} |")
+                if show_calls:
+                    calls = mine[-1][5]
+                    print("    calls: " + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
+    print()
+    for kind in kinds:
+        first, idle = walls.get((100, kind, "first")), walls.get((100, kind, "idle"))
+        if first is not None and idle is not None:
+            print(f"targets ({kind}): 100 partitions first batch {first:.2f} s (<= 5 s: "
+                  f"{'met' if first <= 5 else 'not met'}), idle {idle:.2f} s (<= 0.5 s: "
+                  f"{'met' if idle <= 0.5 else 'not met'})")
+        big = walls.get((1000, kind, "first"))
+        if big is not None and first is not None:
+            print(f"targets ({kind}): 1,000 partitions first batch {big:.2f} s = {big / first:.1f}x of 100 "
+                  f"(<= 10x: {'met' if big <= 10 * first else 'not met'})")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
