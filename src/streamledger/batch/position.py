@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from streamledger.ledger import Ledger, OffsetRange
 
 __all__ = [
-    "PipelineSource", "StreamPosition", "cluster_name", "measure", "source_problem", "user_records",
+    "PipelineSource", "StreamPosition", "cluster_name", "first_offsets", "log_offsets", "measure",
+    "source_problem", "user_records",
 ]
 
 
@@ -160,6 +161,34 @@ def _last_user(log: Any, stream: str) -> int | None:
     return int(resolve(stream, OffsetSpec.last()))
 
 
+def log_offsets(log: Any, streams: Sequence[str], reference: str, *,
+                stored: bool = True) -> tuple[dict[str, int], dict[str, int | None]]:
+    """Committed tails and (with ``stored``) the stored offsets of ``reference`` on many streams:
+    all asked at once over one connection when the log can (``committed_tails`` /
+    ``query_offsets``, a RabbitMQ ``StreamClient``), else one stream at a time."""
+    names = list(streams)
+    many = getattr(log, "committed_tails", None)
+    tails = ({s: int(t) for s, t in many(names).items()} if many is not None
+             else {s: int(log.committed_tail(s)) for s in names})
+    if not stored:
+        return tails, {}
+    many = getattr(log, "query_offsets", None)
+    offsets = dict(many(names, reference)) if many is not None else {s: log.query_offset(s, reference)
+                                                                      for s in names}
+    return tails, offsets
+
+
+def first_offsets(log: Any, streams: Sequence[str]) -> dict[str, int]:
+    """The first retained offset of many streams (all at once when the log can)."""
+    names = list(streams)
+    if not names:
+        return {}
+    many = getattr(log, "first_offsets", None)
+    if many is not None:
+        return {s: int(f) for s, f in many(names).items()}
+    return {s: int(log.first_offset(s)) for s in names}
+
+
 def measure(log: Any, ledger: Ledger | None, source: PipelineSource, *,
             streams: Sequence[str] | None = None,
             holder_alive: Callable[[RunId], bool] | None = None,
@@ -168,25 +197,31 @@ def measure(log: Any, ledger: Ledger | None, source: PipelineSource, *,
             last_user: bool = True) -> list[StreamPosition]:
     """The position of every stream of ``source`` (``streams`` if the caller listed them already).
 
-    ``ledger`` None means no ledger exists yet (no pipeline has history). Each stream costs one
-    ledger read and the broker's last chunk, tail and (without ledger history) stored offset; the
-    last chunk is read before the tail, so ``last_user < tail`` holds even while data arrives.
+    ``ledger`` None means no ledger exists yet (no pipeline has history). The ledger's positions
+    are read in one transaction, the tails (and, without ledger history, stored offsets) all at
+    once; the last chunks are read before the tails, so ``last_user < tail`` holds even while data
+    arrives.
     ``last_user=False`` skips the last chunk (callers that count offsets, not user records).
     """
     names = list(streams) if streams is not None else source.streams(log)
     ident = identity or source.identity(log)
     stale = None if claim_timeout is None else timedelta(seconds=claim_timeout)
+    lasts = {s: _last_user(log, s) for s in names} if last_user else {}
+    tails, _ = log_offsets(log, names, source.pipeline, stored=False)
+    found = (ledger.positions(source.pipeline, [source.ref(ident, s) for s in names], stale_after=stale)
+             if ledger is not None else [_NO_HISTORY] * len(names))
+    fresh = [s for s, pos in zip(names, found, strict=True) if pos.end is None]
+    stored = log_offsets(log, fresh, source.pipeline)[1] if fresh else {}
+    firsts = first_offsets(log, [s for s in fresh if stored.get(s) is None])
     out: list[StreamPosition] = []
-    for stream in names:
-        last = _last_user(log, stream) if last_user else None
-        tail = int(log.committed_tail(stream))
-        pos = (ledger.position(source.pipeline, source.ref(ident, stream), stale_after=stale)
-               if ledger is not None else _NO_HISTORY)
+    for stream, pos in zip(names, found, strict=True):
+        last = lasts.get(stream)
+        tail = tails[stream]
         if pos.end is not None:
             start = pos.end
         else:
-            stored = log.query_offset(stream, source.pipeline)
-            start = stored + 1 if stored is not None else int(log.first_offset(stream))
+            got = stored.get(stream)
+            start = got + 1 if got is not None else firsts[stream]
         gone = []
         for claim in pos.open_claims:
             h = claim.run

@@ -28,13 +28,34 @@ from streamledger.batch.config import (
     RunId,
     StepHook,
 )
-from streamledger.batch.position import PipelineSource, cluster_name, measure, user_records
+from streamledger.batch.position import (
+    PipelineSource,
+    cluster_name,
+    first_offsets,
+    log_offsets,
+    measure,
+    user_records,
+)
 from streamledger.manifest import Manifest, ManifestError
 
 if TYPE_CHECKING:
-    from streamledger.ledger import Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
+    from streamledger.ledger import ClaimRequest, Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
 
 log = logging.getLogger("streamledger.batch")
+
+
+class _Firsts:
+    """The broker, answering ``first_offset`` from offsets already asked for all streams at once."""
+
+    def __init__(self, broker: Broker, firsts: Mapping[str, int]) -> None:
+        self._broker, self._firsts = broker, firsts
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._broker, name)
+
+    def first_offset(self, name: str) -> int:
+        known = self._firsts.get(name)
+        return int(self._broker.first_offset(name)) if known is None else known
 
 
 @dataclass
@@ -180,16 +201,18 @@ class BatchRun:
                         held.source.stream, held.start, held.end, h)
             self.ledger.fail(held.id, f"released by {self.run.dag_id}/{self.run.run_id}: holder gone")
 
-    def check_same_stream(self, stream: str, tail: int, stored: int | None) -> SourcePosition:
+    def check_same_stream(self, stream: str, tail: int, stored: int | None,
+                          pos: SourcePosition) -> SourcePosition:
         """Refuse a source whose broker no longer holds the stream the ledger read.
 
         A stream deleted and re-created starts at offset 0 again: claims would come back empty
         (the ledger's end lies past the new tail) or start in the middle of the new stream, and the
         old watermark would be stored on it. Two signs, both cheap: the committed tail is below the
         ledger's end (a tail never shrinks), or the broker lost the offset the ledger stored on it.
+        ``pos`` is the ledger's position, read *before* the broker's tail and stored offset (so a
+        range another run claims meanwhile never looks like a shrunken tail).
         """
         cfg = self.config
-        pos = self.ledger.position(cfg.pipeline, self._source(stream))
         self.epochs[stream] = pos.epoch
         if pos.end is not None and tail < pos.end:
             why = f"the broker's committed tail {tail} is below the ledger's end {pos.end}"
@@ -205,25 +228,36 @@ class BatchRun:
             "history and reads the new stream from its first offset"
         )
 
-    def claim_partition(self, stream: str, tail: int, stored: int | None, pos: SourcePosition) -> _Part:
-        """Ask the ledger which range this run processes next (its one claim rule), then make sure
-        the broker still holds it (recording retention's losses if so configured)."""
+    def claim_request(self, stream: str, tail: int, stored: int | None, pos: SourcePosition,
+                      firsts: Mapping[str, int]) -> tuple[ClaimRequest, int]:
+        """The claim's inputs for one partition (``firsts``: first retained offsets of the streams
+        without ledger history); returns the request and its end limit."""
+        from streamledger.ledger import ClaimRequest
+
         cfg = self.config
-        if self._started is None:  # the ledger's clock, as claimed_at is: the host's may be minutes off
-            self._started = self.ledger.clock()
-        src = self._source(stream)
         self.release_gone_holders(pos.open_claims)
         limit = plan.claim_limit(cfg, self.broker, stream, tail)
-        initial, origin = plan.initial_start(cfg, self.broker, stream, tail, stored)
-        if initial > tail:
-            raise BatchError(
-                f"stream {stream!r}: pipeline {cfg.pipeline!r} would start at {initial} ({origin}) but the "
-                f"committed tail is {tail}"
-            )
+        initial: int | None = None
+        if pos.end is None:  # the ledger ignores initial_start once the source has a range
+            initial, origin = plan.initial_start(cfg, _Firsts(self.broker, firsts), stream, tail, stored)
+            if initial > tail:
+                raise BatchError(
+                    f"stream {stream!r}: pipeline {cfg.pipeline!r} would start at {initial} ({origin}) but "
+                    f"the committed tail is {tail}"
+                )
+        return ClaimRequest(self._source(stream), limit, initial), limit
+
+    def settle_claim(self, stream: str, rng: OffsetRange, first: int | None, req: ClaimRequest) -> _Part:
+        """Make sure the broker still holds a claimed range (recording retention's losses if so
+        configured, and claiming again past them), then describe it."""
+        cfg = self.config
+        src = req.source
         lost: tuple[int, int] | None = None
         for _ in range(100):
-            rng = self._claim(src, limit, initial)
-            first = int(self.broker.first_offset(stream)) if rng.status.value == "claimed" else rng.start
+            if rng.status.value != "claimed":
+                break
+            if first is None:
+                first = int(self.broker.first_offset(stream))
             if rng.start >= first:
                 break
             lost_end = min(first, rng.end)
@@ -239,9 +273,11 @@ class BatchRun:
             )
             log.warning("stream %s: recorded [%d, %d) as lost (retention)", stream, rng.start, lost_end)
             lost = (rng.start if lost is None else lost[0], lost_end)
+            rng, first = self._claim(src, req.end_limit, req.initial_start), None
         else:  # pragma: no cover - each round records a non-empty span, so this means a ledger bug
             raise BatchError(f"stream {stream!r}: could not claim past retention's losses")
         # A range claimed before this batch began claiming is this run's own from an earlier attempt.
+        assert self._started is not None
         came = "held" if rng.claimed_at < self._started else "new"
         result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id, lost=lost,
                                  status="empty" if rng.empty else rng.status.value)
@@ -251,24 +287,42 @@ class BatchRun:
             result.output = rng.output
         return _Part(result, src, rng)
 
-    def _claim(self, src: SourceRef, limit: int, initial: int) -> OffsetRange:
+    def _claim(self, src: SourceRef, limit: int, initial: int | None) -> OffsetRange:
         cfg = self.config
         return self.ledger.claim(
             cfg.pipeline, src, limit, self._ident(), initial_start=initial, max_span=cfg.max_offsets,
             abandon_after=timedelta(seconds=cfg.claim_timeout),
         )
 
+    def survey(self, streams: list[str]) -> list[tuple[str, int, int | None, SourcePosition]]:
+        """Every partition's ledger position (one transaction), then its broker tail and stored
+        offset (asked all at once), each checked against the other (:meth:`check_same_stream`)."""
+        cfg = self.config
+        found = self.ledger.positions(cfg.pipeline, [self._source(s) for s in streams])
+        tails, stored = log_offsets(self.broker, streams, cfg.pipeline)
+        return [(s, tails[s], stored[s], self.check_same_stream(s, tails[s], stored[s], pos))
+                for s, pos in zip(streams, found, strict=True)]
+
     def claim(self) -> None:
         """Check every partition first (nothing is claimed when one of them is refused), then
-        claim each."""
+        claim all of them in one ledger transaction (the ledger's one claim rule per partition)."""
+        cfg = self.config
         self.adopt_legacy_identity()
-        seen: list[tuple[str, int, int | None, SourcePosition]] = []
-        for stream in self.streams():
-            tail = int(self.broker.committed_tail(stream))
-            stored = self.broker.query_offset(stream, self.config.pipeline)
-            seen.append((stream, tail, stored, self.check_same_stream(stream, tail, stored)))
+        seen = self.survey(self.streams())
         self._step("planned")
-        self.parts = [self.claim_partition(*args) for args in seen]
+        if self._started is None:  # the ledger's clock, as claimed_at is: the host's may be minutes off
+            self._started = self.ledger.clock()
+        wants_first = cfg.initial_position == "first"
+        firsts = first_offsets(self.broker, [s for s, _t, stored, pos in seen
+                                             if wants_first and pos.end is None and stored is None])
+        asks = [self.claim_request(*args, firsts) for args in seen]
+        got = self.ledger.claim_many(cfg.pipeline, [req for req, _limit in asks], self._ident(),
+                                     max_span=cfg.max_offsets,
+                                     abandon_after=timedelta(seconds=cfg.claim_timeout))
+        held = first_offsets(self.broker, [s for (s, *_r), rng in zip(seen, got, strict=True)
+                                           if rng.status.value == "claimed"])
+        self.parts = [self.settle_claim(s, rng, held.get(s), req)
+                      for (s, *_r), rng, (req, _limit) in zip(seen, got, asks, strict=True)]
         self.result.partitions = [p.result for p in self.parts]
         for p in self.parts:
             r = p.result
@@ -282,16 +336,20 @@ class BatchRun:
         return [p for p in self.parts if p.result.status == "claimed"]
 
     def skip_ranges_without_records(self) -> None:
-        """Commit claimed ranges that hold no user record (only tracking offsets) without a job."""
-        for p in self.to_read():
+        """Commit claimed ranges that hold no user record (only tracking offsets) without a job,
+        all in one ledger transaction."""
+        from streamledger.ledger import CommitRequest
+
+        empty = [p for p in self.to_read() if not user_records(self.broker, p.result.stream, p.result.start,
+                                                               p.result.end)]
+        done = self.ledger.commit_many([CommitRequest(p.range.id, 0, None, None, None)
+                                        for p in empty if p.range is not None])
+        for p, rng in zip(empty, done, strict=True):
             r = p.result
-            if not user_records(self.broker, r.stream, r.start, r.end):
-                assert p.range is not None
-                p.range = self.ledger.commit(p.range.id, records=0, first_seen=None, last_seen=None,
-                                             output=None)
-                r.status = "committed"
-                log.info("stream %s: [%d, %d) holds no user record (tracking only): committed, no job",
-                         r.stream, r.start, r.end)
+            p.range = rng
+            r.status = "committed"
+            log.info("stream %s: [%d, %d) holds no user record (tracking only): committed, no job",
+                     r.stream, r.start, r.end)
         self._step("probed")
 
     def read(self) -> None:
@@ -370,20 +428,25 @@ class BatchRun:
     # -- commit + publish ------------------------------------------------------------------------
 
     def commit(self) -> None:
-        for p in self.parts:
+        """Commit every range the job read, in one ledger transaction (all or none)."""
+        from streamledger.ledger import CommitRequest
+
+        todo = [p for p in self.parts if p.result.read]
+        finals = [self._final(p.result.stream, p.result.start, p.result.end) for p in todo]
+        asks = []
+        for p, final in zip(todo, finals, strict=True):
             r = p.result
-            if not r.read:
-                continue
             assert p.range is not None
-            final = self._final(r.stream, r.start, r.end)
-            try:
-                p.range = self.ledger.commit(p.range.id, records=r.records, first_seen=r.first_offset,
-                                             last_seen=r.last_offset, output=final, staging=p.staging,
-                                             publisher=self.token)
-            except Exception as exc:
-                p.range = self._commit_outcome(p, exc)
-            r.status = "committed"
-            r.output = final
+            asks.append(CommitRequest(p.range.id, r.records, r.first_offset, r.last_offset, final,
+                                      staging=p.staging, publisher=self.token))
+        try:
+            done = self.ledger.commit_many(asks)
+        except Exception as exc:
+            done = [self._commit_outcome(p, exc) for p in todo]
+        for p, rng, final in zip(todo, done, finals, strict=True):
+            p.range = rng
+            p.result.status = "committed"
+            p.result.output = final
         self._step("committed")
 
     def _commit_outcome(self, p: _Part, exc: Exception) -> OffsetRange:
@@ -532,11 +595,12 @@ class BatchRun:
         cfg = self.config
         if not cfg.store_offset:
             return
-        for p in self.parts:
+        marks = self.ledger.watermarks(cfg.pipeline, [p.source for p in self.parts])
+        _tails, stored = log_offsets(self.broker, [p.result.stream for p in self.parts], cfg.pipeline)
+        targets: dict[str, int] = {}
+        for p, mark in zip(self.parts, marks, strict=True):
             r = p.result
-            mark = self.ledger.watermark(cfg.pipeline, p.source)
-            stored = self.broker.query_offset(r.stream, cfg.pipeline)
-            target = plan.offset_to_store(mark, stored)
+            target = plan.offset_to_store(mark, stored[r.stream])
             if target is None:
                 if mark.unpublished is not None:
                     u = mark.unpublished
@@ -547,12 +611,24 @@ class BatchRun:
                     log.info("stream %s: offset not stored: [%d, %d) of %s is still open before this range",
                              r.stream, b.start, b.end, b.run)
                 continue
-            self.broker.store_offset_verified(r.stream, cfg.pipeline, target, timeout=cfg.store_timeout)
-            r.offset_stored = target
+            targets[r.stream] = target
+        many = getattr(self.broker, "store_offsets_verified", None)
+        if many is not None and len(targets) > 1:
+            many(targets, cfg.pipeline, timeout=cfg.store_timeout)
+        else:
+            for stream, target in targets.items():
+                self.broker.store_offset_verified(stream, cfg.pipeline, target, timeout=cfg.store_timeout)
+        ranges = []
+        for p, mark in zip(self.parts, marks, strict=True):
+            r = p.result
+            if r.stream not in targets:
+                continue
+            r.offset_stored = targets[r.stream]
             if mark.last_record_range is not None:
-                self.ledger.mark_offset_stored(mark.last_record_range, True)
+                ranges.append(mark.last_record_range)
             log.info("stream %s: broker offset for %s stored at %d (watermark %s)", r.stream, cfg.pipeline,
-                     target, mark.end)
+                     targets[r.stream], mark.end)
+        self.ledger.mark_offsets_stored(ranges, True)
         self._step("stored")
 
     def fail(self, reason: str) -> None:

@@ -58,12 +58,22 @@ from streamledger.ledger.audit import (
 )
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.store import Ledger
-from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourcePosition, SourceRef
+from streamledger.ledger.types import (
+    ClaimRequest,
+    CommitRequest,
+    OffsetRange,
+    RangeStatus,
+    RunIdentity,
+    SourcePosition,
+    SourceRef,
+)
 
 __all__ = [
     "AuditReport",
     "BrokerOffsetLookup",
     "Brokers",
+    "ClaimRequest",
+    "CommitRequest",
     "Ledger",
     "LedgerError",
     "OffsetQuerier",

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -50,6 +51,8 @@ from streamledger.ledger.engine import IMMEDIATE, default_url, make_engine, safe
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Pipeline, Range, Source
 from streamledger.ledger.types import (
+    ClaimRequest,
+    CommitRequest,
     OffsetRange,
     RangeStatus,
     RunIdentity,
@@ -279,6 +282,7 @@ class Ledger:
         self.url = url or default_url()
         self._engine: Engine = make_engine(self.url)
         self._sources: dict[int, tuple[str, SourceRef]] = {}
+        self._local = threading.local()  # the session of a transaction many calls join (_joined)
         if create:
             self.upgrade()
         else:
@@ -328,10 +332,35 @@ class Ledger:
 
     @contextlib.contextmanager
     def _tx(self, what: str, *, write: bool = True) -> Iterator[Session]:
+        outer = self._outer()
+        if outer is not None:  # inside _joined: the caller's transaction commits (or rolls back) all
+            with self._errors(what):
+                yield outer
+            return
         with self._errors(what), Session(self._engine, expire_on_commit=False) as session:
             session.connection(execution_options={IMMEDIATE: True} if write else {})
             yield session
             session.commit()
+
+    def _outer(self) -> Session | None:
+        return getattr(self._local, "session", None)
+
+    @contextlib.contextmanager
+    def _joined(self, what: str, *, write: bool = True) -> Iterator[Session]:
+        """One transaction that every ledger call of this thread inside the block joins: a batch's
+        claims (or commits, or reads) of all its sources cost one transaction, not one each, and
+        take effect together or not at all. The calls keep their own rules; only the
+        transaction is shared."""
+        if self._outer() is not None:
+            with self._tx(what, write=write) as session:
+                yield session
+            return
+        with self._tx(what, write=write) as session:
+            self._local.session = session
+            try:
+                yield session
+            finally:
+                self._local.session = None
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -610,9 +639,14 @@ class Ledger:
             "max_span": max_span,
             "abandon_secs": None if abandon_after is None else abandon_after.total_seconds(),
         }
-        with self._errors(what), self._engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT")  # the call is its own transaction
-            row = conn.execute(_PG_CLAIM, params).first()
+        outer = self._outer()
+        if outer is not None:
+            with self._errors(what):
+                row = outer.execute(_PG_CLAIM, params).first()
+        else:
+            with self._errors(what), self._engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT")  # the call is its own transaction
+                row = conn.execute(_PG_CLAIM, params).first()
         if row is None:
             raise LedgerError(
                 f"{what}: the ledger has no range for this stream yet, so the first claim must give "
@@ -620,6 +654,86 @@ class Ledger:
             )
         self._sources[row.source_id] = (pipeline, source)
         return _snapshot(row, pipeline, source)
+
+    def claim_many(
+        self,
+        pipeline: str,
+        requests: Sequence[ClaimRequest],
+        run: RunIdentity,
+        *,
+        max_span: int | None = None,
+        abandon_after: timedelta | None = None,
+    ) -> list[OffsetRange]:
+        """:meth:`claim` for every source of a batch in one transaction (answers in request order).
+
+        Each source gets exactly what :meth:`claim` would give it (the same code decides); the
+        claims take effect together, or, when one is refused, none does. Sources that exist already
+        are locked first in id order (as every other multi-source locker does), so two batches over
+        the same sources never deadlock.
+        """
+        _check_pipeline(pipeline)
+        if len({(r.source.broker, r.source.stream) for r in requests}) != len(requests):
+            raise LedgerError(f"claim_many for pipeline {pipeline!r}: a source is named twice")
+        if not requests:
+            return []
+        out: dict[int, OffsetRange] = {}
+        with self._joined(f"claims of pipeline {pipeline!r} by {run}") as session:
+            order = self._lock_named(session, pipeline, [r.source for r in requests])
+            for i in order:
+                req = requests[i]
+                out[i] = self.claim(pipeline, req.source, req.end_limit, run, initial_start=req.initial_start,
+                                    max_span=max_span, abandon_after=abandon_after)
+        return [out[i] for i in range(len(requests))]
+
+    def _lock_named(self, session: Session, pipeline: str, sources: Sequence[SourceRef]) -> list[int]:
+        """Lock the sources that exist (id order) and return the indexes of ``sources`` in the order
+        to work on them: existing ones by id, then new ones by name."""
+        brokers = sorted({s.broker for s in sources})
+        found: dict[tuple[str, str], int] = {}
+        for broker in brokers:
+            names = [s.stream for s in sources if s.broker == broker]
+            for chunk in range(0, len(names), 500):
+                rows = session.execute(
+                    select(Source.id, Source.stream)
+                    .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                    .where(Pipeline.name == pipeline, Source.broker == broker,
+                           Source.stream.in_(names[chunk:chunk + 500]))
+                ).all()
+                found.update({(broker, str(stream)): int(sid) for sid, stream in rows})
+        self._lock_sources(session, sorted(found.values()))
+
+        def order(i: int) -> tuple[int, int, str, str]:
+            name = (sources[i].broker, sources[i].stream)
+            return (0, found[name], "", "") if name in found else (1, 0, *name)
+
+        return sorted(range(len(sources)), key=order)
+
+    def commit_many(self, commits: Sequence[CommitRequest]) -> list[OffsetRange]:
+        """:meth:`commit` for every range of a batch in one transaction: all take effect, or, when
+        one is refused, none does (each is checked exactly as :meth:`commit` checks it)."""
+        if not commits:
+            return []
+        with self._joined(f"commit of ranges {[c.range_id for c in commits]}"[:200]):
+            return [self.commit(c.range_id, records=c.records, first_seen=c.first_seen, last_seen=c.last_seen,
+                                output=c.output, staging=c.staging, publisher=c.publisher) for c in commits]
+
+    def positions(self, pipeline: str, sources: Sequence[SourceRef], *,
+                  stale_after: timedelta | None = None) -> list[SourcePosition]:
+        """:meth:`position` of every source, read in one transaction (one consistent view)."""
+        with self._joined(f"positions of {pipeline!r}", write=False):
+            return [self.position(pipeline, src, stale_after=stale_after) for src in sources]
+
+    def watermarks(self, pipeline: str, sources: Sequence[SourceRef]) -> list[Watermark]:
+        """:meth:`watermark` of every source, read in one transaction."""
+        with self._joined(f"watermarks of {pipeline!r}", write=False):
+            return [self.watermark(pipeline, src) for src in sources]
+
+    def mark_offsets_stored(self, range_ids: Sequence[int], verified: bool) -> None:
+        """:meth:`mark_offset_stored` for several ranges in one transaction."""
+        if range_ids:
+            with self._joined(f"mark offsets stored for ranges {list(range_ids)}"[:200]):
+                for range_id in range_ids:
+                    self.mark_offset_stored(range_id, verified)
 
     def heartbeat(self, range_ids: list[int], run: RunIdentity) -> list[int]:
         """Refresh the heartbeat of ``run``'s claims; returns the ids it still holds.
@@ -819,7 +933,8 @@ class Ledger:
             # Without a staging copy the output is already where it belongs: nothing left to publish.
             "v_publish_now": bool(records and staging is None),
         }
-        if self.dialect == "postgresql":
+        joined = self._outer() is not None
+        if self.dialect == "postgresql" and not joined:
             # The common case is one atomic statement: run it without BEGIN/COMMIT round trips.
             with self._errors(what), self._engine.connect() as conn:
                 conn.execution_options(isolation_level="AUTOCOMMIT")
@@ -830,7 +945,10 @@ class Ledger:
                     return _snapshot(fast, pipeline, ref)
         with self._tx(what) as session:
             fast = None
-            if self.dialect != "postgresql":
+            if self.dialect == "postgresql":
+                if joined:  # the same one statement, inside the batch's transaction
+                    fast = session.execute(_COMMIT_CLAIMED_PG, params).first()
+            else:
                 now = self._clock(session)
                 fast = session.execute(_COMMIT_CLAIMED, {
                     **params,

@@ -225,3 +225,26 @@ class SourcePosition:
     open_claims: tuple[OffsetRange, ...] = ()
     stale: frozenset[int] = frozenset()
     holes: tuple[OffsetRange, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One source's part of :meth:`Ledger.claim_many`: the arguments :meth:`Ledger.claim` takes per
+    source (the rule applied to them is the same)."""
+
+    source: SourceRef
+    end_limit: int
+    initial_start: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    """One range's part of :meth:`Ledger.commit_many`: the arguments of :meth:`Ledger.commit`."""
+
+    range_id: int
+    records: int
+    first_seen: int | None
+    last_seen: int | None
+    output: str | None
+    staging: str | None = None
+    publisher: str | None = None

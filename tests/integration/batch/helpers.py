@@ -62,6 +62,13 @@ class KillAtStore:
             raise Killed("killed between commit and StoreOffset")
         self._client.store_offset_verified(*args, **kwargs)
 
+    def store_offsets_verified(self, *args: Any, **kwargs: Any) -> None:
+        """The batch stores the offsets of several partitions at once: the kill happens there too."""
+        if self.kill:
+            self.kill = False
+            raise Killed("killed between commit and StoreOffset")
+        self._client.store_offsets_verified(*args, **kwargs)
+
 
 def config(url: str, root: Path, stream: str, **kw: Any) -> BatchConfig:
     return BatchConfig(pipeline=kw.pop("pipeline", "p-exactly-once"), url=url, output_root=str(root),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
@@ -37,6 +37,7 @@ from streamledger.protocol.rabbitmq.records import BufferBatch, RecordBatch
 from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams, to_params
 from streamledger.protocol.rabbitmq.wire import (
+    Reader,
     Writer,
     create_frame,
     metadata_frame,
@@ -83,6 +84,21 @@ def _stream_arguments(
             raise InvalidRequest(f"max_segment_size_bytes must be in 1..{_MAX_SEGMENT}")
         args["stream-max-segment-size-bytes"] = str(max_segment_size_bytes)
     return args
+
+
+def _read_stats(name: str, r: Reader) -> StreamStats:
+    """A StreamStats answer's statistics (after its response code); negative values mean unknown."""
+    raw: dict[str, int] = {}
+    for _ in range(r.count(10)):
+        key = r.string()
+        raw[key] = r.i64()
+
+    def get(key: str) -> int | None:
+        value = raw.get(key, -1)
+        return None if value < 0 else value
+
+    return StreamStats(name, get("first_chunk_id"), get("committed_chunk_id"), get("last_chunk_id"),
+                       get("committed_offset"), raw)
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -256,19 +272,105 @@ class StreamClient:
             frame = stream_stats_frame(corr, name)
             code, r = conn.request(c.STREAM_STATS, corr, frame, stream=name)
             raise_for_code(code, c.STREAM_STATS, name)
-            raw: dict[str, int] = {}
-            for _ in range(r.count(10)):
-                key = r.string()
-                raw[key] = r.i64()
-
-            def get(key: str) -> int | None:
-                value = raw.get(key, -1)
-                return None if value < 0 else value
-
-            return StreamStats(name, get("first_chunk_id"), get("committed_chunk_id"),
-                               get("last_chunk_id"), get("committed_offset"), raw)
+            return _read_stats(name, r)
 
         return self._retrying(call)
+
+    # -- many streams at once (pipelined over this connection) ---------------------------------
+
+    def _many(self, key: int, names: Sequence[str], build: Callable[[int, str], bytes],
+              parse: Callable[[str, int, Reader], T]) -> list[T | Exception]:
+        """One request per name, all in flight together (:meth:`Connection.pipeline`); an answer
+        that is an error comes back as its exception (the caller decides what to retry)."""
+        conn = self._conn
+        requests = []
+        for name in names:
+            corr = conn.next_corr()
+            requests.append((key, corr, build(corr, name)))
+
+        def answer(i: int, r: Reader) -> T | Exception:
+            code = r.u16()
+            try:
+                return parse(names[i], code, r)
+            except Exception as exc:  # a per-stream error: kept, so the other answers are read
+                return exc
+
+        return conn.pipeline(requests, answer)
+
+    def stream_stats_many(self, names: Sequence[str]) -> dict[str, StreamStats]:
+        """:meth:`stream_stats` of every stream, asked all at once; a stream whose answer is an
+        error is asked again alone (:meth:`stream_stats` retries a stream without a leader)."""
+        for name in names:
+            _check_name("stream", name)
+        self._conn.require(c.STREAM_STATS, "StreamStats appeared in RabbitMQ 3.12")
+
+        def parse(name: str, code: int, r: Reader) -> StreamStats:
+            raise_for_code(code, c.STREAM_STATS, name)
+            return _read_stats(name, r)
+
+        got = self._many(c.STREAM_STATS, names, stream_stats_frame, parse)
+        return {n: (self.stream_stats(n) if isinstance(g, Exception) else g)
+                for n, g in zip(names, got, strict=True)}
+
+    def committed_tails(self, names: Sequence[str]) -> dict[str, int]:
+        """:meth:`committed_tail` of every stream (one pipelined StreamStats round where available)."""
+        if not self.supports(c.STREAM_STATS):
+            return {n: self.committed_tail(n) for n in names}
+        stats = self.stream_stats_many(names)
+        return {n: self.committed_tail(n, stats=stats[n]) for n in names}
+
+    def first_offsets(self, names: Sequence[str]) -> dict[str, int]:
+        """:meth:`first_offset` of every stream (one pipelined StreamStats round where available)."""
+        if not self.supports(c.STREAM_STATS):
+            return {n: self.first_offset(n) for n in names}
+        stats = self.stream_stats_many(names)
+        return {n: (s.first_chunk_id if s.first_chunk_id is not None else self.committed_tail(n, stats=s))
+                for n, s in stats.items()}
+
+    def query_offsets(self, streams: Sequence[str], reference: str) -> dict[str, int | None]:
+        """:meth:`query_offset` of every stream for ``reference``, asked all at once."""
+        for name in streams:
+            _check_name("stream", name)
+        _check_reference(reference)
+
+        def parse(name: str, code: int, r: Reader) -> int | None:
+            if code == c.NO_OFFSET:
+                return None
+            raise_for_code(code, c.QUERY_OFFSET, name)
+            return r.u64()
+
+        got = self._many(c.QUERY_OFFSET, streams, lambda corr, s: query_offset_frame(corr, reference, s),
+                         parse)
+        return {s: (self.query_offset(s, reference) if isinstance(g, Exception) else g)
+                for s, g in zip(streams, got, strict=True)}
+
+    def store_offsets_verified(self, offsets: Mapping[str, int], reference: str, *,
+                               timeout: float = 5.0) -> None:
+        """:meth:`store_offset_verified` for several streams: every StoreOffset is written at once,
+        then all are read back together (every 200 ms for the ones not there yet) until each reads
+        its offset, or :class:`StreamTimeout` names the first that does not."""
+        _check_reference(reference)
+        for stream, offset in offsets.items():
+            _check_name("stream", stream)
+            _check_offset(offset)
+        if not offsets:
+            return
+        self._conn.send(b"".join(store_offset_frame(reference, s, o) for s, o in offsets.items()))
+        deadline = time.monotonic() + timeout
+        pending = list(offsets)
+        while True:
+            seen = self.query_offsets(pending, reference)
+            pending = [s for s in pending if seen[s] != offsets[s]]
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                s = pending[0]
+                raise StreamTimeout(
+                    f"stream {s!r}: stored offset for reference {reference!r} still reads {seen[s]} "
+                    f"instead of {offsets[s]} after {timeout:g}s"
+                    + (f" ({len(pending) - 1} more stream(s) likewise)" if len(pending) > 1 else "")
+                )
+            time.sleep(0.2)
 
     def _probe(self, name: str, spec: OffsetSpec, *, all_chunks: bool) -> ChunkHeader | None:
         return probe_chunk(self._conn, self._next_sub_id(), name, spec, all_chunks=all_chunks)

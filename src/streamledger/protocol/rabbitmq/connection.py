@@ -20,8 +20,8 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -59,6 +59,7 @@ from streamledger.protocol.rabbitmq.wire import (
 )
 
 log = logging.getLogger("streamledger.rabbitmq")
+T = TypeVar("T")
 
 _HEARTBEAT_FRAME: Final = heartbeat_frame()
 _PRE_OPEN_INBOUND_MAX: Final = 1 << 20
@@ -427,6 +428,39 @@ class Connection:
                     continue  # a late answer to an earlier, timed-out request
                 return r
             self.dispatch(fkey, version, pos, end, waiting_for=name)
+
+    def pipeline(self, requests: Sequence[tuple[int, int, bytes]], parse: Callable[[int, Reader], T], *,
+                 window: int = 256, timeout: float | None = None) -> list[T]:
+        """Several requests in flight at once: ``requests`` are ``(key, correlation id, frame)``;
+        ``parse(i, reader)`` turns the answer of request ``i`` (positioned after the correlation
+        id, valid during the call only) into its result. Answers are matched by correlation id, so
+        their order does not matter; at most ``window`` wait at a time, so neither side's socket
+        buffer fills up. The broker answers each request on its own, as it does one at a time: a
+        batch of N answers costs one round trip instead of N. ``timeout`` bounds each wait."""
+        out: list[T | None] = [None] * len(requests)
+        waiting: dict[int, tuple[int, int]] = {}  # corr -> (index, key)
+        limit = self.timeout if timeout is None else timeout
+        sent = 0
+        while sent < len(requests) or waiting:
+            if sent < len(requests) and len(waiting) < window // 2 + 1:
+                batch = requests[sent:sent + window - len(waiting)]
+                for i, (key, corr, _frame) in enumerate(batch, start=sent):
+                    waiting[corr] = (i, key)
+                self.send(b"".join(frame for _key, _corr, frame in batch))
+                sent += len(batch)
+                continue
+            fkey, version, pos, end = self._read_frame(time.monotonic() + limit, "pipelined responses")
+            base = fkey & 0x7FFF
+            if fkey & c.RESPONSE_BIT or base in (c.ROUTE, c.PARTITIONS):
+                r = Reader(self._reader.buf, pos, end, f"{c.command_name(base)} response")
+                corr = r.u32() if end - pos >= 4 else -1
+                mine = waiting.get(corr)
+                if mine is not None and mine[1] == base:
+                    del waiting[corr]
+                    out[mine[0]] = parse(mine[0], r)
+                    continue
+            self.dispatch(fkey, version, pos, end, waiting_for="pipelined responses")
+        return out  # type: ignore[return-value]
 
     def dispatch(self, key: int, version: int, pos: int, end: int, *, waiting_for: str = "a frame") -> None:
         """Handle a frame that is not the awaited response."""
