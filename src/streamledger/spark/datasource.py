@@ -27,6 +27,7 @@ from streamledger.spark.planning import (
     PlanningError,
     Selection,
     option_getter,
+    parse_positive_int,
     plan_ranges,
 )
 
@@ -46,6 +47,47 @@ class StreamSlice(InputPartition):
     end: int
 
 
+@dataclass
+class SliceGroup(InputPartition):
+    """Several small slices read by one task, one after the other: many tiny tasks on a small
+    cluster are mostly scheduling (issue 24: 100 partitions x 10 records were 100 tasks)."""
+
+    slices: list[StreamSlice]
+
+
+PACK_OFFSETS = 100_000
+"""Slices narrower than this (in offsets) are packed into one task until the task's slices add up
+to this width (option ``packOffsets``; 0 turns packing off). Wider slices keep a task each."""
+
+
+def pack(slices: Sequence[StreamSlice], width: int) -> list[InputPartition]:
+    """Group consecutive small slices into :class:`SliceGroup` s of at most ``width`` offsets in
+    all; a slice at least ``width`` wide stays alone. Order (and so every slice) is kept."""
+    out: list[InputPartition] = []
+    group: list[StreamSlice] = []
+    size = 0
+
+    def flush() -> None:
+        if group:
+            out.append(group[0] if len(group) == 1 else SliceGroup(list(group)))
+            group.clear()
+
+    for piece in slices:
+        span = piece.end - piece.start
+        if width <= 0 or span >= width:
+            flush()
+            size = 0
+            out.append(piece)
+            continue
+        if size + span > width:
+            flush()
+            size = 0
+        group.append(piece)
+        size += span
+    flush()
+    return out
+
+
 @dataclass(frozen=True)
 class ReadOptions(Selection):
     """The data source options, parsed and validated once (values arrive as strings). Which streams,
@@ -59,6 +101,8 @@ class ReadOptions(Selection):
     #: of a task's Python time (measured, 500k AMQP records), so a reader that needs bodies only
     #: says ``properties=none``.
     map_columns: tuple[str, ...] = MAP_COLUMNS
+    #: Option ``packOffsets``: small slices share a task up to this many offsets (0: one task each).
+    pack_offsets: int = PACK_OFFSETS
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -92,6 +136,7 @@ class ReadOptions(Selection):
             decode=decode_text,  # type: ignore[arg-type]
             read_from=read_from_text,  # type: ignore[arg-type]
             map_columns=parse_map_columns(get("properties")),
+            pack_offsets=_pack_option(get("packOffsets")),
         )
 
     def bounds(self, client: Any) -> dict[str, tuple[OffsetBound, OffsetBound]]:
@@ -126,6 +171,14 @@ def plan(options: ReadOptions) -> list[PlannedRange]:
 def slices_for(planned: list[PlannedRange], options: ReadOptions) -> list[StreamSlice]:
     """Contiguous slices of every non-empty planned range."""
     return [StreamSlice(*piece) for piece in options.slices(planned)]
+
+
+def _pack_option(value: str | None) -> int:
+    if value is None or not value.strip():
+        return PACK_OFFSETS
+    if value.strip() == "0":
+        return 0
+    return parse_positive_int(value, what="packOffsets") or PACK_OFFSETS
 
 
 def parse_map_columns(value: str | None) -> tuple[str, ...]:
@@ -227,9 +280,12 @@ class SliceReader(DataSourceReader):
                     "%s %r: offsets [%d, %d) were removed before the read; reading [%d, %d) "
                     "(failOnDataLoss=false)", self.noun, r.stream, r.lost[0], r.lost[1], r.start, r.end,
                 )
-        return [StreamSlice(*piece) for piece in self.options.slices(planned)]
+        slices = [StreamSlice(*piece) for piece in self.options.slices(planned)]
+        return pack(slices, getattr(self.options, "pack_offsets", PACK_OFFSETS))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, SliceGroup):
+            return (batch for part in partition.slices for batch in self.read_slice(part))
         if not isinstance(partition, StreamSlice):
             # Spark substitutes a placeholder partition when planning returned none (all ranges empty).
             return iter(())
@@ -267,6 +323,8 @@ class RabbitMQStreamDataSource(DataSource):
     * ``readFrom``: which member of a stream serves a partition's read: ``replica`` (default; the
       advertised address from Metadata, as the Java client reads), ``leader``, or ``url`` (the URL's own
       node, e.g. behind a load balancer whose nodes advertise unreachable addresses).
+    * ``packOffsets`` (default 100000): slices narrower than this share a task, up to this many
+      offsets per task (many tiny tasks are mostly scheduling); ``0`` gives every slice its own task.
     * ``properties``: which map columns to fill, ``all`` (default), ``none`` or a comma list of
       ``properties``, ``application_properties``, ``message_annotations``; the others are null.
 

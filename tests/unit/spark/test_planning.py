@@ -149,3 +149,19 @@ def test_slices_for_skips_empty_ranges() -> None:
     planned = [PlannedRange("a", 0, 10, 0), PlannedRange("b", 3, 3, 3)]
     expected = [StreamSlice("a", 0, 4), StreamSlice("a", 4, 8), StreamSlice("a", 8, 10)]
     assert slices_for(planned, opts) == expected
+
+
+def test_small_slices_share_tasks_and_large_ones_keep_their_own() -> None:
+    from streamledger.spark.datasource import SliceGroup, pack
+
+    small = [StreamSlice(f"s-{i}", 0, 10) for i in range(25)]
+    big = StreamSlice("big", 0, 1_000)
+    parts = pack([*small[:10], big, *small[10:]], 100)
+    assert [type(p).__name__ for p in parts] == ["SliceGroup", "StreamSlice", "SliceGroup", "SliceGroup"]
+    flat = [s for p in parts for s in (p.slices if isinstance(p, SliceGroup) else [p])]
+    assert flat == [*small[:10], big, *small[10:]]  # every slice once, in order
+    assert all(sum(s.end - s.start for s in p.slices) <= 100 for p in parts if isinstance(p, SliceGroup))
+    assert pack(small, 0) == small  # packOffsets=0: a task each
+    assert pack(small[:1], 100) == small[:1]
+    opts = ReadOptions.parse({"url": "rabbitmq-stream://h:5552/", "stream": "a", "packOffsets": "0"})
+    assert opts.pack_offsets == 0
