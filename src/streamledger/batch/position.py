@@ -161,21 +161,23 @@ def _last_user(log: Any, stream: str) -> int | None:
     return int(resolve(stream, OffsetSpec.last()))
 
 
-def log_offsets(log: Any, streams: Sequence[str], reference: str, *,
+def log_offsets(log: Any, streams: Sequence[str], reference: str, *, tails: bool = True,
                 stored: bool = True) -> tuple[dict[str, int], dict[str, int | None]]:
-    """Committed tails and (with ``stored``) the stored offsets of ``reference`` on many streams:
-    all asked at once over one connection when the log can (``committed_tails`` /
+    """Committed tails and the stored offsets of ``reference`` on many streams (each asked for
+    unless turned off): all at once over one connection when the log can (``committed_tails`` /
     ``query_offsets``, a RabbitMQ ``StreamClient``), else one stream at a time."""
     names = list(streams)
     many = getattr(log, "committed_tails", None)
-    tails = ({s: int(t) for s, t in many(names).items()} if many is not None
-             else {s: int(log.committed_tail(s)) for s in names})
+    found: dict[str, int] = {}
+    if tails:
+        found = ({s: int(t) for s, t in many(names).items()} if many is not None
+                 else {s: int(log.committed_tail(s)) for s in names})
     if not stored:
-        return tails, {}
+        return found, {}
     many = getattr(log, "query_offsets", None)
     offsets = dict(many(names, reference)) if many is not None else {s: log.query_offset(s, reference)
                                                                       for s in names}
-    return tails, offsets
+    return found, offsets
 
 
 def first_offsets(log: Any, streams: Sequence[str]) -> dict[str, int]:
@@ -211,7 +213,7 @@ def measure(log: Any, ledger: Ledger | None, source: PipelineSource, *,
     found = (ledger.positions(source.pipeline, [source.ref(ident, s) for s in names], stale_after=stale)
              if ledger is not None else [_NO_HISTORY] * len(names))
     fresh = [s for s, pos in zip(names, found, strict=True) if pos.end is None]
-    stored = log_offsets(log, fresh, source.pipeline)[1] if fresh else {}
+    stored = log_offsets(log, fresh, source.pipeline, tails=False)[1] if fresh else {}
     firsts = first_offsets(log, [s for s in fresh if stored.get(s) is None])
     out: list[StreamPosition] = []
     for stream, pos in zip(names, found, strict=True):

@@ -596,7 +596,8 @@ class BatchRun:
         if not cfg.store_offset:
             return
         marks = self.ledger.watermarks(cfg.pipeline, [p.source for p in self.parts])
-        _tails, stored = log_offsets(self.broker, [p.result.stream for p in self.parts], cfg.pipeline)
+        _none, stored = log_offsets(self.broker, [p.result.stream for p in self.parts], cfg.pipeline,
+                                    tails=False)
         targets: dict[str, int] = {}
         for p, mark in zip(self.parts, marks, strict=True):
             r = p.result

@@ -10,6 +10,7 @@ The reader object itself is pickled to the executors, so it holds options only, 
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
@@ -62,7 +63,10 @@ to this width (option ``packOffsets``; 0 turns packing off). Wider slices keep a
 
 def pack(slices: Sequence[StreamSlice], width: int) -> list[InputPartition]:
     """Group consecutive small slices into :class:`SliceGroup` s of at most ``width`` offsets in
-    all; a slice at least ``width`` wide stays alone. Order (and so every slice) is kept."""
+    all; a slice at least ``width`` wide, or one of a range that was split (``splitsPerStream``,
+    ``maxRecordsPerPartition``: the caller asked for a task per piece), stays alone. Order (and so
+    every slice) is kept."""
+    per_stream = collections.Counter(piece.stream for piece in slices)
     out: list[InputPartition] = []
     group: list[StreamSlice] = []
     size = 0
@@ -74,7 +78,7 @@ def pack(slices: Sequence[StreamSlice], width: int) -> list[InputPartition]:
 
     for piece in slices:
         span = piece.end - piece.start
-        if width <= 0 or span >= width:
+        if width <= 0 or span >= width or per_stream[piece.stream] > 1:
             flush()
             size = 0
             out.append(piece)

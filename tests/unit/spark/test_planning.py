@@ -162,6 +162,8 @@ def test_small_slices_share_tasks_and_large_ones_keep_their_own() -> None:
     assert flat == [*small[:10], big, *small[10:]]  # every slice once, in order
     assert all(sum(s.end - s.start for s in p.slices) <= 100 for p in parts if isinstance(p, SliceGroup))
     assert pack(small, 0) == small  # packOffsets=0: a task each
+    split = [StreamSlice("a", 0, 4), StreamSlice("a", 4, 8)]
+    assert pack([*split, *small[:2]], 100)[:2] == split  # a range the caller split keeps a task per piece
     assert pack(small[:1], 100) == small[:1]
     opts = ReadOptions.parse({"url": "rabbitmq-stream://h:5552/", "stream": "a", "packOffsets": "0"})
     assert opts.pack_offsets == 0
