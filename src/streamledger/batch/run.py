@@ -343,7 +343,7 @@ class BatchRun:
         empty = [p for p in self.to_read() if not user_records(self.broker, p.result.stream, p.result.start,
                                                                p.result.end)]
         done = self.ledger.commit_many([CommitRequest(p.range.id, 0, None, None, None)
-                                        for p in empty if p.range is not None])
+                                        for p in empty if p.range is not None]) if empty else []
         for p, rng in zip(empty, done, strict=True):
             r = p.result
             p.range = rng
@@ -440,7 +440,7 @@ class BatchRun:
             asks.append(CommitRequest(p.range.id, r.records, r.first_offset, r.last_offset, final,
                                       staging=p.staging, publisher=self.token))
         try:
-            done = self.ledger.commit_many(asks)
+            done = self.ledger.commit_many(asks) if asks else []
         except Exception as exc:
             done = [self._commit_outcome(p, exc) for p in todo]
         for p, rng, final in zip(todo, done, finals, strict=True):

@@ -238,6 +238,11 @@ class LostReply:
         self.lost += 1
         raise LedgerError("commit range: lost the ledger database postgresql://127.0.0.1/x")
 
+    def commit_many(self, *args: Any, **kwargs: Any) -> Any:  # the batch commits its ranges together
+        self._inner.commit_many(*args, **kwargs)
+        self.lost += 1
+        raise LedgerError("commit of ranges: lost the ledger database postgresql://127.0.0.1/x")
+
     def get(self, range_id: int) -> Any:
         if self.blind:
             self.blind = False
