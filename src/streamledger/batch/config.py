@@ -10,12 +10,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from streamledger.errors import StreamledgerError
+from streamledger.errors import BatchError as BatchError  # its home moved below the layers
 from streamledger.ledger.types import pipeline_name_problem
-
-
-class BatchError(StreamledgerError):
-    """The batch cannot run as configured, or its result disagrees with its claim."""
 
 
 class InjectedCrash(BaseException):
