@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from streamledger.errors import BatchError
-from streamledger.fs import ArrowFS, OutputFS, filesystem_for, for_session, join
+from streamledger.fs import ArrowFS, OutputFS, filesystem_for, join
 from streamledger.manifest import MANIFEST
+from streamledger.spark.fs import for_session
 
 _R = TypeVar("_R")
 
