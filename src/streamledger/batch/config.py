@@ -10,11 +10,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from streamledger.errors import StreamledgerError
-
-
-class BatchError(StreamledgerError):
-    """The batch cannot run as configured, or its result disagrees with its claim."""
+from streamledger.errors import BatchError as BatchError  # its home moved below the layers
 
 
 class InjectedCrash(BaseException):

@@ -71,7 +71,7 @@ def millis(moment: datetime) -> int:
 
 def resolve_time(broker: Broker, stream: str, moment: datetime) -> int:
     """The first offset of the first chunk stamped at or after ``moment`` (the tail if none)."""
-    from streamledger.protocol.rabbitmq import OffsetSpec
+    from streamledger.offsets import OffsetSpec
 
     return int(broker.resolve_offset(stream, OffsetSpec.timestamp(millis(moment))))
 

@@ -155,7 +155,7 @@ def _last_user(log: Any, stream: str) -> int | None:
     resolve = getattr(log, "resolve_offset", None)
     if resolve is None:
         return None
-    from streamledger.protocol.rabbitmq import OffsetSpec
+    from streamledger.offsets import OffsetSpec
 
     return int(resolve(stream, OffsetSpec.last()))
 
@@ -205,7 +205,7 @@ def user_records(log: Any, stream: str, start: int, end: int, need: int = 1) -> 
     read_range = getattr(log, "read_range", None)
     if read_range is None or start >= end or need <= 0:
         return need if read_range is None and start < end and need > 0 else 0
-    from streamledger.protocol.rabbitmq import DataLossError
+    from streamledger.offsets import DataLossError
 
     seen = 0
     try:

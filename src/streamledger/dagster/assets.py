@@ -104,7 +104,7 @@ def check_window_order(
     whose range failed). Without ledger history the pipeline begins at the first window of the
     partitions definition (``first_window_start``; ``None`` when it starts elsewhere, e.g. "first").
     """
-    from streamledger.protocol.rabbitmq import OffsetSpec
+    from streamledger.offsets import OffsetSpec
 
     def offset_at(stream: str, moment: datetime) -> int:
         return int(client.resolve_offset(stream, OffsetSpec.timestamp(_millis(moment))))

@@ -8,9 +8,7 @@ events whose ``extra`` holds the ranges.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -24,22 +22,35 @@ from streamledger.batch import (
     BatchError,
     BatchResult,
     JobRunner,
-    LocalSparkRunner,
     RunId,
     StepHook,
-    read_manifest,
     run_batch,
     summarize,
 )
 from streamledger.batch.position import source_problem
-from streamledger.batch.runners import SparkConnectRunner
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls, mask_url
 from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+from streamledger.spark.runners import (
+    LocalSparkRunner,
+    SparkConnectRunner,
+    SubmitRunner,
+    connect_runner,
+    job_arguments,
+    job_environment,
+    local_runner,
+    runner_for,
+)
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
+
+# The runners' former home: their names stay importable from here.
+__all__ = [
+    "CancellableLocalSparkRunner", "SparkConnectRunner", "SparkSubmitRunner", "StreamBatchOperator",
+    "connect_runner", "default_output_root", "local_runner", "run_identity",
+]
 
 _LOCAL_RUNNERS: dict[tuple[str, str], LocalSparkRunner] = {}
 
@@ -52,33 +63,15 @@ def default_output_root() -> str:
 CancellableLocalSparkRunner = LocalSparkRunner
 
 
-def local_runner(master: str, conf: Mapping[str, str] | None) -> LocalSparkRunner:
-    """One in-process runner per (master, conf): the SparkSession outlives a task in the same process."""
-    key = (master, json.dumps(dict(conf or {}), sort_keys=True))
-    if key not in _LOCAL_RUNNERS:
-        _LOCAL_RUNNERS[key] = LocalSparkRunner(master, conf)
-    return _LOCAL_RUNNERS[key]
-
-
-_CONNECT_RUNNERS: dict[str, SparkConnectRunner] = {}
-
-
-def connect_runner(url: str) -> SparkConnectRunner:
-    """One Connect runner per server URL: its gRPC session outlives a task in the same process."""
-    if url not in _CONNECT_RUNNERS:
-        _CONNECT_RUNNERS[url] = SparkConnectRunner(url)
-    return _CONNECT_RUNNERS[url]
-
-
-class SparkSubmitRunner:
+class SparkSubmitRunner(SubmitRunner):
     """Runs the job with the apache-spark provider's ``SparkSubmitHook`` (a Spark cluster or local).
 
-    The broker URL reaches the job in a file (``job.url_file``: mode 0600 in a private directory,
-    removed after the submit), and only the file's path is on the command line (``--url-file``).
-    Environment variables are no way to carry it: on YARN and Kubernetes the hook turns them into
+    Only the Airflow part lives here (the hook, the connection's deploy mode, masking); the job's
+    arguments and the URL file are :class:`streamledger.spark.runners.SubmitRunner`'s. Environment
+    variables are no way to carry the URL: on YARN and Kubernetes the hook turns them into
     ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` arguments, which the
     process list and the logged spark-submit command show. In cluster deploy mode the driver runs
-    elsewhere, so the file is shipped with ``--files`` (docs/airflow.md, "Secrets").
+    elsewhere, so the URL file is shipped with ``--files`` (docs/airflow.md, "Secrets").
     """
 
     def __init__(self, conn_id: str, *, conf: Mapping[str, str] | None = None, name: str = "streamledger",
@@ -107,32 +100,29 @@ class SparkSubmitRunner:
     def hook(self, url_file: Path, *, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
              splits: int) -> Any:
         """The ``SparkSubmitHook`` for one run whose URL is in ``url_file``."""
+        return self._hook_for(url_file, job_arguments(url_file, ranges=ranges, output=output, fmt=fmt,
+                                                      splits=splits))
+
+    def _hook_for(self, url_file: Path, args: list[str]) -> Any:
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-        env = {
-            "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
-        }
-        args = ["--url-file", str(url_file), "--ranges", json.dumps({s: list(r) for s, r in ranges.items()}),
-                "--output", output, "--format", fmt, "--splits", str(splits)]
         kwargs = dict(self.submit_kwargs)
         if self.deploy_mode() == "cluster":
             kwargs["files"] = ",".join(f for f in (kwargs.get("files"), str(url_file)) if f)
         return SparkSubmitHook(conn_id=self.conn_id, conf=self.conf, name=self.name, application_args=args,
-                               env_vars=env, **kwargs)
+                               env_vars=job_environment(), **kwargs)
 
     def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
                  splits: int) -> Mapping[str, Any]:
-        import streamledger.spark.job as job
-
         mask_url(url)  # spark-submit's own output is logged line by line
-        with job.url_file(url) as path:
-            self._hook = self.hook(path, ranges=ranges, output=output, fmt=fmt, splits=splits)
-            try:
-                self._hook.submit(application=str(Path(job.__file__)))
-            finally:
-                self._hook = None
-        return read_manifest(output)
+        return super().__call__(url=url, ranges=ranges, output=output, fmt=fmt, splits=splits)
+
+    def submit(self, application: str, url_file: Path, args: list[str]) -> None:
+        self._hook = self._hook_for(url_file, args)
+        try:
+            self._hook.submit(application=application)
+        finally:
+            self._hook = None
 
 
 _ALIVE_STATES = ["scheduled", "queued", "running", "deferred", "up_for_retry", "up_for_reschedule",
@@ -299,12 +289,12 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         if self.spark_connect_conn_id:
             from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
-            return connect_runner(SparkConnectHook(self.spark_connect_conn_id).get_connection_url())
+            return runner_for(remote=SparkConnectHook(self.spark_connect_conn_id).get_connection_url())
         if self.spark_conn_id:
             return SparkSubmitRunner(
                 self.spark_conn_id, conf=self.spark_conf, name=f"streamledger-{self.task_id}"
             )
-        return local_runner(self.spark_master, self.spark_conf)
+        return runner_for(master=self.spark_master, conf=self.spark_conf)
 
     def _config(self, url: str, context: Context) -> BatchConfig:
         start: datetime | None = None

@@ -48,6 +48,7 @@ from streamledger.cli import OneLineParser
 from streamledger.errors import StreamledgerError
 from streamledger.manifest import MANIFEST, Manifest, StreamEntry
 from streamledger.sources import connect_log, log_kind, require_feature
+from streamledger.spark.fs import for_session
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
@@ -156,7 +157,7 @@ def run_job(
             f"decode must be {' or '.join(kind.decodes)} for a {kind.name} source, got {decode!r}"
         )
     out_dir = _output_dir(output)
-    out_fs = fs.for_session(spark, out_dir)
+    out_fs = for_session(spark, out_dir)
     planned = plan_job(url, ranges, fail_on_data_loss=fail_on_data_loss)
 
     register_source(spark)
