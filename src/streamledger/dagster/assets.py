@@ -244,7 +244,8 @@ def build_stream_batch_asset(
                 config, run=run, ledger=ledger, broker=client, runner=runner,
                 holder_alive=holder_alive(context.instance, context.run.run_id),
             )
-            lag = lag_by_stream(client, ((p["stream"], int(p["end"])) for p in result.to_dict()["partitions"]))
+            ends = ((p["stream"], int(p["end"])) for p in result.to_dict()["partitions"])
+            lag = lag_by_stream(client, ends)
         for p in result.to_dict()["partitions"]:
             context.log.info(
                 "%s [%d, %d) %s: %d records, stored offset %s, output %s",

@@ -10,6 +10,7 @@ so a broken pipeline is red in the UI next to the asset it feeds.
 from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 
 from dagster import (
@@ -105,14 +106,16 @@ def partition_findings(ledger: Any, pipeline: str, ranges: Sequence[Any], broker
         rs.sort(key=lambda r: (r.start, r.end))
         findings.extend(
             f"{stream}: gap [{a.end}, {b.start}) between ranges {a.id} and {b.id}"
-            for a, b in zip(rs, rs[1:], strict=False)
+            for a, b in pairwise(rs)
             if b.start != a.end
         )
     ids = {r.id for r in ranges}
     if ids:
         report = ledger.audit(pipeline, broker=broker, stale_after=stale_after)
         findings.extend(
-            f"{v.kind}: {v.stream} [{v.start}, {v.end}) {v.detail}" for v in report.violations if v.range_id in ids
+            f"{v.kind}: {v.stream} [{v.start}, {v.end}) {v.detail}"
+            for v in report.violations
+            if v.range_id in ids
         )
         findings.extend(
             f"{v.kind}: {v.stream} [{v.start}, {v.end}) {v.detail}"

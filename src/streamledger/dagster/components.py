@@ -266,7 +266,8 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
 
     @property
     def defs_state_config(self) -> DefsStateConfig:
-        return DefsStateConfig.from_args(self.defs_state, default_key=f"StreamBatchComponent[{self.pipeline}]")
+        key = f"StreamBatchComponent[{self.pipeline}]"
+        return DefsStateConfig.from_args(self.defs_state, default_key=key)
 
     def broker_resource(self) -> RabbitMQStreamResource:
         url: Any = EnvVar(self.broker_url_env) if self.broker_url_env else self.broker_url
@@ -354,7 +355,9 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
                 asset, pipeline=self.pipeline, super_stream=self.super_stream, stream=self.stream,
                 min_backlog=sensor_cfg.min_backlog,
                 minimum_interval_seconds=sensor_cfg.minimum_interval_seconds,
-                default_status=DefaultSensorStatus.RUNNING if sensor_cfg.running else DefaultSensorStatus.STOPPED,
+                default_status=(
+                    DefaultSensorStatus.RUNNING if sensor_cfg.running else DefaultSensorStatus.STOPPED
+                ),
                 broker_resource_key=keys["broker"], ledger_resource_key=keys["ledger"],
             ))
         ledger_url: Any = EnvVar(self.ledger_url_env) if self.ledger_url_env else self.ledger_url
