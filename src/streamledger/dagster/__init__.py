@@ -12,8 +12,6 @@ from streamledger.dagster.assets import (
     build_stream_batch_asset,
 )
 from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
-
-# after the factories: the component is built on them
 from streamledger.dagster.components import StreamBatchComponent
 from streamledger.dagster.identity import DAG_ID
 from streamledger.dagster.resources import (
