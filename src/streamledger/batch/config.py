@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -11,6 +10,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from streamledger.errors import BatchError as BatchError  # its home moved below the layers
+from streamledger.ledger.types import RunIdentity
 
 
 class InjectedCrash(BaseException):
@@ -123,37 +123,12 @@ class BatchConfig:
             raise BatchError(f"{name}: data interval ends before it starts")
 
 
-@dataclass(frozen=True, slots=True)
-class RunId:
-    """Who runs the batch (mirrors the ledger's RunIdentity, kept here to stay framework-neutral).
+RunId = RunIdentity
+"""Who runs the batch: the ledger's :class:`~streamledger.ledger.types.RunIdentity` (one identity type).
 
-    ``(dag_id, run_id, task_id, map_index)`` is the identity: a retry (another ``try_number``) gets
-    the same ranges back. ``map_index`` -1 means "not mapped"; 0 is the first mapped task.
-    """
-
-    dag_id: str
-    run_id: str
-    task_id: str
-    map_index: int = -1
-    try_number: int = 1
-
-    def key(self) -> tuple[str, str, str, int]:
-        return (self.dag_id, self.run_id, self.task_id, self.map_index)
-
-    def attempt_token(self, nonce: str) -> str:
-        """This attempt's name as a publish-lease holder: the identity, the try and a nonce (two
-        BatchRuns of one try never share a lease)."""
-        who = [self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number]
-        return f"{json.dumps(who, separators=(',', ':'))}#{nonce}"
-
-    @classmethod
-    def from_attempt_token(cls, token: str) -> RunId | None:
-        """The identity inside an :meth:`attempt_token`, None when the token is not one."""
-        try:
-            dag_id, run_id, task_id, map_index, try_number = json.loads(token.rsplit("#", 1)[0])
-            return cls(str(dag_id), str(run_id), str(task_id), int(map_index), int(try_number))
-        except (ValueError, TypeError):
-            return None
+``(dag_id, run_id, task_id, map_index)`` is the identity: a retry (another ``try_number``) gets
+the same ranges back. ``map_index`` -1 means "not mapped"; 0 is the first mapped task.
+"""
 
 
 @dataclass(slots=True)

@@ -189,9 +189,7 @@ def measure(log: Any, ledger: Ledger | None, source: PipelineSource, *,
             start = stored + 1 if stored is not None else int(log.first_offset(stream))
         gone = []
         for claim in pos.open_claims:
-            h = claim.run
-            holder = RunId(h.dag_id, h.run_id, h.task_id, h.map_index, h.try_number)
-            if claim.id in pos.stale or (holder_alive is not None and not holder_alive(holder)):
+            if claim.id in pos.stale or (holder_alive is not None and not holder_alive(claim.run)):
                 gone.append(claim)
         out.append(StreamPosition(stream, start, tail, max(start, tail - 1) if last is None else last, pos,
                                   tuple(gone)))

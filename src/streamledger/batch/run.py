@@ -143,12 +143,6 @@ class BatchRun:
         if self.on_step is not None:
             self.on_step(name, self)
 
-    def _ident(self) -> RunIdentity:
-        from streamledger.ledger import RunIdentity
-
-        r = self.run
-        return RunIdentity(r.dag_id, r.run_id, r.task_id, map_index=r.map_index, try_number=r.try_number)
-
     def _source(self, stream: str) -> SourceRef:
         from streamledger.ledger import SourceRef
 
@@ -173,8 +167,7 @@ class BatchRun:
             return
         for held in open_claims:
             h = held.run
-            holder = RunId(h.dag_id, h.run_id, h.task_id, h.map_index, h.try_number)
-            if holder.key() == self.run.key() or self.holder_alive(holder):
+            if h.key() == self.run.key() or self.holder_alive(h):
                 continue
             log.warning("stream %s: [%d, %d) is held by %s, which is no longer running: releasing it",
                         held.source.stream, held.start, held.end, h)
@@ -234,7 +227,7 @@ class BatchRun:
                 self.ledger.fail(rng.id, why)
                 raise BatchError(why)
             self.ledger.record_lost(
-                cfg.pipeline, src, rng.start, lost_end, self._ident(),
+                cfg.pipeline, src, rng.start, lost_end, self.run,
                 f"retention removed offsets below {first} before pipeline {cfg.pipeline} read them",
             )
             log.warning("stream %s: recorded [%d, %d) as lost (retention)", stream, rng.start, lost_end)
@@ -254,7 +247,7 @@ class BatchRun:
     def _claim(self, src: SourceRef, limit: int, initial: int) -> OffsetRange:
         cfg = self.config
         return self.ledger.claim(
-            cfg.pipeline, src, limit, self._ident(), initial_start=initial, max_span=cfg.max_offsets,
+            cfg.pipeline, src, limit, self.run, initial_start=initial, max_span=cfg.max_offsets,
             abandon_after=timedelta(seconds=cfg.claim_timeout),
         )
 
@@ -304,7 +297,7 @@ class BatchRun:
         began = time.monotonic()
         ids = [p.range.id for p in todo if p.range is not None]
         cancel = getattr(self.runner, "cancel", None)
-        with Heartbeat(self.ledger, self._ident(), ids, cfg.heartbeat_interval,
+        with Heartbeat(self.ledger, self.run, ids, cfg.heartbeat_interval,
                        on_lost=(lambda _ids: cancel()) if callable(cancel) else None) as beat:
             manifest = self._job(ranges, self.staging)
         if beat.lost:
