@@ -184,3 +184,32 @@ def test_bad_table_settings_are_refused_before_anything_is_claimed(tmp_path: Pat
         BatchConfig(**base, sink="delta", fmt="json")
     with pytest.raises(BatchError, match="the directory sink takes neither"):
         BatchConfig(**base, table="a.b")
+
+
+def test_batch_run_from_the_command_line_into_iceberg(
+    capsys: pytest.CaptureFixture[str], ledger: Ledger, client: StreamClient, rabbitmq_url: str,
+    stream_name: Any, tmp_path: Path, spark: Any,
+) -> None:
+    """Item 6: ``streamledger batch run --sink iceberg --json`` runs one batch and prints the result
+    with the table (identifier, location, metadata location, snapshot id); the same --run-id again
+    is a retry of that run (nothing new to do); a bad table name is a usage error (exit 2)."""
+    from streamledger.cli import main
+
+    s = stream_name("cli")
+    create_stream(rabbitmq_url, s, 40)
+    argv = ["batch", "run", "--url", rabbitmq_url, "--stream", s, "--pipeline", PIPE, "--ledger", ledger.url,
+            "--output-root", str(tmp_path), "--sink", "iceberg", "--run-id", "nightly-1", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["records"] == 40 and out["run_id"] == "nightly-1"
+    table = out["table"]
+    assert (table["format"], table["identifier"]) == ("iceberg", default_iceberg_table(PIPE))
+    assert table["metadata_location"].endswith(".metadata.json") and table["location"].startswith("file://")
+    (rng,) = [r for r in ledger.ranges(PIPE) if r.records]
+    assert table["snapshot_id"] == rng.sink_commit and rng.run.run_id == "nightly-1"
+    assert main(argv) == 0  # a retry of the same identity: its range is done, nothing read again
+    again = json.loads(capsys.readouterr().out)
+    assert again["partitions"][0]["range_id"] == rng.id and again["table"]["snapshot_id"] == rng.sink_commit
+    assert main([*argv[:-3], "--table", "events"]) == 2
+    assert "iceberg table 'events' is not 'namespace.name'" in capsys.readouterr().err
+    assert table_rows("iceberg", ledger, tmp_path).column("offset").to_pylist() == list(range(40))

@@ -101,6 +101,11 @@ class Sink(Protocol):
         """The table's side of the proof for the pipeline's ranges published into it."""
         ...
 
+    def describe(self) -> dict[str, Any] | None:
+        """The table as a reader finds it now (``format``, ``identifier``, ``location``, and the
+        current ``metadata_location``/``snapshot_id`` or ``version``); None for the directory sink."""
+        ...
+
 
 class DirectorySink:
     """Each range's directory is its output: nothing beyond the final directory (issue 19)."""
@@ -121,6 +126,9 @@ class DirectorySink:
 
     def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
         return []  # streamledger.batch.proof checks every published directory
+
+    def describe(self) -> dict[str, Any] | None:
+        return None
 
 
 def default_iceberg_table(pipeline: str) -> str:

@@ -196,6 +196,12 @@ class DeltaSink:
         raise BatchError(f"delta table {self.location}: {ATTEMPTS} commits lost to concurrent writers; the "
                          "ranges stay unpublished for the next run")
 
+    def describe(self) -> dict[str, Any] | None:
+        dt = self._open(None)
+        return {"format": "delta", "identifier": self.location,
+                "location": dt.table_uri if dt is not None else self.location,
+                "version": dt.version() if dt is not None else None}
+
     def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
         from streamledger.ledger.audit import Violation, ViolationKind
 

@@ -188,6 +188,16 @@ class IcebergSink:
         raise BatchError(f"iceberg table {self.identifier}: {ATTEMPTS} commits lost to concurrent writers; "
                          "the ranges stay unpublished for the next run")
 
+    def describe(self) -> dict[str, Any] | None:
+        table = self._load(None)
+        if table is None:
+            return {"format": "iceberg", "identifier": self.identifier, "location": None,
+                    "metadata_location": None, "snapshot_id": None}
+        snap = table.current_snapshot()
+        return {"format": "iceberg", "identifier": self.identifier, "location": table.location(),
+                "metadata_location": table.metadata_location,
+                "snapshot_id": snap.snapshot_id if snap is not None else None}
+
     def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
         from streamledger.ledger.audit import Violation, ViolationKind
 
