@@ -43,7 +43,8 @@ when there is one stream)."""
 
 StepHook = Callable[[str, Any], None]
 """``hook(step, batch_run)`` after each step: ``claimed``, ``read``, ``committed``, ``published``,
-``stored``. Tests inject crashes here; production code passes none."""
+``stored``; with a table sink also ``table_committed`` (inside the publish: after the table
+commit, before the ledger records it). Tests inject crashes here; production code passes none."""
 
 InitialPosition = Literal["first", "tail", "interval_start"] | int
 
@@ -58,6 +59,13 @@ class BatchConfig:
     *offsets* (tracking chunks take offsets, so it may hold fewer records); ``max_records`` is its
     old, misleading name. ``heartbeat_interval`` is how often a running batch renews its claims;
     a claim not renewed for ``claim_timeout`` seconds is abandoned and redone by the next run.
+
+    ``sink`` says what publishing a committed range means (``streamledger.batch.sinks``):
+    ``directory`` (the default) publishes each range's own directory; ``iceberg`` / ``delta`` also
+    add the batch's files to a table in one table commit. ``table``: ``namespace.name`` for Iceberg
+    (default ``streamledger.<pipeline>``), the table's location for Delta (default
+    ``<output_root>/<pipeline>``). ``catalog``: pyiceberg catalog properties (default: a SQL
+    catalog in the ledger's own database, warehouse ``<output_root>/_iceberg``).
     """
 
     pipeline: str
@@ -78,6 +86,9 @@ class BatchConfig:
     broker_name: str | None = None
     heartbeat_interval: float = 30.0
     claim_timeout: float = 600.0
+    sink: Literal["directory", "iceberg", "delta"] = "directory"
+    table: str | None = None
+    catalog: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         from streamledger.batch.position import source_problem
@@ -115,12 +126,21 @@ class BatchConfig:
                 f"{name}: initial_position {self.initial_position!r} is not 'first', 'tail', "
                 "'interval_start' or an offset"
             )
+        self._check_sink(name)
         if self.initial_position == "interval_start" and self.interval_start is None:
             raise BatchError(f"{name}: initial_position 'interval_start' needs an interval")
         if (self.interval_start is None) != (self.interval_end is None):
             raise BatchError(f"{name}: give both interval ends or neither")
         if self.interval_start and self.interval_end and self.interval_end < self.interval_start:
             raise BatchError(f"{name}: data interval ends before it starts")
+
+    def _check_sink(self, name: str) -> None:
+        """The sink's settings, refused before anything is claimed (the one rule: ``sinks``)."""
+        from streamledger.batch.sinks import sink_problem
+
+        problem = sink_problem(self.sink, self.table, self.catalog, self.fmt)
+        if problem is not None:
+            raise BatchError(f"{name}: {problem}")
 
 
 RunId = RunIdentity

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from streamledger import fs as filesystems
-from streamledger.batch import outputs, plan
+from streamledger.batch import outputs, plan, sinks
 from streamledger.batch.config import (
     BatchConfig,
     BatchError,
@@ -124,6 +124,7 @@ class BatchRun:
         self.parts: list[_Part] = []
         self.staging: str | None = None
         self._fs: filesystems.OutputFS | None = None
+        self._sink: sinks.Sink | None = None
         self._started: datetime | None = None  # when this batch began claiming (ledger's clock)
         self.token = run.attempt_token(uuid.uuid4().hex[:8])
         """This attempt as a publish-lease holder."""
@@ -138,6 +139,13 @@ class BatchRun:
         if self._fs is None:
             self._fs = filesystems.filesystem_for(self.config.output_root, self.runner)
         return self._fs
+
+    @property
+    def sink(self) -> sinks.Sink:
+        """What publishing means for this batch (``BatchConfig.sink``); built on first use."""
+        if self._sink is None:
+            self._sink = sinks.make_sink(self.config, self.ledger)
+        return self._sink
 
     def _step(self, name: str) -> None:
         if self.on_step is not None:
@@ -321,10 +329,9 @@ class BatchRun:
 
     def _final(self, stream: str, start: int, end: int) -> str:
         """A range's published directory (one per committed range, apart per pipeline, broker and
-        stream; the epoch keeps a re-created stream's ranges apart from the old stream's)."""
-        cfg = self.config
-        return plan.output_dir(cfg.output_root, cfg.pipeline, self.identity, stream, start, end,
-                               epoch=self.epochs.get(stream, 0))
+        stream; the epoch keeps a re-created stream's ranges apart from the old stream's): where the
+        sink wants it."""
+        return self.sink.range_dir(self.identity, stream, start, end, self.epochs.get(stream, 0))
 
     def verify(self, p: _Part, manifest: Manifest, staging: str) -> None:
         """Check one partition of the job's manifest against its claim; write the range's manifest."""
@@ -399,12 +406,13 @@ class BatchRun:
         this run's own first (it must succeed), then any an earlier run left stranded (it died, or
         its publish failed, after the commit), so the offset stored next never passes one."""
         mine = {p.range.id for p in self.parts if p.range is not None}
+        placed: list[sinks.SinkRange] = []
         for p in self.parts:
             rng = p.range
             if rng is None or rng.status.value != "committed" or not rng.records:
                 continue
             if rng.needs_publish:
-                self.publish_range(rng, p.staging, own=True)
+                placed += self.publish_range(rng, p.staging, own=True)
             elif p.result.start_from == "held" and rng.output and not outputs.published(rng.output, rng.id,
                                                                                         self.fs):
                 # A retry finds its published output deleted by hand: restore it if the broker still
@@ -413,7 +421,8 @@ class BatchRun:
         for p in self.parts:
             for rng in self.ledger.unpublished(self.config.pipeline, p.source):
                 if rng.id not in mine:
-                    self.publish_range(rng, None, own=False)
+                    placed += self.publish_range(rng, None, own=False)
+        self.publish_to_table(placed)
         if self.staging is not None:
             outputs.remove(self.staging, self.fs)
         if self.run.try_number > 1:  # a first try has no earlier attempt to clean up after
@@ -437,21 +446,22 @@ class BatchRun:
                 replace = holder
         return self.ledger.take_publish(rng.id, self.token, lease=lease, replace=replace)
 
-    def publish_range(self, rng: OffsetRange, staging: str | None, *, own: bool) -> None:
+    def publish_range(self, rng: OffsetRange, staging: str | None, *, own: bool) -> list[sinks.SinkRange]:
         """Publish one committed range under its lease (from the verified staging copy; re-read
-        only when that copy is gone), then record it published."""
+        only when that copy is gone), then record it published. A table sink's range is recorded
+        published by :meth:`publish_to_table` instead (returned here: its files are in place)."""
         what = f"stream {rng.source.stream!r} range [{rng.start}, {rng.end})"
         held = self._take_lease(rng)
         if held is None:
             now = self.ledger.get(rng.id)
             if now.published_at is not None:
-                return
+                return []
             msg = (f"{what}: its output is being published by {now.publisher} (lease renewed at "
                    f"{now.publish_beat}); not publishing it twice")
             if own:
                 raise BatchError(msg + "; the broker offset stays before it")
             log.warning("%s; the broker offset stays before it", msg)
-            return
+            return []
         final = held.output or self._final(rng.source.stream, rng.start, rng.end)
 
         def guard() -> None:
@@ -466,7 +476,32 @@ class BatchRun:
             else:
                 self.reread_committed(held, final, guard)
             log.info("published %s -> %s%s", what, final, "" if own else " (stranded by an earlier run)")
+        if self.sink.name != "directory":
+            return [sinks.SinkRange(held, final)]
         self.ledger.mark_published(rng.id, self.token)
+        return []
+
+    def publish_to_table(self, placed: list[sinks.SinkRange]) -> None:
+        """A table sink's one commit for every range this publish placed (the sink first looks
+        for them in the table: a retry after a crash between the table commit and this record
+        finds its commit there), then each range recorded published with that commit's receipt.
+        The leases are renewed just before, so an attempt that lost one stops short of the table."""
+        if not placed:
+            return
+        ids = [r.range.id for r in placed]
+        lost = sorted(set(ids) - set(self.ledger.renew_publish(ids, self.token)))
+        if lost:
+            raise BatchError(f"ranges {lost}: the publish lease was taken over before the {self.sink.name} "
+                             "table commit; not committing them twice")
+        batch = sinks.SinkBatch(pipeline=self.config.pipeline, broker=self.identity, run=self.run,
+                                attempt=self.token, ranges=tuple(placed), output_root=self.config.output_root)
+        receipts = self.sink.publish(batch)
+        self._step("table_committed")
+        for r in placed:
+            receipt = receipts.get(r.range.id)
+            if receipt is None:  # pragma: no cover - a sink returns every range or raises
+                raise BatchError(f"range {r.range.id}: the {self.sink.name} sink returned no commit for it")
+            self.ledger.mark_published(r.range.id, self.token, table=(receipt.table, receipt.commit))
 
     def release_publish_leases(self) -> None:
         """After a failed publish, hand this attempt's leases back at once (best effort), so the

@@ -177,3 +177,7 @@ class Range(LedgerBase):
     # 0005: the publish lease: which attempt publishes it, last renewed when.
     publisher: Mapped[str | None] = mapped_column(Text, nullable=True)
     publish_beat: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
+    # 0006: the table commit holding the range (table sinks): "iceberg:<ns>.<name>" / "delta:<uri>",
+    # and the Iceberg snapshot id or Delta version.
+    sink_table: Mapped[str | None] = mapped_column(Text, nullable=True)
+    sink_commit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -260,6 +260,8 @@ def _snapshot(row: Any, pipeline: str, source: Source | SourceRef) -> OffsetRang
         published_at=_utc(row.published_at) if getattr(row, "published_at", None) is not None else None,
         publisher=getattr(row, "publisher", None),
         publish_beat=_utc(row.publish_beat) if getattr(row, "publish_beat", None) is not None else None,
+        sink_table=getattr(row, "sink_table", None),
+        sink_commit=getattr(row, "sink_commit", None),
     )
 
 
@@ -989,11 +991,13 @@ class Ledger:
             )
             return bool(getattr(done, "rowcount", 0))
 
-    def mark_published(self, range_id: int, publisher: str) -> OffsetRange:
+    def mark_published(self, range_id: int, publisher: str, *,
+                       table: tuple[str, int] | None = None) -> OffsetRange:
         """Record that the range's output is in its final place (idempotent for its publisher).
 
         Refused when another attempt holds the lease: that attempt may be copying into the same
-        directory, so this one's copy proves nothing.
+        directory, so this one's copy proves nothing. ``table`` is a table sink's receipt,
+        ``(table, commit)`` (see ``OffsetRange.sink_table``), recorded in the same statement.
         """
         with self._tx(f"mark range {range_id} published") as session:
             row, pipeline, src = self._load(session, range_id, lock=True)
@@ -1009,6 +1013,8 @@ class Ledger:
                     "its output was not recorded as published"
                 )
             row.published_at, row.updated_at = now, now
+            if table is not None:
+                row.sink_table, row.sink_commit = _clip(table[0]), int(table[1])
             session.flush()
             return _snapshot(row, pipeline, src)
 

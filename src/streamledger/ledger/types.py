@@ -146,6 +146,10 @@ class OffsetRange:
     publisher: str | None = None
     """The attempt holding the publish lease (see ``Ledger.take_publish``)."""
     publish_beat: datetime | None = None
+    sink_table: str | None = None
+    """The table a table sink published the range into (``iceberg:<ns>.<name>``, ``delta:<uri>``)."""
+    sink_commit: int | None = None
+    """The commit of ``sink_table`` holding the range: Iceberg snapshot id or Delta version."""
 
     @property
     def needs_publish(self) -> bool:
@@ -190,6 +194,8 @@ class OffsetRange:
             "staging": self.staging,
             "published_at": self.published_at.isoformat() if self.published_at else None,
             "publisher": self.publisher,
+            "sink_table": self.sink_table,
+            "sink_commit": self.sink_commit,
         }
 
 

@@ -161,6 +161,10 @@ def run_job(
     planned = plan_job(url, ranges, fail_on_data_loss=fail_on_data_loss)
 
     register_source(spark)
+    if fmt == "parquet":
+        # Timestamps as the Parquet standard's TIMESTAMP_MICROS (UTC), not Spark's legacy INT96: the
+        # table sinks add these files to Iceberg / Delta tables as they are, and Iceberg has no INT96.
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     read_ranges = {r.stream: [r.start, r.end] for r in planned}
     df = (
         spark.read.format(kind.spark_format)
