@@ -111,20 +111,24 @@ def test_bounded_micro_batches_recorded_in_ledger(
     for p, n in zip(parts, (150, 90), strict=True):
         publish(rabbitmq_url, p, n)
     stop = threading.Event()
+    published = [0]
 
     def keep_publishing() -> None:
-        i = 0
         while not stop.is_set():
-            publish(rabbitmq_url, parts[0], 20, start=150 + i)
-            i += 20
+            publish(rabbitmq_url, parts[0], 20, start=150 + published[0])
+            published[0] += 20
             time.sleep(0.05)
 
+    q = start_query(spark, rabbitmq_url, tmp_path, superStream=sup, startingOffsets="earliest",
+                    maxOffsetsPerTrigger=80, ledger=ledger.url, pipeline="orders-stream",
+                    ledgerOutput=str(tmp_path / "ranges"))
+    # The tails were fixed when the query started; publish from its first batch on (>= 3 batches).
+    deadline = time.monotonic() + 90
+    while not q.recentProgress and q.isActive and time.monotonic() < deadline:
+        time.sleep(0.1)
     writer = threading.Thread(target=keep_publishing, daemon=True)
     writer.start()
     try:
-        q = start_query(spark, rabbitmq_url, tmp_path, superStream=sup, startingOffsets="earliest",
-                        maxOffsetsPerTrigger=80, ledger=ledger.url, pipeline="orders-stream",
-                        ledgerOutput=str(tmp_path / "ranges"))
         assert q.awaitTermination(120), "an availableNow query must end even while records keep arriving"
     finally:
         stop.set()
@@ -133,7 +137,8 @@ def test_bounded_micro_batches_recorded_in_ledger(
     done = batches(q)
     assert len(done) >= 3 and all(rows <= 80 for _, _, rows in done), [r for _, _, r in done]
     final = done[-1][1].offsets
-    assert final[parts[1]] == 90 and final[parts[0]] >= 150
+    assert final == {parts[0]: 150, parts[1]: 90}
+    assert published[0] > 0  # records kept arriving while the query ran
     got = sink_offsets(spark, tmp_path)
     assert got == {p: list(range(final[p])) for p in parts if final[p]}
 
