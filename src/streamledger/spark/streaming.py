@@ -56,7 +56,7 @@ from streamledger.spark.planning import (
 )
 
 if TYPE_CHECKING:
-    from streamledger.ledger import Ledger, OffsetRange, RunIdentity, SourceRef
+    from streamledger.ledger import Ledger, RunIdentity, SourceRef
 
 log = logging.getLogger(__name__)
 
@@ -247,16 +247,16 @@ class LedgerRecorder:
                 f"[{got.start}, {got.end}) (range {got.id}), not [{planned.start}, {planned.end})"
             )
 
-    def settle(self, upto: SourceOffset, client: Any) -> list[OffsetRange]:
+    def settle(self, upto: SourceOffset, client: Any) -> set[str]:
         """Commit this query's claims that end at or before ``upto`` (Spark finished them), then move
-        the broker's stored offsets up to the watermark."""
+        the broker's stored offsets up to the watermark; returns the streams whose offset it stored."""
         from streamledger.batch import outputs
         from streamledger.batch.plan import offset_to_store, output_dir
         from streamledger.fs import filesystem_for
         from streamledger.manifest import Manifest, StreamEntry
 
         dag = f"{DAG_PREFIX}{upto.query}"
-        done: list[OffsetRange] = []
+        stored: set[str] = set()
         fs = filesystem_for(self.root)
         for stream, pos in upto.offsets.items():
             src = self.source(stream)
@@ -271,17 +271,17 @@ class LedgerRecorder:
                     range_id=r.id, extra={"streaming": {"query": upto.query, "batch": r.run.run_id}},
                 )
                 outputs.write_manifest(where, manifest, fs)  # before the commit: a committed range has one
-                done.append(self.ledger.commit(r.id, records=records, first_seen=first, last_seen=last,
-                                               output=where))
+                self.ledger.commit(r.id, records=records, first_seen=first, last_seen=last, output=where)
             if not mine:
                 continue
             mark = self.ledger.watermark(self.pipeline, src)
             target = offset_to_store(mark, client.query_offset(stream, self.pipeline))
             if target is not None:
                 client.store_offset_verified(stream, self.pipeline, target)
+                stored.add(stream)
                 if mark.last_record_range is not None:
                     self.ledger.mark_offset_stored(mark.last_record_range, True)
-        return done
+        return stored
 
     def close(self) -> None:
         self.ledger.close()
@@ -298,6 +298,10 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         self._target: dict[str, int] | None = None
         self._client: Any = None
         self._recorder: LedgerRecorder | None = None
+        #: stream -> (tail before, tail after) our own last StoreOffset, whose tracking entry takes an
+        #: offset: a tail that moved only by it is no new data (else every batch is followed by an
+        #: empty one, and an empty range in the ledger).
+        self._own: dict[str, tuple[int, int]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_recorder": None}
@@ -375,9 +379,6 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         begin = SourceOffset.from_json(start)
 
         def latest(client: Any) -> dict[str, Any]:
-            recorder = self.recorder()
-            if recorder is not None:
-                recorder.settle(begin, client)  # Spark asks for batch n+1 only after batch n committed
             starts = dict(begin.offsets)
             new: dict[str, int] = {}
             for s in self.streams(client):
@@ -385,6 +386,16 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                     new[s] = starts[s] = int(client.first_offset(s))
                     log.info("stream %r joined the query at offset %d", s, new[s])
             tails = {s: int(client.committed_tail(s)) for s in starts}
+            for s, (before, after) in self._own.items():
+                if starts.get(s) == before and tails.get(s) == after:
+                    tails[s] = before
+            self._own = {}
+            recorder = self.recorder()
+            if recorder is not None:  # Spark asks for batch n+1 only after batch n committed
+                for s in recorder.settle(begin, client):
+                    after = int(client.committed_tail(s))
+                    if after == tails[s] + 1:  # only our entry came in: else a record may hide there
+                        self._own[s] = (tails[s], after)
             if self._target is not None:
                 tails = {s: max(starts[s], min(t, self._target.get(s, starts[s]))) for s, t in tails.items()}
             cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None

@@ -98,6 +98,32 @@ def test_available_now_stops_at_the_tail_fixed_at_start(rabbitmq_url: str, strea
         reader.stop()
 
 
+def test_own_offset_store_is_no_new_data(rabbitmq_url: str, stream_name: Any, tmp_path: Path,
+                                         ledger: Ledger) -> None:
+    """The reader itself: after a batch is recorded, the broker offset it stores takes an offset of the
+    stream; the next trigger must not make a micro-batch (and an empty ledger range) of it alone."""
+    s = stream_name("own")
+    create_stream(rabbitmq_url, s, 30)
+    reader = RabbitMQStreamMicroBatchReader(StreamingOptions.parse(
+        {"url": rabbitmq_url, "stream": s, "startingOffsets": "earliest", "ledger": ledger.url,
+         "pipeline": "own", "ledgerOutput": str(tmp_path / "ranges")}))
+    try:
+        initial = reader.initialOffset()
+        end = reader.latestOffset(initial, reader.getDefaultReadLimit())
+        assert end["offsets"] == {s: 30}
+        reader.partitions(initial, end)  # claims [0, 30)
+        assert reader.latestOffset(end, reader.getDefaultReadLimit()) is end  # settles, stores 29
+        with StreamClient.connect(rabbitmq_url) as client:
+            assert client.query_offset(s, "own") == 29 and client.committed_tail(s) == 31
+        assert reader.latestOffset(end, reader.getDefaultReadLimit()) is end  # our entry is no data
+        publish(rabbitmq_url, s, 1, start=30)
+        assert reader.latestOffset(end, reader.getDefaultReadLimit())["offsets"] == {s: 32}
+        assert [(r.start, r.end, r.status, r.records) for r in ledger.ranges("own")] == [
+            (0, 30, RangeStatus.COMMITTED, 30)]
+    finally:
+        reader.stop()
+
+
 def test_bounded_micro_batches_recorded_in_ledger(
     spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, ledger: Ledger
 ) -> None:
