@@ -264,7 +264,7 @@ class LedgerRecorder:
                     if r.run.dag_id == dag and r.end <= pos]
             for r in mine:
                 records, first, last = count_range(client, stream, r.start, r.end)
-                where = output_dir(self.root, self.pipeline, stream, r.start, r.end)
+                where = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end)
                 manifest = Manifest(
                     streams={stream: StreamEntry(r.start, r.end, records, first, last)}, output=where,
                     written_at=datetime.now(UTC).isoformat(), pipeline=self.pipeline, broker=self.broker,
