@@ -125,6 +125,8 @@ class OffsetRange:
     publisher: str | None = None
     """The attempt holding the publish lease (see ``Ledger.take_publish``)."""
     publish_beat: datetime | None = None
+    interval: tuple[datetime, datetime] | None = None
+    """A pinned range's data interval ``[start, end)`` (UTC), None for a range claimed at the tail."""
 
     @property
     def needs_publish(self) -> bool:
@@ -169,6 +171,7 @@ class OffsetRange:
             "staging": self.staging,
             "published_at": self.published_at.isoformat() if self.published_at else None,
             "publisher": self.publisher,
+            "interval": [t.isoformat() for t in self.interval] if self.interval else None,
         }
 
 
