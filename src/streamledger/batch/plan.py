@@ -101,7 +101,8 @@ def pinned_span(cfg: BatchConfig, broker: Broker, stream: str, tail: int, now: d
         ready_by = cfg.interval_end + timedelta(seconds=cfg.interval_grace)
         if now < ready_by:
             raise IntervalNotReady(
-                f"stream {stream!r}: interval [{cfg.interval_start.isoformat()}, {cfg.interval_end.isoformat()}) "
+                f"stream {stream!r}: interval [{cfg.interval_start.isoformat()}, "
+                f"{cfg.interval_end.isoformat()}) "
                 f"is not ready: no chunk stamped at or after its end is committed yet (tail {tail}); "
                 f"it is resolved by {ready_by.isoformat()} at the latest", ready_by)
         end = tail

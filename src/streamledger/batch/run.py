@@ -213,7 +213,8 @@ class BatchRun:
         if self._started is None:  # the ledger's clock, as claimed_at is: the host's may be minutes off
             self._started = self.ledger.clock()
         src = self._source(stream)
-        span = plan.pinned_span(cfg, self.broker, stream, tail, self._started) if cfg.bound_by_interval else None
+        span = (plan.pinned_span(cfg, self.broker, stream, tail, self._started) if cfg.bound_by_interval
+                else None)
         self.release_gone_holders(pos.open_claims)
         limit = plan.claim_limit(cfg, self.broker, stream, tail)
         initial, origin = plan.initial_start(cfg, self.broker, stream, tail, stored)

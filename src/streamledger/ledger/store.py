@@ -320,7 +320,8 @@ def _check_span(span: object, interval: object, stream: str) -> _Pinned | None:
         return (start, end), (None, None)
     if (not isinstance(interval, tuple) or len(interval) != 2
             or not all(isinstance(t, datetime) for t in interval) or interval[1] < interval[0]):
-        raise LedgerError(f"interval for stream {stream!r} must be (start, end) datetimes in order, got {interval!r}")
+        raise LedgerError(
+            f"interval for stream {stream!r} must be (start, end) datetimes in order, got {interval!r}")
     begin, until = (_utc(t).replace(tzinfo=None) for t in interval)
     return (start, end), (begin, until)
 

@@ -98,8 +98,9 @@ def test_an_empty_interval_is_committed_empty_and_bad_spans_are_refused(ledger: 
         _pin(ledger, 2, (50, 40))
     with pytest.raises(LedgerError, match="needs the span"):
         ledger.claim("p", SRC, 50, run("x"), interval=_interval(2))
-    with pytest.raises(LedgerError, match="span start .* must be an integer offset"):
+    with pytest.raises(LedgerError, match=r"span start .* must be an integer offset"):
         ledger.claim("p", SRC, 50, run("x"), span=(-1, 4))
     # Unpinned claims keep the contiguous rule on a source without pinned ranges.
-    tail = ledger.claim("p", SRC.__class__(SRC.broker, "other", SRC.super_stream), 10, run("y"), initial_start=0)
+    other = SRC.__class__(SRC.broker, "other", SRC.super_stream)
+    tail = ledger.claim("p", other, 10, run("y"), initial_start=0)
     assert (tail.start, tail.end, tail.interval) == (0, 10, None)

@@ -172,7 +172,8 @@ def _guards(pinned: bool) -> tuple[str, str]:
     pg = str(m._PG_FUNCTION).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
     lite = str(m._SQLITE_INSERT)
     if pinned:
-        pg = pg.replace("NEW.start_offset <> tail AND NOT", "NEW.start_offset <> tail AND NOT NEW.pinned AND NOT", 1)
+        pg = pg.replace("NEW.start_offset <> tail AND NOT",
+                        "NEW.start_offset <> tail AND NOT NEW.pinned AND NOT", 1)
         lite = lite.replace(f"NEW.start_offset <> {m._TAIL} AND NOT",
                             f"NEW.start_offset <> {m._TAIL} AND NEW.pinned = 0 AND NOT", 1)
     assert pg.count("NEW.pinned") == int(pinned) and lite.count("NEW.pinned") == int(pinned)
