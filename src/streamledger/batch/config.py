@@ -13,6 +13,16 @@ from streamledger.errors import BatchError as BatchError  # its home moved below
 from streamledger.ledger.types import RunIdentity
 
 
+class IntervalNotReady(BatchError):
+    """A pinned interval's end cannot be resolved yet: the broker's committed tail has not passed
+    the interval end (and the idle-stream grace has not run out). Nothing was read or committed;
+    try again at ``ready_by`` at the latest (the Airflow operator defers until then)."""
+
+    def __init__(self, message: str, ready_by: datetime) -> None:
+        super().__init__(message)
+        self.ready_by = ready_by
+
+
 class InjectedCrash(BaseException):
     """For tests' step hooks: a BaseException, so none of the batch's clean-up code runs (a kill)."""
 
@@ -66,6 +76,14 @@ class BatchConfig:
     (default ``streamledger.<pipeline>``), the table's location for Delta (default
     ``<output_root>/<pipeline>``). ``catalog``: pyiceberg catalog properties (default: a SQL
     catalog in the ledger's own database, warehouse ``<output_root>/_iceberg``).
+    ``bound_by_interval`` pins each partition's range to the data interval: ``[first offset stamped
+    at or after interval_start, first offset stamped at or after interval_end)``, the same whichever
+    run goes first and however often it is rerun (``Ledger.claim(span=...)``); it is resolved once a
+    chunk stamped at or after the interval end is committed (until then: ``IntervalNotReady``), or,
+    on an idle stream, once ``interval_grace`` seconds have passed after the interval end (the end
+    is then the committed tail). ``origin`` is where a pinned history begins (the moment
+    ``initial_position="interval_start"`` resolves; the DAG's start date), so that it does not
+    depend on which interval runs first; default: the run's own interval start.
     """
 
     pipeline: str
@@ -89,6 +107,9 @@ class BatchConfig:
     sink: Literal["directory", "iceberg", "delta"] = "directory"
     table: str | None = None
     catalog: Mapping[str, str] | None = None
+    bound_by_interval: bool = False
+    interval_grace: float = 60.0
+    origin: datetime | None = None
 
     def __post_init__(self) -> None:
         from streamledger.batch.position import source_problem
@@ -133,6 +154,14 @@ class BatchConfig:
             raise BatchError(f"{name}: give both interval ends or neither")
         if self.interval_start and self.interval_end and self.interval_end < self.interval_start:
             raise BatchError(f"{name}: data interval ends before it starts")
+        if self.bound_by_interval:
+            if self.interval_start is None:
+                raise BatchError(f"{name}: bound_by_interval needs the data interval (interval_start/end)")
+            if self.max_offsets is not None:
+                raise BatchError(f"{name}: bound_by_interval pins each range to its interval; "
+                                 "max_offsets cannot split it")
+            if self.interval_grace < 0:
+                raise BatchError(f"{name}: interval_grace must be >= 0 seconds, got {self.interval_grace}")
 
     def _check_sink(self, name: str) -> None:
         """The sink's settings, refused before anything is claimed (the one rule: ``sinks``)."""

@@ -208,11 +208,14 @@ class BatchRun:
 
     def claim_partition(self, stream: str, tail: int, stored: int | None, pos: SourcePosition) -> _Part:
         """Ask the ledger which range this run processes next (its one claim rule), then make sure
-        the broker still holds it (recording retention's losses if so configured)."""
+        the broker still holds it (recording retention's losses if so configured). With
+        ``bound_by_interval`` the range is pinned to the data interval (``plan.pinned_span``)."""
         cfg = self.config
         if self._started is None:  # the ledger's clock, as claimed_at is: the host's may be minutes off
             self._started = self.ledger.clock()
         src = self._source(stream)
+        span = (plan.pinned_span(cfg, self.broker, stream, tail, self._started) if cfg.bound_by_interval
+                else None)
         self.release_gone_holders(pos.open_claims)
         limit = plan.claim_limit(cfg, self.broker, stream, tail)
         initial, origin = plan.initial_start(cfg, self.broker, stream, tail, stored)
@@ -223,7 +226,7 @@ class BatchRun:
             )
         lost: tuple[int, int] | None = None
         for _ in range(100):
-            rng = self._claim(src, limit, initial)
+            rng = self._claim(src, limit, initial, span)
             first = int(self.broker.first_offset(stream)) if rng.status.value == "claimed" else rng.start
             if rng.start >= first:
                 break
@@ -240,6 +243,7 @@ class BatchRun:
             )
             log.warning("stream %s: recorded [%d, %d) as lost (retention)", stream, rng.start, lost_end)
             lost = (rng.start if lost is None else lost[0], lost_end)
+            span = None if span is None else (lost_end, span[1])
         else:  # pragma: no cover - each round records a non-empty span, so this means a ledger bug
             raise BatchError(f"stream {stream!r}: could not claim past retention's losses")
         # A range claimed before this batch began claiming is this run's own from an earlier attempt.
@@ -252,11 +256,14 @@ class BatchRun:
             result.output = rng.output
         return _Part(result, src, rng)
 
-    def _claim(self, src: SourceRef, limit: int, initial: int) -> OffsetRange:
+    def _claim(self, src: SourceRef, limit: int, initial: int,
+               span: tuple[int, int] | None = None) -> OffsetRange:
         cfg = self.config
+        interval = (cfg.interval_start, cfg.interval_end) if span is not None else None
         return self.ledger.claim(
             cfg.pipeline, src, limit, self.run, initial_start=initial, max_span=cfg.max_offsets,
-            abandon_after=timedelta(seconds=cfg.claim_timeout),
+            abandon_after=timedelta(seconds=cfg.claim_timeout), span=span,
+            interval=interval,  # type: ignore[arg-type]  # both set: BatchConfig checked
         )
 
     def claim(self) -> None:

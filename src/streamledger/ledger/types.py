@@ -150,6 +150,8 @@ class OffsetRange:
     """The table a table sink published the range into (``iceberg:<ns>.<name>``, ``delta:<uri>``)."""
     sink_commit: int | None = None
     """The commit of ``sink_table`` holding the range: Iceberg snapshot id or Delta version."""
+    interval: tuple[datetime, datetime] | None = None
+    """A pinned range's data interval ``[start, end)`` (UTC), None for a range claimed at the tail."""
 
     @property
     def needs_publish(self) -> bool:
@@ -196,6 +198,7 @@ class OffsetRange:
             "publisher": self.publisher,
             "sink_table": self.sink_table,
             "sink_commit": self.sink_commit,
+            "interval": [t.isoformat() for t in self.interval] if self.interval else None,
         }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from streamledger.batch import (
     BatchConfig,
     BatchError,
     BatchResult,
+    IntervalNotReady,
     JobRunner,
     RunId,
     StepHook,
@@ -138,6 +139,21 @@ def _task_alive(ti: Any, holder: RunId) -> bool:
     return bool(count)
 
 
+PARTITION_KEY_FORMAT = "%Y-%m-%dT%H:%M:%S"
+"""Airflow's own partition-key format (``CronPartitionTimetable``, the temporal partition mappers)."""
+
+
+def _partition_key(context: Context) -> str | None:
+    """The run's partition: its own ``partition_key`` when the run has one (a partitioned
+    timetable), else its data interval's start in UTC, in Airflow's key format."""
+    run = context.get("dag_run")
+    own = getattr(run, "partition_key", None)
+    if own:
+        return str(own)
+    start = context.get("data_interval_start")
+    return None if start is None else start.astimezone(UTC).strftime(PARTITION_KEY_FORMAT)
+
+
 def run_identity(ti: Any) -> RunId:
     """The ledger identity of a task instance: dag, run, task, map index and try.
 
@@ -164,8 +180,16 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
     :param initial_position: where a partition without ledger or broker history starts:
         ``"first"`` (default), ``"tail"``, ``"interval_start"`` (the data interval's start,
         resolved by timestamp) or an offset.
-    :param bound_by_interval: end each range at the first offset stamped at or after the run's
-        data interval end (backfills with catchup). Default ``False``: read up to the committed tail.
+    :param bound_by_interval: pin each partition's range to the run's data interval: ``[first offset
+        stamped at or after its start, first offset stamped at or after its end)``, the same whichever
+        run goes first and however often it is rerun, so backfills may run intervals in parallel
+        (``max_active_runs`` > 1). Until the broker's committed tail has passed the interval end the
+        task *defers* (a ``DateTimeTrigger``, re-checked every ``interval_poll`` seconds, at most until
+        the end plus ``interval_grace``: on an idle stream the end is then the committed tail). With
+        ``initial_position="interval_start"`` the pipeline's history begins at the DAG's start date.
+        Default ``False``: read up to the committed tail.
+    :param interval_grace: seconds after the interval end after which an idle stream's end is its
+        committed tail (default 60). :param interval_poll: seconds between readiness checks (default 10).
     :param max_records: cap each range at this many offsets (default: no cap).
     :param fmt: output format (``parquet``, ``orc``, ``json``). :param splits: Spark partitions per range.
     :param spark_conn_id: when given, run the job through ``SparkSubmitHook`` on this Spark
@@ -219,6 +243,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         store_offset: bool = True,
         on_data_loss: str = "fail",
         spark_connect_conn_id: str | None = None,
+        interval_grace: float = 60.0,
+        interval_poll: float = 10.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -231,6 +257,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         self.output_root = output_root
         self.initial_position = initial_position
         self.bound_by_interval = bound_by_interval
+        self.interval_grace = interval_grace
+        self.interval_poll = interval_poll
         self.max_records = max_records  # the old, misleading name of max_offsets
         self.max_offsets = max_offsets
         self.fmt = fmt
@@ -322,6 +350,9 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             splits=self.splits,
             store_offset=self.store_offset,
             on_data_loss="record" if self.on_data_loss == "record" else "fail",
+            bound_by_interval=self.bound_by_interval,
+            interval_grace=self.interval_grace,
+            origin=getattr(context.get("dag"), "start_date", None) if self.bound_by_interval else None,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -341,6 +372,9 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
                 result = run_batch(config, run=run, ledger=ledger, broker=client, runner=runner,
                                    holder_alive=lambda holder: _task_alive(ti, holder),
                                    on_step=self.on_step)
+        except IntervalNotReady as exc:
+            self._wait_for_interval(exc)
+            raise  # pragma: no cover - defer() raises TaskDeferred
         finally:
             self._runner_in_use = None
         self._result = result
@@ -350,6 +384,19 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         if result.empty and self.skip_on_empty:
             raise AirflowSkipException(f"pipeline {self.pipeline}: no new offsets")
         return summary
+
+    def _wait_for_interval(self, exc: IntervalNotReady) -> None:
+        """Defer until the interval may be resolvable (the next poll, at the latest its ready-by
+        time), freeing the worker slot; :meth:`resume` runs the batch again. Nothing was claimed."""
+        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+        moment = min(exc.ready_by, datetime.now(UTC) + timedelta(seconds=self.interval_poll))
+        self.log.info("%s: deferring until %s", exc, moment.isoformat())
+        self.defer(trigger=DateTimeTrigger(moment), method_name="resume")
+
+    def resume(self, context: Context, event: Any = None) -> dict[str, Any]:
+        """After a deferral for a pinned interval that was not ready: run the batch again."""
+        return self.execute(context)
 
     def on_kill(self) -> None:
         """Cancel the Spark work this task started (timeouts and kills call this; see module docs).
@@ -390,9 +437,18 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             "ranges": result.ranges(),
             "outputs": {p.stream: p.output for p in result.partitions if p.output},
         }
+        key = _partition_key(context) if self.bound_by_interval else None
         events = context["outlet_events"]
         for outlet in self.outlets:
             try:
-                events[outlet].extra = extra
+                event = events[outlet]
+                event.extra = extra
             except (KeyError, TypeError):  # not an Asset (e.g. an alias we do not own)
                 self.log.debug("outlet %r takes no extra", outlet)
+                continue
+            add_partitions = getattr(event, "add_partitions", None)  # Airflow >= 3.3 (Task SDK 1.3)
+            if key is not None and callable(add_partitions):
+                try:
+                    add_partitions(key)
+                except TypeError:  # an asset alias: partition keys belong to concrete assets
+                    self.log.debug("outlet %r takes no partition key", outlet)
