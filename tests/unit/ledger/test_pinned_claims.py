@@ -104,3 +104,16 @@ def test_an_empty_interval_is_committed_empty_and_bad_spans_are_refused(ledger: 
     other = SRC.__class__(SRC.broker, "other", SRC.super_stream)
     tail = ledger.claim("p", other, 10, run("y"), initial_start=0)
     assert (tail.start, tail.end, tail.interval) == (0, 10, None)
+
+
+def test_a_gap_before_a_young_pinned_range_is_a_note_until_it_is_stale(ledger: Ledger) -> None:
+    """Parallel interval runs: an earlier interval whose run has not come yet is work in flight,
+    not a hole in the proof, until the pinned range after it is older than ``stale_after``."""
+    first = _pin(ledger, 1, (0, 100), initial_start=0)
+    _done(ledger, first.id, 0, 99)
+    third = _pin(ledger, 3, (200, 300))
+    _done(ledger, third.id, 200, 299)
+    fresh = ledger.audit("p")
+    assert fresh.clean and [(v.kind.value, v.start, v.end) for v in fresh.notes] == [("gap", 100, 200)]
+    stale = ledger.audit("p", stale_after=timedelta(0))
+    assert [(v.kind.value, v.start, v.end) for v in stale.violations] == [("gap", 100, 200)]
