@@ -1,13 +1,15 @@
-"""Backfill a super stream one data interval at a time, exactly once per range.
+"""Backfill a super stream by data interval, exactly once per range, several intervals at a time.
 
-Every DAG run reads, for each partition, the offsets from where the pipeline's ledger ends up to the
-first offset stamped at or after the run's data interval end (chunk timestamps are the broker's
-clock at publish), writes them to ``<output>/<pipeline>/<broker>/<partition>/<start>-<end>/`` as Parquet,
-commits the ranges in the ledger and stores the broker offset. With ``catchup=True`` the scheduler
-creates one run per missed interval; ``max_active_runs=1`` keeps them in order, which the ledger's
-contiguity requires. The Asset event of each run carries the ranges it processed, and each run
-ends by auditing the pipeline (ledger invariants and the broker's stored offsets), so an
-inconsistency fails the run that caused it.
+Every DAG run reads, for each partition, exactly the offsets whose chunk is stamped inside the run's
+data interval (``bound_by_interval=True``: ``[first offset stamped at or after the interval start,
+first offset stamped at or after its end)``, chunk timestamps being the broker's clock at publish),
+writes them to ``<output>/<pipeline>/<broker>/<partition>/<start>-<end>/`` as Parquet, commits the
+ranges in the ledger and stores the broker offset. The ranges are pinned in the ledger, so runs may
+go in any order: ``max_active_runs=4`` (or ``airflow backfill create --max-active-runs N``) runs
+intervals in parallel, a rerun of an old interval reproduces its range, and a failed interval keeps
+its range for its own retry (the broker offset waits at it meanwhile). A run whose interval end the
+broker has not passed yet defers until it has. The Asset event of each run carries the ranges it
+processed and the interval as its ``partition_key``; each run ends by auditing the pipeline.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ with DAG(
     schedule=data_interval_timetable(),
     start_date=START_DATE,
     catchup=True,
-    max_active_runs=1,
+    max_active_runs=4,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=1)},
     tags=["streamledger", "example"],
     doc_md=__doc__,

@@ -7,3 +7,10 @@ user-facing message) from programming errors, which the CLI lets through with a 
 
 class StreamledgerError(Exception):
     """Base class of all deliberate streamledger errors; ``str(err)`` is a one-line user message."""
+
+
+class BatchError(StreamledgerError):
+    """The batch cannot run as configured, or its result disagrees with its claim.
+
+    Defined here, below every layer, because the runners (:mod:`streamledger.spark.runners`) raise
+    it too; :mod:`streamledger.batch` exports it."""

@@ -190,7 +190,7 @@ def get_provider_info() -> dict[str, Any]:
         # Only offered when the ledger's migrations ship with the package, so a partial install
         # never breaks `airflow db migrate`.
         "db-managers": (
-            ["streamledger.ledger.airflow_db_manager.LedgerDBManager"]
+            ["streamledger.hooks.airflow_db_manager.LedgerDBManager"]
             if os.path.exists(os.path.join(os.path.dirname(__file__), "migrations", "env.py"))
             else []
         ),

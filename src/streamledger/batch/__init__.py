@@ -3,7 +3,8 @@ store offset.
 
 Framework-neutral (no Airflow or Dagster import): the Airflow operator and the Dagster assets are
 thin adapters over :func:`run_batch`. Modules: ``config`` (what to do), ``plan`` (pure names and
-numbers), ``run`` (the state machine), ``outputs`` (staging and publish), ``runners`` (local Spark).
+numbers), ``run`` (the state machine), ``outputs`` (staging and publish), ``runners`` (the Spark
+layer's runners, re-exported: :mod:`streamledger.spark.runners`).
 
 Delivery semantics
 ==================
@@ -65,6 +66,19 @@ What a crash at each step leads to (a retry or a cleared task runs the same iden
 * an ambiguous **commit** (the reply lost): the range is read back; the staging copy is deleted
   only when the ledger says nothing points at it.
 
+Table sinks (``BatchConfig(sink="iceberg" | "delta")``, :mod:`streamledger.batch.sinks`): publish
+places each range's files as above, then makes **one table commit per batch** for every placed range
+(own and stranded), naming pipeline, attempt and ranges in the commit, and only then records the
+ranges published with the commit's id (``OffsetRange.sink_commit``). So:
+
+* after **commit**, before the table commit: the retry (or a later run) places the files and
+  commits them to the table; nothing is read again.
+* after the **table commit**, before the ledger records it (step ``table_committed``): the retry
+  finds its ranges in the table's commits and records that commit; it does not commit again.
+* the table commit is made on exactly the table state in which the batch looked for its ranges
+  (no blind rebase): a concurrent commit makes it fail and the batch looks again, so a zombie and
+  its retry never both add a range. No table commit names a range the ledger did not commit.
+
 Before claiming, every partition is checked to still be the stream the ledger read: a committed
 tail below the ledger's end, or a broker that lost the offset the ledger stored, means the stream
 was deleted and re-created; the batch refuses (nothing claimed or stored) until
@@ -84,6 +98,7 @@ from streamledger.batch.config import (
     Broker,
     InitialPosition,
     InjectedCrash,
+    IntervalNotReady,
     JobRunner,
     PartitionResult,
     RunId,
@@ -105,6 +120,7 @@ __all__ = [
     "Heartbeat",
     "InitialPosition",
     "InjectedCrash",
+    "IntervalNotReady",
     "JobRunner",
     "LocalSparkRunner",
     "PartitionResult",

@@ -3,18 +3,24 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from streamledger.errors import StreamledgerError
+from streamledger.errors import BatchError as BatchError  # its home moved below the layers
+from streamledger.ledger.types import RunIdentity
 
 
-class BatchError(StreamledgerError):
-    """The batch cannot run as configured, or its result disagrees with its claim."""
+class IntervalNotReady(BatchError):
+    """A pinned interval's end cannot be resolved yet: the broker's committed tail has not passed
+    the interval end (and the idle-stream grace has not run out). Nothing was read or committed;
+    try again at ``ready_by`` at the latest (the Airflow operator defers until then)."""
+
+    def __init__(self, message: str, ready_by: datetime) -> None:
+        super().__init__(message)
+        self.ready_by = ready_by
 
 
 class InjectedCrash(BaseException):
@@ -47,9 +53,11 @@ when there is one stream)."""
 
 StepHook = Callable[[str, Any], None]
 """``hook(step, batch_run)`` after each step: ``claimed``, ``read``, ``committed``, ``published``,
-``stored``. Tests inject crashes here; production code passes none. Finer marks for timing
-(``bench/partitions.py``): ``planned`` (sources checked, before any claim), ``probed`` (ranges
-without user records committed), ``job`` (the job returned, before verifying it)."""
+``stored``; with a table sink also ``table_committed`` (inside the publish: after the table
+commit, before the ledger records it). Tests inject crashes here; production code passes none.
+Finer marks for timing (``bench/partitions.py``): ``planned`` (sources checked, before any
+claim), ``probed`` (ranges without user records committed), ``job`` (the job returned, before
+verifying it)."""
 
 InitialPosition = Literal["first", "tail", "interval_start"] | int
 
@@ -64,6 +72,21 @@ class BatchConfig:
     *offsets* (tracking chunks take offsets, so it may hold fewer records); ``max_records`` is its
     old, misleading name. ``heartbeat_interval`` is how often a running batch renews its claims;
     a claim not renewed for ``claim_timeout`` seconds is abandoned and redone by the next run.
+
+    ``sink`` says what publishing a committed range means (``streamledger.batch.sinks``):
+    ``directory`` (the default) publishes each range's own directory; ``iceberg`` / ``delta`` also
+    add the batch's files to a table in one table commit. ``table``: ``namespace.name`` for Iceberg
+    (default ``streamledger.<pipeline>``), the table's location for Delta (default
+    ``<output_root>/<pipeline>``). ``catalog``: pyiceberg catalog properties (default: a SQL
+    catalog in the ledger's own database, warehouse ``<output_root>/_iceberg``).
+    ``bound_by_interval`` pins each partition's range to the data interval: ``[first offset stamped
+    at or after interval_start, first offset stamped at or after interval_end)``, the same whichever
+    run goes first and however often it is rerun (``Ledger.claim(span=...)``); it is resolved once a
+    chunk stamped at or after the interval end is committed (until then: ``IntervalNotReady``), or,
+    on an idle stream, once ``interval_grace`` seconds have passed after the interval end (the end
+    is then the committed tail). ``origin`` is where a pinned history begins (the moment
+    ``initial_position="interval_start"`` resolves; the DAG's start date), so that it does not
+    depend on which interval runs first; default: the run's own interval start.
     """
 
     pipeline: str
@@ -84,6 +107,12 @@ class BatchConfig:
     broker_name: str | None = None
     heartbeat_interval: float = 30.0
     claim_timeout: float = 600.0
+    sink: Literal["directory", "iceberg", "delta"] = "directory"
+    table: str | None = None
+    catalog: Mapping[str, str] | None = None
+    bound_by_interval: bool = False
+    interval_grace: float = 60.0
+    origin: datetime | None = None
 
     def __post_init__(self) -> None:
         from streamledger.batch.position import source_problem
@@ -121,45 +150,37 @@ class BatchConfig:
                 f"{name}: initial_position {self.initial_position!r} is not 'first', 'tail', "
                 "'interval_start' or an offset"
             )
+        self._check_sink(name)
         if self.initial_position == "interval_start" and self.interval_start is None:
             raise BatchError(f"{name}: initial_position 'interval_start' needs an interval")
         if (self.interval_start is None) != (self.interval_end is None):
             raise BatchError(f"{name}: give both interval ends or neither")
         if self.interval_start and self.interval_end and self.interval_end < self.interval_start:
             raise BatchError(f"{name}: data interval ends before it starts")
+        if self.bound_by_interval:
+            if self.interval_start is None:
+                raise BatchError(f"{name}: bound_by_interval needs the data interval (interval_start/end)")
+            if self.max_offsets is not None:
+                raise BatchError(f"{name}: bound_by_interval pins each range to its interval; "
+                                 "max_offsets cannot split it")
+            if self.interval_grace < 0:
+                raise BatchError(f"{name}: interval_grace must be >= 0 seconds, got {self.interval_grace}")
+
+    def _check_sink(self, name: str) -> None:
+        """The sink's settings, refused before anything is claimed (the one rule: ``sinks``)."""
+        from streamledger.batch.sinks import sink_problem
+
+        problem = sink_problem(self.sink, self.table, self.catalog, self.fmt)
+        if problem is not None:
+            raise BatchError(f"{name}: {problem}")
 
 
-@dataclass(frozen=True, slots=True)
-class RunId:
-    """Who runs the batch (mirrors the ledger's RunIdentity, kept here to stay framework-neutral).
+RunId = RunIdentity
+"""Who runs the batch: the ledger's :class:`~streamledger.ledger.types.RunIdentity` (one identity type).
 
-    ``(dag_id, run_id, task_id, map_index)`` is the identity: a retry (another ``try_number``) gets
-    the same ranges back. ``map_index`` -1 means "not mapped"; 0 is the first mapped task.
-    """
-
-    dag_id: str
-    run_id: str
-    task_id: str
-    map_index: int = -1
-    try_number: int = 1
-
-    def key(self) -> tuple[str, str, str, int]:
-        return (self.dag_id, self.run_id, self.task_id, self.map_index)
-
-    def attempt_token(self, nonce: str) -> str:
-        """This attempt's name as a publish-lease holder: the identity, the try and a nonce (two
-        BatchRuns of one try never share a lease)."""
-        who = [self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number]
-        return f"{json.dumps(who, separators=(',', ':'))}#{nonce}"
-
-    @classmethod
-    def from_attempt_token(cls, token: str) -> RunId | None:
-        """The identity inside an :meth:`attempt_token`, None when the token is not one."""
-        try:
-            dag_id, run_id, task_id, map_index, try_number = json.loads(token.rsplit("#", 1)[0])
-            return cls(str(dag_id), str(run_id), str(task_id), int(map_index), int(try_number))
-        except (ValueError, TypeError):
-            return None
+``(dag_id, run_id, task_id, map_index)`` is the identity: a retry (another ``try_number``) gets
+the same ranges back. ``map_index`` -1 means "not mapped"; 0 is the first mapped task.
+"""
 
 
 @dataclass(slots=True)

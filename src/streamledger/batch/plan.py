@@ -6,9 +6,9 @@ should store (the ledger's watermark)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from streamledger.batch.config import BatchConfig, Broker, RunId
+from streamledger.batch.config import BatchConfig, Broker, IntervalNotReady, RunId
 from streamledger.fs import join, parent
 from streamledger.ledger.types import Watermark
 from streamledger.paths import encode_component, fit_component
@@ -71,7 +71,7 @@ def millis(moment: datetime) -> int:
 
 def resolve_time(broker: Broker, stream: str, moment: datetime) -> int:
     """The first offset of the first chunk stamped at or after ``moment`` (the tail if none)."""
-    from streamledger.protocol.rabbitmq import OffsetSpec
+    from streamledger.offsets import OffsetSpec
 
     return int(broker.resolve_offset(stream, OffsetSpec.timestamp(millis(moment))))
 
@@ -82,6 +82,31 @@ def claim_limit(cfg: BatchConfig, broker: Broker, stream: str, tail: int) -> int
     if cfg.interval_end is None:
         return tail
     return min(tail, resolve_time(broker, stream, cfg.interval_end))
+
+
+def pinned_span(cfg: BatchConfig, broker: Broker, stream: str, tail: int, now: datetime) -> tuple[int, int]:
+    """A partition's pinned range for the data interval: ``[first offset stamped at or after its
+    start, first offset stamped at or after its end)``, by chunk timestamps (a chunk belongs to the
+    interval it is stamped in).
+
+    Resolvable once a chunk stamped at or after the end is committed (``tail`` has passed the
+    end); chunks are committed in order, so none stamped before the end can come later. On an idle
+    stream no such chunk may come for a long time: once ``interval_grace`` has passed after the end,
+    the end is the committed tail (chunks stamped before the end have long been committed by then).
+    Until either holds: :class:`IntervalNotReady` (nothing is claimed).
+    """
+    assert cfg.interval_start is not None and cfg.interval_end is not None
+    end = resolve_time(broker, stream, cfg.interval_end)
+    if end >= tail:
+        ready_by = cfg.interval_end + timedelta(seconds=cfg.interval_grace)
+        if now < ready_by:
+            raise IntervalNotReady(
+                f"stream {stream!r}: interval [{cfg.interval_start.isoformat()}, "
+                f"{cfg.interval_end.isoformat()}) "
+                f"is not ready: no chunk stamped at or after its end is committed yet (tail {tail}); "
+                f"it is resolved by {ready_by.isoformat()} at the latest", ready_by)
+        end = tail
+    return min(resolve_time(broker, stream, cfg.interval_start), end), end
 
 
 def initial_start(cfg: BatchConfig, broker: Broker, stream: str, tail: int,
@@ -98,8 +123,9 @@ def initial_start(cfg: BatchConfig, broker: Broker, stream: str, tail: int,
         return int(broker.first_offset(stream)), "first"
     if position == "tail":
         return tail, "tail"
-    assert cfg.interval_start is not None
-    return min(tail, resolve_time(broker, stream, cfg.interval_start)), "interval_start"
+    moment = cfg.origin if cfg.bound_by_interval and cfg.origin is not None else cfg.interval_start
+    assert moment is not None
+    return min(tail, resolve_time(broker, stream, moment)), "interval_start"
 
 
 def offset_to_store(mark: Watermark, stored: int | None) -> int | None:

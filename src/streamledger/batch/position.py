@@ -156,7 +156,7 @@ def _last_user(log: Any, stream: str) -> int | None:
     resolve = getattr(log, "resolve_offset", None)
     if resolve is None:
         return None
-    from streamledger.protocol.rabbitmq import OffsetSpec
+    from streamledger.offsets import OffsetSpec
 
     return int(resolve(stream, OffsetSpec.last()))
 
@@ -226,9 +226,7 @@ def measure(log: Any, ledger: Ledger | None, source: PipelineSource, *,
             start = got + 1 if got is not None else firsts[stream]
         gone = []
         for claim in pos.open_claims:
-            h = claim.run
-            holder = RunId(h.dag_id, h.run_id, h.task_id, h.map_index, h.try_number)
-            if claim.id in pos.stale or (holder_alive is not None and not holder_alive(holder)):
+            if claim.id in pos.stale or (holder_alive is not None and not holder_alive(claim.run)):
                 gone.append(claim)
         out.append(StreamPosition(stream, start, tail, max(start, tail - 1) if last is None else last, pos,
                                   tuple(gone)))
@@ -242,7 +240,7 @@ def user_records(log: Any, stream: str, start: int, end: int, need: int = 1) -> 
     read_range = getattr(log, "read_range", None)
     if read_range is None or start >= end or need <= 0:
         return need if read_range is None and start < end and need > 0 else 0
-    from streamledger.protocol.rabbitmq import DataLossError
+    from streamledger.offsets import DataLossError
 
     seen = 0
     try:

@@ -11,13 +11,20 @@ range with records whose output is published, the output is checked here against
 * with ``deep``, the rows in the data files are counted too (Parquet footers; a full read for
   other formats).
 
+For a pipeline with a table sink (Iceberg, Delta) the table is the third party of the proof
+(:func:`check_tables`): every committed range recorded in a table is in exactly one of the
+pipeline's table commits (the one the ledger recorded), the table's rows in each range's span
+number the ledger's records with no ``(stream, offset)`` twice, and no commit of the pipeline in the
+table names a range the ledger did not commit. After the table's snapshots were expired, the rows
+alone speak for the ranges whose commit is gone.
+
 The check lives in the batch package because the batch owns the output layout and its manifest;
 the ledger never touches a file system.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +36,7 @@ from streamledger.manifest import MANIFEST, ManifestError
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger, OffsetRange
 
-__all__ = ["audit", "check_output", "count_rows"]
+__all__ = ["audit", "check_output", "check_tables", "count_rows"]
 
 
 def _violation(kind: ViolationKind, rng: OffsetRange, detail: str) -> Violation:
@@ -113,12 +120,42 @@ def check_outputs(ranges: Iterable[OffsetRange], *, deep: bool = False,
     return found
 
 
+def check_tables(ledger: Ledger, ranges: list[OffsetRange], *,
+                 catalog: Mapping[str, str] | None = None) -> list[Violation]:
+    """Each table a pipeline's ranges were published into, checked against the ledger (one line
+    per violation). ``catalog``: the pyiceberg catalog's properties when it is not the default SQL
+    catalog in the ledger's database."""
+    from streamledger.batch.sinks import Sink
+
+    found: list[Violation] = []
+    done = [r for r in ranges if r.status.value == "committed" and r.records]
+    for pipeline in sorted({r.pipeline for r in done}):
+        theirs = [r for r in done if r.pipeline == pipeline]
+        for table in sorted({r.sink_table for r in theirs if r.sink_table}):
+            kind, _, where = table.partition(":")
+            sink: Sink
+            if kind == "iceberg":
+                from streamledger.batch.sinks.iceberg import IcebergSink
+
+                sink = IcebergSink(pipeline=pipeline, output_root=".", table=where, catalog=catalog,
+                                   ledger_url=ledger.url)
+            else:
+                from streamledger.batch.sinks.delta import DeltaSink
+
+                sink = DeltaSink(pipeline=pipeline, output_root=".", table=where)
+            found += sink.audit(ledger, pipeline, theirs)
+    return found
+
+
 def audit(ledger: Ledger, pipeline: str | None = None, *, broker: Any = None,
           stale_after: timedelta = timedelta(hours=1), outputs_too: bool = True, deep: bool = False,
-          fs_for: Callable[[str], filesystems.OutputFS] = filesystems.filesystem_for) -> AuditReport:
-    """The ledger's audit and, unless ``outputs_too`` is False, the published outputs' check."""
+          fs_for: Callable[[str], filesystems.OutputFS] = filesystems.filesystem_for,
+          catalog: Mapping[str, str] | None = None) -> AuditReport:
+    """The ledger's audit and, unless ``outputs_too`` is False, the published outputs' check and
+    the tables' (for pipelines with a table sink)."""
     report = ledger.audit(pipeline, broker=broker, stale_after=stale_after)
     if not outputs_too:
         return report
-    return report.with_findings(check_outputs(ledger.ranges(pipeline), deep=deep, fs_for=fs_for),
-                                outputs_checked=True)
+    ranges = ledger.ranges(pipeline)
+    findings = check_outputs(ranges, deep=deep, fs_for=fs_for) + check_tables(ledger, ranges, catalog=catalog)
+    return report.with_findings(findings, outputs_checked=True)

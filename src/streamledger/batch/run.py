@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from streamledger import fs as filesystems
-from streamledger.batch import outputs, plan
+from streamledger.batch import outputs, plan, sinks
 from streamledger.batch.config import (
     BatchConfig,
     BatchError,
@@ -145,6 +145,7 @@ class BatchRun:
         self.parts: list[_Part] = []
         self.staging: str | None = None
         self._fs: filesystems.OutputFS | None = None
+        self._sink: sinks.Sink | None = None
         self._started: datetime | None = None  # when this batch began claiming (ledger's clock)
         self.token = run.attempt_token(uuid.uuid4().hex[:8])
         """This attempt as a publish-lease holder."""
@@ -160,15 +161,16 @@ class BatchRun:
             self._fs = filesystems.filesystem_for(self.config.output_root, self.runner)
         return self._fs
 
+    @property
+    def sink(self) -> sinks.Sink:
+        """What publishing means for this batch (``BatchConfig.sink``); built on first use."""
+        if self._sink is None:
+            self._sink = sinks.make_sink(self.config, self.ledger)
+        return self._sink
+
     def _step(self, name: str) -> None:
         if self.on_step is not None:
             self.on_step(name, self)
-
-    def _ident(self) -> RunIdentity:
-        from streamledger.ledger import RunIdentity
-
-        r = self.run
-        return RunIdentity(r.dag_id, r.run_id, r.task_id, map_index=r.map_index, try_number=r.try_number)
 
     def _source(self, stream: str) -> SourceRef:
         from streamledger.ledger import SourceRef
@@ -194,8 +196,7 @@ class BatchRun:
             return
         for held in open_claims:
             h = held.run
-            holder = RunId(h.dag_id, h.run_id, h.task_id, h.map_index, h.try_number)
-            if holder.key() == self.run.key() or self.holder_alive(holder):
+            if h.key() == self.run.key() or self.holder_alive(h):
                 continue
             log.warning("stream %s: [%d, %d) is held by %s, which is no longer running: releasing it",
                         held.source.stream, held.start, held.end, h)
@@ -229,9 +230,9 @@ class BatchRun:
         )
 
     def claim_request(self, stream: str, tail: int, stored: int | None, pos: SourcePosition,
-                      firsts: Mapping[str, int]) -> tuple[ClaimRequest, int]:
+                      firsts: Mapping[str, int], span: tuple[int, int] | None) -> ClaimRequest:
         """The claim's inputs for one partition (``firsts``: first retained offsets of the streams
-        without ledger history); returns the request and its end limit."""
+        without ledger history; ``span``: its pinned interval range with ``bound_by_interval``)."""
         from streamledger.ledger import ClaimRequest
 
         cfg = self.config
@@ -245,13 +246,14 @@ class BatchRun:
                     f"stream {stream!r}: pipeline {cfg.pipeline!r} would start at {initial} ({origin}) but "
                     f"the committed tail is {tail}"
                 )
-        return ClaimRequest(self._source(stream), limit, initial), limit
+        interval = (cfg.interval_start, cfg.interval_end) if span is not None else None
+        return ClaimRequest(self._source(stream), limit, initial, span, interval)  # type: ignore[arg-type]
 
     def settle_claim(self, stream: str, rng: OffsetRange, first: int | None, req: ClaimRequest) -> _Part:
         """Make sure the broker still holds a claimed range (recording retention's losses if so
         configured, and claiming again past them), then describe it."""
         cfg = self.config
-        src = req.source
+        src, span = req.source, req.span
         lost: tuple[int, int] | None = None
         for _ in range(100):
             if rng.status.value != "claimed":
@@ -268,12 +270,13 @@ class BatchRun:
                 self.ledger.fail(rng.id, why)
                 raise BatchError(why)
             self.ledger.record_lost(
-                cfg.pipeline, src, rng.start, lost_end, self._ident(),
+                cfg.pipeline, src, rng.start, lost_end, self.run,
                 f"retention removed offsets below {first} before pipeline {cfg.pipeline} read them",
             )
             log.warning("stream %s: recorded [%d, %d) as lost (retention)", stream, rng.start, lost_end)
             lost = (rng.start if lost is None else lost[0], lost_end)
-            rng, first = self._claim(src, req.end_limit, req.initial_start), None
+            span = None if span is None else (lost_end, span[1])
+            rng, first = self._claim(src, req.end_limit, req.initial_start, span), None
         else:  # pragma: no cover - each round records a non-empty span, so this means a ledger bug
             raise BatchError(f"stream {stream!r}: could not claim past retention's losses")
         # A range claimed before this batch began claiming is this run's own from an earlier attempt.
@@ -287,11 +290,14 @@ class BatchRun:
             result.output = rng.output
         return _Part(result, src, rng)
 
-    def _claim(self, src: SourceRef, limit: int, initial: int | None) -> OffsetRange:
+    def _claim(self, src: SourceRef, limit: int, initial: int | None,
+               span: tuple[int, int] | None = None) -> OffsetRange:
         cfg = self.config
+        interval = (cfg.interval_start, cfg.interval_end) if span is not None else None
         return self.ledger.claim(
-            cfg.pipeline, src, limit, self._ident(), initial_start=initial, max_span=cfg.max_offsets,
-            abandon_after=timedelta(seconds=cfg.claim_timeout),
+            cfg.pipeline, src, limit, self.run, initial_start=initial, max_span=cfg.max_offsets,
+            abandon_after=timedelta(seconds=cfg.claim_timeout), span=span,
+            interval=interval,  # type: ignore[arg-type]  # both set: BatchConfig checked
         )
 
     def survey(self, streams: list[str]) -> list[tuple[str, int, int | None, SourcePosition]]:
@@ -315,14 +321,18 @@ class BatchRun:
         wants_first = cfg.initial_position == "first"
         firsts = first_offsets(self.broker, [s for s, _t, stored, pos in seen
                                              if wants_first and pos.end is None and stored is None])
-        asks = [self.claim_request(*args, firsts) for args in seen]
-        got = self.ledger.claim_many(cfg.pipeline, [req for req, _limit in asks], self._ident(),
+        # Every pinned span first: an interval not ready yet (IntervalNotReady) stops the batch
+        # before any claim or release is written.
+        spans = [plan.pinned_span(cfg, self.broker, s, tail, self._started) if cfg.bound_by_interval else None
+                 for s, tail, _stored, _pos in seen]
+        asks = [self.claim_request(*args, firsts, span) for args, span in zip(seen, spans, strict=True)]
+        got = self.ledger.claim_many(cfg.pipeline, asks, self.run,
                                      max_span=cfg.max_offsets,
                                      abandon_after=timedelta(seconds=cfg.claim_timeout))
         held = first_offsets(self.broker, [s for (s, *_r), rng in zip(seen, got, strict=True)
                                            if rng.status.value == "claimed"])
         self.parts = [self.settle_claim(s, rng, held.get(s), req)
-                      for (s, *_r), rng, (req, _limit) in zip(seen, got, asks, strict=True)]
+                      for (s, *_r), rng, req in zip(seen, got, asks, strict=True)]
         self.result.partitions = [p.result for p in self.parts]
         for p in self.parts:
             r = p.result
@@ -364,7 +374,7 @@ class BatchRun:
         began = time.monotonic()
         ids = [p.range.id for p in todo if p.range is not None]
         cancel = getattr(self.runner, "cancel", None)
-        with Heartbeat(self.ledger, self._ident(), ids, cfg.heartbeat_interval,
+        with Heartbeat(self.ledger, self.run, ids, cfg.heartbeat_interval,
                        on_lost=(lambda _ids: cancel()) if callable(cancel) else None) as beat:
             manifest = self._job(ranges, self.staging)
         self._step("job")
@@ -389,10 +399,9 @@ class BatchRun:
 
     def _final(self, stream: str, start: int, end: int) -> str:
         """A range's published directory (one per committed range, apart per pipeline, broker and
-        stream; the epoch keeps a re-created stream's ranges apart from the old stream's)."""
-        cfg = self.config
-        return plan.output_dir(cfg.output_root, cfg.pipeline, self.identity, stream, start, end,
-                               epoch=self.epochs.get(stream, 0))
+        stream; the epoch keeps a re-created stream's ranges apart from the old stream's): where the
+        sink wants it."""
+        return self.sink.range_dir(self.identity, stream, start, end, self.epochs.get(stream, 0))
 
     def verify(self, p: _Part, manifest: Manifest, staging: str) -> None:
         """Check one partition of the job's manifest against its claim; write the range's manifest."""
@@ -472,12 +481,13 @@ class BatchRun:
         this run's own first (it must succeed), then any an earlier run left stranded (it died, or
         its publish failed, after the commit), so the offset stored next never passes one."""
         mine = {p.range.id for p in self.parts if p.range is not None}
+        placed: list[sinks.SinkRange] = []
         for p in self.parts:
             rng = p.range
             if rng is None or rng.status.value != "committed" or not rng.records:
                 continue
             if rng.needs_publish:
-                self.publish_range(rng, p.staging, own=True)
+                placed += self.publish_range(rng, p.staging, own=True)
             elif p.result.start_from == "held" and rng.output and not outputs.published(rng.output, rng.id,
                                                                                         self.fs):
                 # A retry finds its published output deleted by hand: restore it if the broker still
@@ -486,7 +496,8 @@ class BatchRun:
         for p in self.parts:
             for rng in self.ledger.unpublished(self.config.pipeline, p.source):
                 if rng.id not in mine:
-                    self.publish_range(rng, None, own=False)
+                    placed += self.publish_range(rng, None, own=False)
+        self.publish_to_table(placed)
         if self.staging is not None:
             outputs.remove(self.staging, self.fs)
         if self.run.try_number > 1:  # a first try has no earlier attempt to clean up after
@@ -510,21 +521,22 @@ class BatchRun:
                 replace = holder
         return self.ledger.take_publish(rng.id, self.token, lease=lease, replace=replace)
 
-    def publish_range(self, rng: OffsetRange, staging: str | None, *, own: bool) -> None:
+    def publish_range(self, rng: OffsetRange, staging: str | None, *, own: bool) -> list[sinks.SinkRange]:
         """Publish one committed range under its lease (from the verified staging copy; re-read
-        only when that copy is gone), then record it published."""
+        only when that copy is gone), then record it published. A table sink's range is recorded
+        published by :meth:`publish_to_table` instead (returned here: its files are in place)."""
         what = f"stream {rng.source.stream!r} range [{rng.start}, {rng.end})"
         held = self._take_lease(rng)
         if held is None:
             now = self.ledger.get(rng.id)
             if now.published_at is not None:
-                return
+                return []
             msg = (f"{what}: its output is being published by {now.publisher} (lease renewed at "
                    f"{now.publish_beat}); not publishing it twice")
             if own:
                 raise BatchError(msg + "; the broker offset stays before it")
             log.warning("%s; the broker offset stays before it", msg)
-            return
+            return []
         final = held.output or self._final(rng.source.stream, rng.start, rng.end)
 
         def guard() -> None:
@@ -539,7 +551,32 @@ class BatchRun:
             else:
                 self.reread_committed(held, final, guard)
             log.info("published %s -> %s%s", what, final, "" if own else " (stranded by an earlier run)")
+        if self.sink.name != "directory":
+            return [sinks.SinkRange(held, final)]
         self.ledger.mark_published(rng.id, self.token)
+        return []
+
+    def publish_to_table(self, placed: list[sinks.SinkRange]) -> None:
+        """A table sink's one commit for every range this publish placed (the sink first looks
+        for them in the table: a retry after a crash between the table commit and this record
+        finds its commit there), then each range recorded published with that commit's receipt.
+        The leases are renewed just before, so an attempt that lost one stops short of the table."""
+        if not placed:
+            return
+        ids = [r.range.id for r in placed]
+        lost = sorted(set(ids) - set(self.ledger.renew_publish(ids, self.token)))
+        if lost:
+            raise BatchError(f"ranges {lost}: the publish lease was taken over before the {self.sink.name} "
+                             "table commit; not committing them twice")
+        batch = sinks.SinkBatch(pipeline=self.config.pipeline, broker=self.identity, run=self.run,
+                                attempt=self.token, ranges=tuple(placed), output_root=self.config.output_root)
+        receipts = self.sink.publish(batch)
+        self._step("table_committed")
+        for r in placed:
+            receipt = receipts.get(r.range.id)
+            if receipt is None:  # pragma: no cover - a sink returns every range or raises
+                raise BatchError(f"range {r.range.id}: the {self.sink.name} sink returned no commit for it")
+            self.ledger.mark_published(r.range.id, self.token, table=(receipt.table, receipt.commit))
 
     def release_publish_leases(self) -> None:
         """After a failed publish, hand this attempt's leases back at once (best effort), so the

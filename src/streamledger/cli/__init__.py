@@ -23,6 +23,7 @@ _GROUPS = (
     "streamledger.cli.mewbase",
     "streamledger.cli.amqp",
     "streamledger.cli.spark",
+    "streamledger.cli.batch",
 )
 
 

@@ -77,6 +77,12 @@ def _report_file(text: str) -> Path:
     return path
 
 
+def _key_value(text: str) -> str:
+    if "=" not in text or text.startswith("="):
+        raise argparse.ArgumentTypeError(f"want KEY=VALUE, got {text.split('=')[0]!r}")
+    return text
+
+
 def _db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
@@ -151,7 +157,8 @@ def _audit(args: argparse.Namespace) -> int:
 
     with _ledger(args) as ledger, contextlib.ExitStack() as stack:
         stale = timedelta(seconds=args.stale_after)
-        check = {"outputs_too": args.outputs, "deep": args.deep}
+        check: dict[str, Any] = {"outputs_too": args.outputs, "deep": args.deep,
+                                 "catalog": dict(i.split("=", 1) for i in args.catalog) or None}
         if args.broker_url:
             brokers = _broker_lookups(stack, args.broker_url)
             report = audit(ledger, args.pipeline, broker=brokers, stale_after=stale, **check)
@@ -262,6 +269,9 @@ def register(sub: Any) -> None:
                    help="do not check the published outputs against the ledger (checked by default)")
     p.add_argument("--deep", action="store_true",
                    help="also count the rows in every published range's data files")
+    p.add_argument("--catalog", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
+                   help="pyiceberg catalog property of the pipeline's Iceberg table (repeatable; default: "
+                   "the SQL catalog in the ledger's database)")
     _json_option(p)
     p.set_defaults(func=_audit)
 

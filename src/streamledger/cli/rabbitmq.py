@@ -1,7 +1,9 @@
 """``streamledger stream|superstream|offset|publish|read`` commands for RabbitMQ streams.
 
-Thin wrappers over :class:`StreamClient`; every deliberate failure is a ``StreamledgerError``,
-which the CLI main turns into one line on stderr and a non-zero exit status.
+Thin wrappers over :class:`StreamClient`; stream and super stream create/delete/partitions are the
+transport-neutral commands of :mod:`streamledger.cli.topology` (stream protocol by default). Every
+deliberate failure is a ``StreamledgerError``, which the CLI main turns into one line on stderr and a
+non-zero exit status.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
+from streamledger.cli.topology import add_stream_commands, add_super_stream_commands
 from streamledger.protocol.rabbitmq import InvalidRequest, OffsetSpec, StreamClient
 
 
@@ -26,26 +29,6 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
 
 
 # -- stream ---------------------------------------------------------------------------------------
-
-
-def _stream_create(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        client.create_stream(
-            args.name,
-            max_length_bytes=args.max_length_bytes,
-            max_age=args.max_age,
-            max_segment_size_bytes=args.max_segment_size_bytes,
-            exists_ok=args.exists_ok,
-        )
-    _emit(args, {"stream": args.name, "created": True}, f"created stream {args.name}")
-    return 0
-
-
-def _stream_delete(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        client.delete_stream(args.name, missing_ok=args.missing_ok)
-    _emit(args, {"stream": args.name, "deleted": True}, f"deleted stream {args.name}")
-    return 0
 
 
 def _stream_stats(args: argparse.Namespace) -> int:
@@ -64,36 +47,6 @@ def _stream_stats(args: argparse.Namespace) -> int:
             "committed_offset": stats.committed_offset,
         }
     _emit(args, data, "\n".join(f"{k}: {'-' if v is None else v}" for k, v in data.items()))
-    return 0
-
-
-# -- super streams --------------------------------------------------------------------------------
-
-
-def _super_create(args: argparse.Namespace) -> int:
-    keys = [k.strip() for k in args.binding_keys.split(",")] if args.binding_keys else None
-    if (args.partitions is None) == (keys is None):
-        raise InvalidRequest("superstream create needs exactly one of --partitions N or --binding-keys a,b")
-    with _client(args) as client:
-        client.create_super_stream(args.name, partitions=args.partitions, binding_keys=keys,
-                                   exists_ok=args.exists_ok)
-        parts = client.partitions(args.name)
-    _emit(args, {"super_stream": args.name, "partitions": parts},
-          f"created super stream {args.name}: {', '.join(parts)}")
-    return 0
-
-
-def _super_delete(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        client.delete_super_stream(args.name, missing_ok=args.missing_ok)
-    _emit(args, {"super_stream": args.name, "deleted": True}, f"deleted super stream {args.name}")
-    return 0
-
-
-def _super_partitions(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        parts = client.partitions(args.name)
-    _emit(args, {"super_stream": args.name, "partitions": parts}, "\n".join(parts))
     return 0
 
 
@@ -245,42 +198,15 @@ def register(sub: Any) -> None:
     """Add this group's sub-commands to the top-level parser."""
     stream = sub.add_parser("stream", help="create, delete or inspect a stream")
     ss = stream.add_subparsers(dest="action", required=True, metavar="ACTION")
-    p = ss.add_parser("create", help="create a stream")
-    p.add_argument("name")
-    p.add_argument("--max-length-bytes", type=int, help="retention by total size")
-    p.add_argument("--max-age", help="retention by age, e.g. 7D, 12h, 30m")
-    p.add_argument("--max-segment-size-bytes", type=int, help="segment file size")
-    p.add_argument("--exists-ok", action="store_true", help="no error if it exists with these arguments")
-    _common(p)
-    p.set_defaults(func=_stream_create)
-    p = ss.add_parser("delete", help="delete a stream")
-    p.add_argument("name")
-    p.add_argument("--missing-ok", action="store_true")
-    _common(p)
-    p.set_defaults(func=_stream_delete)
+    add_stream_commands(ss, transport="stream")
     p = ss.add_parser("stats", help="first offset, committed tail and StreamStats (RabbitMQ 3.12+)")
     p.add_argument("name")
     _common(p)
     p.set_defaults(func=_stream_stats)
 
     sup = sub.add_parser("superstream", help="create, delete or list a super stream")
-    sp = sup.add_subparsers(dest="action", required=True, metavar="ACTION")
-    p = sp.add_parser("create", help="create a super stream (RabbitMQ 3.13+)")
-    p.add_argument("name")
-    p.add_argument("--partitions", type=int, help="number of partitions NAME-0..NAME-(N-1)")
-    p.add_argument("--binding-keys", help="comma-separated keys: partitions NAME-<key>")
-    p.add_argument("--exists-ok", action="store_true")
-    _common(p)
-    p.set_defaults(func=_super_create)
-    p = sp.add_parser("delete", help="delete a super stream and its partitions (RabbitMQ 3.13+)")
-    p.add_argument("name")
-    p.add_argument("--missing-ok", action="store_true")
-    _common(p)
-    p.set_defaults(func=_super_delete)
-    p = sp.add_parser("partitions", help="list the partition streams in order")
-    p.add_argument("name")
-    _common(p)
-    p.set_defaults(func=_super_partitions)
+    add_super_stream_commands(sup.add_subparsers(dest="action", required=True, metavar="ACTION"),
+                              transport="stream")
 
     off = sub.add_parser("offset", help="store or query a consumer's stored offset")
     op = off.add_subparsers(dest="action", required=True, metavar="ACTION")

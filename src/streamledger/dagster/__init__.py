@@ -1,7 +1,8 @@
 """Dagster integration: ledgered, exactly-once batches from RabbitMQ streams as Dagster assets.
 
 Shaped like Dagster's own integration libraries: one ``ConfigurableResource`` per external system,
-factories that return ordinary definitions (an asset, an asset check, a sensor), nothing implicit.
+factories that return ordinary definitions (an asset, asset checks, a sensor), nothing implicit, and
+``StreamBatchComponent``, the same definitions configured in a ``defs.yaml`` (``dg``).
 See docs/dagster.md; ``streamledger.dagster.example`` is a ready ``Definitions`` object.
 """
 
@@ -10,7 +11,8 @@ from streamledger.dagster.assets import (
     batch_metadata,
     build_stream_batch_asset,
 )
-from streamledger.dagster.checks import build_ledger_audit_check
+from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
+from streamledger.dagster.components import StreamBatchComponent
 from streamledger.dagster.identity import DAG_ID
 from streamledger.dagster.resources import (
     RabbitMQStreamResource,
@@ -24,11 +26,13 @@ __all__ = [
     "DAG_ID",
     "RabbitMQStreamResource",
     "ResourceConfigError",
+    "StreamBatchComponent",
     "StreamBatchOrderError",
     "StreamLedgerResource",
     "StreamSparkResource",
     "batch_metadata",
     "build_ledger_audit_check",
+    "build_partition_audit_check",
     "build_stream_backlog_sensor",
     "build_stream_batch_asset",
 ]

@@ -19,7 +19,8 @@ adds the Dagster side:
   into the later window. Empty windows need no run; a window run again after it was done finds
   nothing new (its range is in the ledger and its directory is published once).
 * **metadata** — ranges, records, output paths and stored offsets of every stream, from
-  ``BatchResult.to_dict()``.
+  ``BatchResult.to_dict()``, and the lag left after the batch (``streamledger/lag_seconds``, from
+  chunk timestamps: :mod:`streamledger.dagster.freshness`).
 """
 
 
@@ -32,6 +33,8 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
+    AutomationCondition,
+    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
     PartitionsDefinition,
@@ -41,12 +44,15 @@ from dagster import (
 
 from streamledger.batch import BatchConfig, BatchResult, run_batch
 from streamledger.batch.position import PipelineSource
+from streamledger.dagster.freshness import lag_by_stream
 from streamledger.dagster.identity import holder_alive, run_id_for
 from streamledger.errors import StreamledgerError
 
 DEFAULT_BROKER_KEY = "rabbitmq"
 DEFAULT_LEDGER_KEY = "ledger"
 DEFAULT_SPARK_KEY = "spark"
+#: Materialization metadata: seconds of stream time not yet in the output (max over the streams).
+LAG_KEY = "streamledger/lag_seconds"
 
 
 class StreamBatchOrderError(StreamledgerError):
@@ -83,6 +89,14 @@ def batch_metadata(result: BatchResult) -> dict[str, Any]:
     }
 
 
+def lag_metadata(lag: Mapping[str, float]) -> dict[str, Any]:
+    """Lag left after the batch (chunk timestamps; see :mod:`streamledger.dagster.freshness`)."""
+    return {
+        LAG_KEY: MetadataValue.float(max(lag.values(), default=0.0)),
+        "lag_seconds_by_stream": MetadataValue.json(dict(lag)),
+    }
+
+
 def _millis(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
 
@@ -104,7 +118,7 @@ def check_window_order(
     whose range failed). Without ledger history the pipeline begins at the first window of the
     partitions definition (``first_window_start``; ``None`` when it starts elsewhere, e.g. "first").
     """
-    from streamledger.protocol.rabbitmq import OffsetSpec
+    from streamledger.offsets import OffsetSpec
 
     def offset_at(stream: str, moment: datetime) -> int:
         return int(client.resolve_offset(stream, OffsetSpec.timestamp(_millis(moment))))
@@ -148,6 +162,11 @@ def build_stream_batch_asset(
     group_name: str | None = None,
     description: str | None = None,
     tags: Mapping[str, str] | None = None,
+    kinds: Sequence[str] | None = None,
+    owners: Sequence[str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    automation_condition: AutomationCondition[Any] | None = None,
+    freshness_policy: FreshnessPolicy | None = None,
 ) -> AssetsDefinition:
     """An asset whose materialization is one bounded batch of ``pipeline`` (see the module docstring).
 
@@ -162,6 +181,8 @@ def build_stream_batch_asset(
         unpartitioned), ``"interval_start"`` (default when partitioned), ``"tail"`` or an offset.
     :param max_offsets: cap a new range at that many offsets per stream (bounded catch-up).
     :param broker_resource_key: key of a :class:`RabbitMQStreamResource` (likewise ledger / spark).
+    :param kinds: replace the default kinds (``rabbitmq``, ``spark``, the format); ``owners``,
+        ``metadata`` (merged), ``automation_condition`` and ``freshness_policy`` go to the asset as is.
     """
     if partitions_def is not None and not isinstance(partitions_def, TimeWindowPartitionsDefinition):
         raise StreamledgerError(
@@ -192,9 +213,12 @@ def build_stream_batch_asset(
         group_name=group_name,
         description=description
         or f"Bounded batches of {source} (pipeline {pipeline}) written as {fmt} under {output_root}.",
-        kinds={"rabbitmq", "spark", fmt},
+        kinds=set(kinds) if kinds is not None else {"rabbitmq", "spark", fmt},
         tags=dict(tags or {}),
-        metadata={"pipeline": pipeline, "source": source, "output_root": output_root},
+        owners=list(owners) if owners else None,
+        metadata={**(metadata or {}), "pipeline": pipeline, "source": source, "output_root": output_root},
+        automation_condition=automation_condition,
+        freshness_policy=freshness_policy,
     )
     def _stream_batch(context: AssetExecutionContext) -> MaterializeResult:  # type: ignore[type-arg]
         broker = getattr(context.resources, broker_resource_key)
@@ -223,12 +247,14 @@ def build_stream_batch_asset(
                 config, run=run, ledger=ledger, broker=client, runner=runner,
                 holder_alive=holder_alive(context.instance, context.run.run_id),
             )
+            ends = ((p["stream"], int(p["end"])) for p in result.to_dict()["partitions"])
+            lag = lag_by_stream(client, ends)
         for p in result.to_dict()["partitions"]:
             context.log.info(
                 "%s [%d, %d) %s: %d records, stored offset %s, output %s",
                 p["stream"], p["start"], p["end"], p["status"], p["records"], p.get("offset_stored"),
                 p.get("output"),
             )
-        return MaterializeResult(metadata=batch_metadata(result))
+        return MaterializeResult(metadata={**batch_metadata(result), **lag_metadata(lag)})
 
     return _stream_batch

@@ -1,16 +1,15 @@
 """Dagster resources for the three systems a stream batch touches: the broker, the ledger and Spark.
 
 Each resource is plain configuration (so Dagster can show, validate and override it) plus a lazily
-built client: the ledger is opened once per resource instance, the Spark runner once per process,
-because a SparkSession costs seconds to start and outlives a run when runs share a process.
+built client: the ledger is opened once per resource instance, the Spark runner once per process
+(:func:`streamledger.spark.runners.runner_for`), because a SparkSession costs seconds to start and
+outlives a run when runs share a process.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from threading import Lock
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -109,18 +108,15 @@ class StreamLedgerResource(ConfigurableResource):  # type: ignore[type-arg]
         return ledger
 
 
-_RUNNERS: dict[str, Any] = {}
-_RUNNERS_LOCK = Lock()
-
-
 class StreamSparkResource(ConfigurableResource):  # type: ignore[type-arg]
     """Where the Spark job of a batch runs: an in-process local master, or a Spark Connect server.
 
     ``master`` (default ``local[2]``) starts Spark in the Dagster step's process; the session is kept
-    for later runs in that process. ``remote`` (``sc://host:15002``) selects Spark Connect instead;
-    it needs a Connect runner in :mod:`streamledger.batch`, and a clear error says so when this
-    installation has none. ``quick_start`` only takes effect when this resource starts the JVM
-    (measured in :mod:`streamledger.spark.session`: session start 26-30 s -> 13-14 s on 2 cores).
+    for later runs in that process. ``remote`` (``sc://host:15002``) selects Spark Connect instead
+    (the server's own conf applies). Both come from :func:`streamledger.spark.runners.runner_for`,
+    the cache the Airflow operator uses too. ``quick_start`` only takes effect when this resource
+    starts the JVM (measured in :mod:`streamledger.spark.session`: session start 26-30 s -> 13-14 s
+    on 2 cores).
     """
 
     master: str = Field(default="local[2]", description="Spark master for an in-process session.")
@@ -135,42 +131,18 @@ class StreamSparkResource(ConfigurableResource):  # type: ignore[type-arg]
 
     def get_runner(self) -> JobRunner:
         """The job runner handed to ``run_batch`` (one per configuration and process)."""
-        key = json.dumps(
-            {"master": self.master, "remote": self.remote, "conf": self.conf, "quick": self.quick_start},
-            sort_keys=True,
-        )
-        with _RUNNERS_LOCK:
-            runner = _RUNNERS.get(key)
-            if runner is None:
-                runner = self._connect_runner() if self.remote else self._local_runner()
-                _RUNNERS[key] = runner
-        result: JobRunner = runner
-        return result
+        from streamledger.spark.runners import runner_for
 
-    def _local_runner(self) -> Any:
-        from streamledger.batch import LocalSparkRunner
-
+        if self.remote:
+            if not self.remote.startswith("sc://"):
+                host = urlsplit(self.remote).netloc.split(";", 1)[0]  # never the token after ";"
+                raise ResourceConfigError(
+                    f"StreamSparkResource.remote must be an sc:// URL, got one for {host!r}"
+                )
+            return runner_for(remote=self.remote)
         conf = dict(self.conf)
         if self.quick_start:
             from streamledger.spark.session import QUICK_START_JAVA_OPTIONS
 
             conf.setdefault("spark.driver.extraJavaOptions", QUICK_START_JAVA_OPTIONS)
-        return LocalSparkRunner(self.master, conf)
-
-    def _connect_runner(self) -> Any:
-        import streamledger.batch as batch
-
-        assert self.remote is not None
-        host = urlsplit(self.remote).netloc.split(";", 1)[0]  # sc://host:port/;token=… -> host:port
-        if not self.remote.startswith("sc://"):
-            raise ResourceConfigError(
-                f"StreamSparkResource.remote must be an sc:// URL, got one for {host!r}"
-            )
-        factory = getattr(batch, "SparkConnectRunner", None)
-        if factory is None:
-            raise ResourceConfigError(
-                f"StreamSparkResource.remote is set (Spark Connect at {host}) but this streamledger has no "
-                "Spark Connect runner yet (streamledger.batch.SparkConnectRunner); leave remote unset to "
-                "run on a local master"
-            )
-        return factory(self.remote)  # the server's own conf applies; session conf is not sent
+        return runner_for(master=self.master, conf=conf)

@@ -24,6 +24,7 @@ from streamledger.provider import RABBITMQ_STREAM_UI
 if TYPE_CHECKING:
     from streamledger.protocol.amqp10 import Management
     from streamledger.protocol.rabbitmq import StreamClient
+    from streamledger.topology import Topology
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -175,6 +176,16 @@ class RabbitMQStreamHook(BaseHook):
                          extra=conn.extra_dejson)
         mask_url(url)
         return Management.connect(url, timeout=self.timeout)
+
+    def get_topology(self) -> Topology:
+        """The connection's topology transport (extra ``topology``), as one interface: the stream
+        protocol, or AMQP 1.0 with this connection's stream endpoint to list super stream
+        partitions. The caller closes it (context manager)."""
+        from streamledger.topology import Amqp10Topology, StreamTopology
+
+        if self.topology_over_amqp10:
+            return Amqp10Topology(self.get_management(), stream_url=self.get_url(), timeout=self.timeout)
+        return StreamTopology(self.get_conn())
 
     def test_connection(self) -> tuple[bool, str]:
         """Open a connection and report the broker version (used by the UI's Test button)."""

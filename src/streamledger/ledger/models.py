@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -114,6 +115,9 @@ class Range(LedgerBase):
             postgresql_where=text(_UNPUBLISHED),
             sqlite_where=text(_UNPUBLISHED),
         ),
+        # 0008: only sources with pinned ranges can have gaps; the watermark asks this first.
+        Index("ix_streamledger_range_pinned", "source_id", postgresql_where=text("pinned"),
+              sqlite_where=text("pinned")),
         # Reruns are idempotent: one live (claimed/committed) range per run identity and source.
         Index(
             "uq_streamledger_range_run",
@@ -177,3 +181,12 @@ class Range(LedgerBase):
     # 0005: the publish lease: which attempt publishes it, last renewed when.
     publisher: Mapped[str | None] = mapped_column(Text, nullable=True)
     publish_beat: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
+    # 0006: the table commit holding the range (table sinks): "iceberg:<ns>.<name>" / "delta:<uri>",
+    # and the Iceberg snapshot id or Delta version.
+    sink_table: Mapped[str | None] = mapped_column(Text, nullable=True)
+    sink_commit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # 0008: a pinned range (``Ledger.claim(span=...)``) may start anywhere no live range covers;
+    # its data interval (``bound_by_interval``) is recorded with it.
+    pinned: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
+    interval_start: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
+    interval_end: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)

@@ -110,6 +110,33 @@ _FIRST_HOLE = (
     .order_by(Range.start_offset)
     .limit(1)
 )
+_ANY_PINNED = select(Range.id).where(Range.source_id == bindparam("source_id"), Range.pinned).limit(1)
+_ORIGIN_START = select(func.min(Range.start_offset)).where(Range.source_id == bindparam("source_id"), _LIVE)
+_NEXT = aliased(Range)
+_STARTS_AT = select(_NEXT.id).where(
+    _NEXT.source_id == bindparam("source_id"),
+    _NEXT.status != RangeStatus.FAILED.value,
+    _NEXT.start_offset == bindparam("at", type_=BigInteger()),
+    _NEXT.end_offset > _NEXT.start_offset,
+).limit(1)
+# Walks the live ranges by end (the partial unique index on (source_id, end_offset)) to the first one
+# that no non-empty live range continues: for a contiguous history that is the tail, O(ranges).
+_FIRST_UNCONTINUED = (
+    select(Range.end_offset)
+    .where(
+        Range.source_id == bindparam("source_id"),
+        _LIVE,
+        Range.end_offset > Range.start_offset,
+        ~select(_NEXT.id).where(
+            _NEXT.source_id == Range.source_id,
+            _NEXT.status != RangeStatus.FAILED.value,
+            _NEXT.start_offset == Range.end_offset,
+            _NEXT.end_offset > _NEXT.start_offset,
+        ).exists(),
+    )
+    .order_by(Range.end_offset)
+    .limit(1)
+)
 _HELD_BY_RUN = select(Range).where(
     Range.source_id == bindparam("source_id"),
     Range.dag_id == bindparam("dag_id"),
@@ -171,7 +198,8 @@ _PG_CLAIM = (
     text(
         "SELECT * FROM streamledger_claim(:pipeline, :broker, :stream, :super_stream, :end_limit, "
         f":dag_id, :run_id, :task_id, :map_index, :try_number, :initial, {_PG_NOW}, :max_span, "
-        f"{_PG_NOW} - make_interval(secs => :abandon_secs))"
+        f"{_PG_NOW} - make_interval(secs => :abandon_secs), :span_start, :span_end, :interval_start, "
+        ":interval_end)"
     )
     .bindparams(
         bindparam("super_stream", type_=String()),
@@ -181,6 +209,10 @@ _PG_CLAIM = (
         bindparam("initial", type_=BigInteger()),
         bindparam("max_span", type_=BigInteger()),
         bindparam("abandon_secs", type_=Float()),
+        bindparam("span_start", type_=BigInteger()),
+        bindparam("span_end", type_=BigInteger()),
+        bindparam("interval_start", type_=DateTime()),
+        bindparam("interval_end", type_=DateTime()),
     )
     .columns(*_RANGES.c)
 )
@@ -263,7 +295,55 @@ def _snapshot(row: Any, pipeline: str, source: Source | SourceRef) -> OffsetRang
         published_at=_utc(row.published_at) if getattr(row, "published_at", None) is not None else None,
         publisher=getattr(row, "publisher", None),
         publish_beat=_utc(row.publish_beat) if getattr(row, "publish_beat", None) is not None else None,
+        sink_table=getattr(row, "sink_table", None),
+        sink_commit=getattr(row, "sink_commit", None),
+        interval=(_utc(row.interval_start), _utc(row.interval_end))
+        if getattr(row, "interval_start", None) is not None and getattr(row, "interval_end", None) is not None
+        else None,
     )
+
+
+_Pinned = tuple[tuple[int, int], tuple[datetime | None, datetime | None]]
+"""A pinned claim's span and its interval (naive UTC, as stored; None when not given)."""
+_ORIGIN = RunIdentity("streamledger", "origin", "ledger")
+"""Who holds the empty range that marks where a pinned history begins (``Ledger.claim``)."""
+
+
+def _check_span(span: object, interval: object, stream: str) -> _Pinned | None:
+    """A pinned claim's span and interval, checked before anything is claimed."""
+    if span is None:
+        if interval is not None:
+            raise LedgerError(f"an interval for stream {stream!r} needs the span it pins (span=(start, end))")
+        return None
+    if not isinstance(span, tuple) or len(span) != 2:
+        raise LedgerError(f"span for stream {stream!r} must be (start, end), got {span!r}")
+    start = _check_offset("span start", span[0], stream)
+    end = _check_offset("span end", span[1], stream)
+    if end < start:
+        raise LedgerError(f"span [{start}, {end}) of stream {stream!r} is reversed")
+    if interval is None:
+        return (start, end), (None, None)
+    if (not isinstance(interval, tuple) or len(interval) != 2
+            or not all(isinstance(t, datetime) for t in interval) or interval[1] < interval[0]):
+        raise LedgerError(
+            f"interval for stream {stream!r} must be (start, end) datetimes in order, got {interval!r}")
+    begin, until = (_utc(t).replace(tzinfo=None) for t in interval)
+    return (start, end), (begin, until)
+
+
+def _pinned_answer(what: str, got: OffsetRange, run: RunIdentity, pinned: _Pinned | None) -> OffsetRange:
+    """A pinned span another run holds claimed is not processed twice: refused until it is done or
+    its holder is gone (abandoned, or failed by the batch's ``holder_alive`` check)."""
+    key = (run.dag_id, run.run_id, run.task_id, run.map_index)
+    held = got.run
+    if pinned is not None and got.status == RangeStatus.CLAIMED and (
+            held.dag_id, held.run_id, held.task_id, held.map_index) != key:
+        beat = got.heartbeat_at or got.claimed_at
+        raise LedgerError(
+            f"{what}: [{got.start}, {got.end}) is claimed by {got.run} (heard from at {beat.isoformat()}); "
+            "a pinned span is processed by one run at a time"
+        )
+    return got
 
 
 @functools.cache
@@ -459,6 +539,23 @@ class Ledger:
         return session.scalars(_FIRST_HOLE, {"source_id": source_id}).first()
 
     @staticmethod
+    def _first_gap(session: Session, source_id: int) -> int | None:
+        """The first offset from the history's origin (its lowest live range) that no live range
+        covers: the origin itself when no non-empty range starts there, else the earliest end of a
+        non-empty live range that no non-empty live range continues (the tail, when none is
+        missing). Only pinned claims leave such gaps (offsets of intervals not claimed yet); for a
+        source with pinned ranges this walks its ranges (O(ranges), an index-only walk)."""
+        if session.scalars(_ANY_PINNED, {"source_id": source_id}).first() is None:
+            return None  # contiguous by the database's guard: the tail is the only end
+        origin = session.scalars(_ORIGIN_START, {"source_id": source_id}).first()
+        if origin is None:
+            return None
+        if session.scalars(_STARTS_AT, {"source_id": source_id, "at": origin}).first() is None:
+            return int(origin)
+        found = session.scalars(_FIRST_UNCONTINUED, {"source_id": source_id}).first()
+        return None if found is None else int(found)
+
+    @staticmethod
     def _hole_at(session: Session, source_id: int, start: int) -> Range | None:
         """The failed range starting at ``start`` that no live range overlaps, if any."""
         for failed in session.scalars(
@@ -498,6 +595,8 @@ class Ledger:
         initial_start: int | None = None,
         max_span: int | None = None,
         abandon_after: timedelta | None = None,
+        span: tuple[int, int] | None = None,
+        interval: tuple[datetime, datetime] | None = None,
     ) -> OffsetRange:
         """The range ``run`` processes next for ``pipeline`` and ``source``: the one claim rule.
 
@@ -509,6 +608,16 @@ class Ledger:
            is gone), the oldest failed hole, redone with exactly its span;
         3. else ``[tail, min(max(tail, end_limit), tail + max_span))``; ``initial_start`` is the
            tail of a source without ranges (required then, ignored afterwards).
+
+        A *pinned* claim (``span=(start, end)``, a data interval's offsets; ``interval`` is recorded
+        with it) replaces 2 and 3: the live range with exactly this span if one exists (committed or
+        lost by any run: an idempotent rerun; claimed by another run: refused, it is processed once),
+        else exactly ``span``, wherever no live range covers it (overlaps are refused by the
+        database). Holes are never taken (a failed interval waits for its own retry) and
+        ``end_limit``/``max_span`` do not apply. On a source's first claim an ``initial_start``
+        before the span is recorded as the history's origin (an empty committed range), so offsets
+        from there to the first pinned range are a gap the watermark stops at, whichever interval
+        runs first.
 
         An empty result is stored already committed with 0 records. Callers never re-derive this
         rule: they ask here and process what they get.
@@ -523,10 +632,12 @@ class Ledger:
             )
         if abandon_after is not None and abandon_after < timedelta(0):
             raise LedgerError(f"abandon_after must not be negative, got {abandon_after}")
+        pinned = _check_span(span, interval, source.stream)
         what = f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}"
         if self.dialect == "postgresql":
-            return self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
-                                  abandon_after)
+            got = self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
+                                 abandon_after, pinned)
+            return _pinned_answer(what, got, run, pinned)
         with self._tx(what) as session:
             src = self._lock_source(session, pipeline, source)
             now = self._clock(session)
@@ -550,8 +661,22 @@ class Ledger:
                 return _snapshot(mine, pipeline, src)
             if abandon_before is not None:
                 self._abandon(session, src.id, abandon_before, now)
-            hole = self._first_hole(session, src.id)
-            if hole is not None:
+            hole = None if pinned is not None else self._first_hole(session, src.id)
+            if pinned is not None:
+                (start, end), _when = pinned
+                done = session.scalars(select(Range).where(
+                    Range.source_id == src.id, _LIVE, Range.start_offset == start, Range.end_offset == end,
+                    Range.end_offset > Range.start_offset)).first()
+                if done is not None:
+                    return _pinned_answer(what, _snapshot(done, pipeline, src), run, pinned)
+                if initial_start is not None and initial_start < start and session.scalars(
+                        select(Range.id).where(Range.source_id == src.id).limit(1)).first() is None:
+                    origin = self._new_row(src.id, initial_start, initial_start, RangeStatus.COMMITTED,
+                                           _ORIGIN, now, error="origin of pinned ranges")
+                    origin.records, origin.committed_at = 0, now
+                    session.add(origin)
+                    session.flush()
+            elif hole is not None:
                 start, end = hole.start_offset, hole.end_offset
             else:
                 tail = self._tail(session, src.id)
@@ -590,6 +715,9 @@ class Ledger:
                 "updated_at": now,
                 "heartbeat_at": now,
                 "staging": None,
+                "pinned": pinned is not None,
+                "interval_start": None if pinned is None else pinned[1][0],
+                "interval_end": None if pinned is None else pinned[1][1],
             }
             values["id"] = session.execute(_INSERT_RANGE, values).scalar_one()
             row = SimpleNamespace(**values)
@@ -621,9 +749,11 @@ class Ledger:
         initial_start: int | None,
         max_span: int | None,
         abandon_after: timedelta | None,
+        pinned: _Pinned | None = None,
     ) -> OffsetRange:
-        """PostgreSQL: the same rule in one server-side call (migration 0004), one round trip; its
+        """PostgreSQL: the same rule in one server-side call (migration 0008), one round trip; its
         ``now`` and abandonment cutoff are the server's clock (:meth:`_clock`)."""
+        span, when = pinned if pinned is not None else ((None, None), (None, None))
         params = {
             "pipeline": pipeline,
             "broker": source.broker,
@@ -638,6 +768,10 @@ class Ledger:
             "initial": initial_start,
             "max_span": max_span,
             "abandon_secs": None if abandon_after is None else abandon_after.total_seconds(),
+            "span_start": span[0],
+            "span_end": span[1],
+            "interval_start": when[0],
+            "interval_end": when[1],
         }
         outer = self._outer()
         if outer is not None:
@@ -682,7 +816,8 @@ class Ledger:
             for i in order:
                 req = requests[i]
                 out[i] = self.claim(pipeline, req.source, req.end_limit, run, initial_start=req.initial_start,
-                                    max_span=max_span, abandon_after=abandon_after)
+                                    max_span=max_span, abandon_after=abandon_after, span=req.span,
+                                    interval=req.interval)
         return [out[i] for i in range(len(requests))]
 
     def _lock_named(self, session: Session, pipeline: str, sources: Sequence[SourceRef]) -> list[int]:
@@ -806,6 +941,7 @@ class Ledger:
             open_claim.start_offset if open_claim is not None else None,
             hole.start_offset if hole is not None else None,
             unpublished.start_offset if unpublished is not None else None,
+            self._first_gap(session, src.id) if tail is not None else None,
             tail,
         ) if x is not None]
         if not candidates:
@@ -1107,11 +1243,13 @@ class Ledger:
             )
             return bool(getattr(done, "rowcount", 0))
 
-    def mark_published(self, range_id: int, publisher: str) -> OffsetRange:
+    def mark_published(self, range_id: int, publisher: str, *,
+                       table: tuple[str, int] | None = None) -> OffsetRange:
         """Record that the range's output is in its final place (idempotent for its publisher).
 
         Refused when another attempt holds the lease: that attempt may be copying into the same
-        directory, so this one's copy proves nothing.
+        directory, so this one's copy proves nothing. ``table`` is a table sink's receipt,
+        ``(table, commit)`` (see ``OffsetRange.sink_table``), recorded in the same statement.
         """
         with self._tx(f"mark range {range_id} published") as session:
             row, pipeline, src = self._load(session, range_id, lock=True)
@@ -1127,6 +1265,8 @@ class Ledger:
                     "its output was not recorded as published"
                 )
             row.published_at, row.updated_at = now, now
+            if table is not None:
+                row.sink_table, row.sink_commit = _clip(table[0]), int(table[1])
             session.flush()
             return _snapshot(row, pipeline, src)
 

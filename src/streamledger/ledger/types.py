@@ -7,6 +7,7 @@ CLI) can keep, compare, pickle and serialise them after the ledger's transaction
 from __future__ import annotations
 
 import enum
+import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -80,7 +81,8 @@ class SourceRef:
 
 @dataclass(frozen=True, slots=True)
 class RunIdentity:
-    """Who processes a range: the Airflow task instance (or any scheduler's equivalent).
+    """Who processes a range: the Airflow task instance, Dagster run or any scheduler's equivalent
+    (``streamledger.batch.RunId`` is this same type: one identity from the scheduler to the ledger).
 
     ``(dag_id, run_id, task_id, map_index)`` is the idempotency key: claiming again with the same key
     returns the same range. ``try_number`` is recorded (the latest attempt) but is not part of the key,
@@ -96,6 +98,25 @@ class RunIdentity:
     def __str__(self) -> str:
         mapped = f"[{self.map_index}]" if self.map_index >= 0 else ""
         return f"{self.dag_id}/{self.run_id}/{self.task_id}{mapped} try {self.try_number}"
+
+    def key(self) -> tuple[str, str, str, int]:
+        """The idempotency key: everything but the try."""
+        return (self.dag_id, self.run_id, self.task_id, self.map_index)
+
+    def attempt_token(self, nonce: str) -> str:
+        """This attempt's name as a publish-lease holder: the identity, the try and a nonce (two
+        batches of one try never share a lease)."""
+        who = [self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number]
+        return f"{json.dumps(who, separators=(',', ':'))}#{nonce}"
+
+    @classmethod
+    def from_attempt_token(cls, token: str) -> RunIdentity | None:
+        """The identity inside an :meth:`attempt_token`, None when the token is not one."""
+        try:
+            dag_id, run_id, task_id, map_index, try_number = json.loads(token.rsplit("#", 1)[0])
+            return cls(str(dag_id), str(run_id), str(task_id), int(map_index), int(try_number))
+        except (ValueError, TypeError):
+            return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +146,12 @@ class OffsetRange:
     publisher: str | None = None
     """The attempt holding the publish lease (see ``Ledger.take_publish``)."""
     publish_beat: datetime | None = None
+    sink_table: str | None = None
+    """The table a table sink published the range into (``iceberg:<ns>.<name>``, ``delta:<uri>``)."""
+    sink_commit: int | None = None
+    """The commit of ``sink_table`` holding the range: Iceberg snapshot id or Delta version."""
+    interval: tuple[datetime, datetime] | None = None
+    """A pinned range's data interval ``[start, end)`` (UTC), None for a range claimed at the tail."""
 
     @property
     def needs_publish(self) -> bool:
@@ -169,6 +196,9 @@ class OffsetRange:
             "staging": self.staging,
             "published_at": self.published_at.isoformat() if self.published_at else None,
             "publisher": self.publisher,
+            "sink_table": self.sink_table,
+            "sink_commit": self.sink_commit,
+            "interval": [t.isoformat() for t in self.interval] if self.interval else None,
         }
 
 
@@ -235,6 +265,9 @@ class ClaimRequest:
     source: SourceRef
     end_limit: int
     initial_start: int | None = None
+    span: tuple[int, int] | None = None
+    """A pinned claim's offsets (with ``interval``): :meth:`Ledger.claim`'s ``span``."""
+    interval: tuple[datetime, datetime] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,9 @@ events whose ``extra`` holds the ranges.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,23 +21,37 @@ from streamledger.batch import (
     BatchConfig,
     BatchError,
     BatchResult,
+    IntervalNotReady,
     JobRunner,
-    LocalSparkRunner,
     RunId,
     StepHook,
-    read_manifest,
     run_batch,
     summarize,
 )
 from streamledger.batch.position import source_problem
-from streamledger.batch.runners import SparkConnectRunner
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls, mask_url
 from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+from streamledger.spark.runners import (
+    LocalSparkRunner,
+    SparkConnectRunner,
+    SubmitRunner,
+    connect_runner,
+    job_arguments,
+    job_environment,
+    local_runner,
+    runner_for,
+)
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
+
+# The runners' former home: their names stay importable from here.
+__all__ = [
+    "CancellableLocalSparkRunner", "SparkConnectRunner", "SparkSubmitRunner", "StreamBatchOperator",
+    "connect_runner", "default_output_root", "local_runner", "run_identity",
+]
 
 _LOCAL_RUNNERS: dict[tuple[str, str], LocalSparkRunner] = {}
 
@@ -52,33 +64,15 @@ def default_output_root() -> str:
 CancellableLocalSparkRunner = LocalSparkRunner
 
 
-def local_runner(master: str, conf: Mapping[str, str] | None) -> LocalSparkRunner:
-    """One in-process runner per (master, conf): the SparkSession outlives a task in the same process."""
-    key = (master, json.dumps(dict(conf or {}), sort_keys=True))
-    if key not in _LOCAL_RUNNERS:
-        _LOCAL_RUNNERS[key] = LocalSparkRunner(master, conf)
-    return _LOCAL_RUNNERS[key]
-
-
-_CONNECT_RUNNERS: dict[str, SparkConnectRunner] = {}
-
-
-def connect_runner(url: str) -> SparkConnectRunner:
-    """One Connect runner per server URL: its gRPC session outlives a task in the same process."""
-    if url not in _CONNECT_RUNNERS:
-        _CONNECT_RUNNERS[url] = SparkConnectRunner(url)
-    return _CONNECT_RUNNERS[url]
-
-
-class SparkSubmitRunner:
+class SparkSubmitRunner(SubmitRunner):
     """Runs the job with the apache-spark provider's ``SparkSubmitHook`` (a Spark cluster or local).
 
-    The broker URL reaches the job in a file (``job.url_file``: mode 0600 in a private directory,
-    removed after the submit), and only the file's path is on the command line (``--url-file``).
-    Environment variables are no way to carry it: on YARN and Kubernetes the hook turns them into
+    Only the Airflow part lives here (the hook, the connection's deploy mode, masking); the job's
+    arguments and the URL file are :class:`streamledger.spark.runners.SubmitRunner`'s. Environment
+    variables are no way to carry the URL: on YARN and Kubernetes the hook turns them into
     ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` arguments, which the
     process list and the logged spark-submit command show. In cluster deploy mode the driver runs
-    elsewhere, so the file is shipped with ``--files`` (docs/airflow.md, "Secrets").
+    elsewhere, so the URL file is shipped with ``--files`` (docs/airflow.md, "Secrets").
     """
 
     def __init__(self, conn_id: str, *, conf: Mapping[str, str] | None = None, name: str = "streamledger",
@@ -107,32 +101,29 @@ class SparkSubmitRunner:
     def hook(self, url_file: Path, *, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
              splits: int) -> Any:
         """The ``SparkSubmitHook`` for one run whose URL is in ``url_file``."""
+        return self._hook_for(url_file, job_arguments(url_file, ranges=ranges, output=output, fmt=fmt,
+                                                      splits=splits))
+
+    def _hook_for(self, url_file: Path, args: list[str]) -> Any:
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-        env = {
-            "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
-        }
-        args = ["--url-file", str(url_file), "--ranges", json.dumps({s: list(r) for s, r in ranges.items()}),
-                "--output", output, "--format", fmt, "--splits", str(splits)]
         kwargs = dict(self.submit_kwargs)
         if self.deploy_mode() == "cluster":
             kwargs["files"] = ",".join(f for f in (kwargs.get("files"), str(url_file)) if f)
         return SparkSubmitHook(conn_id=self.conn_id, conf=self.conf, name=self.name, application_args=args,
-                               env_vars=env, **kwargs)
+                               env_vars=job_environment(), **kwargs)
 
     def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
                  splits: int) -> Mapping[str, Any]:
-        import streamledger.spark.job as job
-
         mask_url(url)  # spark-submit's own output is logged line by line
-        with job.url_file(url) as path:
-            self._hook = self.hook(path, ranges=ranges, output=output, fmt=fmt, splits=splits)
-            try:
-                self._hook.submit(application=str(Path(job.__file__)))
-            finally:
-                self._hook = None
-        return read_manifest(output)
+        return super().__call__(url=url, ranges=ranges, output=output, fmt=fmt, splits=splits)
+
+    def submit(self, application: str, url_file: Path, args: list[str]) -> None:
+        self._hook = self._hook_for(url_file, args)
+        try:
+            self._hook.submit(application=application)
+        finally:
+            self._hook = None
 
 
 _ALIVE_STATES = ["scheduled", "queued", "running", "deferred", "up_for_retry", "up_for_reschedule",
@@ -146,6 +137,21 @@ def _task_alive(ti: Any, holder: RunId) -> bool:
         run_ids=[holder.run_id], states=_ALIVE_STATES,
     )
     return bool(count)
+
+
+PARTITION_KEY_FORMAT = "%Y-%m-%dT%H:%M:%S"
+"""Airflow's own partition-key format (``CronPartitionTimetable``, the temporal partition mappers)."""
+
+
+def _partition_key(context: Context) -> str | None:
+    """The run's partition: its own ``partition_key`` when the run has one (a partitioned
+    timetable), else its data interval's start in UTC, in Airflow's key format."""
+    run = context.get("dag_run")
+    own = getattr(run, "partition_key", None)
+    if own:
+        return str(own)
+    start = context.get("data_interval_start")
+    return None if start is None else start.astimezone(UTC).strftime(PARTITION_KEY_FORMAT)
 
 
 def run_identity(ti: Any) -> RunId:
@@ -174,8 +180,16 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
     :param initial_position: where a partition without ledger or broker history starts:
         ``"first"`` (default), ``"tail"``, ``"interval_start"`` (the data interval's start,
         resolved by timestamp) or an offset.
-    :param bound_by_interval: end each range at the first offset stamped at or after the run's
-        data interval end (backfills with catchup). Default ``False``: read up to the committed tail.
+    :param bound_by_interval: pin each partition's range to the run's data interval: ``[first offset
+        stamped at or after its start, first offset stamped at or after its end)``, the same whichever
+        run goes first and however often it is rerun, so backfills may run intervals in parallel
+        (``max_active_runs`` > 1). Until the broker's committed tail has passed the interval end the
+        task *defers* (a ``DateTimeTrigger``, re-checked every ``interval_poll`` seconds, at most until
+        the end plus ``interval_grace``: on an idle stream the end is then the committed tail). With
+        ``initial_position="interval_start"`` the pipeline's history begins at the DAG's start date.
+        Default ``False``: read up to the committed tail.
+    :param interval_grace: seconds after the interval end after which an idle stream's end is its
+        committed tail (default 60). :param interval_poll: seconds between readiness checks (default 10).
     :param max_records: cap each range at this many offsets (default: no cap).
     :param fmt: output format (``parquet``, ``orc``, ``json``). :param splits: Spark partitions per range.
     :param spark_conn_id: when given, run the job through ``SparkSubmitHook`` on this Spark
@@ -229,6 +243,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         store_offset: bool = True,
         on_data_loss: str = "fail",
         spark_connect_conn_id: str | None = None,
+        interval_grace: float = 60.0,
+        interval_poll: float = 10.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -241,6 +257,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         self.output_root = output_root
         self.initial_position = initial_position
         self.bound_by_interval = bound_by_interval
+        self.interval_grace = interval_grace
+        self.interval_poll = interval_poll
         self.max_records = max_records  # the old, misleading name of max_offsets
         self.max_offsets = max_offsets
         self.fmt = fmt
@@ -299,12 +317,12 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         if self.spark_connect_conn_id:
             from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
-            return connect_runner(SparkConnectHook(self.spark_connect_conn_id).get_connection_url())
+            return runner_for(remote=SparkConnectHook(self.spark_connect_conn_id).get_connection_url())
         if self.spark_conn_id:
             return SparkSubmitRunner(
                 self.spark_conn_id, conf=self.spark_conf, name=f"streamledger-{self.task_id}"
             )
-        return local_runner(self.spark_master, self.spark_conf)
+        return runner_for(master=self.spark_master, conf=self.spark_conf)
 
     def _config(self, url: str, context: Context) -> BatchConfig:
         start: datetime | None = None
@@ -332,6 +350,9 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             splits=self.splits,
             store_offset=self.store_offset,
             on_data_loss="record" if self.on_data_loss == "record" else "fail",
+            bound_by_interval=self.bound_by_interval,
+            interval_grace=self.interval_grace,
+            origin=getattr(context.get("dag"), "start_date", None) if self.bound_by_interval else None,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -351,6 +372,9 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
                 result = run_batch(config, run=run, ledger=ledger, broker=client, runner=runner,
                                    holder_alive=lambda holder: _task_alive(ti, holder),
                                    on_step=self.on_step)
+        except IntervalNotReady as exc:
+            self._wait_for_interval(exc)
+            raise  # pragma: no cover - defer() raises TaskDeferred
         finally:
             self._runner_in_use = None
         self._result = result
@@ -360,6 +384,19 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         if result.empty and self.skip_on_empty:
             raise AirflowSkipException(f"pipeline {self.pipeline}: no new offsets")
         return summary
+
+    def _wait_for_interval(self, exc: IntervalNotReady) -> None:
+        """Defer until the interval may be resolvable (the next poll, at the latest its ready-by
+        time), freeing the worker slot; :meth:`resume` runs the batch again. Nothing was claimed."""
+        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+        moment = min(exc.ready_by, datetime.now(UTC) + timedelta(seconds=self.interval_poll))
+        self.log.info("%s: deferring until %s", exc, moment.isoformat())
+        self.defer(trigger=DateTimeTrigger(moment), method_name="resume")
+
+    def resume(self, context: Context, event: Any = None) -> dict[str, Any]:
+        """After a deferral for a pinned interval that was not ready: run the batch again."""
+        return self.execute(context)
 
     def on_kill(self) -> None:
         """Cancel the Spark work this task started (timeouts and kills call this; see module docs).
@@ -400,9 +437,18 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             "ranges": result.ranges(),
             "outputs": {p.stream: p.output for p in result.partitions if p.output},
         }
+        key = _partition_key(context) if self.bound_by_interval else None
         events = context["outlet_events"]
         for outlet in self.outlets:
             try:
-                events[outlet].extra = extra
+                event = events[outlet]
+                event.extra = extra
             except (KeyError, TypeError):  # not an Asset (e.g. an alias we do not own)
                 self.log.debug("outlet %r takes no extra", outlet)
+                continue
+            add_partitions = getattr(event, "add_partitions", None)  # Airflow >= 3.3 (Task SDK 1.3)
+            if key is not None and callable(add_partitions):
+                try:
+                    add_partitions(key)
+                except TypeError:  # an asset alias: partition keys belong to concrete assets
+                    self.log.debug("outlet %r takes no partition key", outlet)

@@ -1,14 +1,10 @@
 """Create and delete streams and super streams, idempotently.
 
 "Already exists" with the same shape is success, so these operators can sit at the head of every
-DAG run. A different shape is an error naming what differs: for a stream, the broker itself
-refuses a create whose arguments differ from the existing stream's (response 0x11, precondition
-failed); for a super stream, the existing partitions are compared with the requested ones.
-Deleting something absent is success too.
-
-With the connection extra ``topology: amqp10`` the same operators go through RabbitMQ 4's AMQP 1.0
-``/management`` node instead of the stream protocol (:mod:`streamledger.protocol.amqp10`): a 409
-answer is the shape mismatch, and super streams are built as the broker builds them.
+DAG run. A different shape is an error naming what differs; deleting something absent is success
+too. The operators only adapt Airflow to :mod:`streamledger.topology`: the connection's hook picks
+the transport (extra ``topology``: ``stream``, the default, or ``amqp10`` for RabbitMQ 4's AMQP 1.0
+``/management`` node) and the operators never ask which one it is.
 """
 
 from __future__ import annotations
@@ -18,20 +14,13 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from streamledger.errors import StreamledgerError
 from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+from streamledger.topology import StreamSettings, StreamShapeMismatch, expected_partitions
 
-
-class StreamShapeMismatch(StreamledgerError):
-    """The stream or super stream exists, but not in the requested shape."""
-
-
-def expected_partitions(name: str, partitions: int | None, binding_keys: Sequence[str] | None) -> list[str]:
-    """Partition names RabbitMQ derives for a super stream: ``<name>-<i>`` or ``<name>-<key>``."""
-    if binding_keys:
-        return [f"{name}-{key}" for key in binding_keys]
-    assert partitions is not None
-    return [f"{name}-{i}" for i in range(partitions)]
+__all__ = [
+    "CreateStreamOperator", "CreateSuperStreamOperator", "DeleteStreamOperator", "DeleteSuperStreamOperator",
+    "StreamShapeMismatch", "expected_partitions",
+]
 
 
 class _StreamOperator(BaseOperator):
@@ -68,43 +57,13 @@ class CreateStreamOperator(_StreamOperator):
         self.max_segment_size_bytes = max_segment_size_bytes
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from streamledger.protocol.rabbitmq import ResponseError
-
-        hook = self.hook()
-        if hook.topology_over_amqp10:
-            return self._execute_amqp10(hook)
-        with hook.get_conn() as client:
-            existed = client.stream_exists(self.stream)
-            try:
-                client.create_stream(
-                    self.stream, max_length_bytes=self.max_length_bytes, max_age=self.max_age,
-                    max_segment_size_bytes=self.max_segment_size_bytes, exists_ok=True,
-                )
-            except ResponseError as exc:
-                if existed:
-                    raise StreamShapeMismatch(
-                        f"stream {self.stream!r} already exists with different arguments than "
-                        f"max_length_bytes={self.max_length_bytes}, max_age={self.max_age}, "
-                        f"max_segment_size_bytes={self.max_segment_size_bytes} (broker said: {exc})"
-                    ) from exc
-                raise
-        self.log.info("stream %s %s", self.stream, "already existed" if existed else "created")
-        return {"stream": self.stream, "created": not existed}
-
-    def _execute_amqp10(self, hook: RabbitMQStreamHook) -> dict[str, Any]:
-        from streamledger.protocol.amqp10 import Conflict, StreamOptions
-
-        options = StreamOptions(max_age=self.max_age, max_length_bytes=self.max_length_bytes,
-                                max_segment_size_bytes=self.max_segment_size_bytes)
-        with hook.get_management() as m:
-            existed = m.queue_exists(self.stream)
-            try:
-                m.declare_stream(self.stream, options)
-            except Conflict as exc:
-                raise StreamShapeMismatch(f"stream {self.stream!r} already exists with different arguments "
-                                          f"(broker said: {exc.description})") from exc
-        self.log.info("stream %s %s (AMQP 1.0)", self.stream, "already existed" if existed else "created")
-        return {"stream": self.stream, "created": not existed}
+        settings = StreamSettings(max_age=self.max_age, max_length_bytes=self.max_length_bytes,
+                                  max_segment_size_bytes=self.max_segment_size_bytes)
+        with self.hook().get_topology() as topology:
+            created = topology.create_stream(self.stream, settings)
+        self.log.info("stream %s %s (%s)", self.stream, "created" if created else "already existed",
+                      topology.transport)
+        return {"stream": self.stream, "created": created}
 
 
 class DeleteStreamOperator(_StreamOperator):
@@ -119,18 +78,10 @@ class DeleteStreamOperator(_StreamOperator):
         self.stream = stream
 
     def execute(self, context: Context) -> dict[str, Any]:
-        hook = self.hook()
-        if hook.topology_over_amqp10:
-            with hook.get_management() as m:
-                existed = m.queue_exists(self.stream)
-                m.delete_queue(self.stream)
-            self.log.info("stream %s %s (AMQP 1.0)", self.stream,
-                          "deleted" if existed else "was already absent")
-            return {"stream": self.stream, "deleted": existed}
-        with hook.get_conn() as client:
-            existed = client.stream_exists(self.stream)
-            client.delete_stream(self.stream, missing_ok=True)
-        self.log.info("stream %s %s", self.stream, "deleted" if existed else "was already absent")
+        with self.hook().get_topology() as topology:
+            existed = topology.delete_stream(self.stream)
+        self.log.info("stream %s %s (%s)", self.stream, "deleted" if existed else "was already absent",
+                      topology.transport)
         return {"stream": self.stream, "deleted": existed}
 
 
@@ -158,63 +109,26 @@ class CreateSuperStreamOperator(_StreamOperator):
         self.binding_keys = list(binding_keys) if binding_keys else None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from streamledger.protocol.rabbitmq import StreamError
-
-        wanted = expected_partitions(self.super_stream, self.partitions, self.binding_keys)
-        hook = self.hook()
-        if hook.topology_over_amqp10:
-            return self._execute_amqp10(hook, wanted)
-        with hook.get_conn() as client:
-            try:
-                existing = list(client.partitions(self.super_stream))
-            except StreamError:
-                existing = []
-            if existing:
-                if existing != wanted:
-                    raise StreamShapeMismatch(
-                        f"super stream {self.super_stream!r} already exists with partitions {existing}, "
-                        f"not the requested {wanted}"
-                    )
-                self.log.info("super stream %s already exists with %d partitions", self.super_stream,
-                              len(existing))
-                return {"super_stream": self.super_stream, "partitions": existing, "created": False}
-            client.create_super_stream(
-                self.super_stream, partitions=self.partitions, binding_keys=self.binding_keys, exists_ok=True
+        with self.hook().get_topology() as topology:
+            streams, created = topology.create_super_stream(
+                self.super_stream, partitions=self.partitions, binding_keys=self.binding_keys
             )
-            created = list(client.partitions(self.super_stream))
-        if created != wanted:
-            raise StreamShapeMismatch(
-                f"super stream {self.super_stream!r} was created with partitions {created}, expected {wanted}"
-            )
-        self.log.info("super stream %s created: %s", self.super_stream, ", ".join(created))
-        return {"super_stream": self.super_stream, "partitions": created, "created": True}
-
-    def _execute_amqp10(self, hook: RabbitMQStreamHook, wanted: list[str]) -> dict[str, Any]:
-        from streamledger.protocol.amqp10 import Conflict
-
-        with hook.get_management() as m:
-            existing = [p for p in wanted if m.queue_exists(p)]
-            if self.partitions is not None and m.queue_exists(f"{self.super_stream}-{self.partitions}"):
-                raise StreamShapeMismatch(f"super stream {self.super_stream!r} already has more than "
-                                          f"{self.partitions} partitions")
-            try:
-                created = m.create_super_stream(self.super_stream, partitions=self.partitions,
-                                                binding_keys=self.binding_keys)
-            except Conflict as exc:
-                raise StreamShapeMismatch(f"super stream {self.super_stream!r} exists in another shape "
-                                          f"(broker said: {exc.description})") from exc
-        fresh = len(existing) < len(wanted)
-        self.log.info("super stream %s %s (AMQP 1.0): %s", self.super_stream,
-                      "created" if fresh else "already existed", ", ".join(created))
-        return {"super_stream": self.super_stream, "partitions": created, "created": fresh}
+        if created:
+            self.log.info("super stream %s created (%s): %s", self.super_stream, topology.transport,
+                          ", ".join(streams))
+        else:
+            self.log.info("super stream %s already exists with %d partitions (%s)", self.super_stream,
+                          len(streams), topology.transport)
+        return {"super_stream": self.super_stream, "partitions": streams, "created": created}
 
 
 class DeleteSuperStreamOperator(_StreamOperator):
     """Delete a super stream and its partitions (success if absent).
 
     :param super_stream: Templated.
-    :param binding_keys: only with ``topology: amqp10`` and a super stream made by binding keys (the
-        AMQP 1.0 management node cannot list partitions; numbered ones are found by probing).
+    :param binding_keys: only with ``topology: amqp10``: the keys of a super stream made by binding
+        keys, when the connection's stream port cannot be asked for its partitions (the AMQP 1.0
+        management node cannot list them; numbered ones are found by probing).
     """
 
     template_fields: Sequence[str] = ("super_stream", "rabbitmq_stream_conn_id")
@@ -228,14 +142,8 @@ class DeleteSuperStreamOperator(_StreamOperator):
         self.binding_keys = list(binding_keys) if binding_keys else None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        hook = self.hook()
-        if hook.topology_over_amqp10:
-            with hook.get_management() as m:
-                deleted = m.delete_super_stream(self.super_stream, binding_keys=self.binding_keys)
-            self.log.info("super stream %s deleted (AMQP 1.0): %s", self.super_stream,
-                          ", ".join(deleted) or "-")
-            return {"super_stream": self.super_stream}
-        with hook.get_conn() as client:
-            client.delete_super_stream(self.super_stream, missing_ok=True)
-        self.log.info("super stream %s deleted (or was absent)", self.super_stream)
+        with self.hook().get_topology() as topology:
+            deleted = topology.delete_super_stream(self.super_stream, binding_keys=self.binding_keys)
+        self.log.info("super stream %s deleted (or was absent) (%s): %s", self.super_stream,
+                      topology.transport, ", ".join(deleted) or "-")
         return {"super_stream": self.super_stream}

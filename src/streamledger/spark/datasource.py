@@ -335,6 +335,9 @@ class RabbitMQStreamDataSource(DataSource):
     Schema: ``stream STRING, offset LONG, chunk_timestamp TIMESTAMP, body BINARY,
     properties / application_properties / message_annotations MAP<STRING,STRING>``.
 
+    Streaming (``spark.readStream``) takes the same options except ``ranges``/``endingOffsets``, plus
+    ``maxOffsetsPerTrigger`` and the opt-in ledger recording: :mod:`streamledger.spark.streaming`.
+
     Example::
 
         spark.dataSource.register(RabbitMQStreamDataSource)   # or rely on the pyspark_streamledger shim
@@ -356,6 +359,13 @@ class RabbitMQStreamDataSource(DataSource):
     def reader(self, schema: StructType) -> RabbitMQStreamReader:
         _check_schema(schema)
         return RabbitMQStreamReader(ReadOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> Any:
+        """``spark.readStream``: see :mod:`streamledger.spark.streaming` (docs/spark.md, "Streaming")."""
+        from streamledger.spark.streaming import RabbitMQStreamMicroBatchReader, StreamingOptions
+
+        _check_schema(schema)
+        return RabbitMQStreamMicroBatchReader(StreamingOptions.parse(self.options))
 
 
 def _check_schema(schema: StructType) -> None:

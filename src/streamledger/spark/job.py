@@ -48,6 +48,7 @@ from streamledger.cli import OneLineParser
 from streamledger.errors import StreamledgerError
 from streamledger.manifest import MANIFEST, Manifest, StreamEntry
 from streamledger.sources import connect_log, log_kind, require_feature
+from streamledger.spark.fs import for_session
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
@@ -156,10 +157,14 @@ def run_job(
             f"decode must be {' or '.join(kind.decodes)} for a {kind.name} source, got {decode!r}"
         )
     out_dir = _output_dir(output)
-    out_fs = fs.for_session(spark, out_dir)
+    out_fs = for_session(spark, out_dir)
     planned = plan_job(url, ranges, fail_on_data_loss=fail_on_data_loss)
 
     register_source(spark)
+    if fmt == "parquet":
+        # Timestamps as the Parquet standard's TIMESTAMP_MICROS (UTC), not Spark's legacy INT96: the
+        # table sinks add these files to Iceberg / Delta tables as they are, and Iceberg has no INT96.
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     read_ranges = {r.stream: [r.start, r.end] for r in planned}
     df = (
         spark.read.format(kind.spark_format)

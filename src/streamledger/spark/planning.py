@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from streamledger.errors import StreamledgerError
+from streamledger.offsets import DataLossError
 from streamledger.sources import MAX_OFFSET
 
 OffsetKind = Literal["earliest", "latest", "offset", "timestamp"]
@@ -270,7 +271,7 @@ def resolve_bound(client: OffsetSource, stream: str, bound: OffsetBound, *, firs
     if bound.kind == "offset":
         assert bound.value is not None
         return bound.value
-    from streamledger.protocol.rabbitmq import OffsetSpec
+    from streamledger.offsets import OffsetSpec
 
     assert bound.value is not None
     return int(client.resolve_offset(stream, OffsetSpec.timestamp(bound.value)))
@@ -306,8 +307,6 @@ def plan_ranges(
         effective = start
         if start < first and start < end:
             if fail_on_data_loss:
-                from streamledger.protocol.rabbitmq import DataLossError
-
                 raise DataLossError(stream, start, first)
             effective = min(first, end)
         planned.append(PlannedRange(stream, effective, end, start))

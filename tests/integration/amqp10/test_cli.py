@@ -19,11 +19,15 @@ pytestmark = pytest.mark.rabbitmq
 SRC = str(Path(__file__).resolve().parents[3] / "src")
 
 
-def cli(*args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, url: str | None = None, stream_url: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("STREAMLEDGER_AMQP_URL", None)
     if url is not None:
         env["STREAMLEDGER_AMQP_URL"] = url
+    if stream_url is not None:  # the same broker's stream endpoint (the global --url)
+        env["STREAMLEDGER_RABBITMQ_URL"] = stream_url
     return subprocess.run(
         [sys.executable, "-m", "streamledger.cli", "amqp", *args],
         capture_output=True,
@@ -95,6 +99,82 @@ def test_cli_stream_and_super_stream_round_trip(amqp_broker: Broker, http_api: H
         assert client.route(keyed, "b/c") == [f"{keyed}-b/c"]
     r = cli("superstream", "delete", keyed, "--binding-keys", "a,b/c", url=url)
     assert r.returncode == 0 and http_api.queue(f"{keyed}-b/c") is None
+
+
+def test_cli_super_stream_delete_removes_keyed_partitions(
+    amqp_broker: Broker, http_api: HttpApi, names: Names
+) -> None:
+    """Issue 20: a super stream made with --binding-keys loses its partition streams (and their
+    data) on delete, as the stream protocol's DeleteSuperStream does; the exchange is not deleted
+    alone."""
+    url = amqp_url(amqp_broker)
+    keyed = names.super_stream("regions", keys=["eu", "us"])
+    assert cli("superstream", "create", keyed, "--binding-keys", "eu,us", url=url).returncode == 0
+    with StreamClient.connect(amqp_broker.url) as client:
+        client.publish(f"{keyed}-eu", [b"kept?"])
+    r = cli("superstream", "delete", keyed, url=url, stream_url=amqp_broker.url)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"deleted super stream {keyed}: {keyed}-eu, {keyed}-us"
+    assert http_api.exchange(keyed) is None
+    assert http_api.queue(f"{keyed}-eu") is None and http_api.queue(f"{keyed}-us") is None
+
+
+def test_cli_amqp_delete_without_a_partition_list_refuses_and_keeps_everything(
+    amqp_broker: Broker, http_api: HttpApi, names: Names
+) -> None:
+    """Without the stream port to ask (here: a port nothing listens on), a keyed super stream's
+    partitions cannot be named over AMQP 1.0: the delete refuses before deleting the exchange."""
+    url = amqp_url(amqp_broker)
+    keyed = names.super_stream("nolist", keys=["eu", "us"])
+    assert cli("superstream", "create", keyed, "--binding-keys", "eu,us", url=url).returncode == 0
+    r = cli("superstream", "delete", keyed, url=url, stream_url="rabbitmq-stream://guest:guest@127.0.0.1:9/")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "cannot list them; give its binding keys" in r.stderr
+    assert http_api.exchange(keyed) is not None and http_api.queue(f"{keyed}-eu") is not None
+    r = cli("superstream", "delete", keyed, "--binding-keys", "eu,us", url=url)
+    assert r.returncode == 0 and http_api.queue(f"{keyed}-us") is None
+
+
+def test_one_tree_with_the_transport_as_an_option(
+    amqp_broker: Broker, http_api: HttpApi, names: Names
+) -> None:
+    """``streamledger superstream ... --transport amqp10`` is the same command as ``amqp
+    superstream``; over the stream protocol the same re-create says the same line."""
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "streamledger.cli", "--url", amqp_broker.url, *args],
+                              capture_output=True, text=True, env=env, timeout=60, check=False)
+
+    keyed = names.super_stream("tree", keys=["eu", "us"])
+    amqp = ("--transport", "amqp10", "--amqp-url", amqp_url(amqp_broker))
+    assert run("superstream", "create", keyed, "--binding-keys", "eu,us", *amqp).returncode == 0
+    r = run("--json", "superstream", "partitions", keyed, *amqp)
+    assert r.returncode == 0 and json.loads(r.stdout)["partitions"] == [f"{keyed}-eu", f"{keyed}-us"]
+    r = run("superstream", "delete", keyed, *amqp)
+    assert r.stdout.strip() == f"deleted super stream {keyed}: {keyed}-eu, {keyed}-us", r.stderr
+    assert http_api.queue(f"{keyed}-eu") is None
+
+    name = names.queue("tree")
+    assert run("stream", "create", name, "--max-age", "7D").returncode == 0
+    r = run("stream", "create", name, "--max-age", "1D", "--exists-ok")
+    assert r.returncode == 1 and r.stderr == (
+        f"streamledger: error: stream {name!r} already exists with other arguments\n"
+    )
+
+
+def test_cli_recreating_a_stream_with_other_arguments_says_so(
+    amqp_broker: Broker, names: Names
+) -> None:
+    """Issue 20: one line naming the stream and the reason, not the broker's raw 409 text."""
+    url = amqp_url(amqp_broker)
+    name = names.queue("args")
+    assert cli("stream", "create", name, "--max-age", "7D", url=url).returncode == 0
+    assert cli("stream", "create", name, "--max-age", "7D", url=url).returncode == 0  # same: fine
+    r = cli("stream", "create", name, "--max-age", "1D", url=url)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith(f"streamledger: error: stream {name!r} already exists with other arguments")
+    assert r.stderr.count("\n") == 1 and "x-max-age" in r.stderr  # the broker's reason, as the detail
 
 
 def test_cli_errors_are_one_line_without_password(broker_43: Broker) -> None:

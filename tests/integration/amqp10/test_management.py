@@ -15,6 +15,7 @@ from streamledger.protocol.amqp10 import (
     Conflict,
     Management,
     NotFound,
+    PartitionsUnknown,
     RemoteClosed,
     RequestTooLarge,
     StreamOptions,
@@ -203,8 +204,14 @@ def test_super_stream_by_binding_keys_with_reserved_characters(
         management.create_super_stream(name, binding_keys=keys, options=StreamOptions(max_age="3D"))
         == streams
     )
+    # Issue 20: unnamed keyed partitions are refused before anything is deleted (the exchange alone
+    # used to go, leaving the partition streams where nothing names them any more).
+    with pytest.raises(PartitionsUnknown, match="cannot list them"):
+        management.delete_super_stream(name)
+    assert http_api.exchange(name) is not None and management.exchange_exists(name)
     assert management.delete_super_stream(name, binding_keys=keys) == streams
-    assert http_api.exchange(name) is None
+    assert http_api.exchange(name) is None and not management.exchange_exists(name)
+    assert http_api.exchange(name) is None  # the probe left nothing behind
     assert all(http_api.queue(s) is None for s in streams)
 
 

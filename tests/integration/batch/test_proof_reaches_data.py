@@ -84,7 +84,8 @@ def test_the_offset_never_passes_a_committed_range_whose_publish_lease_is_still_
     expired (claim_timeout), the run after it finishes the publish."""
     s = stream_name("lease")
     create_stream(rabbitmq_url, s, 200)
-    cfg = config(rabbitmq_url, tmp_path, s, max_offsets=100, heartbeat_interval=0.2, claim_timeout=2.0)
+    # The lease must outlive the next run's whole batch on a loaded machine (a job alone took ~2 s).
+    cfg = config(rabbitmq_url, tmp_path, s, max_offsets=100, heartbeat_interval=0.5, claim_timeout=8.0)
     with pytest.raises(Killed):
         run_batch(cfg, run=rid("a", run="r1"), ledger=ledger, broker=client, runner=runner,
                   on_step=die_after("committed"))
@@ -94,7 +95,7 @@ def test_the_offset_never_passes_a_committed_range_whose_publish_lease_is_still_
     assert (first.start, first.end, first.published_at) == (0, 100, None)
     notes = audit(ledger, PIPE, broker=client)
     assert [v.kind for v in notes.notes] == [ViolationKind.UNPUBLISHED]
-    time.sleep(2.2)
+    time.sleep(8.2)
     quiet = audit(ledger, PIPE, stale_after=timedelta(seconds=1))
     assert quiet.of_kind(ViolationKind.UNPUBLISHED), quiet.to_text()  # its lease went quiet: a violation
     run_batch(cfg, run=rid("c", run="r3"), ledger=ledger, broker=client, runner=runner)

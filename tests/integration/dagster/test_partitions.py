@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from dagster import DagsterInstance, TimeWindowPartitionsDefinition, materialize
 
-from streamledger.dagster import build_stream_batch_asset
+from streamledger.dagster import build_partition_audit_check, build_stream_batch_asset
 from tests.integration.dagster.conftest import Setup, materializations
 
 pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(240)]
@@ -44,11 +44,13 @@ def test_windows_read_their_own_events_in_order(setup: Setup) -> None:
         pipeline=setup.pipeline, super_stream=setup.super_stream, output_root=setup.output_root,
         partitions_def=partitions,
     )
+    check = build_partition_audit_check(asset, pipeline=setup.pipeline)
     instance = DagsterInstance.ephemeral()
 
     def run(window: datetime, ok: bool = True) -> object:
         result = materialize(
-            [asset], resources=setup.resources(), instance=instance, partition_key=window.strftime(FMT),
+            [asset, check], resources=setup.resources(), instance=instance,
+            partition_key=window.strftime(FMT),
             raise_on_error=False,
         )
         assert result.success is ok
@@ -64,8 +66,13 @@ def test_windows_read_their_own_events_in_order(setup: Setup) -> None:
     # the window before wave A is empty; wave A's window reads exactly wave A
     [empty] = materializations(run(wave_a - timedelta(minutes=1)))
     assert empty.metadata["records"].value == 0
-    [mat_a] = materializations(run(wave_a))
+    result_a = run(wave_a)
+    [mat_a] = materializations(result_a)
     assert mat_a.metadata["records"].value == 40
+    # the partition's own check: its ranges only, committed, contiguous, rows counted in the output
+    [audit_a] = result_a.get_asset_check_evaluations()  # type: ignore[attr-defined]
+    assert audit_a.passed and audit_a.metadata["records"].value == 40
+    assert audit_a.metadata["partition"].value == wave_a.strftime(FMT)
     assert sorted(setup.written_ids()) == list(range(40))
 
     [mat_b] = materializations(run(wave_b))

@@ -12,7 +12,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from streamledger.protocol.rabbitmq import DataLossError, StreamClient
+from streamledger.offsets import DataLossError  # what the job raises for any log
+from streamledger.protocol.rabbitmq import StreamClient
 from streamledger.spark.job import MANIFEST, run_job
 from tests.integration.spark.helpers import body, create_stream, publish
 from tests.integration.spark.test_datasource import retention_stream

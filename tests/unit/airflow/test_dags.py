@@ -30,7 +30,7 @@ def test_all_example_dags_import(dagbag) -> None:  # type: ignore[no-untyped-def
 
 def test_backfill_dag_shape(dagbag) -> None:  # type: ignore[no-untyped-def]
     dag = dagbag.dags["streamledger_backfill"]
-    assert dag.catchup and dag.max_active_runs == 1
+    assert dag.catchup and dag.max_active_runs == 4
     read, audit = dag.get_task("read_interval"), dag.get_task("audit")
     assert read.bound_by_interval and read.super_stream == "ev" and read.initial_position == "interval_start"
     assert audit.task_id in read.downstream_task_ids

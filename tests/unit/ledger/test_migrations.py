@@ -34,12 +34,12 @@ def test_upgrade_and_downgrade_step_by_step(db_url: str) -> None:
         assert migrate.current(engine) == "0001_ledger_tables"
         assert tables(db_url) >= LEDGER_TABLES
         migrate.upgrade(engine)
-        assert migrate.current(engine) == migrate.head() == "0005_publish_lease_epoch"
+        assert migrate.current(engine) == migrate.head() == "0008_pinned_interval_claims"
         migrate.upgrade(engine)  # idempotent
         with engine.connect() as conn:
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "airflow_head"
             assert conn.execute(text("SELECT version_num FROM streamledger_ledger_version")).scalar() == (
-                "0005_publish_lease_epoch"
+                "0008_pinned_interval_claims"
             )
         led = Ledger(db_url)
         r = led.claim("p", SRC, 10, run(1), initial_start=0, max_span=5)
@@ -48,7 +48,7 @@ def test_upgrade_and_downgrade_step_by_step(db_url: str) -> None:
         migrate.downgrade(engine, "0003_pg_claim_function")  # the 0003 claim works again
         with engine.begin() as conn:
             conn.execute(text("DELETE FROM streamledger_range"))
-        migrate.upgrade(engine)  # 0004 and 0005 again
+        migrate.upgrade(engine)  # 0004, 0005, 0006 and 0008 again
         led = Ledger(db_url)
         r = led.claim("p", SRC, 10, run(1), initial_start=0)
         led.close()

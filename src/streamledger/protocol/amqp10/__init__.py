@@ -62,6 +62,6 @@ __all__ = [
     "MANAGEMENT_NODE", "AccessRefused", "Amqp10Connection", "Amqp10ConnectionError", "Amqp10Error",
     "Amqp10Params", "Amqp10ProtocolError", "Amqp10Timeout", "Amqp10TlsError", "AuthenticationFailed",
     "BadRequest", "Conflict", "FrameTooLarge", "InvalidUrl", "Management", "ManagementError",
-    "NotAmqp10Broker", "NotFound", "QueueInfo", "RemoteClosed", "RequestTooLarge", "Response",
-    "StreamOptions", "parse_amqp_url", "partition_names", "segment",
+    "NotAmqp10Broker", "NotFound", "PartitionsUnknown", "QueueInfo", "RemoteClosed", "RequestTooLarge",
+    "Response", "StreamOptions", "parse_amqp_url", "partition_names", "segment",
 ]

@@ -60,6 +60,10 @@ class RemoteClosed(Amqp10Error):
         self.description = description
 
 
+class PartitionsUnknown(Amqp10Error):
+    """A super stream's partitions cannot be named over AMQP 1.0 (the node lists no bindings)."""
+
+
 class ManagementError(Amqp10Error):
     """A ``/management`` request answered with a non-2xx status."""
 

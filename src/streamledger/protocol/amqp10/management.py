@@ -23,7 +23,13 @@ from urllib.parse import quote
 
 from streamledger.protocol.amqp10.codec.types import Long
 from streamledger.protocol.amqp10.connection import Amqp10Connection, Response
-from streamledger.protocol.amqp10.errors import InvalidUrl, NotFound, management_error
+from streamledger.protocol.amqp10.errors import (
+    Conflict,
+    InvalidUrl,
+    NotFound,
+    PartitionsUnknown,
+    management_error,
+)
 from streamledger.protocol.amqp10.url import Amqp10Params
 
 _MAX_AGE: Final = re.compile(r"^[1-9][0-9]*[YMDhms]$")
@@ -353,25 +359,52 @@ class Management:
         return streams
 
     def delete_super_stream(
-        self, name: str, *, partitions: int | None = None, binding_keys: Sequence[str] | None = None
+        self,
+        name: str,
+        *,
+        partitions: int | None = None,
+        binding_keys: Sequence[str] | None = None,
+        streams: Sequence[str] | None = None,
     ) -> list[str]:
         """Delete a super stream's exchange and partition streams; returns the streams deleted.
 
         The ``/management`` node cannot list an exchange's bindings, so the partitions are named by
-        ``partitions`` or ``binding_keys``; with neither, ``<name>-0``, ``<name>-1``, ... are deleted
-        until the first that does not exist (the layout a partition count gives).
+        ``streams``, ``partitions`` or ``binding_keys``; with none, ``<name>-0``, ``<name>-1``, ... are
+        deleted until the first that does not exist (the layout a partition count gives). When that
+        finds none but the exchange exists (a keyed super stream), :class:`PartitionsUnknown` is
+        raised before anything is deleted: deleting the exchange alone would leave the partition
+        streams, with their data, where nothing names them any more.
         """
-        if partitions is None and binding_keys is None:
-            streams: list[str] = []
-            while self.queue_exists(f"{name}-{len(streams)}"):
-                streams.append(f"{name}-{len(streams)}")
+        if streams is not None:
+            named = list(streams)
+        elif partitions is None and binding_keys is None:
+            named = []
+            while self.queue_exists(f"{name}-{len(named)}"):
+                named.append(f"{name}-{len(named)}")
+            if not named and self.exchange_exists(name):
+                raise PartitionsUnknown(
+                    f"super stream {name!r}: its partitions are not numbered and the AMQP 1.0 "
+                    "management node cannot list them; name them (binding keys)"
+                )
         else:
-            streams = partition_names(name, partitions=partitions, binding_keys=binding_keys)[0]
+            named = partition_names(name, partitions=partitions, binding_keys=binding_keys)[0]
         self.delete_exchange(name)
-        deleted = [stream for stream in streams if self.queue_exists(stream)]
+        deleted = [stream for stream in named if self.queue_exists(stream)]
         for stream in deleted:
             self.delete_queue(stream)
         return deleted
+
+    def exchange_exists(self, name: str) -> bool:
+        """Whether an exchange exists. The node has no GET for exchanges, so this declares one that
+        no real exchange matches (auto-delete and internal): 409 means one of that name exists; a
+        success means it did not, and the probe is deleted again."""
+        try:
+            self.declare_exchange(name, type="direct", auto_delete=True, internal=True,
+                                  arguments={"x-streamledger-probe": True})
+        except Conflict:
+            return True
+        self.delete_exchange(name)
+        return False
 
 
 def _message_count(body: Any) -> int:

@@ -10,6 +10,7 @@ line and never contains a password.
 from __future__ import annotations
 
 from streamledger.errors import StreamledgerError
+from streamledger.offsets import OffsetNotVerified
 from streamledger.protocol.mewbase import conventions as cv
 
 __all__ = [
@@ -81,8 +82,9 @@ class OffsetOutOfRange(MewbaseError):
     """A position lies beyond what the server holds (a bounded read's end, an acknowledgement)."""
 
 
-class StoreNotVerified(MewbaseError):
-    """The acknowledged position read back from the server differs from the one stored."""
+class StoreNotVerified(MewbaseError, OffsetNotVerified):
+    """The acknowledged position read back from the server differs from the one stored (the
+    verified-store contract of :mod:`streamledger.offsets`)."""
 
 
 class ServerError(MewbaseError):

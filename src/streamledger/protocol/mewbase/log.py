@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from streamledger.offsets import store_verified
 from streamledger.protocol.mewbase import conventions as cv
 from streamledger.protocol.mewbase.client import MewbaseClient
 from streamledger.protocol.mewbase.errors import (
@@ -237,24 +238,18 @@ class MewbaseLog:
             sub.close(timeout=timeout)
         finally:
             sub.close_quietly(unsubscribe=True)  # only acts if ack/close did not happen
-        deadline = time.monotonic() + timeout
-        while True:
-            stored = self.query_offset(channel, reference)
-            if stored == offset:
-                return
-            if time.monotonic() >= deadline:
-                raise StoreNotVerified(
-                    f"channel {channel!r}: stored position {offset} for {reference!r} but the server "
-                    f"reports {stored if stored is not None else 'none'}"
-                )
-            time.sleep(0.05)
+        store_verified(
+            lambda: self.query_offset(channel, reference), offset, timeout=timeout, error=StoreNotVerified,
+            describe=lambda stored: (f"channel {channel!r}: stored position {offset} for {reference!r} "
+                                     f"but the server reports {stored if stored is not None else 'none'}"),
+        )
 
     # -- positions from specs -----------------------------------------------------------------------
 
     def resolve_offset(self, channel: str, spec: Any) -> int:
         """A concrete position for ``spec``.
 
-        ``spec`` is an object with ``kind``/``value`` (the stream client's ``OffsetSpec`` works) or the
+        ``spec`` is an object with ``kind``/``value`` (:class:`streamledger.offsets.OffsetSpec`) or the
         CLI text form: ``first``, ``last``, ``next``/``latest``/``tail``, ``timestamp:<ms>`` or a number.
         """
         kind, value = _spec(spec)

@@ -21,14 +21,16 @@ from typing import Any, Literal, TypeVar, overload
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from streamledger import offsets
+from streamledger.offsets import READ_BACK_INTERVAL, store_verified
 from streamledger.protocol.rabbitmq import constants as c
 from streamledger.protocol.rabbitmq.chunk import ChunkHeader
 from streamledger.protocol.rabbitmq.connection import Connection, raise_for_code
 from streamledger.protocol.rabbitmq.errors import (
     InvalidRequest,
     PreconditionFailed,
+    StoreNotVerified,
     StreamNotAvailable,
-    StreamTimeout,
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
 from streamledger.protocol.rabbitmq.publisher import PublishResult, publish
@@ -347,8 +349,9 @@ class StreamClient:
     def store_offsets_verified(self, offsets: Mapping[str, int], reference: str, *,
                                timeout: float = 5.0) -> None:
         """:meth:`store_offset_verified` for several streams: every StoreOffset is written at once,
-        then all are read back together (every 200 ms for the ones not there yet) until each reads
-        its offset, or :class:`StreamTimeout` names the first that does not."""
+        then all are read back together (every :data:`~streamledger.offsets.READ_BACK_INTERVAL` for
+        the ones not there yet) until each reads its offset, or :class:`StoreNotVerified` names the
+        first that does not (the verified-store contract of :func:`streamledger.offsets.store_verified`)."""
         _check_reference(reference)
         for stream, offset in offsets.items():
             _check_name("stream", stream)
@@ -365,12 +368,12 @@ class StreamClient:
                 return
             if time.monotonic() >= deadline:
                 s = pending[0]
-                raise StreamTimeout(
+                raise StoreNotVerified(
                     f"stream {s!r}: stored offset for reference {reference!r} still reads {seen[s]} "
                     f"instead of {offsets[s]} after {timeout:g}s"
                     + (f" ({len(pending) - 1} more stream(s) likewise)" if len(pending) > 1 else "")
                 )
-            time.sleep(0.2)
+            time.sleep(READ_BACK_INTERVAL)
 
     def _probe(self, name: str, spec: OffsetSpec, *, all_chunks: bool) -> ChunkHeader | None:
         return probe_chunk(self._conn, self._next_sub_id(), name, spec, all_chunks=all_chunks)
@@ -415,15 +418,17 @@ class StreamClient:
         first = self._probe(name, OffsetSpec.first(), all_chunks=True)
         return first.first_offset if first is not None else 0
 
-    def resolve_offset(self, name: str, spec: OffsetSpec) -> int:
+    def resolve_offset(self, name: str, spec: offsets.OffsetSpec) -> int:
         """Turn a spec into a concrete offset usable as a range bound.
 
         first -> first retained offset; next -> committed tail; offset(n) -> n clamped to
         [first, tail]; last -> first offset of the last user chunk (tail if none);
         timestamp(ms) -> first offset of the first chunk with timestamp >= ms (tail if none).
-        Uses ResolveOffsetSpec (0x1f) on 4.3+, a one-chunk subscription probe otherwise.
+        Uses ResolveOffsetSpec (0x1f) on 4.3+, a one-chunk subscription probe otherwise. Any
+        log-neutral :class:`streamledger.offsets.OffsetSpec` is accepted.
         """
         _check_name("stream", name)
+        spec = OffsetSpec.of(spec)
         if spec.kind == "first":
             return self.first_offset(name)
         if spec.kind == "next":
@@ -557,20 +562,14 @@ class StreamClient:
     def store_offset_verified(
         self, stream: str, reference: str, offset: int, *, timeout: float = 5.0
     ) -> None:
-        """Store, then read back every 200 ms until the broker returns ``offset`` (or time out)."""
+        """Store, then read back until the broker returns ``offset``: the verified-store contract of
+        :func:`streamledger.offsets.store_verified` (its cadence; :class:`StoreNotVerified`)."""
         self.store_offset(stream, reference, offset)
-        deadline = time.monotonic() + timeout
-        last: int | None = None
-        while True:
-            last = self.query_offset(stream, reference)
-            if last == offset:
-                return
-            if time.monotonic() >= deadline:
-                raise StreamTimeout(
-                    f"stream {stream!r}: stored offset for reference {reference!r} still reads {last} "
-                    f"instead of {offset} after {timeout:g}s"
-                )
-            time.sleep(0.2)
+        store_verified(
+            lambda: self.query_offset(stream, reference), offset, timeout=timeout, error=StoreNotVerified,
+            describe=lambda last: (f"stream {stream!r}: stored offset for reference {reference!r} "
+                                   f"still reads {last} instead of {offset} after {timeout:g}s"),
+        )
 
     # -- publishing and reading ---------------------------------------------------------------
 

@@ -7,6 +7,7 @@ One hierarchy for the whole client, so callers can catch "the broker or the byte
 
 from __future__ import annotations
 
+from streamledger import offsets
 from streamledger.errors import StreamledgerError
 from streamledger.protocol.amqp10.codec import errors as _codec_errors
 
@@ -128,17 +129,13 @@ class UnsupportedByBroker(StreamError):
         self.broker_version = broker_version
 
 
-class DataLossError(StreamError):
-    """The requested start offset is below the first offset still retained (retention removed it)."""
+class DataLossError(StreamError, offsets.DataLossError):
+    """The requested start offset is below the first offset still retained (retention removed it);
+    the log-neutral :class:`streamledger.offsets.DataLossError` in the stream client's family."""
 
-    def __init__(self, stream: str, requested: int, first_available: int) -> None:
-        super().__init__(
-            f"stream {stream!r}: offset {requested} is no longer retained "
-            f"(first available offset is {first_available}); {first_available - requested} offset(s) lost"
-        )
-        self.stream = stream
-        self.requested = requested
-        self.first_available = first_available
+
+class StoreNotVerified(StreamTimeout, offsets.OffsetNotVerified):
+    """A stored offset did not read back within the timeout (the verified-store contract)."""
 
 
 class OffsetOutOfRange(StreamError):

@@ -1,20 +1,18 @@
-"""Where a read starts: an immutable offset specification with named constructors.
-
-Modelled on confluent-kafka's ``OffsetSpec``: ``OffsetSpec.first()``, ``.last()``, ``.next()``,
-``.offset(n)`` and ``.timestamp(ms)`` instead of magic integers. The same value encodes itself
-for Subscribe and ResolveOffsetSpec (rabbitmq-stream.md section 7.7).
+"""Where a read starts: the log-neutral :class:`streamledger.offsets.OffsetSpec` (named
+constructors ``first()``, ``last()``, ``next()``, ``offset(n)``, ``timestamp(ms)``), plus the wire
+form it takes in Subscribe and ResolveOffsetSpec (rabbitmq-stream.md section 7.7).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar
 
+from streamledger import offsets
+from streamledger.offsets import OffsetKind
 from streamledger.protocol.rabbitmq import constants as c
 from streamledger.protocol.rabbitmq.errors import InvalidRequest
 from streamledger.protocol.rabbitmq.wire import Writer
-
-OffsetKind = Literal["first", "last", "next", "offset", "timestamp"]
 
 _TYPES: dict[str, int] = {
     "first": c.OFFSET_TYPE_FIRST,
@@ -26,58 +24,16 @@ _TYPES: dict[str, int] = {
 
 
 @dataclass(frozen=True, slots=True)
-class OffsetSpec:
-    """A position in a stream: first / last (last user chunk) / next / an offset / a timestamp (ms)."""
+class OffsetSpec(offsets.OffsetSpec):
+    """The log-neutral :class:`streamledger.offsets.OffsetSpec` with its wire form; bad values raise
+    the stream client's :class:`InvalidRequest`."""
 
-    kind: OffsetKind
-    value: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in _TYPES:
-            raise InvalidRequest(f"unknown offset spec kind {self.kind!r}")
-        if self.kind in ("offset", "timestamp"):
-            if self.value is None:
-                raise InvalidRequest(f"offset spec {self.kind} needs a value")
-            if self.kind == "offset" and not 0 <= self.value < 2**64:
-                raise InvalidRequest(f"offset {self.value} is outside 0..2**64-1")
-            if self.kind == "timestamp" and not -(2**63) <= self.value < 2**63:
-                raise InvalidRequest(f"timestamp {self.value} does not fit in 64 bits")
-        elif self.value is not None:
-            raise InvalidRequest(f"offset spec {self.kind} takes no value")
+    error: ClassVar[type[Exception]] = InvalidRequest
 
     @classmethod
-    def first(cls) -> OffsetSpec:
-        return cls("first")
-
-    @classmethod
-    def last(cls) -> OffsetSpec:
-        return cls("last")
-
-    @classmethod
-    def next(cls) -> OffsetSpec:
-        return cls("next")
-
-    @classmethod
-    def offset(cls, offset: int) -> OffsetSpec:
-        return cls("offset", int(offset))
-
-    @classmethod
-    def timestamp(cls, millis: int) -> OffsetSpec:
-        return cls("timestamp", int(millis))
-
-    @classmethod
-    def parse(cls, text: str) -> OffsetSpec:
-        """``first``, ``last``, ``next``, an integer offset, or ``timestamp:<ms>`` (CLI form)."""
-        lowered = text.strip().lower()
-        if lowered in ("first", "earliest"):
-            return cls.first()
-        if lowered == "last":
-            return cls.last()
-        if lowered in ("next", "latest"):
-            return cls.next()
-        if lowered.startswith("timestamp:"):
-            return cls.timestamp(_int(lowered.split(":", 1)[1], text))
-        return cls.offset(_int(lowered, text))
+    def of(cls, spec: offsets.OffsetSpec) -> OffsetSpec:
+        """This class's form of any log-neutral spec (what ``resolve_offset`` is handed)."""
+        return spec if isinstance(spec, cls) else cls(spec.kind, spec.value)
 
     @property
     def wire_type(self) -> int:
@@ -92,14 +48,5 @@ class OffsetSpec:
             w.i64(self.value or 0)
         return w
 
-    def __str__(self) -> str:
-        return self.kind if self.value is None else f"{self.kind}({self.value})"
 
-
-def _int(value: str, original: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidRequest(
-            f"invalid offset spec {original!r}: use first, last, next, an offset or timestamp:<ms>"
-        ) from None
+__all__ = ["OffsetKind", "OffsetSpec"]

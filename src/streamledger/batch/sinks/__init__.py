@@ -1,0 +1,289 @@
+"""What "publish" means for a committed range: a directory of its own, or a commit into a table.
+
+The batch's steps stay one state machine (claim -> read into staging -> verify -> commit ->
+publish -> store offset). Publishing always starts the same way: under the range's publish lease,
+its verified staging directory becomes its final directory (:func:`Sink.range_dir`). The sink then
+decides what else makes the range visible:
+
+* ``directory`` (:class:`DirectorySink`): nothing; the final directory with its ``_manifest.json``
+  *is* the output (the layout of issue 19, unchanged).
+* ``iceberg`` / ``delta`` (:mod:`.iceberg`, :mod:`.delta`): **one table commit per batch** adds
+  the data files of every range the batch publishes, as they are (no second copy of the data), and
+  names the pipeline, the attempt and every range in the commit (Iceberg snapshot summary, Delta
+  commit info + an app transaction). The range is recorded published only after that commit,
+  together with its receipt (the snapshot id / version: ``OffsetRange.sink_table/sink_commit``).
+
+Why this order is exactly once (the crash table is in docs/ledger.md): the ledger commit comes
+first, so the table never holds a range the ledger did not commit; the table commit is checked and
+made as one compare-and-swap on the table's state (the retry first looks for its ranges in the
+table's commits, then commits with the table's optimistic concurrency and *no* blind rebase, and on
+a conflict looks again), so a range reaches the table at most once; and the broker offset never
+passes a range the ledger has not recorded published, so a crash anywhere leaves a range the next
+attempt (or any later run of the pipeline) finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from streamledger import fs as filesystems
+from streamledger.batch import plan
+
+if TYPE_CHECKING:
+    from streamledger.batch.config import BatchConfig, RunId
+    from streamledger.ledger import Ledger, OffsetRange
+    from streamledger.ledger.audit import Violation
+
+__all__ = [
+    "SINKS", "DirectorySink", "Sink", "SinkBatch", "SinkRange", "SinkReceipt", "data_files",
+    "default_iceberg_table", "make_sink", "sink_problem", "summary",
+]
+
+SINKS = ("directory", "iceberg", "delta")
+
+#: Keys of a table commit's summary (Iceberg snapshot summary / Delta commit info).
+KEY_PIPELINE = "streamledger.pipeline"
+KEY_BROKER = "streamledger.broker"
+KEY_RUN = "streamledger.run"
+KEY_RANGES = "streamledger.ranges"
+
+_IDENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*\.[A-Za-z0-9_][A-Za-z0-9_-]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class SinkRange:
+    """One committed range whose data files are in their final directory."""
+
+    range: OffsetRange
+    location: str
+
+
+@dataclass(frozen=True, slots=True)
+class SinkBatch:
+    """What one publish hands a sink: the batch's committed ranges (own and stranded ones)."""
+
+    pipeline: str
+    broker: str
+    run: RunId
+    attempt: str  # the attempt token (the publish-lease holder)
+    ranges: tuple[SinkRange, ...]
+    output_root: str
+
+
+@dataclass(frozen=True, slots=True)
+class SinkReceipt:
+    """Which table commit holds a range: recorded on the range in the ledger (migration 0006)."""
+
+    table: str  # "iceberg:<ns>.<name>" / "delta:<uri>"
+    commit: int  # Iceberg snapshot id / Delta version
+
+
+class Sink(Protocol):
+    name: str
+
+    def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
+        """Where a committed range's files live once published."""
+        ...
+
+    def published(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
+        """What a retry asks: the ranges of ``batch`` (by ledger id) a table commit already holds."""
+        ...
+
+    def publish(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
+        """Make every range of ``batch`` visible (at most one new table commit); receipts by range id."""
+        ...
+
+    def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
+        """The table's side of the proof for the pipeline's ranges published into it."""
+        ...
+
+    def describe(self) -> dict[str, Any] | None:
+        """The table as a reader finds it now (``format``, ``identifier``, ``location``, and the
+        current ``metadata_location``/``snapshot_id`` or ``version``); None for the directory sink."""
+        ...
+
+
+class DirectorySink:
+    """Each range's directory is its output: nothing beyond the final directory (issue 19)."""
+
+    name = "directory"
+
+    def __init__(self, output_root: str, pipeline: str) -> None:
+        self.output_root, self.pipeline = output_root, pipeline
+
+    def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
+        return plan.output_dir(self.output_root, self.pipeline, broker, stream, start, end, epoch=epoch)
+
+    def published(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
+        return {}
+
+    def publish(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
+        return {}
+
+    def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
+        return []  # streamledger.batch.proof checks every published directory
+
+    def describe(self) -> dict[str, Any] | None:
+        return None
+
+
+def default_iceberg_table(pipeline: str) -> str:
+    """``streamledger.<pipeline>`` with every character outside ``[A-Za-z0-9_]`` as ``_``."""
+    return "streamledger." + re.sub(r"[^A-Za-z0-9_]", "_", pipeline)
+
+
+def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None, fmt: str) -> str | None:
+    """Why a sink's settings cannot work, or None (the one rule: config, CLI and operators ask it)."""
+    if sink not in SINKS:
+        return f"sink must be one of {', '.join(SINKS)}, got {sink!r}"
+    if sink == "directory":
+        if table is not None or catalog:
+            return "table and catalog are for the iceberg and delta sinks; the directory sink takes neither"
+        return None
+    if fmt != "parquet":
+        return (f"the {sink} sink adds the job's Parquet files to the table: fmt must be 'parquet', "
+                f"got {fmt!r}")
+    if sink == "iceberg":
+        if table is not None and not _IDENT.match(table):
+            return f"iceberg table {table!r} is not 'namespace.name'"
+        if catalog is not None and not isinstance(catalog, Mapping):
+            return "catalog must be a mapping of pyiceberg catalog properties"
+        return None
+    if catalog:
+        return f"the delta sink takes a table location, not a catalog (table {table!r})"
+    if table is not None and not table.strip():
+        return "delta table location must not be empty"
+    return None
+
+
+def make_sink(config: BatchConfig, ledger: Ledger) -> Sink:
+    """The sink a batch's configuration names (the table sinks import their library here)."""
+    if config.sink == "iceberg":
+        from streamledger.batch.sinks.iceberg import IcebergSink
+
+        return IcebergSink(pipeline=config.pipeline, output_root=config.output_root,
+                           table=config.table or default_iceberg_table(config.pipeline),
+                           catalog=config.catalog, ledger_url=ledger.url)
+    if config.sink == "delta":
+        from streamledger.batch.sinks.delta import DeltaSink
+
+        return DeltaSink(pipeline=config.pipeline, output_root=config.output_root, table=config.table)
+    return DirectorySink(config.output_root, config.pipeline)
+
+
+def data_files(location: str, fs: filesystems.OutputFS = filesystems.LOCAL) -> list[str]:
+    """The data files of a range directory, as locations (``_``/``.`` files are not data)."""
+    return [filesystems.join(location, n) for n in fs.files(location)
+            if not n.split("/")[-1].startswith(("_", "."))]
+
+
+def summary(batch: SinkBatch, ranges: list[SinkRange]) -> dict[str, str]:
+    """What a table commit says about itself: pipeline, broker, attempt and every range."""
+    return {
+        KEY_PIPELINE: batch.pipeline,
+        KEY_BROKER: batch.broker,
+        KEY_RUN: batch.attempt,
+        KEY_RANGES: json.dumps([
+            {"id": r.range.id, "stream": r.range.source.stream, "start": r.range.start, "end": r.range.end,
+             "records": r.range.records} for r in ranges
+        ], separators=(",", ":")),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class TableCommit:
+    """One commit of a pipeline found in a table: its id and the ranges it names."""
+
+    commit: int
+    ranges: tuple[dict[str, Any], ...]
+    run: str
+
+
+def parse_summary(props: Mapping[str, Any], pipeline: str, commit: int) -> TableCommit | None:
+    """The pipeline's commit in ``props`` (a summary / commit info), None for anyone else's."""
+    if props.get(KEY_PIPELINE) != pipeline or KEY_RANGES not in props:
+        return None
+    try:
+        ranges = json.loads(str(props[KEY_RANGES]))
+    except ValueError:
+        ranges = []
+    return TableCommit(commit, tuple(r for r in ranges if isinstance(r, dict)), str(props.get(KEY_RUN, "")))
+
+
+def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: list[TableCommit] | None,
+                rows: Any, known_commits: set[int] | None = None) -> list[Violation]:
+    """The three-way check of one table against the ledger (the broker side is the ledger's audit).
+
+    ``ranges``: the pipeline's committed ranges with records (any sink). ``commits``: the pipeline's
+    commits in the table's current lineage (None: the table keeps no history we can read).
+    ``rows``: a pyarrow table of the ``stream`` and ``offset`` columns of every row.
+    ``known_commits``: every commit id the table still knows (expired ones are missing).
+
+    * every range recorded in this table is in exactly one commit of the pipeline, and the commit
+      the ledger recorded (unless that commit was expired: then only the rows speak);
+    * no commit of the pipeline names a range the ledger has not committed with that span;
+    * the rows in each range's span number the ledger's records, and no ``(stream, offset)`` of a
+      range appears twice. Rows of others outside the pipeline's ranges are not the pipeline's.
+    """
+    import pyarrow.compute as pc
+
+    from streamledger.ledger.audit import Violation, ViolationKind
+
+    def finding(kind: ViolationKind, r: OffsetRange, detail: str) -> Violation:
+        return Violation(kind, r.pipeline, r.source.stream, r.source.broker, r.start, r.end, r.id,
+                         f"table {table}: {detail}")
+
+    mine = [r for r in ranges if r.sink_table == table]
+    by_id = {r.id: r for r in ranges}
+    found: list[Violation] = []
+    holders: dict[int, list[int]] = {}
+    for c in commits or []:
+        for entry in c.ranges:
+            rid = entry.get("id")
+            r = by_id.get(rid) if isinstance(rid, int) else None
+            if r is None or (entry.get("stream"), entry.get("start"), entry.get("end")) != (
+                    r.source.stream, r.start, r.end):
+                found.append(Violation(
+                    ViolationKind.OUTPUT_MISMATCH, pipeline, str(entry.get("stream")), "",
+                    entry.get("start"), entry.get("end"), rid if isinstance(rid, int) else None,
+                    f"table {table}: commit {c.commit} (by {c.run or 'unknown'}) holds range {rid} "
+                    f"[{entry.get('start')}, {entry.get('end')}), which the ledger did not commit"))
+                continue
+            holders.setdefault(r.id, []).append(c.commit)
+    if commits is not None:
+        for r in mine:
+            held = holders.get(r.id, [])
+            expired = known_commits is not None and r.sink_commit not in known_commits
+            if len(held) > 1:
+                found.append(finding(ViolationKind.OUTPUT_MISMATCH, r, f"the range is in {len(held)} commits "
+                                     f"{sorted(held)}, not one"))
+            elif not held and not expired:
+                found.append(finding(ViolationKind.OUTPUT_MISSING, r, "no commit of the table's current "
+                                     f"lineage holds the range (the ledger recorded commit {r.sink_commit})"))
+            elif held and r.sink_commit is not None and held[0] != r.sink_commit:
+                found.append(finding(ViolationKind.OUTPUT_MISMATCH, r, f"the range is in commit {held[0]}, "
+                                     f"the ledger recorded commit {r.sink_commit}"))
+    # Rows: per stream, the sorted offsets; each range's span counted by bisection.
+    from bisect import bisect_left
+
+    streams = {r.source.stream for r in mine}
+    sorted_offsets: dict[str, list[int]] = {}
+    for s in streams:
+        offs = rows.filter(pc.equal(rows["stream"], s))["offset"]
+        sorted_offsets[s] = sorted(offs.to_pylist())
+    for r in mine:
+        offs = sorted_offsets[r.source.stream]
+        lo, hi = bisect_left(offs, r.start), bisect_left(offs, r.end)
+        n = hi - lo
+        distinct = len(set(offs[lo:hi]))
+        if distinct != n:
+            found.append(finding(ViolationKind.OUTPUT_MISMATCH, r,
+                                 f"{n - distinct} duplicate (stream, offset) row(s) in the range"))
+        if n != r.records:
+            found.append(finding(ViolationKind.OUTPUT_MISMATCH, r, f"the table holds {n} rows in the range, "
+                                 f"the ledger committed {r.records}"))
+    return found

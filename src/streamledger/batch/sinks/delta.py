@@ -1,0 +1,230 @@
+"""The Delta sink: one Delta commit per batch adding the job's Parquet files (delta-rs).
+
+The table lives at ``table`` (a path or URI; default ``<output_root>/<pipeline>``), and each
+range's files are published under it (``<table>/<stream>/<start>-<end>/``), since a Delta add
+action names a file relative to the table root. The table is created on first use with the job's
+schema, not partitioned (every file holds one stream; the add actions carry per-file
+``stream``/``offset`` min/max statistics, so readers skip files by stream anyway).
+
+Every commit carries an app transaction ``streamledger:<pipeline>`` whose version only grows
+(the table's last version for it + 1) and commit info naming the pipeline, the attempt and the
+ranges. It is made with no commit retries: a concurrent commit makes ours fail and the batch looks
+for its ranges again before it retries, so a repeated commit is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from streamledger import fs as filesystems
+from streamledger.batch import plan
+from streamledger.batch.config import BatchError
+from streamledger.batch.sinks import (
+    SinkBatch,
+    SinkRange,
+    SinkReceipt,
+    TableCommit,
+    check_table,
+    data_files,
+    parse_summary,
+    summary,
+)
+
+if TYPE_CHECKING:
+    from streamledger.ledger import Ledger, OffsetRange
+    from streamledger.ledger.audit import Violation
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 8
+
+
+def app_id(pipeline: str) -> str:
+    """The Delta app transaction id of a pipeline."""
+    return f"streamledger:{pipeline}"
+
+
+class DeltaSink:
+    name = "delta"
+
+    def __init__(self, *, pipeline: str, output_root: str, table: str | None) -> None:
+        self.pipeline, self.output_root = pipeline, output_root
+        self.location = (table or filesystems.join(output_root, pipeline)).rstrip("/")
+        self.table_name = f"delta:{self.location}"
+
+    def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
+        loc = self.location
+        return plan.output_dir(filesystems.parent(loc), filesystems.name(loc), broker, stream, start, end,
+                               epoch=epoch)
+
+    # -- the table --------------------------------------------------------------------------------
+
+    def _open(self, schema_of: str | None) -> Any:
+        from deltalake import DeltaTable
+
+        try:
+            if DeltaTable.is_deltatable(self.location):
+                return DeltaTable(self.location)
+        except Exception as exc:
+            raise BatchError(f"delta table {self.location}: cannot be opened: {_line(exc)}") from exc
+        if schema_of is None:
+            return None
+        if filesystems.LOCAL.exists(filesystems.join(self.location, "_delta_log")):
+            raise BatchError(f"delta table {self.location}: its _delta_log is not a Delta table's log")
+        import pyarrow.parquet as pq
+
+        schema = pq.read_schema(_local(schema_of)).remove_metadata()
+        try:
+            DeltaTable.create(self.location, schema, mode="ignore", name=self.pipeline[:255])
+            log.info("created delta table %s", self.location)
+        except Exception as exc:  # a concurrent create: open what the winner made
+            if not DeltaTable.is_deltatable(self.location):
+                raise BatchError(f"delta table {self.location}: cannot be created: {_line(exc)}") from exc
+        return DeltaTable(self.location)
+
+    def commits(self, dt: Any) -> list[TableCommit]:
+        """The pipeline's commits in the table's log, newest first."""
+        out: list[TableCommit] = []
+        for info in dt.history():
+            found = parse_summary(info, self.pipeline, int(info.get("version", -1)))
+            if found is not None:
+                out.append(found)
+        return out
+
+    def _held(self, dt: Any, ids: set[int]) -> dict[int, SinkReceipt]:
+        held: dict[int, SinkReceipt] = {}
+        for c in self.commits(dt):
+            for entry in c.ranges:
+                if entry.get("id") in ids:
+                    held.setdefault(int(entry["id"]), SinkReceipt(self.table_name, c.commit))
+        return held
+
+    def _add_action(self, path: str) -> Any:
+        import pyarrow.parquet as pq
+        from deltalake.transaction import AddAction
+
+        local = _local(path)
+        meta = pq.ParquetFile(local).metadata
+        stats: dict[str, Any] = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}}
+        names = meta.schema.names
+        for col in ("stream", "offset"):
+            if col not in names:
+                continue
+            i = names.index(col)
+            lows, highs = [], []
+            for g in range(meta.num_row_groups):
+                st = meta.row_group(g).column(i).statistics
+                if st is not None and st.has_min_max:
+                    lows.append(st.min)
+                    highs.append(st.max)
+            if lows and len(lows) == meta.num_row_groups:
+                stats["minValues"][col], stats["maxValues"][col] = min(lows), max(highs)
+        rel = path[len(self.location):].lstrip("/")
+        if filesystems.scheme(path) in ("", "file"):
+            st = os.stat(local)
+            size, mtime = st.st_size, int(st.st_mtime * 1000)
+        else:  # pragma: no cover - object stores
+            from pyarrow import fs as pafs
+
+            afs, p = pafs.FileSystem.from_uri(path)
+            fi = afs.get_file_info(p)
+            size, mtime = fi.size, int(fi.mtime.timestamp() * 1000) if fi.mtime else 0
+        return AddAction(quote(rel, safe="/"), size, {}, mtime, True, json.dumps(stats, default=str))
+
+    # -- the sink ---------------------------------------------------------------------------------
+
+    def published(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
+        dt = self._open(None)
+        return {} if dt is None else self._held(dt, {r.range.id for r in batch.ranges})
+
+    def publish(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        files = {r.range.id: data_files(r.location) for r in batch.ranges}
+        for rid, names in files.items():
+            outside = [f for f in names if not f.startswith(self.location + "/")]
+            if outside:
+                raise BatchError(f"delta table {self.location}: range {rid}'s files are not under the table "
+                                 f"(first: {outside[0]})")
+        first = next((f[0] for f in files.values() if f), None)
+        ids = set(files)
+        for attempt in range(ATTEMPTS):
+            dt = self._open(first)
+            held = self._held(dt, ids)
+            todo: list[SinkRange] = [r for r in batch.ranges if r.range.id not in held]
+            if not todo:
+                return held
+            what = ", ".join(f"{r.range.source.stream} [{r.range.start}, {r.range.end})" for r in todo)
+            schema = dt.schema()
+            if first is not None:
+                import pyarrow.parquet as pq
+
+                mine = pq.read_schema(_local(first)).remove_metadata()
+                theirs = {f.name for f in schema.fields}
+                if set(mine.names) != theirs:
+                    raise BatchError(f"delta table {self.location}: its columns {sorted(theirs)} are not the "
+                                     f"job's {sorted(mine.names)}; nothing of {what} was added")
+            version = (dt.transaction_version(app_id(self.pipeline)) or 0) + 1
+            props = CommitProperties(custom_metadata=summary(batch, todo), max_commit_retries=0,
+                                     app_transactions=[Transaction(app_id(self.pipeline), version)])
+            actions = [self._add_action(p) for r in todo for p in files[r.range.id]]
+            try:
+                dt.create_write_transaction(actions, "append", schema, commit_properties=props)
+            except CommitFailedError as exc:
+                log.warning("delta table %s changed while committing %s (%s): looking again", self.location,
+                            what, _line(exc))
+                time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
+                continue
+            except BatchError:
+                raise
+            except Exception as exc:
+                raise BatchError(f"delta table {self.location}: the job's files for {what} cannot be added: "
+                                 f"{_line(exc)}") from exc
+            log.info("delta table %s: a commit (app transaction %s) adds %d file(s) of %s", self.location,
+                     version, len(actions), what)
+        dt = self._open(None)
+        held = self._held(dt, ids) if dt is not None else {}
+        if set(held) == ids:
+            return held
+        raise BatchError(f"delta table {self.location}: {ATTEMPTS} commits lost to concurrent writers; the "
+                         "ranges stay unpublished for the next run")
+
+    def describe(self) -> dict[str, Any] | None:
+        dt = self._open(None)
+        return {"format": "delta", "identifier": self.location,
+                "location": dt.table_uri if dt is not None else self.location,
+                "version": dt.version() if dt is not None else None}
+
+    def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
+        from streamledger.ledger.audit import Violation, ViolationKind
+
+        try:
+            dt = self._open(None)
+            problem = f"delta table {self.location} does not exist"
+        except BatchError as exc:
+            dt, problem = None, str(exc)
+        if dt is None:
+            return [Violation(ViolationKind.OUTPUT_MISSING, pipeline, r.source.stream, r.source.broker,
+                              r.start, r.end, r.id, problem)
+                    for r in ranges if r.sink_table == self.table_name]
+        rows = dt.to_pyarrow_table(columns=["stream", "offset"])
+        commits = self.commits(dt)
+        oldest = min((int(c["version"]) for c in dt.history()), default=0)
+        known = set(range(oldest, dt.version() + 1))
+        return check_table(self.table_name, pipeline, ranges, commits, rows, known)
+
+
+def _local(location: str) -> str:
+    return str(filesystems.local_path(location)) if filesystems.scheme(location) in ("", "file") else location
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

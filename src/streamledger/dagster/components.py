@@ -1,0 +1,372 @@
+"""``StreamBatchComponent``: a stream batch pipeline configured in a ``defs.yaml``, no Python needed.
+
+The component is a thin YAML front to the factories (:func:`build_stream_batch_asset`,
+:func:`build_ledger_audit_check`, :func:`build_partition_audit_check`,
+:func:`build_stream_backlog_sensor`): it resolves the YAML, asks its translator for the asset's
+spec, and calls them, so a component and a Python code location run the very same batch.
+
+It is a ``StateBackedComponent``: the partitions of a super stream are discovered by
+``dg utils refresh-defs-state`` (a broker call) and written to the component's state; loading the
+code location only reads that state, so a location whose broker is down still loads, and a changed
+partition count shows up after the next refresh. The state is informational (asset metadata): a
+batch and the sensor always ask the broker for the current partitions when they run, so a partition
+added since the refresh is read, never skipped.
+
+Resources are the component's own, under keys derived from the pipeline (two components in one
+project never share or clash on a resource). The broker URL is best given as ``broker_url_env``
+(the name of an environment variable): it becomes an ``EnvVar``, resolved at run time and masked in
+the UI, while ``{{ env.X }}`` templating would write the password into the resolved configuration.
+"""
+
+
+import json
+import re
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from dagster import (
+    AssetKey,
+    AssetSpec,
+    Definitions,
+    EnvVar,
+    FreshnessPolicy,
+)
+from dagster.components import (
+    ComponentLoadContext,
+    DefsStateConfig,
+    DefsStateConfigArgs,
+    Model,
+    Resolvable,
+    ResolvedDefsStateConfig,
+    Resolver,
+    Scaffolder,
+    ScaffoldRequest,
+    StateBackedComponent,
+    scaffold_with,
+)
+from dagster.components.resolved.core_models import (
+    DailyPartitionsDefinitionModel,
+    HourlyPartitionsDefinitionModel,
+    TimeWindowPartitionsDefinitionModel,
+    WeeklyPartitionsDefinitionModel,
+    resolve_partitions_def,
+)
+from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
+from dagster_shared.serdes.objects.models.defs_state_info import DefsStateManagementType
+
+from streamledger.dagster.assets import build_stream_batch_asset
+from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
+from streamledger.dagster.resources import RabbitMQStreamResource, StreamLedgerResource, StreamSparkResource
+from streamledger.dagster.sensors import build_stream_backlog_sensor
+from streamledger.errors import StreamledgerError
+
+__all__ = [
+    "BacklogSensorModel",
+    "FreshnessModel",
+    "StreamBatchComponent",
+    "StreamBatchScaffolder",
+    "StreamBatchSource",
+    "StreamBatchTranslator",
+]
+
+
+class ComponentConfigError(StreamledgerError):
+    """A ``StreamBatchComponent``'s YAML cannot work (named field, never a secret)."""
+
+
+@dataclass(frozen=True)
+class StreamBatchSource:
+    """What the translator sees: the pipeline, its source and the partitions discovered (if any)."""
+
+    pipeline: str
+    stream: str | None
+    super_stream: str | None
+    output_root: str
+    fmt: str
+    partitions: tuple[str, ...] | None  # None: not discovered yet (no refresh-defs-state)
+
+    @property
+    def name(self) -> str:
+        return str(self.super_stream or self.stream)
+
+
+def identifier(text: str) -> str:
+    """``text`` as a Python identifier / asset key part (``orders-eu`` -> ``orders_eu``)."""
+    out = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    return out if out and not out[0].isdigit() else f"_{out}"
+
+
+class StreamBatchTranslator:
+    """The asset's spec for a source; subclass and override ``get_asset_spec`` to change it in Python.
+
+    The default: key ``<pipeline>`` (as an identifier), group ``streamledger``, kinds ``rabbitmq``,
+    ``spark`` and the format, and the discovered partitions as metadata. YAML ``asset_attributes``
+    are applied on top (with ``{{ pipeline }}``, ``{{ stream }}``, ``{{ super_stream }}`` usable).
+    """
+
+    def get_asset_spec(self, source: StreamBatchSource) -> AssetSpec:
+        metadata: dict[str, Any] = {"streamledger/stream": source.name}
+        if source.super_stream is not None:
+            metadata["streamledger/partitions"] = (
+                list(source.partitions) if source.partitions is not None
+                else "not discovered (run: dg utils refresh-defs-state)"
+            )
+        return AssetSpec(
+            key=AssetKey(identifier(source.pipeline)),
+            group_name="streamledger",
+            kinds={"rabbitmq", "spark", source.fmt},
+            description=f"Bounded batches of {source.name} (pipeline {source.pipeline}) written as "
+            f"{source.fmt} under {source.output_root}.",
+            metadata=metadata,
+        )
+
+
+class BacklogSensorModel(Model, Resolvable):
+    """The backlog sensor (unpartitioned assets only): request a batch when records wait."""
+
+    enabled: bool = True
+    min_backlog: int = 1
+    minimum_interval_seconds: int = 30
+    running: bool = False  # start it with the code location (else: turn it on in the UI)
+
+
+class FreshnessModel(Model, Resolvable):
+    """A ``FreshnessPolicy.time_window``: fail (warn) when no materialization in that many seconds."""
+
+    fail_after_seconds: int
+    warn_after_seconds: int | None = None
+
+
+PartitionsField = Annotated[
+    Any,
+    Resolver(
+        resolve_partitions_def,
+        model_field_type=HourlyPartitionsDefinitionModel
+        | DailyPartitionsDefinitionModel
+        | WeeklyPartitionsDefinitionModel
+        | TimeWindowPartitionsDefinitionModel
+        | None,
+        description="Time-window partitions: each partition reads its window of the stream, in order.",
+    ),
+]
+
+
+def _template_vars(source: StreamBatchSource) -> Mapping[str, Any]:
+    return {"pipeline": source.pipeline, "stream": source.stream, "super_stream": source.super_stream,
+            "source": source}
+
+
+AssetAttributesField = Annotated[
+    TranslationFn[StreamBatchSource] | None,
+    TranslationFnResolver[StreamBatchSource](_template_vars),
+]
+
+
+def _state_defaults() -> DefsStateConfigArgs:
+    # Discovery only when asked (dg utils refresh-defs-state), never as a side effect of a load.
+    return DefsStateConfigArgs(management_type=DefsStateManagementType.LOCAL_FILESYSTEM, refresh_if_dev=False)
+
+
+class StreamBatchScaffolder(Scaffolder[Any]):
+    """``dg scaffold defs streamledger.dagster.StreamBatchComponent <path>``: a commented defs.yaml."""
+
+    def scaffold(self, request: ScaffoldRequest[Any]) -> None:
+        target = Path(request.target_path)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "defs.yaml").write_text(scaffold_yaml(request.type_name))
+
+
+def scaffold_yaml(type_name: str) -> str:
+    return textwrap.dedent(f"""\
+        type: {type_name}
+
+        attributes:
+          # Consumer reference: the ledger's pipeline and the broker's offset name. One per component.
+          pipeline: my-pipeline
+          # Read every partition of a super stream ... (or one stream: `stream: my-stream`)
+          super_stream: events
+          # Where each range's files go: <output_root>/<pipeline>/<stream>/<start>-<end>/
+          output_root: /var/tmp/streamledger/output
+          # Name of the environment variable holding the broker URL (rabbitmq-stream://user:pass@host:5552/);
+          # resolved at run time, never shown in the UI. Or `broker_url:` for a URL without a password.
+          broker_url_env: STREAMLEDGER_RABBITMQ_URL
+          # The SQL ledger; unset = $STREAMLEDGER_LEDGER_URL or SQLite under $STREAMLEDGER_HOME.
+          # ledger_url_env: STREAMLEDGER_LEDGER_URL
+          # Spark: an in-process local master, or Spark Connect (`spark_remote: sc://host:15002`).
+          spark_master: local[2]
+          # Cap each new range at this many offsets per stream (bounded catch-up); unset = up to the tail.
+          # max_offsets: 100000
+          # Time-window partitions (each reads its window, in order); then no backlog sensor.
+          # partitions_def:
+          #   type: daily
+          #   start_date: "2026-01-01"
+          # Asset key, group, kinds, tags, owners, automation condition ({{{{ pipeline }}}} is available).
+          asset_attributes:
+            key: "streams/{{{{ pipeline }}}}"
+            group_name: streamledger
+            # owners: ["team:data"]
+            # automation_condition: "{{{{ automation_condition.on_cron('0 * * * *') }}}}"
+          # Fail the asset's freshness when nothing was materialized for this long.
+          # freshness:
+          #   fail_after_seconds: 3600
+          # Request a batch when at least min_backlog records wait (unpartitioned only).
+          backlog_sensor:
+            min_backlog: 1
+            minimum_interval_seconds: 30
+        """)
+
+
+@scaffold_with(StreamBatchScaffolder)
+@dataclass
+class StreamBatchComponent(StateBackedComponent, Resolvable):
+    """Ledgered, exactly-once bounded batches of a RabbitMQ stream or super stream as a Dagster asset.
+
+    Builds the asset, the ledger audit check (and one per time-window partition when partitioned),
+    and the backlog sensor, with the same factories as Python code; see docs/dagster.md.
+    """
+
+    pipeline: str
+    output_root: str
+    super_stream: str | None = None
+    stream: str | None = None
+    broker_url: str | None = None
+    broker_url_env: str | None = None
+    ledger_url: str | None = None
+    ledger_url_env: str | None = None
+    spark_master: str = "local[2]"
+    spark_remote: str | None = None
+    spark_quick_start: bool = True
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    max_offsets: int | None = None
+    initial_position: str | int | None = None
+    fmt: str = "parquet"
+    splits: int = 1
+    on_data_loss: Literal["fail", "record"] = "fail"
+    partitions_def: PartitionsField = None
+    asset_attributes: AssetAttributesField = None
+    freshness: FreshnessModel | None = None
+    audit_check: bool = True
+    backlog_sensor: BacklogSensorModel | None = field(default_factory=BacklogSensorModel)
+    defs_state: ResolvedDefsStateConfig = field(default_factory=_state_defaults)
+
+    def __post_init__(self) -> None:
+        who = f"StreamBatchComponent(pipeline={self.pipeline!r})"
+        if (self.super_stream is None) == (self.stream is None):
+            raise ComponentConfigError(f"{who}: give exactly one of stream or super_stream")
+        if (self.broker_url is None) == (self.broker_url_env is None):
+            raise ComponentConfigError(f"{who}: give exactly one of broker_url or broker_url_env")
+        if self.ledger_url is not None and self.ledger_url_env is not None:
+            raise ComponentConfigError(f"{who}: give at most one of ledger_url or ledger_url_env")
+
+    # -- state: the super stream's partitions -------------------------------------------------------
+
+    @property
+    def defs_state_config(self) -> DefsStateConfig:
+        key = f"StreamBatchComponent[{self.pipeline}]"
+        return DefsStateConfig.from_args(self.defs_state, default_key=key)
+
+    def broker_resource(self) -> RabbitMQStreamResource:
+        url: Any = EnvVar(self.broker_url_env) if self.broker_url_env else self.broker_url
+        return RabbitMQStreamResource(url=url)
+
+    def write_state_to_path(self, state_path: Path) -> None:
+        """Discovery (``dg utils refresh-defs-state``): the only broker call outside a run or tick."""
+        import os
+
+        url = os.environ.get(self.broker_url_env, "") if self.broker_url_env else str(self.broker_url)
+        if not url:
+            raise ComponentConfigError(
+                f"StreamBatchComponent(pipeline={self.pipeline!r}): ${self.broker_url_env} is not set"
+            )
+        streams: list[str]
+        with RabbitMQStreamResource(url=url).get_client() as client:
+            streams = client.partitions(self.super_stream) if self.super_stream else [str(self.stream)]
+        state = {"streams": streams, "discovered_at": datetime.now(UTC).isoformat(timespec="seconds")}
+        state_path.write_text(json.dumps(state))
+
+    @staticmethod
+    def read_state(state_path: Path | None) -> tuple[str, ...] | None:
+        if state_path is None or not Path(state_path).exists():
+            return None
+        return tuple(json.loads(Path(state_path).read_text())["streams"])
+
+    # -- definitions ---------------------------------------------------------------------------------
+
+    @property
+    def translator(self) -> StreamBatchTranslator:
+        return StreamBatchTranslator()
+
+    def get_asset_spec(self, source: StreamBatchSource) -> AssetSpec:
+        """The translator's spec with the YAML ``asset_attributes`` applied."""
+        spec = self.translator.get_asset_spec(source)
+        return self.asset_attributes(spec, source) if self.asset_attributes else spec
+
+    def resource_keys(self) -> dict[str, str]:
+        base = f"streamledger_{identifier(self.pipeline)}"
+        return {"broker": f"{base}_rabbitmq", "ledger": f"{base}_ledger", "spark": f"{base}_spark"}
+
+    def build_defs_from_state(self, context: ComponentLoadContext, state_path: Path | None) -> Definitions:
+        source = StreamBatchSource(
+            pipeline=self.pipeline, stream=self.stream, super_stream=self.super_stream,
+            output_root=self.output_root, fmt=self.fmt, partitions=self.read_state(state_path),
+        )
+        spec = self.get_asset_spec(source)
+        keys = self.resource_keys()
+        freshness = None
+        if self.freshness is not None:
+            warn = self.freshness.warn_after_seconds
+            freshness = FreshnessPolicy.time_window(
+                fail_window=timedelta(seconds=self.freshness.fail_after_seconds),
+                warn_window=timedelta(seconds=warn) if warn is not None else None,
+            )
+        position: Any = self.initial_position
+        asset = build_stream_batch_asset(
+            pipeline=self.pipeline, output_root=self.output_root, super_stream=self.super_stream,
+            stream=self.stream, key=spec.key, partitions_def=spec.partitions_def or self.partitions_def,
+            initial_position=position, max_offsets=self.max_offsets, fmt=self.fmt, splits=self.splits,
+            on_data_loss=self.on_data_loss, broker_resource_key=keys["broker"],
+            ledger_resource_key=keys["ledger"], spark_resource_key=keys["spark"],
+            group_name=spec.group_name, description=spec.description, tags=spec.tags,
+            kinds=sorted(spec.kinds), owners=spec.owners, metadata=spec.metadata,
+            automation_condition=spec.automation_condition,
+            freshness_policy=freshness or spec.freshness_policy,
+        )
+        checks = []
+        if self.audit_check:
+            checks.append(build_ledger_audit_check(
+                asset, pipeline=self.pipeline, broker_resource_key=keys["broker"],
+                ledger_resource_key=keys["ledger"],
+            ))
+            if asset.partitions_def is not None:
+                checks.append(build_partition_audit_check(
+                    asset, pipeline=self.pipeline, broker_resource_key=keys["broker"],
+                    ledger_resource_key=keys["ledger"],
+                ))
+        sensors = []
+        sensor_cfg = self.backlog_sensor
+        if sensor_cfg is not None and sensor_cfg.enabled and asset.partitions_def is None:
+            from dagster import DefaultSensorStatus
+
+            sensors.append(build_stream_backlog_sensor(
+                asset, pipeline=self.pipeline, super_stream=self.super_stream, stream=self.stream,
+                min_backlog=sensor_cfg.min_backlog,
+                minimum_interval_seconds=sensor_cfg.minimum_interval_seconds,
+                default_status=(
+                    DefaultSensorStatus.RUNNING if sensor_cfg.running else DefaultSensorStatus.STOPPED
+                ),
+                broker_resource_key=keys["broker"], ledger_resource_key=keys["ledger"],
+            ))
+        ledger_url: Any = EnvVar(self.ledger_url_env) if self.ledger_url_env else self.ledger_url
+        resources = {
+            keys["broker"]: self.broker_resource(),
+            keys["ledger"]: StreamLedgerResource(url=ledger_url),
+            keys["spark"]: StreamSparkResource(
+                master=self.spark_master, remote=self.spark_remote, conf=dict(self.spark_conf),
+                quick_start=self.spark_quick_start,
+            ),
+        }
+        return Definitions(assets=[asset], asset_checks=checks, sensors=sensors, resources=resources)

@@ -1,0 +1,145 @@
+"""The log-neutral offset vocabulary: where a read starts (:class:`OffsetSpec`), retention that
+removed unread offsets (:class:`DataLossError`) and the verified store (:func:`store_verified`).
+
+Both protocol packages satisfy it: RabbitMQ's ``OffsetSpec`` and ``DataLossError`` are subclasses of
+the ones here (adding the wire encoding and the stream client's error family), and
+``StreamClient.store_offset_verified`` and ``MewbaseLog.store_offset_verified`` end in the same
+read-back loop. Log-neutral code (planning, the batch, the sensors) imports this module, never a
+protocol's names, so a source of another kind is one more implementation, not another branch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Self
+
+from streamledger.errors import StreamledgerError
+
+__all__ = [
+    "READ_BACK_INTERVAL",
+    "DataLossError",
+    "OffsetKind",
+    "OffsetNotVerified",
+    "OffsetSpec",
+    "OffsetSpecError",
+    "store_verified",
+]
+
+OffsetKind = Literal["first", "last", "next", "offset", "timestamp"]
+KINDS: tuple[OffsetKind, ...] = ("first", "last", "next", "offset", "timestamp")
+
+
+class OffsetSpecError(StreamledgerError, ValueError):
+    """An offset specification that names no position (unknown kind, missing or bad value)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetSpec:
+    """A position in a log: first / last (last user record) / next (the tail) / an offset / a
+    timestamp (ms). Modelled on confluent-kafka's ``OffsetSpec``: named constructors, no magic
+    integers. A log's ``resolve_offset(name, spec)`` turns it into a concrete offset."""
+
+    kind: OffsetKind
+    value: int | None = None
+    error: ClassVar[type[Exception]] = OffsetSpecError
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise self.error(f"unknown offset spec kind {self.kind!r}")
+        if self.kind in ("offset", "timestamp"):
+            if self.value is None:
+                raise self.error(f"offset spec {self.kind} needs a value")
+            if self.kind == "offset" and not 0 <= self.value < 2**64:
+                raise self.error(f"offset {self.value} is outside 0..2**64-1")
+            if self.kind == "timestamp" and not -(2**63) <= self.value < 2**63:
+                raise self.error(f"timestamp {self.value} does not fit in 64 bits")
+        elif self.value is not None:
+            raise self.error(f"offset spec {self.kind} takes no value")
+
+    @classmethod
+    def first(cls) -> Self:
+        return cls("first")
+
+    @classmethod
+    def last(cls) -> Self:
+        return cls("last")
+
+    @classmethod
+    def next(cls) -> Self:
+        return cls("next")
+
+    @classmethod
+    def offset(cls, offset: int) -> Self:
+        return cls("offset", int(offset))
+
+    @classmethod
+    def timestamp(cls, millis: int) -> Self:
+        return cls("timestamp", int(millis))
+
+    @classmethod
+    def parse(cls, text: str) -> Self:
+        """``first``, ``last``, ``next``, an integer offset, or ``timestamp:<ms>`` (CLI form)."""
+        lowered = text.strip().lower()
+        if lowered in ("first", "earliest"):
+            return cls.first()
+        if lowered == "last":
+            return cls.last()
+        if lowered in ("next", "latest"):
+            return cls.next()
+        if lowered.startswith("timestamp:"):
+            return cls.timestamp(cls._int(lowered.split(":", 1)[1], text))
+        return cls.offset(cls._int(lowered, text))
+
+    @classmethod
+    def _int(cls, value: str, original: str) -> int:
+        try:
+            return int(value)
+        except ValueError:
+            raise cls.error(
+                f"invalid offset spec {original!r}: use first, last, next, an offset or timestamp:<ms>"
+            ) from None
+
+    def __str__(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}({self.value})"
+
+
+class DataLossError(StreamledgerError):
+    """The requested start offset is below the first offset still retained (retention removed it)."""
+
+    def __init__(self, stream: str, requested: int, first_available: int) -> None:
+        super().__init__(
+            f"stream {stream!r}: offset {requested} is no longer retained "
+            f"(first available offset is {first_available}); {first_available - requested} offset(s) lost"
+        )
+        self.stream = stream
+        self.requested = requested
+        self.first_available = first_available
+
+
+class OffsetNotVerified(StreamledgerError):
+    """A stored offset did not read back within the timeout (the batch's store step relies on the
+    read-back: the watermark counts as stored only once the log says so)."""
+
+
+READ_BACK_INTERVAL = 0.05
+"""Seconds between read-backs of a stored offset. A store is one request on both logs and usually
+reads back at once; a short interval keeps an idle batch's store step short."""
+
+
+def store_verified(
+    query: Callable[[], int | None], offset: int, *, timeout: float, describe: Callable[[int | None], str],
+    error: Callable[[str], Exception] = OffsetNotVerified,
+) -> None:
+    """The verified-store contract, after the log has stored ``offset``: read it back every
+    :data:`READ_BACK_INTERVAL` seconds until ``query()`` returns ``offset``; after ``timeout``
+    seconds raise ``error(describe(last value read))`` (one line naming the stream and reference)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stored = query()
+        if stored == offset:
+            return
+        if time.monotonic() >= deadline:
+            raise error(describe(stored))
+        time.sleep(READ_BACK_INTERVAL)

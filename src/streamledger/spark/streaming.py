@@ -1,0 +1,466 @@
+"""Structured Streaming over RabbitMQ streams: ``spark.readStream.format("rabbitmq_stream")``.
+
+The source offset is one next-offset per stream (partition), carried as JSON in Spark's checkpoint.
+A micro-batch is the half-open range ``[start, end)`` of every stream between two source offsets;
+its partitions are the batch source's :class:`StreamSlice` s, read by the batch source's
+:func:`read_slice` (same columns, same Arrow path, same slice check: no second decoder).
+
+Admission control (Spark 4.2): ``maxOffsetsPerTrigger`` becomes the default ``ReadMaxRows`` and
+``latestOffset(start, limit)`` admits at most that many offsets across the streams (offsets have
+gaps, so a batch holds at most that many records). ``Trigger.AvailableNow`` fixes the committed
+tails in ``prepareForTriggerAvailableNow``; nothing past them is ever admitted.
+
+The offset JSON also carries the source's query id (a UUID chosen when the query first starts: a
+Python source cannot see Spark's query id) and the source's batch number, so a query restarted from
+its checkpoint keeps its identity in the ledger; ``from`` holds the start of streams the previous
+offset did not fix (the first batch, a new super-stream partition), so a replayed batch reads
+exactly what the first attempt planned even when ``latest`` or ``earliest`` moved in between.
+
+Ledger recording (opt-in ``ledger`` + ``pipeline``, public :class:`~streamledger.ledger.Ledger`
+API only): each micro-batch claims one range per stream with
+``RunIdentity("spark-streaming:<query id>", "batch-<n>", <stream>)`` when Spark plans it, and the
+claims are committed (without staging, so published with the commit) once Spark says the batch is
+done, then the broker offset is stored at the ledger's watermark. Spark 4.2 calls ``commit(end)``
+of batch *n* only when it plans batch *n+1*, so the claims are also settled when
+``latestOffset(start)`` is called (Spark asks for a new batch only after the previous one reached
+the commit log): the last batch of a run is recorded in that run.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from streamledger.errors import StreamledgerError
+from streamledger.spark.datasource import DATA_SOURCE_NAME, ReadOptions, StreamSlice, read_slice
+from streamledger.spark.planning import (
+    OffsetBound,
+    PlannedRange,
+    PlanningError,
+    option_getter,
+    parse_bounds,
+    parse_positive_int,
+    resolve_bound,
+)
+
+if TYPE_CHECKING:
+    from streamledger.ledger import Ledger, RunIdentity, SourceRef
+
+log = logging.getLogger(__name__)
+
+DAG_PREFIX = "spark-streaming:"
+
+
+class StreamingError(StreamledgerError):
+    """A streaming query cannot go on (bad offset, a ledger history that disagrees with the query)."""
+
+
+@dataclass(frozen=True)
+class StreamingOptions:
+    """The batch source's options plus the streaming ones, parsed once."""
+
+    read: ReadOptions
+    max_offsets: int | None = None
+    ledger_url: str | None = field(default=None, repr=False)  # may carry a password
+    ledger_on: bool = False
+    pipeline: str | None = None
+    ledger_output: str | None = None
+    broker_name: str | None = None
+
+    @classmethod
+    def parse(cls, options: Any) -> StreamingOptions:
+        get = option_getter(options)
+        for key, why in (("endingOffsets", "a stream has no end"), ("ranges", "use startingOffsets")):
+            if get(key):
+                raise PlanningError(
+                    f"{DATA_SOURCE_NAME} (streaming): option {key!r} is for batch reads; {why}"
+                )
+        read = ReadOptions.parse(options)
+        offsets = parse_positive_int(get("maxOffsetsPerTrigger"), what="maxOffsetsPerTrigger")
+        records = parse_positive_int(get("maxRecordsPerTrigger"), what="maxRecordsPerTrigger")
+        if offsets is not None and records is not None and offsets != records:
+            raise PlanningError(
+                f"{DATA_SOURCE_NAME}: give maxOffsetsPerTrigger or maxRecordsPerTrigger, not both "
+                "(records are bounded by offsets: each record takes one offset)"
+            )
+        ledger_text = (get("ledgerUrl") or get("ledger") or "").strip()
+        ledger_on = bool(ledger_text) and ledger_text.lower() not in ("false", "none", "off")
+        pipeline = (get("pipeline") or "").strip() or None
+        output = (get("ledgerOutput") or "").strip() or None
+        if ledger_on and (pipeline is None or output is None):
+            raise PlanningError(
+                f"{DATA_SOURCE_NAME}: option 'ledger' needs 'pipeline' (the ledger's pipeline name) and "
+                "'ledgerOutput' (where each recorded range's _manifest.json goes)"
+            )
+        if pipeline is not None and not ledger_on:
+            raise PlanningError(f"{DATA_SOURCE_NAME}: option 'pipeline' needs 'ledger' (a URL or 'default')")
+        url = None if not ledger_on or ledger_text.lower() in ("default", "true") else ledger_text
+        return cls(
+            read=read,
+            max_offsets=offsets if offsets is not None else records,
+            ledger_url=url,
+            ledger_on=ledger_on,
+            pipeline=pipeline,
+            ledger_output=output,
+            broker_name=(get("brokerName") or "").strip() or None,
+        )
+
+
+@dataclass(frozen=True)
+class SourceOffset:
+    """What Spark checkpoints for this source (see the module docstring)."""
+
+    query: str
+    batch: int
+    offsets: dict[str, int]
+    starts: dict[str, int] = field(default_factory=dict)  # JSON "from"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"query": self.query, "batch": self.batch,
+                               "offsets": {s: self.offsets[s] for s in sorted(self.offsets)}}
+        if self.starts:
+            out["from"] = {s: self.starts[s] for s in sorted(self.starts)}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> SourceOffset:
+        try:
+            return cls(str(data["query"]), int(data["batch"]),
+                       {str(k): int(v) for k, v in data["offsets"].items()},
+                       {str(k): int(v) for k, v in (data.get("from") or {}).items()})
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise StreamingError(
+                f"{DATA_SOURCE_NAME}: the checkpoint holds an offset this source did not write: {data!r}"
+            ) from None
+
+    def start_of(self, stream: str, previous: SourceOffset) -> int:
+        """Where this offset's batch starts reading ``stream`` (``from`` wins over the previous end)."""
+        if stream in self.starts:
+            return self.starts[stream]
+        if stream in previous.offsets:
+            return previous.offsets[stream]
+        raise StreamingError(f"stream {stream!r}: the micro-batch ending at {self.to_json()} has no start")
+
+
+def admit(starts: Mapping[str, int], tails: Mapping[str, int], max_offsets: int | None) -> dict[str, int]:
+    """Ends for one trigger: every stream up to its tail, or at most ``max_offsets`` offsets in all,
+    shared in proportion to each stream's backlog (the rest of the division goes to the streams in
+    name order; a non-empty backlog always admits at least one offset)."""
+    backlog = {s: max(0, tails[s] - starts[s]) for s in starts}
+    total = sum(backlog.values())
+    if max_offsets is None or total <= max_offsets:
+        return {s: starts[s] + backlog[s] for s in starts}
+    share = {s: max_offsets * backlog[s] // total for s in starts}
+    left = max_offsets - sum(share.values())
+    for s in sorted(starts):
+        if left <= 0:
+            break
+        more = min(left, backlog[s] - share[s])
+        share[s] += more
+        left -= more
+    return {s: starts[s] + share[s] for s in starts}
+
+
+def count_range(client: Any, stream: str, start: int, end: int) -> tuple[int, int | None, int | None]:
+    """``(records, first offset, last offset)`` of ``[start, end)``: a raw read of offsets only (no
+    body decode, no maps), what the ledger commits for a range the tasks read."""
+    records, first, last = 0, None, None
+    if start >= end:
+        return 0, None, None
+    for batch in client.read_range(stream, start, end, decode="raw", layout="buffers", maps=False):
+        for a, n in zip(batch.run_starts, batch.run_lengths, strict=True):
+            if n:
+                first = a if first is None else first
+                last = a + n - 1
+                records += n
+    return records, first, last
+
+
+class LedgerRecorder:
+    """Claims, commits and stores offsets for one query's micro-batches (driver side only)."""
+
+    def __init__(self, options: StreamingOptions, client: Any) -> None:
+        from streamledger.batch.plan import broker_identity
+        from streamledger.ledger import Ledger
+
+        assert options.pipeline is not None and options.ledger_output is not None
+        self.pipeline = options.pipeline
+        self.root = options.ledger_output
+        self.super_stream = options.read.super_stream
+        self.ledger: Ledger = Ledger(options.ledger_url, create=True)
+        self.broker = broker_identity(options.read.url, options.broker_name or client.cluster_name)
+
+    def source(self, stream: str) -> SourceRef:
+        from streamledger.ledger import SourceRef
+
+        return SourceRef(self.broker, stream, self.super_stream)
+
+    @staticmethod
+    def run(query: str, batch: int, stream: str) -> RunIdentity:
+        from streamledger.ledger import RunIdentity
+
+        return RunIdentity(f"{DAG_PREFIX}{query}", f"batch-{batch}", stream)
+
+    def resume_point(self, stream: str) -> int | None:
+        return self.ledger.last_end(self.pipeline, self.source(stream))
+
+    def claim(self, end: SourceOffset, planned: PlannedRange, lost_reason: str | None) -> None:
+        """Claim ``planned`` for batch ``end.batch`` (recording its lost head first, if any); a replayed
+        batch finds its own claim. A ledger history that does not end where the batch starts is an
+        error: the ledger would otherwise skip or repeat offsets."""
+        stream = planned.stream
+        src, run = self.source(stream), self.run(end.query, end.batch, stream)
+        for r in self.ledger.open_claims(self.pipeline, src):
+            if r.run.dag_id == run.dag_id and r.run.run_id == run.run_id:
+                return
+        last = self.ledger.last_end(self.pipeline, src)
+        begin = planned.requested_start
+        if last is not None and last != begin and not (planned.lost and begin < last <= planned.start):
+            raise StreamingError(
+                f"pipeline {self.pipeline!r}, stream {stream!r}: the ledger's ranges end at {last} but "
+                f"micro-batch {end.batch} starts at {begin}; start the query where the ledger ends "
+                "(leave startingOffsets unset) or use another pipeline"
+            )
+        if planned.lost and lost_reason is not None:
+            lost_from = begin if last is None else max(begin, last)
+            if lost_from < planned.start:
+                self.ledger.record_lost(self.pipeline, src, lost_from, planned.start, run, lost_reason)
+        if planned.empty:
+            return
+        got = self.ledger.claim(self.pipeline, src, planned.end, run, initial_start=planned.start,
+                                max_span=planned.end - planned.start)
+        if (got.start, got.end) != (planned.start, planned.end):
+            raise StreamingError(
+                f"pipeline {self.pipeline!r}, stream {stream!r}: the ledger handed micro-batch {end.batch} "
+                f"[{got.start}, {got.end}) (range {got.id}), not [{planned.start}, {planned.end})"
+            )
+
+    def settle(self, upto: SourceOffset, client: Any) -> set[str]:
+        """Commit this query's claims that end at or before ``upto`` (Spark finished them), then move
+        the broker's stored offsets up to the watermark; returns the streams whose offset it stored."""
+        from streamledger.batch import outputs
+        from streamledger.batch.plan import offset_to_store, output_dir
+        from streamledger.fs import filesystem_for
+        from streamledger.manifest import Manifest, StreamEntry
+
+        dag = f"{DAG_PREFIX}{upto.query}"
+        stored: set[str] = set()
+        fs = filesystem_for(self.root)
+        for stream, pos in upto.offsets.items():
+            src = self.source(stream)
+            mine = [r for r in self.ledger.open_claims(self.pipeline, src)
+                    if r.run.dag_id == dag and r.end <= pos]
+            for r in mine:
+                records, first, last = count_range(client, stream, r.start, r.end)
+                where = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end)
+                manifest = Manifest(
+                    streams={stream: StreamEntry(r.start, r.end, records, first, last)}, output=where,
+                    written_at=datetime.now(UTC).isoformat(), pipeline=self.pipeline, broker=self.broker,
+                    range_id=r.id, extra={"streaming": {"query": upto.query, "batch": r.run.run_id}},
+                )
+                outputs.write_manifest(where, manifest, fs)  # before the commit: a committed range has one
+                self.ledger.commit(r.id, records=records, first_seen=first, last_seen=last, output=where)
+            if not mine:
+                continue
+            mark = self.ledger.watermark(self.pipeline, src)
+            target = offset_to_store(mark, client.query_offset(stream, self.pipeline))
+            if target is not None:
+                client.store_offset_verified(stream, self.pipeline, target)
+                stored.add(stream)
+                if mark.last_record_range is not None:
+                    self.ledger.mark_offset_stored(mark.last_record_range, True)
+        return stored
+
+    def close(self) -> None:
+        self.ledger.close()
+
+
+class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The streaming reader. Spark keeps one instance per query run in a driver-side Python process
+    (every method but ``read``) and pickles fresh ones to the executors for ``read``: the live
+    connection and ledger are opened lazily and never pickled."""
+
+    def __init__(self, options: StreamingOptions) -> None:
+        self.options = options
+        self._query = str(uuid.uuid4())  # used only when the query has no checkpointed offset yet
+        self._target: dict[str, int] | None = None
+        self._client: Any = None
+        self._recorder: LedgerRecorder | None = None
+        #: stream -> (tail before, tail after) our own last StoreOffset, whose tracking entry takes an
+        #: offset: a tail that moved only by it is no new data (else every batch is followed by an
+        #: empty one, and an empty range in the ledger).
+        self._own: dict[str, tuple[int, int]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None, "_recorder": None}
+
+    # -- driver side ------------------------------------------------------------------------------
+
+    def client(self) -> Any:
+        from streamledger.protocol.rabbitmq import StreamClient
+
+        if self._client is None:
+            self._client = StreamClient.connect(self.options.read.url)
+        return self._client
+
+    def _call(self, fn: Any) -> Any:
+        """Run ``fn(client)``; a dropped connection is reopened once (the runner lives for hours)."""
+        from streamledger.protocol.rabbitmq import ConnectionClosed, ConnectionFailed
+
+        try:
+            return fn(self.client())
+        except (ConnectionClosed, ConnectionFailed, OSError):
+            self._drop_client()
+            return fn(self.client())
+
+    def _drop_client(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # already broken
+                pass
+            self._client = None
+
+    def recorder(self) -> LedgerRecorder | None:
+        if self.options.ledger_on and self._recorder is None:
+            self._recorder = LedgerRecorder(self.options, self.client())
+        return self._recorder
+
+    def streams(self, client: Any) -> list[str]:
+        """The streams read now: the listed ones, or the super stream's partitions as of this call."""
+        read = self.options.read
+        if read.super_stream:
+            names = list(client.partitions(read.super_stream))
+            if not names:
+                raise PlanningError(f"super stream {read.super_stream!r} has no partitions")
+            return sorted(names)
+        return sorted(read.names)
+
+    def initialOffset(self) -> dict[str, Any]:
+        def initial(client: Any) -> dict[str, Any]:
+            streams = self.streams(client)
+            bounds = parse_bounds(self.options.read.starting, streams, default=OffsetBound.latest(),
+                                  what="startingOffsets")
+            recorder = self.recorder()
+            offsets: dict[str, int] = {}
+            for s in streams:
+                resume = recorder.resume_point(s) if recorder and self.options.read.starting is None else None
+                if resume is not None:
+                    offsets[s] = resume  # the pipeline's ledger history says where it stopped
+                    continue
+                first, tail = int(client.first_offset(s)), int(client.committed_tail(s))
+                offsets[s] = resolve_bound(client, s, bounds[s], first=first, tail=tail)
+            return SourceOffset(self._query, -1, offsets).to_json()
+
+        result: dict[str, Any] = self._call(initial)
+        return result
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_offsets
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._call(lambda c: {s: int(c.committed_tail(s)) for s in self.streams(c)})
+        log.info("availableNow: reading up to the committed tails %s", self._target)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = SourceOffset.from_json(start)
+
+        def latest(client: Any) -> dict[str, Any]:
+            starts = dict(begin.offsets)
+            new: dict[str, int] = {}
+            for s in self.streams(client):
+                if s not in starts:  # a super-stream partition added since: read from its first offset
+                    new[s] = starts[s] = int(client.first_offset(s))
+                    log.info("stream %r joined the query at offset %d", s, new[s])
+            tails = {s: int(client.committed_tail(s)) for s in starts}
+            for s, (before, after) in self._own.items():
+                if starts.get(s) == before and tails.get(s) == after:
+                    tails[s] = before
+            self._own = {}
+            recorder = self.recorder()
+            if recorder is not None:  # Spark asks for batch n+1 only after batch n committed
+                for s in recorder.settle(begin, client):
+                    after = int(client.committed_tail(s))
+                    if after == tails[s] + 1:  # only our entry came in: else a record may hide there
+                        self._own[s] = (tails[s], after)
+            if self._target is not None:
+                tails = {s: max(starts[s], min(t, self._target.get(s, starts[s]))) for s, t in tails.items()}
+            cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            ends = admit(starts, tails, cap)
+            if not new and ends == begin.offsets:
+                return start
+            from_ = dict(starts) if begin.batch < 0 else new
+            return SourceOffset(begin.query, begin.batch + 1, ends, from_).to_json()
+
+        result: dict[str, Any] = self._call(latest)
+        return result
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        tails = self._call(lambda c: {s: int(c.committed_tail(s)) for s in self.streams(c)})
+        return {"offsets": tails}
+
+    def planned(self, start: dict[str, Any], end: dict[str, Any]) -> tuple[SourceOffset, list[PlannedRange]]:
+        """The batch's range per stream, with retention applied (``failOnDataLoss``)."""
+        from streamledger.protocol.rabbitmq import DataLossError
+
+        begin, stop = SourceOffset.from_json(start), SourceOffset.from_json(end)
+
+        def plan(client: Any) -> list[PlannedRange]:
+            out = []
+            for s in sorted(stop.offsets):
+                a, b = stop.start_of(s, begin), stop.offsets[s]
+                if a > b:
+                    raise StreamingError(f"stream {s!r}: micro-batch start {a} is after its end {b}")
+                first = int(client.first_offset(s)) if a < b else a
+                effective = a
+                if a < first:
+                    if self.options.read.fail_on_data_loss:
+                        raise DataLossError(s, a, first)
+                    effective = min(first, b)
+                    log.warning("stream %r: offsets [%d, %d) were removed by retention before micro-batch %d "
+                                "read them; skipped (failOnDataLoss=false)", s, a, effective, stop.batch)
+                out.append(PlannedRange(s, effective, b, a))
+            return out
+
+        ranges: list[PlannedRange] = self._call(plan)
+        return stop, ranges
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        stop, ranges = self.planned(start, end)
+        recorder = self.recorder()
+        if recorder is not None:
+            for r in ranges:
+                reason = f"removed by retention before micro-batch {stop.batch} of query {stop.query}"
+                recorder.claim(stop, r, reason if r.lost else None)
+        return [StreamSlice(*piece) for piece in self.options.read.slices(ranges)]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if self.options.ledger_on:
+            upto = SourceOffset.from_json(end)
+            self._call(lambda c: self.recorder().settle(upto, c))  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        self._drop_client()
+        if self._recorder is not None:
+            self._recorder.close()
+            self._recorder = None
+
+    # -- executor side ----------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, StreamSlice):
+            return iter(())
+        return read_slice(self.options.read, partition)

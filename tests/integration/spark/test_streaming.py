@@ -1,0 +1,242 @@
+"""``spark.readStream.format("rabbitmq_stream")`` on local[2] against the real RabbitMQ 4.3 broker.
+
+Every test reads the file sink back through Spark (which honours the sink's ``_spark_metadata`` log)
+and compares the offsets with what was published: each record exactly once, nothing past the tail
+the query was bounded by. The ledger tests compare the ledger's ranges with Spark's own progress
+reports (one range per stream per micro-batch) and run the whole proof (``batch.proof.audit``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamledger.batch.proof import audit
+from streamledger.ledger import Ledger, RangeStatus
+from streamledger.protocol.rabbitmq import StreamClient
+from streamledger.spark.streaming import (
+    RabbitMQStreamMicroBatchReader,
+    SourceOffset,
+    StreamingOptions,
+)
+from tests.integration.spark.helpers import body, create_stream, publish
+from tests.integration.spark.test_datasource import retention_stream
+
+pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq]
+
+
+def start_query(spark: Any, url: str, root: Path, *, available_now: bool = True, **options: Any) -> Any:
+    reader = spark.readStream.format("rabbitmq_stream").option("url", url)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    writer = (reader.load().writeStream.format("parquet").option("path", str(root / "out"))
+              .option("checkpointLocation", str(root / "checkpoint")))
+    writer = (writer.trigger(availableNow=True) if available_now
+              else writer.trigger(processingTime="0 seconds"))
+    return writer.start()
+
+
+def sink_offsets(spark: Any, root: Path) -> dict[str, list[int]]:
+    rows = spark.read.parquet(str(root / "out")).select("stream", "offset", "body").collect()
+    out: dict[str, list[int]] = {}
+    for r in rows:
+        assert r["body"] == body(r["stream"], r["offset"])  # fresh streams: offset i holds record i
+        out.setdefault(r["stream"], []).append(r["offset"])
+    return {s: sorted(v) for s, v in out.items()}
+
+
+def batches(query: Any) -> list[tuple[SourceOffset, SourceOffset, int]]:
+    """(start, end, rows) of every micro-batch that moved the source, from Spark's progress reports."""
+    out = []
+    for p in query.recentProgress:
+        src = p.sources[0]
+        if src.startOffset == src.endOffset:
+            continue
+        begun = json.loads(src.startOffset) if src.startOffset else None  # batch 0: the "from" of its end
+        start = SourceOffset("", -1, {}) if begun is None else SourceOffset.from_json(begun)
+        end = SourceOffset.from_json(json.loads(src.endOffset))
+        out.append((start, end, int(src.numInputRows)))
+    return out
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    led = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", create=True)
+    yield led
+    led.close()
+
+
+def test_available_now_stops_at_the_tail_fixed_at_start(rabbitmq_url: str, stream_name: Any) -> None:
+    """The reader itself (no Spark): records published after prepareForTriggerAvailableNow are never
+    admitted, and maxOffsetsPerTrigger caps what one trigger admits."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    s = stream_name("avnow")
+    create_stream(rabbitmq_url, s, 120)
+    reader = RabbitMQStreamMicroBatchReader(StreamingOptions.parse(
+        {"url": rabbitmq_url, "stream": s, "startingOffsets": "earliest", "maxOffsetsPerTrigger": "50"}))
+    try:
+        initial = reader.initialOffset()
+        assert initial["offsets"] == {s: 0} and initial["batch"] == -1
+        reader.prepareForTriggerAvailableNow()
+        publish(rabbitmq_url, s, 80, start=120)
+        first = reader.latestOffset(initial, reader.getDefaultReadLimit())
+        assert reader.getDefaultReadLimit() == ReadMaxRows(50)
+        assert first["offsets"] == {s: 50} and first["from"] == {s: 0} and first["batch"] == 0
+        everything = reader.latestOffset(first, ReadAllAvailable())
+        assert everything["offsets"] == {s: 120}  # not 200: the tail when the trigger started
+        assert reader.latestOffset(everything, ReadAllAvailable()) is everything  # no new batch
+        parts = reader.partitions(first, everything)
+        assert [(p.stream, p.start, p.end) for p in parts] == [(s, 50, 120)]
+    finally:
+        reader.stop()
+
+
+def test_own_offset_store_is_no_new_data(rabbitmq_url: str, stream_name: Any, tmp_path: Path,
+                                         ledger: Ledger) -> None:
+    """The reader itself: after a batch is recorded, the broker offset it stores takes an offset of the
+    stream; the next trigger must not make a micro-batch (and an empty ledger range) of it alone."""
+    s = stream_name("own")
+    create_stream(rabbitmq_url, s, 30)
+    reader = RabbitMQStreamMicroBatchReader(StreamingOptions.parse(
+        {"url": rabbitmq_url, "stream": s, "startingOffsets": "earliest", "ledger": ledger.url,
+         "pipeline": "own", "ledgerOutput": str(tmp_path / "ranges")}))
+    try:
+        initial = reader.initialOffset()
+        end = reader.latestOffset(initial, reader.getDefaultReadLimit())
+        assert end["offsets"] == {s: 30}
+        reader.partitions(initial, end)  # claims [0, 30)
+        assert reader.latestOffset(end, reader.getDefaultReadLimit()) is end  # settles, stores 29
+        with StreamClient.connect(rabbitmq_url) as client:
+            assert client.query_offset(s, "own") == 29 and client.committed_tail(s) == 31
+        assert reader.latestOffset(end, reader.getDefaultReadLimit()) is end  # our entry is no data
+        publish(rabbitmq_url, s, 1, start=30)
+        assert reader.latestOffset(end, reader.getDefaultReadLimit())["offsets"] == {s: 32}
+        assert [(r.start, r.end, r.status, r.records) for r in ledger.ranges("own")] == [
+            (0, 30, RangeStatus.COMMITTED, 30)]
+    finally:
+        reader.stop()
+
+
+def test_bounded_micro_batches_recorded_in_ledger(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, ledger: Ledger
+) -> None:
+    """availableNow over a super stream with maxOffsetsPerTrigger while a publisher keeps writing: the
+    query ends, every batch is within the cap, the sink holds exactly the records up to the tail fixed
+    at start, and the ledger's ranges are the micro-batches, committed, audited clean."""
+    sup = stream_name.super_stream("orders")
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_super_stream(sup, partitions=2)
+        parts = client.partitions(sup)
+    for p, n in zip(parts, (150, 90), strict=True):
+        publish(rabbitmq_url, p, n)
+    stop = threading.Event()
+    published = [0]
+
+    def keep_publishing() -> None:
+        while not stop.is_set():
+            publish(rabbitmq_url, parts[0], 20, start=150 + published[0])
+            published[0] += 20
+            time.sleep(0.05)
+
+    q = start_query(spark, rabbitmq_url, tmp_path, superStream=sup, startingOffsets="earliest",
+                    maxOffsetsPerTrigger=80, ledger=ledger.url, pipeline="orders-stream",
+                    ledgerOutput=str(tmp_path / "ranges"))
+    # The tails were fixed when the query started; publish from its first batch on (>= 3 batches).
+    deadline = time.monotonic() + 90
+    while not q.recentProgress and q.isActive and time.monotonic() < deadline:
+        time.sleep(0.1)
+    writer = threading.Thread(target=keep_publishing, daemon=True)
+    writer.start()
+    try:
+        assert q.awaitTermination(120), "an availableNow query must end even while records keep arriving"
+    finally:
+        stop.set()
+        writer.join()
+    assert q.exception() is None
+    done = batches(q)
+    assert len(done) >= 3 and all(rows <= 80 for _, _, rows in done), [r for _, _, r in done]
+    final = done[-1][1].offsets
+    assert final == {parts[0]: 150, parts[1]: 90}
+    assert published[0] > 0  # records kept arriving while the query ran
+    got = sink_offsets(spark, tmp_path)
+    assert got == {p: list(range(final[p])) for p in parts if final[p]}
+
+    ranges = [r for r in ledger.ranges("orders-stream") if r.status == RangeStatus.COMMITTED]
+    assert {r.run.dag_id for r in ranges} == {f"spark-streaming:{done[0][1].query}"}
+    expected = {
+        (f"batch-{end.batch}", s, end.start_of(s, start), end.offsets[s])
+        for start, end, _ in done for s in end.offsets if end.start_of(s, start) < end.offsets[s]
+    }
+    assert {(r.run.run_id, r.source.stream, r.start, r.end) for r in ranges} == expected
+    assert sum(r.records for r in ranges) == sum(rows for _, _, rows in done) == sum(map(len, got.values()))
+    with StreamClient.connect(rabbitmq_url) as client:
+        report = audit(ledger, "orders-stream", broker=client)
+        assert report.clean, report.to_text()
+        assert client.query_offset(parts[1], "orders-stream") == 89
+
+
+def test_restart_from_checkpoint_writes_each_record_once(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, ledger: Ledger
+) -> None:
+    """A query stopped mid-way (possibly inside a batch) and restarted from its checkpoint: the sink
+    holds every record once, and the ledger neither skips nor repeats a range."""
+    s = stream_name("restart")
+    create_stream(rabbitmq_url, s, 200)
+    opts = dict(stream=s, startingOffsets="earliest", maxOffsetsPerTrigger=40, ledger=ledger.url,
+                pipeline="restart", ledgerOutput=str(tmp_path / "ranges"))
+    q = start_query(spark, rabbitmq_url, tmp_path, available_now=False, **opts)
+    deadline = time.monotonic() + 90
+    while len(batches(q)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    q.stop()
+    first_run = batches(q)
+    assert len(first_run) >= 2 and first_run[-1][1].offsets[s] < 200, "stop mid-way"
+
+    q2 = start_query(spark, rabbitmq_url, tmp_path, **opts)
+    assert q2.awaitTermination(120)
+    assert q2.exception() is None
+    assert sink_offsets(spark, tmp_path) == {s: list(range(200))}
+
+    ranges = sorted(ledger.ranges("restart"), key=lambda r: r.start)
+    assert all(r.status == RangeStatus.COMMITTED for r in ranges), [(r.start, r.end, r.status)
+                                                                     for r in ranges]
+    # Storing the broker offset takes offsets too (tracking entries): the last range may end past 200.
+    assert [r.start for r in ranges] == [0] + [r.end for r in ranges[:-1]] and ranges[-1].end >= 200
+    assert sum(r.records for r in ranges) == 200 and max(r.last_seen or 0 for r in ranges) == 199
+    assert all(r.end - r.start <= 40 for r in ranges)
+    assert len({r.run.dag_id for r in ranges}) == 1  # the query keeps its identity across the restart
+    with StreamClient.connect(rabbitmq_url) as client:
+        report = audit(ledger, "restart", broker=client)
+        assert report.clean, report.to_text()
+
+
+def test_retention_past_the_checkpoint(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, ledger: Ledger
+) -> None:
+    """The checkpoint points below what retention kept: failOnDataLoss (default) fails the query;
+    false reads on from the first retained offset and records the lost span in the ledger."""
+    s, first, tail = retention_stream(rabbitmq_url, stream_name)
+    opts = dict(stream=s, startingOffsets=json.dumps({s: 0}), ledger=ledger.url, pipeline="retained",
+                ledgerOutput=str(tmp_path / "ranges"))
+    q = start_query(spark, rabbitmq_url, tmp_path, **opts)
+    lost = rf"offset 0 is no longer retained \(first available offset is {first}\)"
+    with pytest.raises(Exception, match=lost):
+        q.awaitTermination(120)
+    assert ledger.ranges("retained") == []  # refused before anything was claimed
+
+    q = start_query(spark, rabbitmq_url, tmp_path, failOnDataLoss="false", **opts)
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    assert sink_offsets(spark, tmp_path) == {s: list(range(first, tail))}
+    by_status = {r.status: (r.start, r.end) for r in ledger.ranges("retained")}
+    assert by_status == {RangeStatus.LOST: (0, first), RangeStatus.COMMITTED: (first, tail)}
+    with StreamClient.connect(rabbitmq_url) as client:
+        report = audit(ledger, "retained", broker=client)
+        assert report.clean, report.to_text()

@@ -1,0 +1,112 @@
+"""``StreamBatchComponent`` without servers: YAML resolved into the factories' definitions, the
+translator's attributes, state (discovered partitions) read at load with no broker call, the
+scaffolded defs.yaml itself resolving, and configuration errors at load."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import AssetKey, ComponentTree
+
+from streamledger.dagster.components import (
+    ComponentConfigError,
+    StreamBatchComponent,
+    scaffold_yaml,
+)
+
+TYPE = "streamledger.dagster.components.StreamBatchComponent"
+DOWN = "rabbitmq-stream://guest:guest@127.0.0.1:9/"  # nothing listens: any broker call would fail
+
+
+def component(attributes: str) -> StreamBatchComponent:
+    return StreamBatchComponent.resolve_from_yaml(textwrap.dedent(attributes))
+
+
+def build(comp: StreamBatchComponent, state: Path | None = None):  # type: ignore[no-untyped-def]
+    return comp.build_defs_from_state(ComponentTree.for_test().load_context, state)
+
+
+def check_names(defs) -> list[str]:  # type: ignore[no-untyped-def]
+    return sorted(k.name for c in defs.asset_checks or [] for k in c.check_keys)
+
+
+BASE = f"""\
+    pipeline: orders-eu
+    super_stream: orders
+    output_root: /tmp/out
+    broker_url: {DOWN}
+"""
+
+
+def test_yaml_builds_asset_checks_sensor_and_own_resources_without_the_broker(tmp_path: Path) -> None:
+    comp = component(BASE + """\
+    asset_attributes:
+      key: "streams/{{ pipeline }}"
+      owners: ["team:data"]
+      tags: {tier: gold}
+    freshness:
+      fail_after_seconds: 3600
+    backlog_sensor:
+      min_backlog: 5
+    """)
+    defs = build(comp)
+    key = AssetKey(["streams", "orders-eu"])
+    asset = defs.resolve_assets_def(key)
+    spec = next(iter(asset.specs))
+    assert spec.owners == ["team:data"] and spec.tags["tier"] == "gold"
+    assert set(spec.kinds) == {"rabbitmq", "spark", "parquet"}
+    assert spec.metadata["pipeline"] == "orders-eu"
+    assert "refresh-defs-state" in spec.metadata["streamledger/partitions"]  # nothing discovered yet
+    assert spec.freshness_policy is not None
+    assert check_names(defs) == ["ledger_audit"]
+    [sensor] = defs.sensors or []
+    assert sensor.name == "streams__orders_eu_backlog_sensor"
+    assert set(defs.resources or {}) == {
+        "streamledger_orders_eu_rabbitmq", "streamledger_orders_eu_ledger", "streamledger_orders_eu_spark"
+    }
+
+
+def test_discovered_partitions_come_from_state_not_the_broker(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.write_text(json.dumps({"streams": ["orders-0", "orders-1", "orders-2"], "discovered_at": "x"}))
+    defs = build(component(BASE), state)
+    spec = next(iter(defs.resolve_assets_def("orders_eu").specs))
+    assert spec.metadata["streamledger/partitions"] == ["orders-0", "orders-1", "orders-2"]
+
+
+def test_time_window_partitions_get_a_partition_check_and_no_sensor() -> None:
+    defs = build(component(BASE + """\
+    partitions_def:
+      type: daily
+      start_date: "2026-01-01"
+    """))
+    asset = defs.resolve_assets_def("orders_eu")
+    assert asset.partitions_def is not None
+    assert check_names(defs) == ["ledger_audit", "partition_audit"]
+    assert not defs.sensors
+
+
+def test_the_scaffolded_defs_yaml_resolves() -> None:
+    data = yaml.safe_load(scaffold_yaml(TYPE))
+    assert data["type"] == TYPE
+    comp = StreamBatchComponent.resolve_from_yaml(yaml.safe_dump(data["attributes"]))
+    assert comp.broker_url_env == "STREAMLEDGER_RABBITMQ_URL" and comp.super_stream == "events"
+    defs = build(comp)
+    assert defs.resolve_assets_def(AssetKey(["streams", "my-pipeline"])) is not None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("stream: one\n", "exactly one of stream or super_stream"),
+        ("broker_url_env: X\n", "exactly one of broker_url or broker_url_env"),
+    ],
+)
+def test_bad_yaml_is_one_line_naming_the_pipeline(extra: str, message: str) -> None:
+    with pytest.raises(ComponentConfigError, match=message) as err:
+        component(BASE + "    " + extra)
+    assert "orders-eu" in str(err.value) and "\n" not in str(err.value) and "guest" not in str(err.value)
