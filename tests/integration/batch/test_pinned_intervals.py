@@ -134,3 +134,28 @@ def test_an_interval_whose_end_the_broker_has_not_passed_is_not_ready(
     result = run_batch(idle, run=rid("read", run="late"), ledger=ledger, broker=client, runner=runner)
     assert result.ranges() == {s: [0, 10]}  # the grace has passed: the end is the committed tail
     assert [r.run.run_id for r in ledger.ranges(PIPELINE) if not r.empty] == ["late"]
+
+
+def test_a_partition_not_ready_stops_the_batch_before_any_partition_is_claimed(
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """The batched claim (issue 24) resolves every partition's pinned span before its one claim
+    transaction: a ready partition listed first is not claimed when a later one is not ready."""
+    from streamledger.batch import IntervalNotReady
+
+    sup = stream_name.super_stream("pinsuper")
+    client.create_super_stream(sup, binding_keys=["a", "b"])
+    ready, idle = f"{sup}-a", f"{sup}-b"
+    assert client.partitions(sup) == [ready, idle]
+    publish(rabbitmq_url, ready, 5)
+    publish(rabbitmq_url, idle, 5)
+    end = _now() + timedelta(seconds=1)
+    time.sleep(1.5)
+    publish(rabbitmq_url, ready, 5, start=5)  # stamped after the end: only this partition is resolvable
+    cfg = BatchConfig(pipeline=PIPELINE, url=rabbitmq_url, output_root=str(tmp_path), super_stream=sup,
+                      interval_start=end - timedelta(minutes=1), interval_end=end, bound_by_interval=True,
+                      interval_grace=60.0)
+    with pytest.raises(IntervalNotReady, match=f"stream '{idle}'.*not ready"):
+        run_batch(cfg, run=rid("read", run="pinsuper"), ledger=ledger, broker=client, runner=runner)
+    assert ledger.ranges(PIPELINE) == [] and runner.calls == 0

@@ -3,7 +3,7 @@ as one source at a time (re-run against PostgreSQL in tests/integration/ledger/t
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -63,3 +63,21 @@ def test_commit_many_is_all_or_nothing(ledger: Ledger) -> None:
     assert [p.end for p in positions] == [10, 10, 10, None]
     assert positions[0].stored == 4 and positions[0].watermark.end == 0  # unpublished: the watermark waits
     check_invariants(ledger, PIPE)
+
+
+def test_claim_many_carries_pinned_claims(ledger: Ledger) -> None:
+    # issue 25 through the batched path: each source's span and interval reach the claim rule
+    when = (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 5, tzinfo=UTC))
+    later = ledger.claim(PIPE, SOURCES[0], 300, run(9), initial_start=0, span=(200, 300),
+                         interval=(when[1], when[1] + timedelta(minutes=5)))
+    asks = [ClaimRequest(SOURCES[0], 100, span=(0, 100), interval=when),
+            ClaimRequest(SOURCES[1], 50, initial_start=10, span=(40, 50), interval=when)]
+    got = ledger.claim_many(PIPE, asks, run(1), max_span=5)  # max_span does not apply to a pinned claim
+    assert [(r.start, r.end, r.interval) for r in got] == [(0, 100, when), (40, 50, when)]
+    assert later.start == 200 and ledger.watermark(PIPE, SOURCES[1]).end == 10  # origin 10: [10, 40) a gap
+    # a span overlapping a live range is refused, and then no source of the batch is claimed
+    clash = [ClaimRequest(SOURCES[2], 20, initial_start=0, span=(0, 20), interval=when),
+             ClaimRequest(SOURCES[0], 300, span=(250, 300), interval=when)]
+    with pytest.raises(LedgerError):
+        ledger.claim_many(PIPE, clash, run(2))
+    assert ledger.position(PIPE, SOURCES[2]).end is None  # (pinned gaps: no check_invariants here)
