@@ -4,9 +4,12 @@ Every DAG run reads, for each partition, the offsets from where the pipeline's l
 first offset stamped at or after the run's data interval end (chunk timestamps are the broker's
 clock at publish), writes them to ``<output>/<pipeline>/<partition>/<start>-<end>/`` as Parquet,
 commits the ranges in the ledger and stores the broker offset. With ``catchup=True`` the scheduler
-creates one run per missed interval; ``max_active_runs=1`` keeps them in order, which the ledger's
-contiguity requires. The Asset event of each run carries the ranges it processed, and each run
-ends by auditing the pipeline (ledger invariants and the broker's stored offsets), so an
+creates one run per missed interval; ``max_active_runs=1`` (the default) keeps them in order.
+More runs at once (``STREAMLEDGER_MAX_ACTIVE_RUNS``) stay exactly once: the ledger hands each run
+the next range in claim order (a later interval may take an earlier one's records and leave it an
+empty range), and a run redoes a failed range first, or one whose holder Airflow reports gone. The
+Asset event of each run carries the ranges it processed, and each run ends by auditing the pipeline
+(ledger invariants, the broker's stored offsets and the published outputs), so an
 inconsistency fails the run that caused it.
 """
 
@@ -16,8 +19,10 @@ from datetime import timedelta
 
 from _streamledger_settings import (
     LEDGER_URL,
+    MAX_ACTIVE_RUNS,
     OUTPUT_ROOT,
     PIPELINE,
+    RETRIES,
     SPARK_CONN_ID,
     SPARK_CONNECT_CONN_ID,
     START_DATE,
@@ -36,8 +41,8 @@ with DAG(
     schedule=data_interval_timetable(),
     start_date=START_DATE,
     catchup=True,
-    max_active_runs=1,
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=1)},
+    max_active_runs=MAX_ACTIVE_RUNS,
+    default_args={"retries": RETRIES, "retry_delay": timedelta(seconds=1)},
     tags=["streamledger", "example"],
     doc_md=__doc__,
 ):
