@@ -712,8 +712,10 @@ class ChaosRun:
                     left = sum(r["state"] != "success" for _, r in needed)
                     self.event(f"all {len(needed)} runs up to {what} done ({left} left failed by the "
                                "operator) and the data caught up")
-                    self._checked_until = max(needed[-1][0], ends[-1][0])
-                    return self._checked_until
+                    # runs after the needed ones may still be running: the end-of-run check
+                    # covers only the needed ones, the idle window starts after all of them
+                    self._checked_until = needed[-1][0]
+                    return max(needed[-1][0], ends[-1][0])
             if time.monotonic() > deadline:
                 bad = Counter(r["state"] for _, r in needed if not self._ok(r))
                 self.violation(f"DAG runs covering {what} did not all succeed within "
