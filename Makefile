@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(VENV))/bin/python
 export STREAMLEDGER_HOME ?= /var/tmp/streamledger
 
-.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench clean chaos cluster-test install-test
+.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench clean chaos chaos-parallel cluster-test install-test
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh $(wildcard src/streamledger/protocol/*/*.c)
@@ -50,6 +50,11 @@ bench: venv
 CHAOS_ARGS ?=
 chaos: venv
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
+
+# The same with max_active_runs=3 and retries=0, an operator clearing only some failed runs
+# (never all): later runs must finish what failed ones left, still exactly once.
+chaos-parallel: venv
+	$(PY) -m tests.chaos --parallel $(CHAOS_ARGS)
 
 # The 3-node RabbitMQ 4.3 cluster tests (docs/servers.md): boots the cluster (~10 s), runs them (~20 s)
 # and stops it again; not part of `make test`.

@@ -16,6 +16,8 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_MIN_BACKLOG`` | ``1`` | new offsets that start an event-driven run |
 | ``STREAMLEDGER_POLL_INTERVAL`` | ``30`` | seconds between the event trigger's checks |
 | ``STREAMLEDGER_MAX_RECORDS`` | ``1000000`` | cap per partition and batch (event-driven, mapped) |
+| ``STREAMLEDGER_MAX_ACTIVE_RUNS`` | ``4`` | ``max_active_runs`` of the backfill DAG |
+| ``STREAMLEDGER_RETRIES`` | ``1`` | ``retries`` of the backfill DAG's batch task (its audit never retries) |
 
 The broker comes from the ``rabbitmq_stream_default`` connection, the ledger from the backfill DAG's
 ``ledger_url`` when ``STREAMLEDGER_DAG_LEDGER_URL`` is set, else ``STREAMLEDGER_LEDGER_URL`` (default:
@@ -41,6 +43,8 @@ EVENT_PIPELINE = os.environ.get("STREAMLEDGER_EVENT_PIPELINE") or f"{PIPELINE}-o
 MIN_BACKLOG = int(os.environ.get("STREAMLEDGER_MIN_BACKLOG", "1"))
 POLL_INTERVAL = float(os.environ.get("STREAMLEDGER_POLL_INTERVAL", "30"))
 MAX_RECORDS = int(os.environ.get("STREAMLEDGER_MAX_RECORDS", "1000000"))
+MAX_ACTIVE_RUNS = int(os.environ.get("STREAMLEDGER_MAX_ACTIVE_RUNS", "4"))
+RETRIES = int(os.environ.get("STREAMLEDGER_RETRIES", "1"))
 
 
 def data_interval_timetable(spec: str = INTERVAL) -> object:

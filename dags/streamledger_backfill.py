@@ -10,6 +10,8 @@ intervals in parallel, a rerun of an old interval reproduces its range, and a fa
 its range for its own retry (the broker offset waits at it meanwhile). A run whose interval end the
 broker has not passed yet defers until it has. The Asset event of each run carries the ranges it
 processed and the interval as its ``partition_key``; each run ends by auditing the pipeline.
+``STREAMLEDGER_MAX_ACTIVE_RUNS`` / ``STREAMLEDGER_RETRIES`` set how many intervals run at once (default 4)
+and the batch task's retries (default 1); `make chaos-parallel` runs 3 at once with no retries.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from datetime import timedelta
 
 from _streamledger_settings import (
     LEDGER_URL,
+    MAX_ACTIVE_RUNS,
     OUTPUT_ROOT,
     PIPELINE,
+    RETRIES,
     SPARK_CONN_ID,
     SPARK_CONNECT_CONN_ID,
     START_DATE,
@@ -38,8 +42,8 @@ with DAG(
     schedule=data_interval_timetable(),
     start_date=START_DATE,
     catchup=True,
-    max_active_runs=4,
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=1)},
+    max_active_runs=MAX_ACTIVE_RUNS,
+    default_args={"retries": RETRIES, "retry_delay": timedelta(seconds=1)},
     tags=["streamledger", "example"],
     doc_md=__doc__,
 ):

@@ -1,4 +1,5 @@
-"""``python -m tests.chaos [--seed N] [--kills N] [--duration S]``: one chaos run, exit 1 on any violation."""
+"""``python -m tests.chaos [--parallel] [--seed N] [--kills N] [--duration S]``: one chaos run, exit 1 on
+any violation. ``--parallel``: max_active_runs=3, retries=0, the operator clears only some failed runs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=int, default=defaults.interval, help="DAG data interval in seconds")
     p.add_argument("--rate", type=float, default=defaults.rate, help="records published per second")
     p.add_argument("--idle-runs", type=int, default=defaults.idle_runs, help="live idle intervals to watch")
+    p.add_argument("--parallel", action="store_true",
+                   help="max_active_runs=3 and retries=0; the operator clears only some failed runs")
+    p.add_argument("--clear-probability", type=float, default=defaults.clear_probability,
+                   help="--parallel: the chance the operator ever clears a failed run (never all)")
     p.add_argument("--no-broker-restart", action="store_true")
     p.add_argument("--no-postgres-restart", action="store_true")
     p.add_argument("--settle-timeout", type=float, default=defaults.settle_timeout)
@@ -30,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=a.seed, kills=a.kills, duration=a.duration, interval=a.interval, rate=a.rate,
         idle_runs=a.idle_runs, broker_restart=not a.no_broker_restart,
         postgres_restart=not a.no_postgres_restart, settle_timeout=a.settle_timeout, scratch=a.scratch,
-        broker_home=a.broker_home, keep=a.keep,
+        broker_home=a.broker_home, keep=a.keep, parallel=a.parallel, clear_probability=a.clear_probability,
     )
     # Tear the servers down on SIGTERM/SIGINT too (a background job starts with SIGINT ignored).
     def interrupt(signum: int, frame: object) -> None:

@@ -12,6 +12,11 @@ publishing numbered records:
 * restarts PostgreSQL once as soon as a job has written its manifest, i.e. around the ledger commit;
 * clears failed task instances through the REST API, as an operator would.
 
+``parallel`` is the variant of issue 19: the DAG runs with ``max_active_runs=3`` and ``retries=0``
+(a killed task is simply failed) and the operator clears only some failed runs (a seeded coin per
+run, never all of them), so later runs must finish what the failed ones left: abandon their claims
+(Airflow reports the holder gone) and publish what they committed.
+
 Then it stops publishing, lets the scheduler run the intervals that cover the last record plus a few
 idle ones, pauses the DAG and checks, from the ledger, the outputs and the broker:
 
@@ -19,8 +24,11 @@ idle ones, pauses the DAG and checks, from the ledger, the outputs and the broke
   and every committed output is readable and holds the committed count;
 * per partition, the broker's stored offset is the ledger's watermark (end of the contiguous
   committed/lost prefix minus one), or lags it only over offsets holding no user record;
-* no range is left ``claimed``; ``Ledger.audit(pipeline, broker=client)`` is clean;
-* every DAG run succeeded (after the operator's clears);
+* no range is left ``claimed``, every committed range with records is published, and
+  ``streamledger.batch.proof.audit(ledger, pipeline, broker=client, deep=True)`` (the ledger's audit
+  plus the published outputs) is clean;
+* every DAG run succeeded (after the operator's clears); in the parallel variant, the runs the
+  operator chose to leave failed may stay failed (they are counted, not excused in the data);
 * idle intervals wrote nothing to the stream.
 
 Each violation is one line; the figures (kills, restarts, records, runs, tries, wall time) are
@@ -71,6 +79,9 @@ class ChaosOptions:
     broker_restart: bool = True
     postgres_restart: bool = True
     clear_delay: tuple[float, float] = (5.0, 60.0)  # seconds an operator takes to clear a failed run
+    # issue 19's variant: max_active_runs=3, retries=0, and the operator clears only some failed runs
+    parallel: bool = False
+    clear_probability: float = 0.5  # parallel only: the chance a failed run is ever cleared
     idle_runs: int = 2  # intervals with no new data to watch after the last record is covered
     settle_timeout: float = 2400.0  # for the final intervals to run and all DAG runs to succeed
     scratch: Path | None = None
@@ -80,6 +91,16 @@ class ChaosOptions:
     def __post_init__(self) -> None:
         if self.kills < 0 or self.duration <= 0 or self.interval < 2 or self.partitions < 1:
             raise ValueError("kills >= 0, duration > 0, interval >= 2 s and partitions >= 1 are required")
+        if not 0.0 <= self.clear_probability <= 1.0:
+            raise ValueError("clear_probability must be within [0, 1]")
+
+    @property
+    def max_active_runs(self) -> int:
+        return 3 if self.parallel else 1
+
+    @property
+    def retries(self) -> int:
+        return 0 if self.parallel else 1
 
 
 @dataclass
@@ -99,6 +120,9 @@ class Figures:
     dag_run_states: Counter[str] = field(default_factory=Counter)
     task_tries: int = 0
     clears: int = 0
+    mode: str = "serial"
+    failed_runs: int = 0  # distinct runs that failed at least once
+    left_failed: list[str] = field(default_factory=list)  # runs the operator chose never to clear
     ranges: Counter[str] = field(default_factory=Counter)
     idle_growth: dict[str, int] = field(default_factory=dict)
     offset_samples: int = 0
@@ -116,7 +140,10 @@ class Figures:
             f"duplicates: {self.duplicates}",
             f"unexpected: {self.unexpected}",
             f"DAG runs: {self.dag_runs} ({_counts(self.dag_run_states)})",
+            f"mode: {self.mode}",
             f"task tries: {self.task_tries}; operator clears: {self.clears}",
+            f"failed runs: {self.failed_runs}; left failed by the operator: {len(self.left_failed)}"
+            + (f" ({', '.join(self.left_failed)})" if self.left_failed else ""),
             f"ledger ranges: {_counts(self.ranges)}",
             f"idle stream growth (offsets written by idle runs): {self.idle_growth or 'none'}",
             f"stored offset vs watermark samples during the run: {self.offset_samples}",
@@ -333,7 +360,10 @@ class ChaosRun:
         self.rng = random.Random(opts.seed)
         # its own stream of draws: how often the operator looks depends on timing, the kill plan must not
         self.operator_rng = random.Random(opts.seed + 1_000_003)
-        self.fig = Figures()
+        self.fig = Figures(mode=(f"parallel (max_active_runs {opts.max_active_runs}, retries {opts.retries}, "
+                                 f"operator clears a failed run with p={opts.clear_probability})")
+                           if opts.parallel else
+                           f"serial (max_active_runs {opts.max_active_runs}, retries {opts.retries})")
         self.violations: list[str] = []
         base = Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger"))
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
@@ -354,6 +384,9 @@ class ChaosRun:
         self._seen_manifests: set[str] = set()
         self._ti_tasks: dict[str, str] = {}
         self._failed_since: dict[str, float] = {}
+        self._clear_decision: dict[str, bool] = {}  # parallel: run id -> does the operator clear it
+        self._seen_failed: set[str] = set()
+        self._tails_at_stop: dict[str, int] = {}
         self._checked_until: float | None = None  # data interval end of the last run waited for
 
     # -- helpers ---------------------------------------------------------------------------
@@ -430,6 +463,8 @@ class ChaosRun:
             "STREAMLEDGER_LEDGER_URL": self.ledger_url,
             "STREAMLEDGER_OUTPUT_ROOT": str(self.output_root),
             "STREAMLEDGER_HOME": str(self.scratch),
+            "STREAMLEDGER_MAX_ACTIVE_RUNS": str(self.opts.max_active_runs),
+            "STREAMLEDGER_RETRIES": str(self.opts.retries),
             "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
         }
@@ -448,7 +483,7 @@ class ChaosRun:
         self.monitor.start()
         self.af.api("PATCH", f"dags/{DAG_ID}", {"is_paused": False})
         self.event(f"{DAG_ID} unpaused: super stream {self.super_stream} x{len(self.streams)}, "
-                   f"interval {interval}s from {start:%H:%M:%S}")
+                   f"interval {interval}s from {start:%H:%M:%S}, {self.fig.mode}")
 
     # -- the operator ------------------------------------------------------------------------
 
@@ -457,12 +492,16 @@ class ChaosRun:
 
         Not at once: each failure waits a seeded 5-60 s first, so later runs often go ahead of a
         failed one (``max_active_runs=1`` only counts running runs), as they would in production.
+        In the parallel variant the operator clears only some runs (:meth:`_will_clear`).
         """
         now = time.monotonic()
         for run in self.af.dag_runs(DAG_ID):
             key = run["dag_run_id"]
             if run["state"] != "failed":
                 self._failed_since.pop(key, None)
+                continue
+            self._seen_failed.add(key)
+            if not self._will_clear(key):
                 continue
             due = self._failed_since.setdefault(key, now + self.operator_rng.uniform(*self.opts.clear_delay))
             if now < due:
@@ -473,6 +512,28 @@ class ChaosRun:
             del self._failed_since[key]
             self.fig.clears += 1
             self.event(f"operator cleared failed tasks of {key}")
+
+    def _will_clear(self, run_id: str) -> bool:
+        """Whether the operator ever clears this failed run: always, except in the parallel variant,
+        where a seeded coin decides once per run, and never all of them: a run that would be the
+        second cleared one while none was left yet is left, so with two failed runs or more at
+        least one stays failed and later runs must finish its work."""
+        if not self.opts.parallel:
+            return True
+        if run_id not in self._clear_decision:
+            clear = self.operator_rng.random() < self.opts.clear_probability
+            if clear and self._clear_decision and not self.fig.left_failed:
+                clear = False
+            self._clear_decision[run_id] = clear
+            if not clear:
+                self.fig.left_failed.append(run_id)
+                self.event(f"operator leaves failed run {run_id} alone (never cleared)")
+        return self._clear_decision[run_id]
+
+    def _ok(self, run: dict[str, Any]) -> bool:
+        """A run that needs nothing more: succeeded, or failed and left alone by the operator."""
+        return run["state"] == "success" or (
+            run["state"] == "failed" and self._clear_decision.get(run["dag_run_id"]) is False)
 
     # -- chaos -------------------------------------------------------------------------------
 
@@ -583,7 +644,10 @@ class ChaosRun:
         if self.publisher.error:
             self.violation(f"publisher failed: {self.publisher.error!r}")
         stopped = time.time()
-        self.event(f"publishing stopped: {len(self.publisher.confirmed)} records confirmed")
+        with self.client() as client:
+            self._tails_at_stop = {s: client.committed_tail(s) for s in self.streams}
+        self.event(f"publishing stopped: {len(self.publisher.confirmed)} records confirmed, "
+                   f"tails {self._tails_at_stop}")
         interval = self.opts.interval
         # The run whose interval ends after the last publish (+1 interval of margin for broker clock
         # and chunk granularity) reads the last record.
@@ -623,6 +687,11 @@ class ChaosRun:
     def _wait_runs_until(self, until: float, what: str) -> float | None:
         """Wait until the DAG run whose data interval contains ``until`` and all before it succeeded.
 
+        In the parallel variant, runs the operator left failed count as done, so their work falls
+        to later runs: the wait goes on (more intervals, more runs) until the data is caught up
+        (:meth:`_caught_up`), and returns the newest run's interval end, so that idle intervals
+        are only the ones after it.
+
         Returns that run's data interval end (epoch seconds), or ``None`` (a violation) on timeout.
         """
         deadline = time.monotonic() + self.opts.settle_timeout
@@ -634,12 +703,21 @@ class ChaosRun:
             ends = sorted(((datetime.fromisoformat(r["data_interval_end"]).timestamp(), r) for r in runs),
                           key=lambda er: er[0])
             needed = [(e, r) for e, r in ends if e - self.opts.interval < until]
-            if needed and needed[-1][0] >= until and all(r["state"] == "success" for _, r in needed):
-                self.event(f"all {len(needed)} runs up to {what} succeeded")
-                self._checked_until = needed[-1][0]
-                return needed[-1][0]
+            if needed and needed[-1][0] >= until and all(self._ok(r) for _, r in needed):
+                if not self.opts.parallel:
+                    self.event(f"all {len(needed)} runs up to {what} succeeded")
+                    self._checked_until = needed[-1][0]
+                    return needed[-1][0]
+                if self._caught_up():
+                    left = sum(r["state"] != "success" for _, r in needed)
+                    self.event(f"all {len(needed)} runs up to {what} done ({left} left failed by the "
+                               "operator) and the data caught up")
+                    # runs after the needed ones may still be running: the end-of-run check
+                    # covers only the needed ones, the idle window starts after all of them
+                    self._checked_until = needed[-1][0]
+                    return max(needed[-1][0], ends[-1][0])
             if time.monotonic() > deadline:
-                bad = Counter(r["state"] for _, r in needed if r["state"] != "success")
+                bad = Counter(r["state"] for _, r in needed if not self._ok(r))
                 self.violation(f"DAG runs covering {what} did not all succeed within "
                                f"{self.opts.settle_timeout:.0f}s: {dict(bad)} of {len(needed)} not success")
                 return None
@@ -649,11 +727,35 @@ class ChaosRun:
                 self.event(f"waiting for {what}: runs {dict(states)}")
             time.sleep(3)
 
+    def _caught_up(self) -> bool:
+        """The parallel variant's "done": no claim left, every committed range published, the
+        watermark past every offset that existed when publishing stopped, and the whole audit
+        (ledger, broker offsets, outputs) clean. Any doubt (a server restarting) is "not yet"."""
+        from streamledger.batch.proof import audit
+        from streamledger.ledger import RangeStatus
+
+        try:
+            with self.ledger() as ledger:
+                ranges = ledger.ranges(self.pipeline)
+                if any(r.status == RangeStatus.CLAIMED or (r.status == RangeStatus.COMMITTED and r.records
+                                                           and r.published_at is None) for r in ranges):
+                    return False
+                marks = watermarks(ranges, self.streams)
+                for stream, tail in self._tails_at_stop.items():
+                    mark = marks[stream]
+                    if tail > 0 and (mark is None or mark < tail - 1):
+                        return False
+                with self.client() as client:
+                    return bool(audit(ledger, self.pipeline, broker=client).clean)
+        except Exception:
+            return False
+
     # -- verification ------------------------------------------------------------------------
 
     def verify(self) -> None:
         import pyarrow.parquet as pq
 
+        from streamledger.batch.proof import audit as proof_audit
         from streamledger.ledger import RangeStatus
 
         assert self.publisher is not None
@@ -667,6 +769,9 @@ class ChaosRun:
             for r in ranges:
                 if r.status == RangeStatus.CLAIMED:
                     self.violation(f"claim left: {r.source.stream} [{r.start}, {r.end}) held by {r.run}")
+                if r.status == RangeStatus.COMMITTED and r.records and r.published_at is None:
+                    self.violation(f"committed range {r.source.stream} [{r.start}, {r.end}) ({r.records} "
+                                   f"records, committed by {r.run}) never published")
             ids: Counter[int] = Counter()
             rows_by_stream: dict[str, list[int]] = {}
             for r in ranges:
@@ -710,7 +815,7 @@ class ChaosRun:
                                f"(ids {strangers[:8]})")
             self._check_offsets(ranges, rows_by_stream)
             with self.client() as client:
-                report = ledger.audit(self.pipeline, broker=client)
+                report = proof_audit(ledger, self.pipeline, broker=client, deep=True)
             if not report.clean:
                 for line in report.to_text().splitlines():
                     if line.strip():
@@ -748,12 +853,15 @@ class ChaosRun:
         self.fig.dag_run_states = Counter(r["state"] for r in runs)
         tis = self.af.task_instances(DAG_ID)
         self.fig.task_tries = sum(int(ti.get("try_number") or 0) for ti in tis)
+        self._seen_failed.update(r["dag_run_id"] for r in runs if r["state"] == "failed")
+        self.fig.failed_runs = len(self._seen_failed)
         # Runs the scheduler started after the last one waited for are cut short by the pause.
         until = self._checked_until or float("inf")
-        bad = [r["dag_run_id"] for r in runs if r["state"] != "success"
+        bad = [r["dag_run_id"] for r in runs if not self._ok(r)
                and datetime.fromisoformat(r["data_interval_end"]).timestamp() <= until]
         if bad:
-            self.violation(f"{len(bad)} DAG runs not successful at the end: {bad[:5]}")
+            self.violation(f"{len(bad)} DAG runs not successful at the end (and not left failed by the "
+                           f"operator): {bad[:5]}")
 
     # -- all of it ---------------------------------------------------------------------------
 
