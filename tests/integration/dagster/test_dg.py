@@ -156,7 +156,7 @@ def test_dg_scaffold_check_refresh_launch(rabbitmq_url: str, super_stream: tuple
     committed = sorted((r.source.stream, r.start, r.end, r.records) for r in ledger.ranges(pipeline)
                        if str(r.status) == "committed")
     assert committed == [(p, 0, 15, 15) for p in partitions]
-    ids = [json.loads(b)["id"] for f in sorted((out / pipeline).glob("*/*/*.parquet"))
+    ids = [json.loads(b)["id"] for f in sorted((out / pipeline).glob("*/*/*/*.parquet"))
            for b in pq.read_table(f, columns=["body"]).column("body").to_pylist()]
     assert sorted(ids) == list(range(30))
     print("dg timings (s):", timings)
