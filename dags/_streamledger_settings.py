@@ -17,6 +17,7 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_POLL_INTERVAL`` | ``30`` | seconds between the event trigger's checks |
 | ``STREAMLEDGER_MAX_RECORDS`` | ``1000000`` | cap per partition and batch (event-driven, mapped) |
 | ``STREAMLEDGER_MAX_ACTIVE_RUNS`` | ``4`` | ``max_active_runs`` of the backfill DAG |
+| ``STREAMLEDGER_BOUND_BY_INTERVAL`` | ``1`` | pinned ranges in the backfill DAG (``0``: claim order) |
 | ``STREAMLEDGER_RETRIES`` | ``1`` | ``retries`` of the backfill DAG's batch task (its audit never retries) |
 
 The broker comes from the ``rabbitmq_stream_default`` connection, the ledger from the backfill DAG's
@@ -45,6 +46,7 @@ POLL_INTERVAL = float(os.environ.get("STREAMLEDGER_POLL_INTERVAL", "30"))
 MAX_RECORDS = int(os.environ.get("STREAMLEDGER_MAX_RECORDS", "1000000"))
 MAX_ACTIVE_RUNS = int(os.environ.get("STREAMLEDGER_MAX_ACTIVE_RUNS", "4"))
 RETRIES = int(os.environ.get("STREAMLEDGER_RETRIES", "1"))
+BOUND_BY_INTERVAL = os.environ.get("STREAMLEDGER_BOUND_BY_INTERVAL", "1") not in ("0", "false", "False")
 
 
 def data_interval_timetable(spec: str = INTERVAL) -> object:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from _streamledger_settings import (
+    BOUND_BY_INTERVAL,
     LEDGER_URL,
     MAX_ACTIVE_RUNS,
     OUTPUT_ROOT,
@@ -51,7 +52,7 @@ with DAG(
         task_id="read_interval",
         pipeline=PIPELINE,
         super_stream=SUPER_STREAM,
-        bound_by_interval=True,
+        bound_by_interval=BOUND_BY_INTERVAL,
         initial_position="interval_start",
         spark_conn_id=SPARK_CONN_ID,
         spark_connect_conn_id=SPARK_CONNECT_CONN_ID,

@@ -102,6 +102,14 @@ class ChaosOptions:
     def retries(self) -> int:
         return 0 if self.parallel else 1
 
+    @property
+    def bound_by_interval(self) -> bool:
+        """Pinned interval ranges keep a failed interval's range for that interval's own retry or
+        clear (issue 25), so a run the operator never clears would leave its records unprocessed by
+        design: the parallel variant (issue 19: later runs redo what failed ones left) claims in
+        claim order; the serial one runs the DAG as shipped (pinned)."""
+        return not self.parallel
+
 
 @dataclass
 class Figures:
@@ -465,6 +473,7 @@ class ChaosRun:
             "STREAMLEDGER_HOME": str(self.scratch),
             "STREAMLEDGER_MAX_ACTIVE_RUNS": str(self.opts.max_active_runs),
             "STREAMLEDGER_RETRIES": str(self.opts.retries),
+            "STREAMLEDGER_BOUND_BY_INTERVAL": "1" if self.opts.bound_by_interval else "0",
             "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
         }
