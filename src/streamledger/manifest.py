@@ -9,7 +9,7 @@ slightly different readings; here it is parsed and checked once, with one-line e
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,6 +37,14 @@ def _str(data: Mapping[str, Any], key: str, where: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ManifestError(f"{where}: {key!r} must be a string, got {value!r}")
     return value
+
+
+def _files(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ManifestError(f"manifest: 'files' must be a list of names, got {value!r}")
+    return tuple(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +116,14 @@ class Manifest:
     pipeline: str | None = None
     broker: str | None = None
     range_id: int | None = None
+    files: tuple[str, ...] | None = None
+    """A published range's data files (relative names): the audit compares the directory with it, so
+    a file deleted, added or copied there is found without reading any data."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this version does not know (kept, so a newer writer's fields survive a rewrite)."""
 
     _KNOWN = ("streams", "output", "format", "decode", "splits", "written_at", "pipeline", "broker",
-              "range_id")
+              "range_id", "files")
 
     @classmethod
     def from_dict(cls, data: Any) -> Manifest:
@@ -131,6 +142,7 @@ class Manifest:
             pipeline=_str(data, "pipeline", "manifest"),
             broker=_str(data, "broker", "manifest"),
             range_id=_int(data, "range_id", "manifest", optional=True),
+            files=_files(data.get("files")),
             extra={k: v for k, v in data.items() if k not in cls._KNOWN},
         )
 
@@ -149,6 +161,8 @@ class Manifest:
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
+        if self.files is not None:
+            out["files"] = list(self.files)
         return out
 
     def to_json(self) -> bytes:
@@ -166,8 +180,10 @@ class Manifest:
             return output
         raise ManifestError(f"the job's manifest gives no path for stream {stream!r}")
 
-    def for_range(self, stream: str, *, pipeline: str, broker: str, range_id: int, output: str) -> Manifest:
+    def for_range(self, stream: str, *, pipeline: str, broker: str, range_id: int, output: str,
+                  files: Sequence[str] | None = None) -> Manifest:
         """The published copy for one range: only its stream, named by pipeline, broker and range id."""
         entry = self.streams[stream]
         return replace(self, streams={stream: replace(entry, path=None)}, pipeline=pipeline, broker=broker,
-                       range_id=range_id, output=output)
+                       range_id=range_id, output=output,
+                       files=None if files is None else tuple(sorted(files)))

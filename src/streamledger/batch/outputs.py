@@ -27,8 +27,8 @@ from streamledger.manifest import MANIFEST, Manifest
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "MANIFEST", "load_manifest", "local_path", "publish", "published", "read_manifest", "remove",
-    "write_manifest",
+    "MANIFEST", "data_file_names", "load_manifest", "local_path", "publish", "published", "read_manifest",
+    "remove", "write_manifest",
 ]
 
 
@@ -55,6 +55,11 @@ def load_manifest(directory: str, fs: OutputFS = LOCAL) -> Manifest | None:
     """The typed manifest in ``directory``; None when there is none (ManifestError when unreadable)."""
     raw = fs.read_bytes(join(directory, MANIFEST))
     return None if raw is None else Manifest.from_json(raw)
+
+
+def data_file_names(location: str, fs: OutputFS = LOCAL) -> list[str]:
+    """A range directory's data files, relative and sorted (``_``/``.`` files are not data)."""
+    return sorted(n for n in fs.files(location) if not n.split("/")[-1].startswith(("_", ".")))
 
 
 def published(final: str, range_id: int, fs: OutputFS = LOCAL) -> bool:

@@ -48,7 +48,7 @@ def count_rows(location: str, fmt: str, fs: filesystems.OutputFS) -> int:
     """Rows in the data files of one published range directory (``_``/``.`` files are not data)."""
     import pyarrow.dataset as ds
 
-    names = [n for n in fs.files(location) if not n.split("/")[-1].startswith(("_", "."))]
+    names = outputs.data_file_names(location, fs)
     if not names:
         return 0
     arrow_fs: Any = None
@@ -91,6 +91,14 @@ def check_output(rng: OffsetRange, fs: filesystems.OutputFS, *, deep: bool = Fal
         return _violation(ViolationKind.OUTPUT_MISMATCH, rng,
                           f"{where}: the manifest says [{entry.start}, {entry.end}) records/first/last "
                           f"{entry.counts}, the ledger {ledger_counts}")
+    if manifest.files is not None:
+        found = outputs.data_file_names(where, fs)
+        if found != sorted(manifest.files):
+            extra = sorted(set(found) - set(manifest.files))
+            gone = sorted(set(manifest.files) - set(found))
+            return _violation(ViolationKind.OUTPUT_MISMATCH, rng,
+                              f"{where}: its data files differ from its manifest (not in the manifest: "
+                              f"{extra or 'none'}; missing: {gone or 'none'})")
     if deep:
         try:
             rows = count_rows(where, manifest.format or "parquet", fs)

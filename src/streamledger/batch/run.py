@@ -430,9 +430,9 @@ class BatchRun:
         p.staging = path
         assert p.range is not None
         final = p.range.output or self._final(r.stream, r.start, r.end)
-        outputs.write_manifest(path, manifest.for_range(r.stream, pipeline=self.config.pipeline,
-                                                        broker=self.identity, range_id=p.range.id,
-                                                        output=final), self.fs)
+        outputs.write_manifest(path, manifest.for_range(
+            r.stream, pipeline=self.config.pipeline, broker=self.identity, range_id=p.range.id,
+            output=final, files=outputs.data_file_names(path, self.fs)), self.fs)
 
     # -- commit + publish ------------------------------------------------------------------------
 

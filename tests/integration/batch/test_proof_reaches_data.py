@@ -141,8 +141,8 @@ def test_the_audit_checks_the_published_outputs(
     ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Item 2: a deleted range directory, a foreign one, and (with --deep) missing rows each make
-    ``streamledger ledger audit`` exit 1 naming the directory."""
+    """Item 2: a deleted range directory, a foreign one, a duplicated and a missing data file each
+    make ``streamledger ledger audit`` exit 1 naming the directory."""
     s = stream_name("outaudit")
     create_stream(rabbitmq_url, s, 90)
     cfg = config(rabbitmq_url, tmp_path, s, max_offsets=30)
@@ -161,10 +161,12 @@ def test_the_audit_checks_the_published_outputs(
     assert rc == 1 and "foreign" in out and str(second.output) in out, out
 
     data = sorted(p for p in Path(str(third.output)).iterdir() if p.suffix == ".parquet")
+    shutil.copy(data[0], data[0].with_name("copy-" + data[0].name))  # a duplicated data file
+    rc, out = audit_cli(capsys, ledger)  # the manifest lists the range's files: no data read
+    assert rc == 1 and "not in the manifest" in out and str(third.output) in out, out
     data[0].unlink()
-    assert str(third.output) not in audit_cli(capsys, ledger)[1]  # the manifest alone still agrees
     rc, out = audit_cli(capsys, ledger, "--deep")
-    assert rc == 1 and "rows" in out and str(third.output) in out, out
+    assert rc == 1 and "missing" in out and str(third.output) in out, out
 
 
 def test_a_deleted_and_recreated_stream_is_refused_until_a_new_epoch(

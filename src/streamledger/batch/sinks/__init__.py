@@ -177,8 +177,9 @@ def make_sink(config: BatchConfig, ledger: Ledger) -> Sink:
 
 def data_files(location: str, fs: filesystems.OutputFS = filesystems.LOCAL) -> list[str]:
     """The data files of a range directory, as locations (``_``/``.`` files are not data)."""
-    return [filesystems.join(location, n) for n in fs.files(location)
-            if not n.split("/")[-1].startswith(("_", "."))]
+    from streamledger.batch.outputs import data_file_names
+
+    return [filesystems.join(location, n) for n in data_file_names(location, fs)]
 
 
 def summary(batch: SinkBatch, ranges: list[SinkRange]) -> dict[str, str]:
