@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # Runs the whole pytest suite; servers are provisioned and started by the fixtures.
-# Fails when pytest collects nothing (exit 5) or anything else goes wrong.
+# Fails when pytest collects nothing (exit 5) in any lane, or anything else goes wrong.
 #
-# Two pytest processes: PySpark refuses a Spark Connect session in a process that already runs a
-# classic (local) SparkSession, and most of the suite shares one classic session. So the tests that
-# open Connect sessions in-process (tests/integration/spark/test_connect.py) run in their own process.
+# Two lanes run at the same time, because most of the suite's wall time is spent waiting, not computing:
+# * lane "core": tests/unit and tests/integration in one process (one shared classic SparkSession);
+# * lane "airflow": tests/e2e, tests/chaos and tests/install, whose time goes to Airflow's own
+#   processes (the scheduler's loops, `airflow dags test` starting up, pip), then, in a process of its
+#   own, the tests that open Spark Connect sessions in-process (tests/integration/spark/test_connect.py):
+#   PySpark refuses a Connect session in a process that already runs a classic session.
+# The servers are shared safely: the fixtures start each one once under an fcntl lock, tests use
+# their own streams, databases and Airflow homes, and the chaos run restarts only its private servers.
+# The core lane prints as it goes; the airflow lane's output follows when both are done.
+# STREAMLEDGER_TEST_LANES=1 runs the lanes one after the other (for a quiet profile of each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 CONNECT_TESTS=tests/integration/spark/test_connect.py
+AIRFLOW_LANE=(tests/e2e tests/chaos tests/install)
 
 run() {
   set +e
@@ -26,7 +34,39 @@ if [ "$#" -gt 0 ]; then
   run "$@"
   exit $?
 fi
+
+airflow_lane() {
+  local rc=0
+  run "${AIRFLOW_LANE[@]}" || rc=$?
+  run "$CONNECT_TESTS" || rc=$?
+  return "$rc"
+}
+
+core_lane() {
+  run tests/unit tests/integration --ignore="$CONNECT_TESTS"
+}
+
+began=$SECONDS
 rc=0
-run --ignore="$CONNECT_TESTS" || rc=$?
-run "$CONNECT_TESTS" || rc=$?
+if [ "${STREAMLEDGER_TEST_LANES:-2}" = "1" ]; then
+  core_lane || rc=$?
+  echo "== lane core: $((SECONDS - began)) s"
+  mark=$SECONDS
+  airflow_lane || rc=$?
+  echo "== lane airflow: $((SECONDS - mark)) s"
+  exit "$rc"
+fi
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+( airflow_lane > "$logs/airflow.log" 2>&1; echo $? > "$logs/airflow.rc"; echo $((SECONDS - began)) > "$logs/airflow.s" ) &
+lane=$!
+core_lane || rc=$?
+echo "== lane core: $((SECONDS - began)) s (exit $rc)"
+wait "$lane" || true
+airflow_rc=$(cat "$logs/airflow.rc" 2>/dev/null || echo 1)
+echo "== lane airflow (tests/e2e tests/chaos tests/install, then $CONNECT_TESTS): $(cat "$logs/airflow.s" 2>/dev/null || echo '?') s (exit $airflow_rc)"
+cat "$logs/airflow.log"
+echo "== both lanes: $((SECONDS - began)) s"
+[ "$airflow_rc" -eq 0 ] || rc=$airflow_rc
 exit "$rc"
