@@ -189,14 +189,16 @@ def get_provider_info() -> dict[str, Any]:
         ],
         # The "Stream ledger" UI page; the airflow.plugins entry point registers it too (Airflow
         # reads this list only when providers are not discovered lazily).
-        "plugins": [{"name": "streamledger", "plugin-class": "streamledger.plugins.ledger_ui.StreamLedgerPlugin"}],
+        "plugins": [
+            {"name": "streamledger", "plugin-class": "streamledger.plugins.ledger_ui.StreamLedgerPlugin"},
+        ],
         "config": {
             "streamledger": {
                 "description": "Settings of the streamledger provider's Stream ledger UI page.\n",
                 "options": {
                     "ui_ledger_conn_id": {
-                        "description": "Connection (type streamledger_ledger) of the ledger the Stream ledger "
-                        "page shows. Empty: STREAMLEDGER_LEDGER_URL, else the SQLite file under "
+                        "description": "Connection (type streamledger_ledger) of the ledger the Stream "
+                        "ledger page shows. Empty: STREAMLEDGER_LEDGER_URL, else the SQLite file under "
                         "STREAMLEDGER_HOME (the example DAGs' default).\n",
                         "version_added": None,
                         "type": "string",
@@ -204,7 +206,8 @@ def get_provider_info() -> dict[str, Any]:
                         "default": "",
                     },
                     "ui_stale_after": {
-                        "description": "Seconds after which a claim not heard from shows as stuck on the page.\n",
+                        "description": "Seconds after which a claim not heard from shows as stuck on the "
+                        "page.\n",
                         "version_added": None,
                         "type": "float",
                         "example": "600",

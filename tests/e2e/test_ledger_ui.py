@@ -122,7 +122,8 @@ def test_viewer_token_reads_the_ledger(ui_server: Server) -> None:
         assert len(src["spans"]) < 12
 
     sid = pipeline["sources"][0]["id"]
-    status, page = get(f"{ui_server.url}/streamledger/api/sources/{sid}/ranges?low=0&high=1000&limit=5", token)
+    status, page = get(f"{ui_server.url}/streamledger/api/sources/{sid}/ranges?low=0&high=1000&limit=5",
+                       token)
     assert status == 200, page
     first = page["ranges"][0]
     run = ledger_fill.run_id(0)
@@ -158,10 +159,12 @@ def test_page_in_headless_chromium(ui_server: Server, tmp_path: Path) -> None:
 
         for planted in ui_server.filled.planted:
             row = f'tr.source-row[data-stream="{planted.stream}"]'
-            gaps = browser.find_all(f'{row} .seg.gap[data-start="{planted.gap[0]}"][data-end="{planted.gap[1]}"]')
+            start, end = planted.gap
+            gaps = browser.find_all(f'{row} .seg.gap[data-start="{start}"][data-end="{end}"]')
             assert len(gaps) == 1, f"no gap drawn for {planted.stream}"
             assert browser.find_all(f'{row} .seg.stuck[data-start="{planted.stuck[0]}"]')
-        assert "1 gap" in browser.script('return document.querySelector("tr.source-row .findings").textContent;')
+        findings = browser.script('return document.querySelector("tr.source-row .findings").textContent;')
+        assert "1 gap" in findings and "1 failed" in findings and "1 stuck" in findings
 
         # a committed span opens its ranges, each linked to its DAG run and task instance
         (first,) = browser.find_all('tr.source-row[data-stream="events-0"] .seg.committed[data-start="0"]')
@@ -182,7 +185,8 @@ def test_page_in_headless_chromium(ui_server: Server, tmp_path: Path) -> None:
         title = browser.script('return document.getElementById("detail-title").textContent;')
         assert "gap" in title and "no range covers" in title
         spans = browser.script(
-            'return [...document.querySelectorAll("#ranges tr.range td:nth-child(2)")].map(td => td.textContent);')
+            'return [...document.querySelectorAll("#ranges tr.range td:nth-child(2)")]'
+            '.map(td => td.textContent);')
         assert spans == [f"[{gap[0] - 100}, {gap[0]})", f"[{gap[1]}, {gap[1] + 100})"]
 
         shot = Path(os.environ.get("STREAMLEDGER_UI_SCREENSHOT") or tmp_path / "ledger-ui.png")

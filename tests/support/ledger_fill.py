@@ -60,14 +60,16 @@ def fill(url: str, *, pipeline: str = "events-backfill", partitions: int = 3, pe
         rows: list[dict[str, object]] = []
         with ledger.engine.begin() as conn:
             (guard,) = conn.execute(text(
-                "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'streamledger_range_insert_guard'"
-            )).one()
-            pid = conn.execute(Pipeline.__table__.insert().values(name=pipeline, created_at=now)).inserted_primary_key
+                "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = :name"
+            ), {"name": "streamledger_range_insert_guard"}).one()
+            pid = conn.execute(
+                Pipeline.__table__.insert().values(name=pipeline, created_at=now)).inserted_primary_key
             assert pid is not None
             for p in range(partitions):
                 stream = f"events-{p}"
                 sid = conn.execute(Source.__table__.insert().values(
-                    pipeline_id=pid[0], broker=BROKER, stream=stream, super_stream="events", created_at=now, epoch=0,
+                    pipeline_id=pid[0], broker=BROKER, stream=stream, super_stream="events", created_at=now,
+                    epoch=0,
                 )).inserted_primary_key
                 assert sid is not None
                 # the planted spots, spread over the history (indexes of ranges)
@@ -93,14 +95,16 @@ def fill(url: str, *, pipeline: str = "events-backfill", partitions: int = 3, pe
                         # the runs stored the broker offset up to the failed hole (the watermark; in
                         # claim order a gap does not stop it, the audit reports it)
                         "output": None, "offset_stored": status == "committed" and i < failed_i,
-                        "offset_verified": status == "committed" and i < failed_i, "error": err, "claimed_at": claimed,
+                        "offset_verified": status == "committed" and i < failed_i, "error": err,
+                        "claimed_at": claimed,
                         "committed_at": claimed + timedelta(seconds=30) if status == "committed" else None,
                         "updated_at": claimed, "heartbeat_at": claimed if status == "claimed" else None,
                         "published_at": claimed + timedelta(seconds=31) if status == "committed" else None,
                         "pinned": False,
                     })
                 out.planted.append(Planted(
-                    stream, gap=(gap_i * span, (gap_i + 1) * span), failed=(failed_i * span, (failed_i + 1) * span),
+                    stream, gap=(gap_i * span, (gap_i + 1) * span),
+                    failed=(failed_i * span, (failed_i + 1) * span),
                     lost=(lost_i * span, (lost_i + 1) * span), stuck=(stuck_i * span, (stuck_i + 1) * span),
                 ))
             conn.execute(text("DROP TRIGGER streamledger_range_insert_guard"))

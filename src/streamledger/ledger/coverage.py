@@ -243,10 +243,10 @@ def ranges_in(ledger: Ledger, source_id: int, low: int, high: int, *, limit: int
     is the ``(start, id)`` of the previous page's last row (keyset paging: no OFFSET scans)."""
     after_start, after_id = after if after is not None else (-1, -1)
     query = (
-        select(Range.id, Range.start_offset, Range.end_offset, Range.status, Range.dag_id, Range.run_id,
-               Range.task_id, Range.map_index, Range.try_number, Range.records, Range.first_seen,
-               Range.last_seen, Range.error, Range.claimed_at, Range.committed_at, Range.heartbeat_at,
-               Range.pinned, Range.interval_start, Range.interval_end)
+        select(Range.id, Range.start_offset.label("start"), Range.end_offset.label("end"), Range.status,
+               Range.dag_id, Range.run_id, Range.task_id, Range.map_index, Range.try_number, Range.records,
+               Range.first_seen, Range.last_seen, Range.error, Range.claimed_at, Range.committed_at,
+               Range.heartbeat_at, Range.pinned, Range.interval_start, Range.interval_end)
         .where(Range.source_id == source_id, Range.start_offset < high,
                or_(Range.end_offset > low, Range.start_offset >= low),
                or_(Range.start_offset > after_start,
@@ -255,4 +255,4 @@ def ranges_in(ledger: Ledger, source_id: int, low: int, high: int, *, limit: int
         .limit(limit)
     )
     with ledger.engine.connect() as conn:
-        return [RangeRow(*row) for row in conn.execute(query)]
+        return [RangeRow(**row._asdict()) for row in conn.execute(query)]

@@ -53,7 +53,8 @@ def render_html(ledger: Ledger, report: AuditReport, *, pipeline: str | None = N
     by_source: dict[tuple[str, str], list[Segment]] = defaultdict(list)
     for cov in coverage(ledger, report, pipeline=pipeline):
         if cov.spans:
-                by_source[(cov.pipeline, cov.stream)].extend((s.kind, s.start, s.end, s.ranges) for s in cov.spans)
+                by_source[(cov.pipeline, cov.stream)].extend(
+                    (s.kind, s.start, s.end, s.ranges) for s in cov.spans)
 
     rows = []
     for (name, stream), segments in sorted(by_source.items()):

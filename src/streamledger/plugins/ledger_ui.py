@@ -55,7 +55,8 @@ def ledger_url() -> tuple[str, str]:
             host=conn.host, port=conn.port, login=conn.login, password=conn.password, schema=conn.schema,
             extra=conn.extra_dejson,
         ), f"connection {conn_id}"
-    where = "STREAMLEDGER_LEDGER_URL" if os.environ.get("STREAMLEDGER_LEDGER_URL") else "default (STREAMLEDGER_HOME)"
+    from_env = bool(os.environ.get("STREAMLEDGER_LEDGER_URL"))
+    where = "STREAMLEDGER_LEDGER_URL" if from_env else "default (STREAMLEDGER_HOME)"
     return default_ledger_url(), where
 
 
@@ -129,8 +130,10 @@ def _last_audit(root: str, pipeline: str | None) -> dict[str, Any] | None:
             return {
                 "dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index,
                 "state": str(ti.state), "end_date": _iso(ti.end_date), "clean": report.get("clean"),
-                "checked_at": report.get("checked_at"), "violation_counts": report.get("violation_counts", {}),
-                "broker_checked": report.get("broker_checked"), "outputs_checked": report.get("outputs_checked"),
+                "checked_at": report.get("checked_at"),
+                "violation_counts": report.get("violation_counts", {}),
+                "broker_checked": report.get("broker_checked"),
+                "outputs_checked": report.get("outputs_checked"),
                 **run_links(root, ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
             }
     return None
