@@ -35,7 +35,7 @@ def test_spans_merge_runs_and_show_the_audit_findings(tmp_path: Path) -> None:
                           high=250, max_spans=2)
         assert len(window) == 1 and window[0].truncated
         assert [(s.kind, s.start) for s in window[0].spans] == [
-            ("committed", planted.lost[1]), ("failed", planted.failed[0]), ("committed", planted.failed[1])]
+            ("lost", planted.lost[0]), ("committed", planted.lost[1]), ("failed", planted.failed[0])]
 
 
 def test_sources_and_paged_ranges(tmp_path: Path) -> None:
