@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.support import ledger_fill  # noqa: E402
-from tests.support.airflow import airflow_components, make_airflow_home  # noqa: E402
+from tests.support.airflow import airflow_components, make_airflow_home, ui_plugin_env  # noqa: E402
 from tests.support.browser import headless_chromium  # noqa: E402
 
 PIPELINES = ("ui-small", "ui-big")
@@ -53,7 +53,8 @@ def median_fetch(url: str, token: str, repeat: int) -> tuple[float, int, object]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranges", type=int, default=100_000)
     parser.add_argument("--peer", type=int, default=1_000)
     parser.add_argument("--repeat", type=int, default=5)
@@ -70,7 +71,7 @@ def main() -> int:
           f"{time.perf_counter() - began:.1f} s ({ledger_url})")
 
     af = make_airflow_home(work / "airflow")
-    env = {"STREAMLEDGER_LEDGER_URL": ledger_url, "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False"}
+    env = {"STREAMLEDGER_LEDGER_URL": ledger_url, **ui_plugin_env()}
     with airflow_components(af, components=("api-server",), env=env) as api:
         with urllib.request.urlopen(f"{api}/auth/token", timeout=60) as response:  # all admins: no password
             token = str(json.loads(response.read())["access_token"])
@@ -92,7 +93,8 @@ def main() -> int:
                 f"{base}/api/sources/{mid['id']}/ranges?low={low}&high={low + 1_000_000}&limit=200", token,
                 args.repeat)
             print(f"{name:>8}: {filled[name].ranges:>7,} ranges -> {spans} spans; coverage "
-                  f"{f['coverage'] * 1000:7.1f} ms ({size:,} B); a page of 200 ranges {f['ranges'] * 1000:6.1f} ms "
+                  f"{f['coverage'] * 1000:7.1f} ms ({size:,} B); a page of 200 ranges "
+                  f"{f['ranges'] * 1000:6.1f} ms "
                   f"({rsize:,} B)")
 
         with headless_chromium() as browser:
@@ -114,7 +116,8 @@ def main() -> int:
                 browser.get(f"{base}/?pipeline=ui-big")
                 browser.wait_for("body[data-loaded-ms]", timeout=300)
                 gap = filled["ui-big"].planted[0].gap
-                (seg,) = browser.find_all(f'tr.source-row[data-stream="events-0"] .seg.gap[data-start="{gap[0]}"]')
+                row = 'tr.source-row[data-stream="events-0"]'
+                (seg,) = browser.find_all(f'{row} .seg.gap[data-start="{gap[0]}"]')
                 browser.click(seg)
                 browser.wait_for("#ranges tr.range", count=2)
                 browser.screenshot(args.screenshot)

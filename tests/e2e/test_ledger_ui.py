@@ -24,7 +24,7 @@ import pytest
 
 from tests.e2e.conftest import connection_json
 from tests.support import ledger_fill
-from tests.support.airflow import AirflowHome, airflow_components
+from tests.support.airflow import AirflowHome, airflow_components, ui_plugin_env
 from tests.support.browser import headless_chromium
 
 pytestmark = pytest.mark.airflow
@@ -72,8 +72,7 @@ def ui_server(airflow_home: AirflowHome, rabbitmq_url: str,
         "STREAMLEDGER_LEDGER_URL": ledger_url,
         "STREAMLEDGER_PIPELINE": filled.pipeline,
         "AIRFLOW_CONN_RABBITMQ_STREAM_DEFAULT": connection_json(rabbitmq_url),
-        # the provider's "plugins" list (the airflow.plugins entry point needs the package reinstalled)
-        "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False",
+        **ui_plugin_env(),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "ledger:viewer",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
