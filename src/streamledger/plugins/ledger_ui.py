@@ -50,7 +50,10 @@ def ledger_url() -> tuple[str, str]:
     if conn_id:
         from airflow.models.connection import Connection
 
-        conn = Connection.get_connection_from_secrets(conn_id)
+        try:
+            conn = Connection.get_connection_from_secrets(conn_id)
+        except Exception as exc:  # AirflowNotFoundException, a secrets backend's error
+            raise HTTPException(503, f"[{SECTION}] ui_ledger_conn_id {conn_id!r}: {exc}") from None
         return ledger_url_from_connection(
             host=conn.host, port=conn.port, login=conn.login, password=conn.password, schema=conn.schema,
             extra=conn.extra_dejson,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fastapi import HTTPException
 
 from streamledger.plugins import ledger_ui
 
@@ -17,6 +18,10 @@ def test_ledger_from_the_configured_connection_wins(monkeypatch: pytest.MonkeyPa
                                                              "schema": str(path)}))
     monkeypatch.setenv("AIRFLOW__STREAMLEDGER__UI_LEDGER_CONN_ID", "ui_ledger")
     assert ledger_ui.ledger_url() == (f"sqlite:///{path}", "connection ui_ledger")
+    monkeypatch.setenv("AIRFLOW__STREAMLEDGER__UI_LEDGER_CONN_ID", "no_such_conn")
+    with pytest.raises(HTTPException) as refused:
+        ledger_ui.ledger_url()
+    assert refused.value.status_code == 503 and "no_such_conn" in str(refused.value.detail)
 
 
 def test_ledger_from_the_variable_then_the_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
