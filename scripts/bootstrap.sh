@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create/refresh the project venv with everything the demo and the tests need. Idempotent.
 # - Java 17 for local Spark (installed from the system's apt sources if missing)
+# - headless Chromium + chromedriver for the UI page's tests (same)
 # - the package in editable mode with all extras (the Airflow and Dagster extras share this one venv)
 # - one pyspark version: pyproject.toml pins pyspark and pyspark-client (the apache-spark provider's
 #   dependency, a subset of pyspark's files) to the same release, so nothing is reinstalled afterwards
@@ -18,6 +19,13 @@ fi
 if ! dpkg -s libssl-dev >/dev/null 2>&1 || ! command -v gcc >/dev/null 2>&1; then
   echo "bootstrap: installing gcc and libssl-dev (build of python-qpid-proton) from the system's apt sources"
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc libssl-dev
+fi
+
+# Headless Chromium and its WebDriver for the UI tests of the Stream ledger page (tests/e2e/test_ledger_ui.py,
+# bench/ui.py), from the system's apt sources.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  echo "bootstrap: installing chromium and chromium-driver (UI tests) from the system's apt sources"
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

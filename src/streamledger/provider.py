@@ -187,6 +187,35 @@ def get_provider_info() -> dict[str, Any]:
                 "conn-fields": TUBEMQ_FIELDS,
             },
         ],
+        # The "Stream ledger" UI page; the airflow.plugins entry point registers it too (Airflow
+        # reads this list only when providers are not discovered lazily).
+        "plugins": [
+            {"name": "streamledger", "plugin-class": "streamledger.plugins.ledger_ui.StreamLedgerPlugin"},
+        ],
+        "config": {
+            "streamledger": {
+                "description": "Settings of the streamledger provider's Stream ledger UI page.\n",
+                "options": {
+                    "ui_ledger_conn_id": {
+                        "description": "Connection (type streamledger_ledger) of the ledger the Stream "
+                        "ledger page shows. Empty: STREAMLEDGER_LEDGER_URL, else the SQLite file under "
+                        "STREAMLEDGER_HOME (the example DAGs' default).\n",
+                        "version_added": None,
+                        "type": "string",
+                        "example": "streamledger_ledger_default",
+                        "default": "",
+                    },
+                    "ui_stale_after": {
+                        "description": "Seconds after which a claim not heard from shows as stuck on the "
+                        "page.\n",
+                        "version_added": None,
+                        "type": "float",
+                        "example": "600",
+                        "default": "3600",
+                    },
+                },
+            },
+        },
         # Only offered when the ledger's migrations ship with the package, so a partial install
         # never breaks `airflow db migrate`.
         "db-managers": (

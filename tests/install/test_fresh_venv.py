@@ -140,6 +140,12 @@ def test_airflow_side_imports(fresh_venv: FreshVenv) -> None:
         "from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook\n"
         "from pyspark.sql.connect.session import SparkSession\n"
         "import streamledger.provider as p\n"
+        # the Stream ledger page: its plugin entry point and its HTML ship in the wheel
+        "from importlib.metadata import entry_points\n"
+        "from importlib.resources import files\n"
+        "eps = [e.value for e in entry_points(group='airflow.plugins') if e.name == 'streamledger']\n"
+        "assert eps == ['streamledger.plugins.ledger_ui:StreamLedgerPlugin'], eps\n"
+        "assert files('streamledger.plugins').joinpath('ledger_page.html').is_file()\n"
         "print(p.get_provider_info()['package-name'])"
     ))
     assert proc.returncode == 0, proc.stderr[-3000:]

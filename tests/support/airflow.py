@@ -243,6 +243,18 @@ def airflow_components(af: AirflowHome, *, dags_folder: Path | None = None,
         _stop(processes)
 
 
+def ui_plugin_env() -> dict[str, str]:
+    """Settings that load the provider's UI plugin (streamledger.plugins.ledger_ui) in an api-server:
+    none once the installed package declares its ``airflow.plugins`` entry point; before the venv
+    was reinstalled, the provider info's ``plugins`` list, which Airflow reads only when providers
+    are not discovered lazily."""
+    from importlib.metadata import entry_points
+
+    if any(e.name == "streamledger" for e in entry_points(group="airflow.plugins")):
+        return {}
+    return {"AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False"}
+
+
 @pytest.fixture(scope="session")
 def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowHome]:
     """A fresh, migrated Airflow home for this test session."""

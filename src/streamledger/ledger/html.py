@@ -2,9 +2,8 @@
 
 Each source gets one bar spanning its first to last offset; committed, lost and claimed spans are
 drawn as coloured segments and the audit's gaps and unretried failures in red, so a missing span
-is visible at a glance. Adjacent ranges of the same status are merged in SQL ("gaps and islands":
-a LAG window marks each break, a running SUM numbers the islands), so even a million ranges
-become a handful of segments.
+is visible at a glance. The spans come from :mod:`streamledger.ledger.coverage` (merged in SQL),
+the same ones the Airflow UI page draws.
 """
 
 from __future__ import annotations
@@ -13,34 +12,11 @@ import html
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from sqlalchemy import String, bindparam, text
-
-from streamledger.ledger.audit import AuditReport, ViolationKind
+from streamledger.ledger.audit import AuditReport
+from streamledger.ledger.coverage import coverage
 
 if TYPE_CHECKING:
     from streamledger.ledger.store import Ledger
-
-_ISLANDS = """
-SELECT s.id, p.name, s.stream, i.status, MIN(i.start_offset), MAX(i.end_offset), COUNT(*)
-FROM (
-  SELECT x.source_id, x.status, x.start_offset, x.end_offset,
-         SUM(x.brk) OVER (PARTITION BY x.source_id ORDER BY x.start_offset
-                          ROWS UNBOUNDED PRECEDING) AS island
-  FROM (
-    SELECT r.source_id, r.status, r.start_offset, r.end_offset,
-           CASE WHEN LAG(r.status) OVER w = r.status AND LAG(r.end_offset) OVER w = r.start_offset
-                THEN 0 ELSE 1 END AS brk
-    FROM streamledger_range r
-    WHERE r.status <> 'failed' AND r.end_offset > r.start_offset
-    WINDOW w AS (PARTITION BY r.source_id ORDER BY r.start_offset)
-  ) x
-) i
-JOIN streamledger_source s ON s.id = i.source_id
-JOIN streamledger_pipeline p ON p.id = s.pipeline_id
-WHERE (:pipeline IS NULL OR p.name = :pipeline)
-GROUP BY s.id, p.name, s.stream, i.status, i.island
-ORDER BY p.name, s.stream, MIN(i.start_offset)
-"""
 
 _COLOURS = {
     "committed": "#16a34a",
@@ -48,6 +24,7 @@ _COLOURS = {
     "claimed": "#3b82f6",
     "gap": "#dc2626",
     "failed": "#b91c1c",
+    "stuck": "#7c3aed",
 }
 _MAX_SEGMENTS = 5000
 
@@ -74,17 +51,10 @@ def _bar(segments: list[Segment]) -> str:
 def render_html(ledger: Ledger, report: AuditReport, *, pipeline: str | None = None) -> str:
     """The report as one HTML page (no external assets)."""
     by_source: dict[tuple[str, str], list[Segment]] = defaultdict(list)
-    query = text(_ISLANDS).bindparams(bindparam("pipeline", type_=String()))
-    with ledger.engine.connect() as conn:
-        for _sid, name, stream, status, start, end, count in conn.execute(query, {"pipeline": pipeline}):
-            by_source[(str(name), str(stream))].append((str(status), int(start), int(end), int(count)))
-    for v in report.violations:
-        if v.start is None or v.end is None:
-            continue
-        if v.kind == ViolationKind.GAP:
-            by_source[(v.pipeline, v.stream)].append(("gap", v.start, v.end, 0))
-        elif v.kind == ViolationKind.FAILED_NOT_RETRIED:
-            by_source[(v.pipeline, v.stream)].append(("failed", v.start, v.end, 1))
+    for cov in coverage(ledger, report, pipeline=pipeline):
+        if cov.spans:
+                by_source[(cov.pipeline, cov.stream)].extend(
+                    (s.kind, s.start, s.end, s.ranges) for s in cov.spans)
 
     rows = []
     for (name, stream), segments in sorted(by_source.items()):

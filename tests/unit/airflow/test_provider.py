@@ -32,6 +32,9 @@ def test_every_module_and_class_named_exists() -> None:
     for conn in info["connection-types"]:
         hook = _import(conn["hook-class-name"])
         assert hook.conn_type == conn["connection-type"]  # type: ignore[attr-defined]
+    for plugin in info["plugins"]:
+        cls = _import(plugin["plugin-class"])
+        assert cls.name == plugin["name"]  # type: ignore[attr-defined]
     for manager in info["db-managers"]:
         cls = _import(manager)
         assert cls.version_table_name == "streamledger_ledger_version"  # type: ignore[attr-defined]
@@ -76,3 +79,17 @@ def test_message_queue_provider_is_registered_for_the_scheme() -> None:
     matching = [p for p in MESSAGE_QUEUE_PROVIDERS if p.scheme_matches("rabbitmq-stream")]
     assert [type(p).__name__ for p in matching] == ["RabbitMQStreamMessageQueueProvider"]
     assert not any(p.scheme_matches("rabbitmq") for p in matching)
+
+
+def test_ui_plugin_entry_point_matches_the_provider_info() -> None:
+    """Airflow discovers providers lazily by default and then reads only the airflow.plugins entry
+    point; both registrations must name the same class, and the page must ship with the package."""
+    import tomllib
+    from importlib.resources import files
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    entry = pyproject["project"]["entry-points"]["airflow.plugins"]["streamledger"]
+    (plugin,) = get_provider_info()["plugins"]
+    assert entry.replace(":", ".") == plugin["plugin-class"]
+    assert "plugins/*.html" in pyproject["tool"]["setuptools"]["package-data"]["streamledger"]
+    assert files("streamledger.plugins").joinpath("ledger_page.html").is_file()

@@ -1,0 +1,1 @@
+"""Airflow plugins shipped with the provider: the "Stream ledger" page (:mod:`.ledger_ui`)."""
