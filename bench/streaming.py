@@ -253,6 +253,8 @@ def main() -> int:
     t0 = time.perf_counter()
     spark = build_session(master="local[2]", conf={
         "spark.sql.shuffle.partitions": "2", "spark.ui.showConsoleProgress": "false",
+        # the source's driver-side Python worker may take > 15 s to start on an oversubscribed host
+        "spark.python.authenticate.socketTimeout": "120s",
         # the latency part reads each batch's entry of the commit, offset and file-sink logs
         "spark.sql.streaming.minBatchesToRetain": "100000",
         "spark.sql.streaming.fileSink.log.compactInterval": "100000",
