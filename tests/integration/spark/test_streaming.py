@@ -192,7 +192,9 @@ DRIVER = """
 import json, sys
 from streamledger.spark.session import build_session
 root, url, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-spark = build_session(master="local[1]", conf={"spark.ui.showConsoleProgress": "false"})
+spark = build_session(master="local[1]", quick_start=True,
+                      conf={"spark.ui.showConsoleProgress": "false",
+                            "spark.python.authenticate.socketTimeout": "120s"})
 reader = spark.readStream.format("rabbitmq_stream").option("url", url)
 for key, value in opts.items():
     reader = reader.option(key, value)
