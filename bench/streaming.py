@@ -7,15 +7,16 @@
    query to its end, checkpoint included); optionally (``--ledger``) the streaming query again with
    ledger recording on (SQLite), which adds the driver-side count of each range. Ratio = batch time /
    streaming time (>1: streaming is faster).
-3. Latency: a publisher process writes ``--rate`` msg/s (each body starts with its publish time, ms,
-   big-endian) into a fresh stream for ``--seconds``; a streaming query (trigger as fast as possible)
-   writes them into a Parquet file sink and observes min/mean publish time per batch; latency = the
-   batch's end (Spark's progress) minus those times: the median over batches of the mean record's
-   latency, and the worst record's (batches holding records of the first 3 s are not counted).
+3. Latency: ``--publishers`` processes write ``--rate`` msg/s in all, paced, (each body starts with
+   its publish time, ms, big-endian) into a fresh stream for ``--seconds`` while a streaming query
+   (``processingTime`` ``--trigger``) writes them into a Parquet file sink. Per record, latency = the
+   commit of its micro-batch (the mtime of the checkpoint's commit-log entry) minus its publish time,
+   over every record published after a 3 s warm-up: p50 / p95 / max; "kept up" = the latency did
+   not grow over the run and everything was committed within ~2 batch intervals of the end.
 
 Usage: ``python bench/streaming.py [--messages N] [--size B] [--rounds R] [--ledger] [--rate R]
-[--seconds S] [--url URL] [--skip-throughput] [--skip-latency]``. Figures are noisy on a shared VM:
-compare within one run and print the load average with them.
+[--seconds S] [--publishers P] [--trigger T] [--url URL] [--skip-throughput] [--skip-latency]``.
+Figures are noisy on a shared VM: compare within one run and print the load average with them.
 """
 
 from __future__ import annotations
@@ -106,10 +107,11 @@ def throughput(spark: Any, args: Any, work: Path) -> None:
             client.delete_super_stream(sup, missing_ok=True)
 
 
-def _publisher(url: str, stream: str, rate: int, seconds: float, size: int, sent_out: Any) -> None:
-    """``rate`` msg/s in 20 ms slices; each body starts with its publish time in ms (big-endian)."""
+def _publisher(url: str, stream: str, rate: float, seconds: float, size: int, sent_out: Any) -> None:
+    """``rate`` msg/s in 20 ms slices (paced against the clock, so a slow slice is caught up, never
+    skipped); each body starts with its publish time in ms (big-endian)."""
     pad = b"x" * max(0, size - 8)
-    step = max(1, rate // 50)
+    step = max(1, int(rate) // 50)
     with StreamClient.connect(url) as client:
         t0 = time.monotonic()
         sent = 0
@@ -125,60 +127,111 @@ def _publisher(url: str, stream: str, rate: int, seconds: float, size: int, sent
         sent_out.value = sent / (time.monotonic() - t0)
 
 
-def latency(spark: Any, args: Any, work: Path) -> None:
-    """Per micro-batch (Spark's progress): the batch's end minus the publish times its records carry,
-    observed on the rows as the file sink writes them (``observe``: no second job)."""
-    from datetime import datetime
+def _log_lines(path: Path) -> list[str]:
+    """The lines of one Spark metadata log entry after its version line."""
+    return [line for line in path.read_text().splitlines()[1:] if line.strip()]
 
-    from pyspark.sql import functions as F
+
+def committed_batches(checkpoint: Path, sink: Path) -> list[tuple[int, float, int, list[str]]]:
+    """``(batch, commit time ms, end offset, data files)`` of every committed micro-batch, from the
+    checkpoint's commit log (its file's mtime is the commit), its offset log and the file sink's
+    metadata log (the session disables log compaction and cleanup so each batch keeps its entry)."""
+    import json
+
+    out = []
+    for entry in sorted((checkpoint / "commits").iterdir(), key=lambda f: f.name):
+        if not entry.name.isdigit():
+            continue
+        n = int(entry.name)
+        commit_ms = entry.stat().st_mtime * 1000
+        offset = json.loads(_log_lines(checkpoint / "offsets" / entry.name)[-1])
+        end = sum(offset["offsets"].values())
+        files = [json.loads(line)["path"].removeprefix("file://")
+                 for line in _log_lines(sink / "_spark_metadata" / entry.name)]
+        out.append((n, commit_ms, end, files))
+    return out
+
+
+def _pct(sorted_values: Any, q: float) -> float:
+    return float(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))])
+
+
+def latency(spark: Any, args: Any, work: Path) -> None:
+    """Publisher processes paced at ``--rate`` msg/s in all for ``--seconds`` while a streaming query
+    (``--trigger``) writes into a Parquet file sink; per record, latency = its micro-batch's commit
+    (the checkpoint commit log's mtime) minus the publish time its body carries."""
+    import numpy as np
 
     stream = f"bench-streaming-latency-{os.getpid()}"
     with StreamClient.connect(args.url) as client:
         client.delete_stream(stream, missing_ok=True)
         client.create_stream(stream)
-    df = (spark.readStream.format("rabbitmq_stream").option("url", args.url).option("stream", stream)
-          .option("startingOffsets", "earliest").load()
-          .withColumn("ts", F.conv(F.hex(F.substring("body", 1, 8)), 16, 10).cast("long"))
-          .observe("lat", F.min("ts").alias("oldest"), F.avg("ts").alias("mean"), F.count("ts").alias("n")))
-    q = (df.writeStream.format("parquet").option("path", str(work / "latency"))
-         .option("checkpointLocation", str(work / "latency-checkpoint")).start())
+    sink, checkpoint = work / "latency", work / "latency-checkpoint"
+    writer = (spark.readStream.format("rabbitmq_stream").option("url", args.url).option("stream", stream)
+              .option("startingOffsets", "earliest").load()
+              .writeStream.format("parquet").option("path", str(sink))
+              .option("checkpointLocation", str(checkpoint)))
+    q = writer.trigger(processingTime=args.trigger).start()
     ctx = multiprocessing.get_context("spawn")
-    achieved = ctx.Value("d", 0.0)
-    pub = ctx.Process(target=_publisher,
-                      args=(args.url, stream, args.rate, args.seconds, args.size, achieved))
+    achieved = [ctx.Value("d", 0.0) for _ in range(args.publishers)]
+    pubs = [ctx.Process(target=_publisher, args=(args.url, stream, args.rate / args.publishers,
+                                                 args.seconds, args.size, a)) for a in achieved]
     with StreamClient.connect(args.url) as client:  # one record, to wait for a first (cold) batch
         client.publish(stream, [int(time.time() * 1000).to_bytes(8, "big")])
     while not any(p.numInputRows for p in q.recentProgress):
         time.sleep(0.2)
-    begin = time.time() + 3.0  # warm-up: batches with records published before this are not counted
-    pub.start()
-    pub.join()
-    time.sleep(5)
+    begin_ms = (time.time() + 3.0) * 1000  # warm-up: records published before this are not counted
+    for pub in pubs:
+        pub.start()
+    for pub in pubs:
+        pub.join()
+    stopped_ms = time.time() * 1000
+    with StreamClient.connect(args.url) as client:
+        tail = int(client.committed_tail(stream))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until the query has committed everything published
+        done = committed_batches(checkpoint, sink)
+        if done and done[-1][2] >= tail:
+            break
+        time.sleep(0.5)
     q.stop()
     with StreamClient.connect(args.url) as client:
         client.delete_stream(stream, missing_ok=True)
-    means, worst, sizes, took = [], [], [], []
-    for p in q.recentProgress:
-        m = p.observedMetrics.get("lat") if p.observedMetrics else None
-        if m is None or not m["n"]:
-            continue
-        done = datetime.fromisoformat(p.timestamp.replace("Z", "+00:00")).timestamp() * 1000
-        done += p.durationMs.get("triggerExecution", 0)
-        if m["oldest"] < begin * 1000:
-            continue
-        means.append(done - m["mean"])
-        worst.append(done - m["oldest"])
-        sizes.append(m["n"])
-        took.append(p.durationMs.get("triggerExecution", 0))
-    if not means:
+    done = committed_batches(checkpoint, sink)
+    lat: list[Any] = []
+    sizes, batch_ms = [], []
+    previous_commit = None
+    for _, commit_ms, _, files in done:
+        if files:
+            ts = pq.read_table(files, columns=["body"]).column("body").to_pylist()
+            stamps = np.array([int.from_bytes(b[:8], "big") for b in ts], dtype=np.float64)
+            stamps = stamps[stamps >= begin_ms]
+            if len(stamps):
+                lat.append(commit_ms - stamps)
+                sizes.append(len(stamps))
+                if previous_commit is not None:
+                    batch_ms.append(commit_ms - previous_commit)
+        previous_commit = commit_ms
+    rate = sum(a.value for a in achieved)
+    if not lat:
         print("latency: no batch after the warm-up", flush=True)
         return
-    means.sort()
-    print(f"latency at {args.rate:,} msg/s asked ({achieved.value:,.0f} achieved) for {args.seconds:.0f}s: "
-          f"{len(sizes)} batches, mean {sum(sizes) / len(sizes):,.0f} records, batch time median "
-          f"{sorted(took)[len(took) // 2]:,} ms | publish->written: mean per batch median "
-          f"{means[len(means) // 2]:,.0f} ms, oldest record max {max(worst):,.0f} ms | "
-          f"load {os.getloadavg()[0]:.1f}", flush=True)
+    every = np.sort(np.concatenate(lat))
+    third = max(1, len(lat) // 3)
+    early, late = np.median(np.concatenate(lat[:third])), np.median(np.concatenate(lat[-third:]))
+    drained = [c for _, c, end, _ in done if end >= tail]
+    drain_s = (drained[0] - stopped_ms) / 1000 if drained else float("nan")
+    gap = float(np.median(batch_ms)) if batch_ms else float("nan")
+    # Kept up: the backlog did not grow (records of the last third waited about as long as those of the
+    # first third) and everything published was committed within ~2 batch intervals of the end.
+    kept_up = bool(drained) and late <= 1.5 * early + 1000 and drain_s * 1000 <= 2 * gap + 1000
+    print(f"latency at {args.rate:,} msg/s asked ({rate:,.0f} achieved by {args.publishers} publisher "
+          f"process(es)) for {args.seconds:.0f}s, trigger {args.trigger}: {len(sizes)} batches, mean "
+          f"{sum(sizes) / len(sizes):,.0f} records, commit interval median {gap:,.0f} ms | publish->commit "
+          f"over {len(every):,} records: p50 {_pct(every, 0.5):,.0f} ms, p95 {_pct(every, 0.95):,.0f} ms, "
+          f"max {every[-1]:,.0f} ms | p50 first third {early:,.0f} ms, last third {late:,.0f} ms | "
+          f"all committed {drain_s:.1f}s after the publishers stopped | "
+          f"kept up: {'yes' if kept_up else 'no'} | load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 def main() -> int:
@@ -189,15 +242,23 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ledger", action="store_true")
     ap.add_argument("--rate", type=int, default=50_000)
-    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--seconds", type=float, default=45.0)
+    ap.add_argument("--publishers", type=int, default=2, help="publisher processes sharing --rate")
+    ap.add_argument("--trigger", default="500 milliseconds", help="the latency query's processingTime")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--skip-latency", action="store_true")
     args = ap.parse_args()
     from streamledger.spark.session import build_session
 
     t0 = time.perf_counter()
-    spark = build_session(master="local[2]", conf={"spark.sql.shuffle.partitions": "2",
-                                                  "spark.ui.showConsoleProgress": "false"})
+    spark = build_session(master="local[2]", conf={
+        "spark.sql.shuffle.partitions": "2", "spark.ui.showConsoleProgress": "false",
+        # the source's driver-side Python worker may take > 15 s to start on an oversubscribed host
+        "spark.python.authenticate.socketTimeout": "120s",
+        # the latency part reads each batch's entry of the commit, offset and file-sink logs
+        "spark.sql.streaming.minBatchesToRetain": "100000",
+        "spark.sql.streaming.fileSink.log.compactInterval": "100000",
+        "spark.sql.streaming.fileSink.log.cleanupDelay": "100000000"})
     spark.sparkContext.setLogLevel("ERROR")
     print(f"session {time.perf_counter() - t0:.1f}s | load {os.getloadavg()[0]:.1f}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-streaming-"))

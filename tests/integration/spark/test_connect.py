@@ -223,3 +223,32 @@ def test_run_batch_over_connect_into_a_file_uri_root_survives_a_crash_after_comm
             assert client.query_offset(parts[0], "p-connect-uri") == 44
     finally:
         runner.close()
+
+
+def test_streaming_available_now_over_connect(
+    spark_remote: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    """Issue 23 over Spark Connect: the Python streaming source runs in the server's driver-side Python
+    process; availableNow with maxOffsetsPerTrigger reads exactly the tail at start into a file sink,
+    and the ledger records one range per micro-batch."""
+    s = stream_name("cstream")
+    create_stream(rabbitmq_url, s, 120)
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    q = (spark_remote.readStream.format("rabbitmq_stream").option("url", rabbitmq_url).option("stream", s)
+         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 50)
+         .option("ledger", ledger_url).option("pipeline", "connect-stream")
+         .option("ledgerOutput", str(tmp_path / "ranges")).load()
+         .writeStream.format("parquet").option("path", str(tmp_path / "out"))
+         .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    assert q.awaitTermination(180)
+    assert q.exception() is None
+    sizes = [p.numInputRows for p in q.recentProgress if p.numInputRows]
+    assert sizes == [50, 50, 20]
+    rows = spark_remote.read.parquet(str(tmp_path / "out")).select("offset", "body").collect()
+    assert sorted(r["offset"] for r in rows) == list(range(120))
+    assert all(r["body"] == body(s, r["offset"]) for r in rows)
+    with Ledger(ledger_url) as ledger:
+        ranges = sorted(ledger.ranges("connect-stream"), key=lambda r: r.start)
+        assert [(r.start, r.end, r.status, r.records) for r in ranges] == [
+            (0, 50, RangeStatus.COMMITTED, 50), (50, 100, RangeStatus.COMMITTED, 50),
+            (100, 120, RangeStatus.COMMITTED, 20)]
