@@ -69,6 +69,9 @@ def spark() -> Iterator[Any]:
             "spark.driver.memory": "2g",
             "spark.sql.shuffle.partitions": "2",
             "spark.ui.showConsoleProgress": "false",
+            # Python workers must connect back within this (default 15 s); the suite runs two lanes on
+            # two cores, where a streaming query's driver-side worker can take longer to start.
+            "spark.python.authenticate.socketTimeout": "120s",
         },
     )
     session.sparkContext.setLogLevel("WARN")
