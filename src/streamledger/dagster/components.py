@@ -16,6 +16,10 @@ Resources are the component's own, under keys derived from the pipeline (two com
 project never share or clash on a resource). The broker URL is best given as ``broker_url_env``
 (the name of an environment variable): it becomes an ``EnvVar``, resolved at run time and masked in
 the UI, while ``{{ env.X }}`` templating would write the password into the resolved configuration.
+
+``asset_attributes.automation_condition`` may use ``{{ backlog_above(n, max_lag_seconds=s) }}``:
+:class:`~streamledger.dagster.automation.BacklogAbove` bound to this component's pipeline, broker
+variable and ledger; the component then adds an automation sensor evaluated on the code server.
 """
 
 
