@@ -35,7 +35,7 @@ from streamledger.ledger import Ledger
 from streamledger.ledger.models import RANGE_TABLE
 from streamledger.protocol.rabbitmq import StreamClient
 
-pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[3]
 DG = str(Path(sys.executable).parent / "dg")
 TYPE = "streamledger.dagster.components.StreamBatchComponent"
@@ -382,7 +382,7 @@ def check_outcome(output: str, name: str) -> str:
 
 def description_of(p: Project, key: str, broker: str | None = None) -> str:
     listed = json.loads(p.dg("list", "defs", "--json", broker=broker, stdout_only=True))
-    [asset] = [a for a in listed["assets"] if a["key"] == key]
+    [asset] = [a for a in listed["assets"] if a["asset_key"] == key]
     return str(asset["description"])
 
 
