@@ -149,3 +149,20 @@ def test_backlog_above_refuses_a_broker_url_in_the_yaml() -> None:
     """)
     with pytest.raises(Exception, match="backlog_above needs broker_url_env"):
         build(comp)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"super_stream": "orders"}, "needs min_backlog or max_lag_seconds"),
+        ({"super_stream": "orders", "min_backlog": 0}, "min_backlog must be >= 1"),
+        ({"min_backlog": 5}, "stream"),
+    ],
+)
+def test_backlog_above_refuses_bad_arguments_in_one_line(kwargs: dict[str, object], message: str) -> None:
+    from streamledger.dagster.automation import BacklogAbove
+    from streamledger.errors import StreamledgerError
+
+    with pytest.raises(StreamledgerError, match=message) as err:
+        BacklogAbove(pipeline="orders-eu", **kwargs)  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)
