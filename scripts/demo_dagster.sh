@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# The Dagster example (`make demo-dagster`): bounded, ledgered batches of a super stream run by Dagster.
+# The Dagster example (`make demo-dagster`): the YAML component (StreamBatchComponent) in a dg project,
+# bounded, ledgered batches of a super stream run the way a Dagster user runs them.
 #
 #  1. provision + start the local RabbitMQ 4.3 broker (idempotent; the first time takes ~1 min)
 #  2. reset the demo state and create the super stream (3 partitions)
-#  3. publish a first wave of events, then `dagster asset materialize -m streamledger.dagster.example
-#     --select stream_batch`: one range per partition, read by local Spark into Parquet, committed in
-#     the ledger (SQLite), broker offsets stored; the ledger-audit asset check runs after it
-#  4. a run killed after claiming (the Spark step dies once its staging output is written), then
-#     the same run re-executed from failure with Dagster's Python API: same root run id -> the
-#     same ranges, committed and published once
-#  5. a second wave and a second materialization (the next ranges)
-#  6. print the ranges, the audit and the Parquet row counts (each event exactly once)
+#  3. a dg project: `dg list components`, `dg scaffold defs ...StreamBatchComponent events`, its
+#     defs.yaml filled in, `dg utils refresh-defs-state` (discovers the partitions), `dg check defs`
+#     with the broker URL pointing at a closed port (loading the code location calls no broker)
+#  4. a first wave of events, `dg launch --assets streams/dagster-demo`: one range per partition,
+#     read by local Spark into Parquet, committed in the ledger (SQLite), broker offsets stored; the
+#     ledger-audit asset check runs after it
+#  5. a second wave; a `dg launch` SIGKILLed once its claims are in the ledger, marked failed (what
+#     run monitoring does), then re-executed from failure with Dagster's Python API (there is no CLI
+#     for re-execution): same root run id -> the same ranges, committed and published once
+#  6. a third wave and a second `dg launch` (the next ranges)
+#  7. print the ranges, the audit and the Parquet row counts (each event exactly once)
 #
 # Rerunnable: every run starts from a clean demo state (super stream, ledger, output, Dagster home).
 set -euo pipefail
@@ -19,10 +23,11 @@ REPO=$(pwd)
 VENV=${VENV:-.venv}
 case $VENV in /*) ;; *) VENV=$REPO/$VENV ;; esac
 PY=$VENV/bin/python
-DAGSTER=$VENV/bin/dagster
+DG=$VENV/bin/dg
 
 export STREAMLEDGER_HOME=${STREAMLEDGER_HOME:-/var/tmp/streamledger}
 DEMO=$STREAMLEDGER_HOME/dagster-demo
+PROJECT=$DEMO/project
 export PER_WAVE=${PER_WAVE:-300}
 export STREAMLEDGER_RABBITMQ_URL=${STREAMLEDGER_DEMO_URL:-rabbitmq-stream://guest:guest@127.0.0.1:5552/}
 export STREAMLEDGER_LEDGER_URL=sqlite:///$DEMO/ledger.db
@@ -30,8 +35,14 @@ export STREAMLEDGER_OUTPUT_ROOT=$DEMO/output
 export STREAMLEDGER_SUPER_STREAM=${STREAMLEDGER_SUPER_STREAM:-dagster-demo-events}
 export STREAMLEDGER_PIPELINE=${STREAMLEDGER_PIPELINE:-dagster-demo}
 export DAGSTER_HOME=$DEMO/dagster-home
+export DAGSTER_DISABLE_TELEMETRY=1
 export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1}
 export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$PY}
+# the project's code (a dg project is normally pip-installed into the venv) and this checkout
+export PYTHONPATH="$REPO/src:$PROJECT/src${PYTHONPATH:+:$PYTHONPATH}"
+export COLUMNS=${COLUMNS:-200}
+KEY=streams/$STREAMLEDGER_PIPELINE
+TYPE=streamledger.dagster.components.StreamBatchComponent
 LOGS=$DEMO/logs
 
 step() { printf '\n== %s\n' "$*"; }
@@ -68,84 +79,135 @@ with StreamClient.connect(os.environ["STREAMLEDGER_RABBITMQ_URL"]) as c:
     print("   partitions:", ", ".join(c.partitions(name)))
 PYEOF
 
-materialize() { # log_name
-  if ! "$DAGSTER" asset materialize -m streamledger.dagster.example --select stream_batch >"$LOGS/$1.log" 2>&1; then
-    tail -40 "$LOGS/$1.log"; echo "demo: dagster asset materialize failed (log: $LOGS/$1.log)" >&2; exit 1
+dg() { # log_name args...: dg in the project, its output in $LOGS/<log_name>.log
+  local log=$LOGS/$1.log; shift
+  if ! (cd "$PROJECT" && "$DG" "$@") >"$log" 2>&1; then
+    tail -40 "$log"; echo "demo: dg $* failed (log: $log)" >&2; exit 1
   fi
-  local run_id
-  run_id=$(grep -m1 -oE ' - [0-9a-f-]{36} - ' "$LOGS/$1.log" | tr -d ' -' | cut -c1-8)
-  grep -E "committed: [0-9]+ records" "$LOGS/$1.log" | sed -E 's/^.* - stream_batch - /   /; s/, output .*//'
-  grep -oE "Asset check 'ledger_audit' on 'stream_batch' (passed|failed)" "$LOGS/$1.log" | sed 's/^/   /'
-  grep -q RUN_SUCCESS "$LOGS/$1.log" && echo "   run $run_id: RUN_SUCCESS (log: $LOGS/$1.log)"
 }
 
-step "3. wave 1 + dagster asset materialize -m streamledger.dagster.example --select stream_batch"
-"$DAGSTER" definitions validate -m streamledger.dagster.example >"$LOGS/validate.log" 2>&1 \
-  || { cat "$LOGS/validate.log"; exit 1; }
-echo "   dagster definitions validate: ok"
-publish 0 "$PER_WAVE"
-materialize run-1
+launch() { # log_name
+  dg "$1" launch --assets "$KEY"
+  local log=$LOGS/$1.log run_id
+  run_id=$(grep -m1 -oE ' - [0-9a-f-]{36} - ' "$log" | tr -d ' -' | cut -c1-8)
+  grep -E "committed: [0-9]+ records" "$log" | sed -E 's/^.* - streams__[^ ]* - /   /; s/, output .*//'
+  grep -oE "Asset check 'ledger_audit' on '[^']*' (passed|failed)" "$log" | sed 's/^/   /'
+  grep -q RUN_SUCCESS "$log" && echo "   run $run_id: RUN_SUCCESS (log: $log)"
+}
 
-step "4. wave 2; a run killed after claiming, then re-executed from failure (same root run id)"
-publish "$PER_WAVE" "$PER_WAVE"
-# Re-execution has no CLI command: use Dagster's Python API on a reconstructable job (a module
-# function). The demo's job is the example's, with a Spark resource that can "kill" its step right
-# after the Spark job wrote its staging output (a BaseException: none of the batch's clean-up runs).
-cat >"$DEMO/demo_jobs.py" <<'PYEOF'
-import os
-from dagster import Definitions, in_process_executor
-from streamledger.batch import InjectedCrash
-from streamledger.dagster import StreamSparkResource, example
+step "3. a dg project with the StreamBatchComponent"
+mkdir -p "$PROJECT/src/demo_project/defs"
+cat >"$PROJECT/pyproject.toml" <<'TOML'
+[project]
+name = "demo-project"
+version = "0.1.0"
+requires-python = ">=3.11"
+dependencies = ["streamledger[dagster]"]
 
-class KillableSpark(StreamSparkResource):
-    def get_runner(self):
-        real = super().get_runner()
-        def runner(**kwargs):
-            manifest = real(**kwargs)
-            if os.environ.get("DEMO_KILL") == "1":
-                raise InjectedCrash("demo: killed after the Spark job wrote its staging output")
-            return manifest
-        return runner
+[tool.dg]
+directory_type = "project"
 
-def stream_batch_job():
-    defs = Definitions(
-        assets=[example.stream_batch], jobs=[example.stream_batch_job], executor=in_process_executor,
-        resources={**example.defs.resources, "spark": KillableSpark(quick_start=True)},
+[tool.dg.project]
+root_module = "demo_project"
+TOML
+touch "$PROJECT/src/demo_project/__init__.py" "$PROJECT/src/demo_project/defs/__init__.py"
+cat >"$PROJECT/src/demo_project/definitions.py" <<'PYEOF'
+from pathlib import Path
+
+import dagster as dg
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    # one process per run: the batch step's Spark session starts once
+    return dg.Definitions.merge(
+        dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
+        dg.Definitions(executor=dg.in_process_executor),
     )
-    return defs.resolve_job_def("stream_batch_job")
 PYEOF
-PYTHONPATH="$DEMO${PYTHONPATH:+:$PYTHONPATH}" "$PY" - <<'PYEOF' 2>"$LOGS/reexecute.log"
+dg components list components
+grep -m1 -F "$TYPE" "$LOGS/components.log" | tr -s ' ' | sed 's/^/   dg list components: /'
+dg scaffold scaffold defs "$TYPE" events
+echo "   dg scaffold defs $TYPE events: wrote src/demo_project/defs/events/defs.yaml, filled in as:"
+cat >"$PROJECT/src/demo_project/defs/events/defs.yaml" <<YAML
+type: $TYPE
+attributes:
+  pipeline: $STREAMLEDGER_PIPELINE
+  super_stream: $STREAMLEDGER_SUPER_STREAM
+  output_root: $STREAMLEDGER_OUTPUT_ROOT
+  broker_url_env: STREAMLEDGER_RABBITMQ_URL
+  ledger_url_env: STREAMLEDGER_LEDGER_URL
+  spark_master: local[2]
+  asset_attributes:
+    key: "streams/{{ pipeline }}"
+    owners: ["team:data"]
+  freshness:
+    fail_after_seconds: 3600
+  backlog_sensor:
+    min_backlog: 100
+YAML
+sed 's/^/     /' "$PROJECT/src/demo_project/defs/events/defs.yaml"
+dg refresh utils refresh-defs-state
+echo "   dg utils refresh-defs-state: $(cat "$PROJECT"/src/demo_project/defs/.local_defs_state/*/state)"
+STREAMLEDGER_RABBITMQ_URL=rabbitmq-stream://guest:guest@127.0.0.1:9/ dg check check defs
+echo "   dg check defs, the broker URL at a closed port: $(grep -o 'All definitions loaded successfully' "$LOGS/check.log")"
+
+step "4. wave 1 + dg launch --assets $KEY"
+publish 0 "$PER_WAVE"
+launch run-1
+
+step "5. wave 2; a dg launch killed once it holds its claims, then re-executed from failure"
+publish "$PER_WAVE" "$PER_WAVE"
+(cd "$PROJECT" && "$PY" - "$DG" "$KEY" "$LOGS/run-2-killed.log") <<'PYEOF'
+import os, signal, subprocess, sys, time
+from streamledger.ledger import Ledger
+dg, key, log = sys.argv[1:4]
+ledger = Ledger(os.environ["STREAMLEDGER_LEDGER_URL"])
+pipeline = os.environ["STREAMLEDGER_PIPELINE"]
+before = {r.id for r in ledger.ranges(pipeline)}
+with open(log, "w") as out:  # its own process group, so the kill reaches its Spark JVM too
+    proc = subprocess.Popen([dg, "launch", "--assets", key], stdout=out, stderr=out, start_new_session=True)
+deadline = time.monotonic() + 300
+while proc.poll() is None and time.monotonic() < deadline:
+    if len([r for r in ledger.ranges(pipeline) if r.id not in before and r.status.value == "claimed"]) == 3:
+        break
+    time.sleep(0.1)
+os.killpg(proc.pid, signal.SIGSTOP)
+mine = [r for r in ledger.ranges(pipeline) if r.id not in before]
+os.killpg(proc.pid, signal.SIGKILL)
+proc.wait()
+print("   dg launch SIGKILLed mid-batch, holding: "
+      + ", ".join(f"{r.source.stream} [{r.start}, {r.end}) {r.status.value}" for r in mine))
+if len(mine) != 3 or {r.status.value for r in mine} != {"claimed"}:
+    raise SystemExit("demo: the launch was not caught holding its claims; run the demo again")
+PYEOF
+(cd "$PROJECT" && "$PY" -) 2>"$LOGS/reexecute.log" <<'PYEOF'
 import os
-from dagster import DagsterInstance, ReexecutionOptions, execute_job, reconstructable
-import demo_jobs
-from streamledger.dagster import example
+from dagster import DagsterInstance, ReexecutionOptions, execute_job
+from dagster._utils.hosted_user_process import recon_job_from_origin
 from streamledger.ledger import Ledger
 
-job = demo_jobs.stream_batch_job
 instance = DagsterInstance.get()
-os.environ["DEMO_KILL"] = "1"
-with execute_job(reconstructable(job), instance=instance, raise_on_error=False) as killed:
-    print(f"   run {killed.run_id[:8]}: success={killed.success} (Spark step died after writing, nothing committed)")
-del os.environ["DEMO_KILL"]
-if not instance.get_run_by_id(killed.run_id).is_finished:
-    instance.report_run_failed(instance.get_run_by_id(killed.run_id))  # what run monitoring does
+pipeline = os.environ["STREAMLEDGER_PIPELINE"]
 ledger = Ledger(os.environ["STREAMLEDGER_LEDGER_URL"])
-held = [r for r in ledger.ranges(example.PIPELINE) if r.status.value == "claimed"]
-print("   ledger: " + ", ".join(f"{r.source.stream} [{r.start}, {r.end}) claimed" for r in held))
-with execute_job(reconstructable(job), instance=instance,
+held = [r for r in ledger.ranges(pipeline) if r.status.value == "claimed"]
+killed = instance.get_run_by_id(held[0].run.run_id)
+instance.report_run_failed(killed)  # what run monitoring does for a run whose process died
+print(f"   run {killed.run_id[:8]}: marked failed")
+with execute_job(recon_job_from_origin(killed.job_code_origin), instance=instance,
                  reexecution_options=ReexecutionOptions.from_failure(killed.run_id, instance)) as again:
     run = again.dagster_run
     print(f"   re-execution {run.run_id[:8]} (root {run.root_run_id[:8]}): success={again.success}")
-done = {(r.source.stream, r.start, r.end) for r in ledger.ranges(example.PIPELINE) if r.status.value == "committed"}
+done = {(r.source.stream, r.start, r.end) for r in ledger.ranges(pipeline) if r.status.value == "committed"}
 assert all((r.source.stream, r.start, r.end) in done for r in held), "re-execution must commit the same ranges"
 print("   the re-execution committed exactly the claimed ranges")
 PYEOF
 
-step "5. wave 3 + a second CLI materialization (the next ranges)"
+step "6. wave 3 + a second dg launch (the next ranges)"
 publish $((2 * PER_WAVE)) "$PER_WAVE"
-materialize run-3
+launch run-3
 
-step "6. ledger, audit and output"
+step "7. ledger, audit and output"
 "$PY" - <<'PYEOF'
 import json, os
 from pathlib import Path
@@ -167,7 +229,7 @@ print(f"broker stored offsets for {pipeline}: {stored}")
 print("audit:", "CLEAN" if report.clean else "VIOLATIONS")
 print("\n".join("   " + line for line in report.to_text().splitlines()))
 root = Path(os.environ["STREAMLEDGER_OUTPUT_ROOT"]) / pipeline
-files = sorted(root.glob("*/*/*.parquet"))
+files = sorted(root.glob("*/*/*/*.parquet"))
 ids = [json.loads(b)["id"] for f in files for b in pq.read_table(f, columns=["body"]).column("body").to_pylist()]
 print(f"Parquet output: {root}  ({len(files)} files, {len(ids)} rows, {len(set(ids))} distinct event ids)")
 for d in sorted({f.parent for f in files}):

@@ -11,6 +11,7 @@ from streamledger.dagster.assets import (
     batch_metadata,
     build_stream_batch_asset,
 )
+from streamledger.dagster.automation import BacklogAbove
 from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
 from streamledger.dagster.components import StreamBatchComponent
 from streamledger.dagster.identity import DAG_ID
@@ -24,6 +25,7 @@ from streamledger.dagster.sensors import build_stream_backlog_sensor
 
 __all__ = [
     "DAG_ID",
+    "BacklogAbove",
     "RabbitMQStreamResource",
     "ResourceConfigError",
     "StreamBatchComponent",

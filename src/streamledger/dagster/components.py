@@ -16,6 +16,10 @@ Resources are the component's own, under keys derived from the pipeline (two com
 project never share or clash on a resource). The broker URL is best given as ``broker_url_env``
 (the name of an environment variable): it becomes an ``EnvVar``, resolved at run time and masked in
 the UI, while ``{{ env.X }}`` templating would write the password into the resolved configuration.
+
+``asset_attributes.automation_condition`` may use ``{{ backlog_above(n, max_lag_seconds=s) }}``:
+:class:`~streamledger.dagster.automation.BacklogAbove` bound to this component's pipeline, broker
+variable and ledger; the component then adds an automation sensor evaluated on the code server.
 """
 
 
@@ -88,6 +92,9 @@ class StreamBatchSource:
     output_root: str
     fmt: str
     partitions: tuple[str, ...] | None  # None: not discovered yet (no refresh-defs-state)
+    broker_url_env: str | None = None  # where the broker and the ledger are, for backlog_above
+    ledger_url: str | None = None
+    ledger_url_env: str | None = None
 
     @property
     def name(self) -> str:
@@ -110,17 +117,19 @@ class StreamBatchTranslator:
 
     def get_asset_spec(self, source: StreamBatchSource) -> AssetSpec:
         metadata: dict[str, Any] = {"streamledger/stream": source.name}
+        description = (f"Bounded batches of {source.name} (pipeline {source.pipeline}) written as "
+                       f"{source.fmt} under {source.output_root}.")
         if source.super_stream is not None:
-            metadata["streamledger/partitions"] = (
-                list(source.partitions) if source.partitions is not None
-                else "not discovered (run: dg utils refresh-defs-state)"
-            )
+            undiscovered = "not discovered (run: dg utils refresh-defs-state)"
+            found = list(source.partitions) if source.partitions is not None else None
+            metadata["streamledger/partitions"] = found if found is not None else undiscovered
+            # in the description too, so `dg list defs` shows what the last refresh found
+            description += f" Partitions at the last refresh: {', '.join(found) if found else undiscovered}."
         return AssetSpec(
             key=AssetKey(identifier(source.pipeline)),
             group_name="streamledger",
             kinds={"rabbitmq", "spark", source.fmt},
-            description=f"Bounded batches of {source.name} (pipeline {source.pipeline}) written as "
-            f"{source.fmt} under {source.output_root}.",
+            description=description,
             metadata=metadata,
         )
 
@@ -155,9 +164,34 @@ PartitionsField = Annotated[
 ]
 
 
+def backlog_above_for(source: StreamBatchSource) -> Any:
+    """``{{ backlog_above(min_backlog, max_lag_seconds=None) }}`` in ``asset_attributes``: a
+    :class:`~streamledger.dagster.automation.BacklogAbove` on this component's pipeline and ledger,
+    and-ed with "no run in progress" (templates have no ``&``/``~``), so one run at a time."""
+
+    def backlog_above(min_backlog: int | None = None, max_lag_seconds: float | None = None) -> Any:
+        from dagster import AutomationCondition
+
+        from streamledger.dagster.automation import BacklogAbove
+
+        if source.broker_url_env is None:
+            raise ComponentConfigError(
+                f"StreamBatchComponent(pipeline={source.pipeline!r}): backlog_above needs broker_url_env "
+                "(the condition keeps the variable's name, never a URL)"
+            )
+        backlog = BacklogAbove(
+            pipeline=source.pipeline, min_backlog=min_backlog, max_lag_seconds=max_lag_seconds,
+            stream=source.stream, super_stream=source.super_stream, broker_url_env=source.broker_url_env,
+            ledger_url=source.ledger_url, ledger_url_env=source.ledger_url_env,
+        )
+        return (backlog & ~AutomationCondition.in_progress()).with_label("backlog_above")
+
+    return backlog_above
+
+
 def _template_vars(source: StreamBatchSource) -> Mapping[str, Any]:
     return {"pipeline": source.pipeline, "stream": source.stream, "super_stream": source.super_stream,
-            "source": source}
+            "source": source, "backlog_above": backlog_above_for(source)}
 
 
 AssetAttributesField = Annotated[
@@ -210,6 +244,8 @@ def scaffold_yaml(type_name: str) -> str:
             group_name: streamledger
             # owners: ["team:data"]
             # automation_condition: "{{{{ automation_condition.on_cron('0 * * * *') }}}}"
+            # or once 1000 records wait, one run at a time (max_lag_seconds=600: or 10 min behind):
+            # automation_condition: "{{{{ backlog_above(1000, max_lag_seconds=600) }}}}"
           # Fail the asset's freshness when nothing was materialized for this long.
           # freshness:
           #   fail_after_seconds: 3600
@@ -218,6 +254,15 @@ def scaffold_yaml(type_name: str) -> str:
             min_backlog: 1
             minimum_interval_seconds: 30
         """)
+
+
+def uses_python_condition(condition: Any) -> bool:
+    """Whether an automation condition tree holds a :class:`BacklogAbove` anywhere."""
+    from streamledger.dagster.automation import BacklogAbove
+
+    if condition is None:
+        return False
+    return isinstance(condition, BacklogAbove) or any(uses_python_condition(c) for c in condition.children)
 
 
 @scaffold_with(StreamBatchScaffolder)
@@ -313,6 +358,8 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
         source = StreamBatchSource(
             pipeline=self.pipeline, stream=self.stream, super_stream=self.super_stream,
             output_root=self.output_root, fmt=self.fmt, partitions=self.read_state(state_path),
+            broker_url_env=self.broker_url_env, ledger_url=self.ledger_url,
+            ledger_url_env=self.ledger_url_env,
         )
         spec = self.get_asset_spec(source)
         keys = self.resource_keys()
@@ -359,6 +406,14 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
                     DefaultSensorStatus.RUNNING if sensor_cfg.running else DefaultSensorStatus.STOPPED
                 ),
                 broker_resource_key=keys["broker"], ledger_resource_key=keys["ledger"],
+            ))
+        if uses_python_condition(asset.automation_conditions_by_key.get(asset.key)):
+            from dagster import AutomationConditionSensorDefinition
+
+            # a Python condition (backlog_above) runs where the code is, not in the daemon
+            sensors.append(AutomationConditionSensorDefinition(
+                f"{asset.key.to_python_identifier()}_automation", target=[asset.key],
+                use_user_code_server=True,
             ))
         ledger_url: Any = EnvVar(self.ledger_url_env) if self.ledger_url_env else self.ledger_url
         resources = {

@@ -109,6 +109,36 @@ def stream_state(
     return state_of(position)
 
 
+@dataclass
+class Backlog:
+    """What waits for a pipeline: each stream's state, claims in flight, user records counted."""
+
+    states: list[StreamState]
+    claimed: list[tuple[str, Any]]  # (stream, range) held by a live run
+    records: int  # user records beyond the frontiers, counted up to the ``need`` asked for
+
+    @property
+    def offsets(self) -> int:
+        return sum(s.offsets for s in self.states)
+
+
+def backlog_of(client: Any, ledger: Any, source: PipelineSource, *, need: int,
+               alive: Callable[[RunId], bool] = lambda holder: True,
+               claim_timeout: float = DEFAULT_CLAIM_TIMEOUT) -> Backlog:
+    """One look at a pipeline's backlog on one broker connection (the sensor and the automation
+    condition both ask this): positions from the ledger and the broker, then user records counted
+    from each frontier until ``need`` are seen. With a claim in flight nothing is counted."""
+    positions = measure(client, ledger, source, holder_alive=alive, claim_timeout=claim_timeout,
+                        last_user=False)  # user records are counted below instead (records_waiting)
+    states = [state_of(p) for p in positions]
+    claimed = [(s.stream, r) for s in states for r in s.claimed]
+    found = 0
+    if not claimed:
+        for state in states:
+            found += records_waiting(client, state, need - found)
+    return Backlog(states, claimed, found)
+
+
 def cursor_of(states: Sequence[StreamState]) -> dict[str, Any]:
     """The sensor's memory: the frontier per stream and the failed or abandoned ranges to redo."""
     return {
@@ -172,25 +202,20 @@ def build_stream_backlog_sensor(
         with broker.get_client() as client:
             source = PipelineSource(pipeline, str(broker.url), stream=stream, super_stream=super_stream)
             alive = holder_alive(context.instance, current_run_id="")
-            positions = measure(client, ledger, source, holder_alive=alive, claim_timeout=claim_timeout,
-                            last_user=False)  # the sensor counts user records instead (records_waiting)
-            states = [state_of(p) for p in positions]
-            cursor = cursor_of(states)
-            text = json.dumps(cursor, sort_keys=True)
-            claimed = [(s.stream, r) for s in states for r in s.claimed]
-            if claimed:
-                held_stream, held = claimed[0]
-                return SensorResult(
-                    skip_reason=SkipReason(
-                        f"pipeline {pipeline}: {held_stream} [{held.start}, {held.end}) is claimed by "
-                        f"{held.run.dag_id}/{held.run.run_id}, still running"
-                    ),
-                    cursor=text,
-                )
-            found = 0
-            for state in states:
-                found += records_waiting(client, state, min_backlog - found)
-        offsets = sum(s.offsets for s in states)
+            waiting = backlog_of(client, ledger, source, need=min_backlog, alive=alive,
+                                 claim_timeout=claim_timeout)
+        cursor = cursor_of(waiting.states)
+        text = json.dumps(cursor, sort_keys=True)
+        if waiting.claimed:
+            held_stream, held = waiting.claimed[0]
+            return SensorResult(
+                skip_reason=SkipReason(
+                    f"pipeline {pipeline}: {held_stream} [{held.start}, {held.end}) is claimed by "
+                    f"{held.run.dag_id}/{held.run.run_id}, still running"
+                ),
+                cursor=text,
+            )
+        found, offsets = waiting.records, waiting.offsets
         if found < min_backlog and not cursor["failed"]:
             return SensorResult(
                 skip_reason=SkipReason(

@@ -1,23 +1,30 @@
 """``StreamBatchComponent`` the way a Dagster user runs it: ``dg`` in fresh processes on a project
-laid out as ``create-dagster`` lays it out, against the real broker and local Spark.
+laid out as ``create-dagster`` lays it out, against the real broker and a local Spark Connect server.
 
-``dg list components`` finds the component through streamledger's entry point; ``dg scaffold defs``
-writes its commented defs.yaml; ``dg check defs`` loads with the broker unreachable (discovery is
-state, not a load-time call); ``dg utils refresh-defs-state`` discovers the partitions;
-``dg launch`` runs the batch and its audit check. One launch only: each starts a JVM (30-75 s on
-the shared 2-core machine); a second batch reading only new data is the factories' behaviour,
-proven in test_assets.py."""
+One project serves the whole module (a module-scoped fixture: ``dg list components``, ``dg scaffold
+defs``, ``dg utils refresh-defs-state`` once), with two components: ``events`` on a super stream
+(unpartitioned, backlog sensor) and ``windowed`` on one stream with one-minute time-window partitions. The
+launches run their Spark jobs on the session's Connect server, so a ``dg launch`` costs its Python
+start and the job, not a JVM start (~55 s -> ~20 s each on the shared 2-core machine). The tests run
+in file order and build on each other's ledger; the one that adds a partition to the super stream
+comes last."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +32,34 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamledger.ledger import Ledger
+from streamledger.ledger.models import RANGE_TABLE
 from streamledger.protocol.rabbitmq import StreamClient
 
-pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[3]
 DG = str(Path(sys.executable).parent / "dg")
 TYPE = "streamledger.dagster.components.StreamBatchComponent"
 DOWN_URL = "rabbitmq-stream://guest:guest@127.0.0.1:9/"  # discard port: nothing listens
+FMT = "%Y-%m-%d-%H:%M"
+
+#: Dagster's re-execution from failure of a run (what the UI's "Re-execute from failure" does):
+#: the job is rebuilt from the run's own code origin, so it is the project's component, as launched.
+REEXECUTE = """\
+import sys
+from dagster import DagsterInstance, ReexecutionOptions, execute_job
+from dagster._utils.hosted_user_process import recon_job_from_origin
+
+instance = DagsterInstance.get()
+run = instance.get_run_by_id(sys.argv[1])
+options = ReexecutionOptions.from_failure(run.run_id, instance)
+with execute_job(recon_job_from_origin(run.job_code_origin), instance=instance,
+                 reexecution_options=options) as result:
+    child = result.dagster_run
+    print("REEXECUTED", child.run_id, child.root_run_id, result.success)
+"""
 
 
-def project(root: Path) -> Path:
+def write_project(root: Path) -> None:
     """A dg project: pyproject, ``definitions.py`` loading the defs folder (in-process executor)."""
     (root / "src" / "sl_proj" / "defs").mkdir(parents=True)
     (root / "pyproject.toml").write_text(textwrap.dedent("""\
@@ -60,46 +85,125 @@ def project(root: Path) -> Path:
 
         @dg.definitions
         def defs() -> dg.Definitions:
-            # one process per run: the Spark session of the batch step is started once
+            # one process per run: the batch step's Spark session is opened once
             return dg.Definitions.merge(
                 dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
                 dg.Definitions(executor=dg.in_process_executor),
             )
         """))
-    return root
 
 
-@pytest.fixture
-def super_stream(rabbitmq_url: str, stream_name: Any) -> Iterator[tuple[str, list[str]]]:
-    name = stream_name.super_stream("dgcli")
-    with StreamClient.connect(rabbitmq_url) as client:
-        client.create_super_stream(name, partitions=2)
-        partitions = client.partitions(name)
-    yield name, partitions
-    with StreamClient.connect(rabbitmq_url) as client:
-        client.delete_super_stream(name, missing_ok=True)
+@dataclass
+class Project:
+    root: Path
+    env: dict[str, str]
+    url: str
+    out: Path
+    ledger_url: str
+    super_stream: str
+    partitions: list[str]
+    win_stream: str
+    window: datetime  # the one-minute window of the events published to win_stream
+    outputs: dict[str, str] = field(default_factory=dict)  # fixture-time dg outputs
+    timings: dict[str, list[float]] = field(default_factory=dict)
+
+    pipeline = property(lambda self: f"p-{self.super_stream}")
+    key = property(lambda self: f"streams/{self.pipeline}")
+    win_pipeline = property(lambda self: f"p-{self.win_stream}")
+    win_key = property(lambda self: f"streams/{self.win_pipeline}")
+
+    def command(self, *args: str, broker: str | None = None) -> tuple[list[str], dict[str, str]]:
+        return [DG, *args], {**self.env, "SL_BROKER_URL": broker or self.url}
+
+    def dg(self, *args: str, broker: str | None = None, stdout_only: bool = False) -> str:
+        """Run ``dg args`` in the project; fails the test on a non-zero exit or a leaked password."""
+        cmd, env = self.command(*args, broker=broker)
+        began = time.monotonic()
+        done = subprocess.run(cmd, cwd=self.root, env=env, capture_output=True, text=True, timeout=240,
+                              check=False)
+        self.timings.setdefault(" ".join(args[:2]), []).append(round(time.monotonic() - began, 1))
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, f"dg {' '.join(args)}:\n{output[-4000:]}"
+        assert "guest:guest" not in output, "the broker password must not reach dg's output"
+        return done.stdout if stdout_only else output
+
+    def publish(self, stream_ids: dict[str, Sequence[int]]) -> None:
+        with StreamClient.connect(self.url) as client:
+            for stream, ids in stream_ids.items():
+                bodies = [json.dumps({"id": i}).encode() for i in ids]
+                assert client.publish(stream, bodies).confirmed == len(bodies)
+
+    def publish_spread(self, ids: range) -> None:
+        """Events ``{"id": i}`` round robin over the super stream's first partitions."""
+        n = len(self.partitions)
+        self.publish({p: [i for i in ids if i % n == k] for k, p in enumerate(self.partitions)})
+
+    def ranges(self, pipeline: str) -> list[Any]:
+        ranges = Ledger(self.ledger_url).ranges(pipeline)
+        return sorted(ranges, key=lambda r: (r.source.stream, r.start, r.id))
+
+    def written_ids(self, pipeline: str) -> list[int]:
+        return [json.loads(b)["id"] for f in sorted((self.out / pipeline).glob("*/*/*/*.parquet"))
+                for b in pq.read_table(f, columns=["body"]).column("body").to_pylist()]
 
 
-def publish(url: str, partitions: list[str], ids: range) -> None:
-    with StreamClient.connect(url) as client:
-        for n, p in enumerate(partitions):
-            bodies = [json.dumps({"id": i}).encode() for i in ids if i % len(partitions) == n]
-            assert client.publish(p, bodies).confirmed == len(bodies)
+def defs_yaml(p: Project) -> tuple[str, str]:
+    events = textwrap.dedent(f"""\
+        type: {TYPE}
+        attributes:
+          pipeline: {p.pipeline}
+          super_stream: {p.super_stream}
+          output_root: {p.out}
+          broker_url_env: SL_BROKER_URL
+          ledger_url: {p.ledger_url}
+          spark_remote: {p.env["SL_SPARK_REMOTE"]}
+          asset_attributes:
+            key: "streams/{{{{ pipeline }}}}"
+            owners: ["team:data"]
+        """)
+    start = (p.window - timedelta(minutes=1)).strftime(FMT)
+    windowed = textwrap.dedent(f"""\
+        type: {TYPE}
+        attributes:
+          pipeline: {p.win_pipeline}
+          stream: {p.win_stream}
+          output_root: {p.out}
+          broker_url_env: SL_BROKER_URL
+          ledger_url: {p.ledger_url}
+          spark_remote: {p.env["SL_SPARK_REMOTE"]}
+          partitions_def:
+            type: time_window
+            cron_schedule: "* * * * *"
+            fmt: "{FMT}"
+            start_date: "{start}"
+          asset_attributes:
+            key: "streams/{{{{ pipeline }}}}"
+        """)
+    return events, windowed
 
 
-def test_dg_scaffold_check_refresh_launch(rabbitmq_url: str, super_stream: tuple[str, list[str]],
-                                          tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def project(rabbitmq_url: str, spark_connect: str, tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[Project]:
     registered = {e.value for e in importlib.metadata.entry_points(group="dagster_dg_cli.registry_modules")}
     assert "streamledger.dagster.components" in registered, (
         "streamledger's dagster_dg_cli.registry_modules entry point is not installed: reinstall the "
         "package (make venv / pip install -e .)"
     )
-    name, partitions = super_stream
-    root = project(tmp_path / "proj")
-    out, ledger_url, pipeline = tmp_path / "out", f"sqlite:///{tmp_path / 'ledger.db'}", f"p-{name}"
+    tmp = tmp_path_factory.mktemp("dg")
+    tag = uuid.uuid4().hex[:8]
+    super_stream, win_stream = f"t-dg-events-{tag}", f"t-dg-win-{tag}"
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_super_stream(super_stream, partitions=2)
+        client.create_stream(win_stream)
+        partitions = client.partitions(super_stream)
+    root = tmp / "proj"
+    write_project(root)
+    (tmp / "home").mkdir()
     env = {
         **os.environ,
-        "DAGSTER_HOME": str(tmp_path / "home"),
+        "DAGSTER_HOME": str(tmp / "home"),
+        # the dg processes (and the re-execution) import this checkout and the project
         "PYTHONPATH": os.pathsep.join(
             [str(REPO / "src"), str(root / "src"), os.environ.get("PYTHONPATH", "")]
         ),
@@ -107,56 +211,198 @@ def test_dg_scaffold_check_refresh_launch(rabbitmq_url: str, super_stream: tuple
         "PYSPARK_PYTHON": sys.executable,
         "COLUMNS": "250",
         "DAGSTER_DISABLE_TELEMETRY": "1",
+        "SL_SPARK_REMOTE": spark_connect,
     }
-    (tmp_path / "home").mkdir()
-    timings: dict[str, float] = {}
+    # the windowed component's events, published now so that their one-minute window has closed
+    # (a partition Dagster can launch) by the time its test runs
+    if time.time() % 60 > 57:
+        time.sleep(60 - time.time() % 60 + 0.2)
+    window = datetime.fromtimestamp(time.time() // 60 * 60, UTC)
+    p = Project(root=root, env=env, url=rabbitmq_url, out=tmp / "out",
+                ledger_url=f"sqlite:///{tmp / 'ledger.db'}", super_stream=super_stream,
+                partitions=partitions, win_stream=win_stream, window=window)
+    p.publish({win_stream: range(40)})
+    try:
+        p.outputs["list components"] = p.dg("list", "components")
+        p.dg("scaffold", "defs", TYPE, "events")
+        defs = root / "src" / "sl_proj" / "defs"
+        p.outputs["scaffolded"] = (defs / "events" / "defs.yaml").read_text()
+        events, windowed = defs_yaml(p)
+        (defs / "events" / "defs.yaml").write_text(events)
+        (defs / "windowed").mkdir()
+        (defs / "windowed" / "defs.yaml").write_text(windowed)
+        p.dg("utils", "refresh-defs-state")
+        yield p
+    finally:
+        print("dg timings (s):", p.timings)
+        with StreamClient.connect(rabbitmq_url) as client:
+            client.delete_super_stream(super_stream, missing_ok=True)
+            for stream in (f"{super_stream}-2", win_stream):
+                try:
+                    client.delete_stream(stream)
+                except Exception:  # best effort: it may not exist
+                    pass
 
-    def dg(*args: str, broker: str = rabbitmq_url, stdout_only: bool = False) -> str:
-        began = time.monotonic()
-        done = subprocess.run([DG, *args], cwd=root, env={**env, "SL_BROKER_URL": broker},
-                              capture_output=True, text=True, timeout=240, check=False)
-        timings[" ".join(args[:2])] = round(time.monotonic() - began, 1)
-        output = done.stdout + done.stderr
-        assert done.returncode == 0, f"dg {' '.join(args)}:\n{output[-4000:]}"
-        assert "guest:guest" not in output, "the broker password must not reach dg's output"
-        return done.stdout if stdout_only else output
 
-    assert TYPE in dg("list", "components")
+def state_streams(p: Project) -> list[str]:
+    """The super stream's partitions as the last ``dg utils refresh-defs-state`` wrote them."""
+    states = [json.loads(f.read_text())["streams"]
+              for f in (p.root / "src" / "sl_proj" / "defs" / ".local_defs_state").glob("*/state")]
+    [streams] = [s for s in states if s[0].startswith(p.super_stream)]
+    return list(streams)
 
-    dg("scaffold", "defs", TYPE, "events")
-    defs_yaml = root / "src" / "sl_proj" / "defs" / "events" / "defs.yaml"
-    scaffolded = defs_yaml.read_text()
+
+def test_scaffold_refresh_and_load_with_the_broker_down(project: Project) -> None:
+    p = project
+    assert TYPE in p.outputs["list components"]
+    scaffolded = p.outputs["scaffolded"]
     assert scaffolded.startswith(f"type: {TYPE}") and "# Consumer reference" in scaffolded
-    defs_yaml.write_text(textwrap.dedent(f"""\
-        type: {TYPE}
-        attributes:
-          pipeline: {pipeline}
-          super_stream: {name}
-          output_root: {out}
-          broker_url_env: SL_BROKER_URL
-          ledger_url: {ledger_url}
-          spark_master: local[1]
-          asset_attributes:
-            key: "streams/{{{{ pipeline }}}}"
-            owners: ["team:data"]
-        """))
-    key = f"streams/{pipeline}"
+    assert state_streams(p) == p.partitions  # discovered by refresh-defs-state
+    # the broker is down after the state was written: the location still loads
+    assert "All definitions loaded successfully" in p.dg("check", "defs", broker=DOWN_URL)
 
-    # the broker is down: the location still loads (discovery is state, not a call at load time)
-    assert "All definitions loaded successfully" in dg("check", "defs", broker=DOWN_URL)
-    dg("utils", "refresh-defs-state")
-    [state] = (root / "src" / "sl_proj" / "defs" / ".local_defs_state").glob("*/state")
-    assert json.loads(state.read_text())["streams"] == partitions
 
-    publish(rabbitmq_url, partitions, range(30))
-    first = dg("launch", "--assets", key)
+def committed(p: Project, pipeline: str) -> list[tuple[str, int, int, int]]:
+    return [(r.source.stream, r.start, r.end, r.records) for r in p.ranges(pipeline)
+            if str(r.status) == "committed" and not r.empty]
+
+
+def assert_contiguous(spans: list[tuple[str, int, int, int]]) -> None:
+    by_stream: dict[str, list[tuple[int, int]]] = {}
+    for stream, start, end, _ in spans:
+        by_stream.setdefault(stream, []).append((start, end))
+    for stream, rs in by_stream.items():
+        assert rs[0][0] == 0 and all(b[0] == a[1] for a, b in pairwise(rs)), (stream, rs)
+
+
+def test_launch_twice_the_second_reads_only_new_data(project: Project) -> None:
+    p = project
+    p.publish_spread(range(30))
+    first = p.dg("launch", "--assets", p.key)
     assert "RUN_SUCCESS" in first and "Asset check 'ledger_audit' on 'streams/" in first and "passed" in first
+    assert committed(p, p.pipeline) == [(s, 0, 15, 15) for s in p.partitions]
 
-    ledger = Ledger(ledger_url)
-    committed = sorted((r.source.stream, r.start, r.end, r.records) for r in ledger.ranges(pipeline)
-                       if str(r.status) == "committed")
-    assert committed == [(p, 0, 15, 15) for p in partitions]
-    ids = [json.loads(b)["id"] for f in sorted((out / pipeline).glob("*/*/*/*.parquet"))
-           for b in pq.read_table(f, columns=["body"]).column("body").to_pylist()]
-    assert sorted(ids) == list(range(30))
-    print("dg timings (s):", timings)
+    p.publish_spread(range(30, 50))
+    assert "RUN_SUCCESS" in p.dg("launch", "--assets", p.key)
+    spans = committed(p, p.pipeline)
+    assert len(spans) == 4
+    assert_contiguous(spans)
+    second = [s for s in spans if s[1] > 0]
+    assert sorted(s[3] for s in second) == [10, 10], "the second launch reads only the 20 new events"
+    ids = p.written_ids(p.pipeline)
+    assert sorted(ids) == list(range(50))
+
+
+def test_killed_launch_reexecuted_from_failure_same_ranges_exactly_once(project: Project) -> None:
+    from dagster import DagsterInstance, DagsterRunStatus
+    from dagster._core.instance.ref import InstanceRef
+
+    from streamledger.batch.proof import audit
+
+    p = project
+    before = {r.id for r in p.ranges(p.pipeline)}
+    p.publish_spread(range(50, 70))
+    cmd, env = p.command("launch", "--assets", p.key)
+    proc = subprocess.Popen(cmd, cwd=p.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # its own process group: the kill reaches all of it
+    try:
+        deadline = time.monotonic() + 150
+        while True:
+            claimed = [r for r in p.ranges(p.pipeline) if r.id not in before and str(r.status) == "claimed"]
+            if len(claimed) == len(p.partitions) or proc.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGSTOP)  # parked: nothing can move between this check and the kill
+        parked = [r for r in p.ranges(p.pipeline) if r.id not in before]
+        assert {str(r.status) for r in parked} == {"claimed"} and len(parked) == len(p.partitions), (
+            f"the launch was to be killed holding its claims, found "
+            f"{[(r.start, r.end, str(r.status)) for r in parked]}"
+        )
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    killed_spans = {(r.source.stream, r.start, r.end) for r in parked}
+    [run_id] = {r.run.run_id for r in parked}
+
+    # what run monitoring does for a run whose process died: mark it failed
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(p.env["DAGSTER_HOME"]))
+    run = instance.get_run_by_id(run_id)
+    assert run is not None and run.status == DagsterRunStatus.STARTED
+    instance.report_run_failed(run)
+
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", REEXECUTE, run_id], cwd=p.root, env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
+    p.timings.setdefault("re-execute", []).append(round(time.monotonic() - began, 1))
+    assert done.returncode == 0 and "guest:guest" not in done.stdout + done.stderr, done.stderr[-4000:]
+    [line] = [x for x in done.stdout.splitlines() if x.startswith("REEXECUTED")]
+    _, child, root, success = line.split()
+    assert child != run_id and root == run_id and success == "True"
+
+    mine = [r for r in p.ranges(p.pipeline) if r.id not in before]
+    assert {(r.source.stream, r.start, r.end) for r in mine} == killed_spans, "the same ranges, not extended"
+    assert {(str(r.status), r.run.run_id, r.run.try_number) for r in mine} == {("committed", run_id, 2)}
+    assert_contiguous(committed(p, p.pipeline))
+    ids = p.written_ids(p.pipeline)
+    assert sorted(ids) == list(range(70)), "every event exactly once"
+    with StreamClient.connect(p.url) as client:
+        report = audit(Ledger(p.ledger_url), p.pipeline, broker=client)
+    assert report.clean, report.to_text()
+
+
+def test_partition_check_on_a_time_window_passes_then_fails_on_a_planted_range(project: Project) -> None:
+    p = project
+    closes = (p.window + timedelta(minutes=1, seconds=1)).timestamp()
+    time.sleep(max(0.0, closes - time.time()))  # usually passed long ago
+    window = p.window.strftime(FMT)
+    out = p.dg("launch", "--assets", p.win_key, "--partition", window)
+    assert "RUN_SUCCESS" in out
+    assert f"Asset check 'partition_audit' on '{p.win_key}'" in out
+    assert check_outcome(out, "partition_audit") == "passed"
+    [done] = [r for r in p.ranges(p.win_pipeline) if str(r.status) == "committed" and not r.empty]
+    assert (done.source.stream, done.start, done.records) == (p.win_stream, 0, 40)
+    assert sorted(p.written_ids(p.win_pipeline)) == list(range(40))
+
+    # a planted bad range: the ledger says 41 records where the output holds 40
+    with sqlite3.connect(p.ledger_url.removeprefix("sqlite:///")) as db:
+        planted = db.execute(f"UPDATE {RANGE_TABLE} SET records = records + 1 WHERE id = ?", (done.id,))
+        assert planted.rowcount == 1
+    again = p.dg("launch", "--assets", p.win_key, "--partition", window)
+    assert check_outcome(again, "partition_audit") == "failed", again[-3000:]
+
+
+def check_outcome(output: str, name: str) -> str:
+    """``passed`` / ``failed`` from dg's log line of asset check ``name``."""
+    lines = [x for x in output.splitlines() if f"Asset check '{name}'" in x]
+    assert lines, f"no log line for asset check {name}"
+    return "failed" if "did not pass" in lines[-1] else "passed" if "passed" in lines[-1] else lines[-1]
+
+
+def description_of(p: Project, key: str, broker: str | None = None) -> str:
+    listed = json.loads(p.dg("list", "defs", "--json", broker=broker, stdout_only=True))
+    [asset] = [a for a in listed["assets"] if a["asset_key"] == key]
+    return str(asset["description"])
+
+
+def test_a_new_partition_shows_after_refresh_and_loading_calls_no_broker(
+    project: Project, broker_43: Any
+) -> None:
+    from streamledger.protocol.amqp10.codec.types import Long
+    from streamledger.protocol.amqp10.management import Management
+
+    p = project
+    new = f"{p.super_stream}-2"
+    with Management.connect(f"amqp://guest:guest@{broker_43.host}:{broker_43.amqp_port}/") as m:
+        m.declare_stream(new)
+        m.bind(p.super_stream, new, "2", arguments={"x-stream-partition-order": Long(2)})
+    with StreamClient.connect(p.url) as client:
+        assert client.partitions(p.super_stream) == [*p.partitions, new]
+
+    # before the refresh: the old partitions, loaded with the broker unreachable (no broker call)
+    old = description_of(p, p.key, broker=DOWN_URL)
+    assert f"Partitions at the last refresh: {', '.join(p.partitions)}." in old
+    p.dg("utils", "refresh-defs-state")
+    assert state_streams(p) == [*p.partitions, new]
+    assert f"Partitions at the last refresh: {', '.join([*p.partitions, new])}." in description_of(p, p.key)

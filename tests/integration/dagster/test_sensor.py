@@ -78,3 +78,21 @@ def test_cursor_never_passes_uncommitted_work(setup: Setup) -> None:
     setup.publish([40])
     [more] = tick(sensor, setup, instance, caught_up.cursor).run_requests
     assert more.run_key not in {request.run_key, retry.run_key}
+
+
+def test_one_broker_connection_per_tick(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamledger.protocol.rabbitmq import StreamClient
+
+    opened: list[str] = []
+    real = StreamClient.connect.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[StreamClient], *args: Any, **kwargs: Any) -> StreamClient:
+        opened.append("connect")
+        return real(cls, *args, **kwargs)  # type: ignore[no-any-return]
+
+    sensor = build_stream_backlog_sensor("stream_batch", pipeline=setup.pipeline,
+                                         super_stream=setup.super_stream, min_backlog=40)
+    setup.publish(range(40))  # the tick reads from every partition to count 40 records
+    monkeypatch.setattr(StreamClient, "connect", classmethod(counting))
+    result = tick(sensor, setup, DagsterInstance.ephemeral(), None)
+    assert result.run_requests and len(opened) == 1

@@ -110,3 +110,59 @@ def test_bad_yaml_is_one_line_naming_the_pipeline(extra: str, message: str) -> N
     with pytest.raises(ComponentConfigError, match=message) as err:
         component(BASE + "    " + extra)
     assert "orders-eu" in str(err.value) and "\n" not in str(err.value) and "guest" not in str(err.value)
+
+
+def test_backlog_above_in_asset_attributes_is_bound_to_the_components_pipeline() -> None:
+    from dagster import AutomationCondition
+
+    from streamledger.dagster.automation import BacklogAbove
+
+    comp = component("""\
+    pipeline: orders-eu
+    super_stream: orders
+    output_root: /tmp/out
+    broker_url_env: SL_BROKER
+    ledger_url: sqlite:////tmp/ledger.db
+    asset_attributes:
+      automation_condition: "{{ backlog_above(500, max_lag_seconds=600) }}"
+    """)
+    defs = build(comp)
+    spec = next(iter(defs.resolve_assets_def("orders_eu").specs))
+    condition = spec.automation_condition
+    assert condition is not None and condition.get_label() == "backlog_above"
+    [backlog] = [c for c in condition.children if isinstance(c, BacklogAbove)]
+    assert (backlog.pipeline, backlog.super_stream, backlog.min_backlog, backlog.max_lag_seconds) == (
+        "orders-eu", "orders", 500, 600
+    )
+    assert (backlog.broker_url_env, backlog.ledger_url) == ("SL_BROKER", "sqlite:////tmp/ledger.db")
+    assert "orders-eu" in backlog.description and ">= 500 records" in backlog.description
+    assert any(isinstance(c, type(~AutomationCondition.in_progress())) for c in condition.children)
+    # a Python condition is evaluated on the code server, by the component's own automation sensor
+    [automation] = [s for s in defs.sensors or [] if s.name == "orders_eu_automation"]
+    assert automation.sensor_type.name == "AUTOMATION"
+
+
+def test_backlog_above_refuses_a_broker_url_in_the_yaml() -> None:
+    comp = component(BASE + """\
+    asset_attributes:
+      automation_condition: "{{ backlog_above(10) }}"
+    """)
+    with pytest.raises(Exception, match="backlog_above needs broker_url_env"):
+        build(comp)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"super_stream": "orders"}, "needs min_backlog or max_lag_seconds"),
+        ({"super_stream": "orders", "min_backlog": 0}, "min_backlog must be >= 1"),
+        ({"min_backlog": 5}, "stream"),
+    ],
+)
+def test_backlog_above_refuses_bad_arguments_in_one_line(kwargs: dict[str, object], message: str) -> None:
+    from streamledger.dagster.automation import BacklogAbove
+    from streamledger.errors import StreamledgerError
+
+    with pytest.raises(StreamledgerError, match=message) as err:
+        BacklogAbove(pipeline="orders-eu", **kwargs)  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)
