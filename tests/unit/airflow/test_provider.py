@@ -40,7 +40,7 @@ def test_every_module_and_class_named_exists() -> None:
         assert cls.version_table_name == "streamledger_ledger_version"  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("conn_type", ["rabbitmq_stream", "tubemq", "streamledger_ledger"])
+@pytest.mark.parametrize("conn_type", ["rabbitmq_stream", "mewbase", "tubemq", "streamledger_ledger"])
 def test_connection_forms_are_declarative_and_consistent(conn_type: str) -> None:
     (conn,) = [c for c in get_provider_info()["connection-types"] if c["connection-type"] == conn_type]
     behaviour = conn["ui-field-behaviour"]
