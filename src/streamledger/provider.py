@@ -185,7 +185,10 @@ def get_provider_info() -> dict[str, Any]:
         ],
         # Event-driven scheduling: MessageQueueTrigger(scheme="rabbitmq-stream", ...) of the
         # common-messaging provider (skipped by Airflow when that provider is not installed).
-        "queues": ["streamledger.queues.rabbitmq_stream.RabbitMQStreamMessageQueueProvider"],
+        "queues": [
+            "streamledger.queues.rabbitmq_stream.RabbitMQStreamMessageQueueProvider",
+            "streamledger.queues.rabbitmq_stream.MewbaseMessageQueueProvider",
+        ],
         "connection-types": [
             {
                 "connection-type": "rabbitmq_stream",

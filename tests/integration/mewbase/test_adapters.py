@@ -61,8 +61,13 @@ def test_airflow_sensor_and_triggers_poll_a_mewbase_channel(
     assert asyncio.run(asyncio.wait_for(first_event(), 30)) == {
         "status": "ready", "backlog": backlog, "streams": {"orders": backlog}}
 
-    # the event trigger announces once (its announcement is stored on the server), then again on new data
-    event = StreamDataEventTrigger(stream="orders", poll_interval=0.1, settle=0, **common)
+    # the event trigger announces once (its announcement is stored on the server), then again on new data;
+    # the common-messaging provider dispatches the mewbase scheme to it
+    from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+
+    event = MessageQueueTrigger(scheme="mewbase", stream="orders", poll_interval=0.1, settle=0,
+                                **common).trigger
+    assert isinstance(event, StreamDataEventTrigger)
     payload = event.check()
     assert payload is not None and payload["new"] == backlog
     assert payload["tail"] == {"orders": positions[-1] + 1}
@@ -139,3 +144,57 @@ def emulator_log(emulator: MewbaseServerEmulator) -> Any:
     from streamledger.sources import connect_log
 
     return connect_log(emulator.url(), timeout=3.0)
+
+
+def test_source_connections_pick_their_hook_by_type(
+    monkeypatch: pytest.MonkeyPatch, make_emulator: Any
+) -> None:
+    from streamledger.hooks.mewbase import MewbaseHook
+    from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+    from streamledger.hooks.source import source_hook
+    from streamledger.protocol.mewbase import parse_url
+    from streamledger.sources import UnsupportedSource
+
+    server = make_emulator(users={"svc": "p@ss/word"})
+    monkeypatch.setenv("AIRFLOW_CONN_MB_URI", server.url("svc", "p%40ss%2Fword"))  # the plain-URL form
+    monkeypatch.setenv("AIRFLOW_CONN_MB_JSON", json.dumps(
+        {"conn_type": "mewbase", "host": server.host, "port": server.port, "login": "svc",
+         "password": "p@ss/word", "extra": {"timeout": 3}}))
+    monkeypatch.setenv("AIRFLOW_CONN_RMQ", "rabbitmq-stream://guest:guest@127.0.0.1:5552/")
+    monkeypatch.setenv("AIRFLOW_CONN_HTTP", "http://example.com")
+    for conn_id in ("mb_uri", "mb_json"):
+        hook = source_hook(conn_id)
+        assert isinstance(hook, MewbaseHook)
+        params = parse_url(hook.get_url())
+        assert (params.host, params.port, params.username, params.password) == (
+            server.host, server.port, "svc", "p@ss/word")
+        ok, message = hook.test_connection()  # type: ignore[attr-defined]
+        assert ok and message == f"Connected to mewbase at mewbase://{server.host}:{server.port}"
+    assert source_hook("mb_json").timeout == 3.0
+    assert isinstance(source_hook("rmq"), RabbitMQStreamHook)
+    with pytest.raises(UnsupportedSource, match=r"^connection 'http' has type 'http'; a source connection "
+                                                r"has type rabbitmq_stream or mewbase$"):
+        source_hook("http")
+    # RabbitMQ-only calls (topology, super stream management) refuse a mewbase connection in one line
+    with pytest.raises(UnsupportedSource, match="connection 'mb_json' names a mewbase channel; this needs a "
+                                                "rabbitmq_stream connection"):
+        RabbitMQStreamHook("mb_json").get_topology()
+    monkeypatch.setenv("AIRFLOW_CONN_MB_NOPORT", json.dumps({"conn_type": "mewbase", "host": "h"}))
+    with pytest.raises(UnsupportedSource, match="'mb_noport': a mewbase connection needs a port"):
+        source_hook("mb_noport").get_url()
+
+
+def test_dagster_source_resource_takes_any_known_url(emulator: MewbaseServerEmulator) -> None:
+    from streamledger.dagster import RabbitMQStreamResource, ResourceConfigError, StreamSourceResource
+    from streamledger.sources import UnsupportedSource
+
+    last = seed(emulator, "orders", range(3))[-1]
+    resource = StreamSourceResource(url=emulator.url())
+    assert resource.describe() == f"mewbase {emulator.host}:{emulator.port}"
+    with resource.get_client() as log:
+        assert log.committed_tail("orders") == last + 1
+    assert isinstance(RabbitMQStreamResource(url=emulator.url()), StreamSourceResource)  # the former name
+    with pytest.raises(ResourceConfigError, match="ca_file given but the URL scheme is 'mewbase'"):
+        StreamSourceResource(url=emulator.url(), ca_file="/ca.pem").connection_url()
+    with pytest.raises(UnsupportedSource, match=r"^source URL has scheme 'kafka'; streamledger reads"):
+        StreamSourceResource(url="kafka://user:secret@h:9092").connection_url()
