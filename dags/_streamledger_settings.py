@@ -4,6 +4,8 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | variable | default | meaning |
 |---|---|---|
 | ``STREAMLEDGER_SUPER_STREAM`` | ``events`` | super stream the pipeline reads |
+| ``STREAMLEDGER_STREAM`` | (unset) | read this one stream, or mewbase channel, instead (backfill DAG) |
+| ``STREAMLEDGER_SOURCE_CONN_ID`` | ``rabbitmq_stream_default`` | the backfill DAG's source connection |
 | ``STREAMLEDGER_PARTITIONS`` | ``3`` | partitions the creation DAG makes |
 | ``STREAMLEDGER_PIPELINE`` | ``events-backfill`` | consumer reference (ledger + broker offset) |
 | ``STREAMLEDGER_INTERVAL`` | ``@daily`` | cron expression, or ``<n>s`` / ``<n>m`` for a fixed delta |
@@ -20,9 +22,11 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_BOUND_BY_INTERVAL`` | ``1`` | pinned ranges in the backfill DAG (``0``: claim order) |
 | ``STREAMLEDGER_RETRIES`` | ``1`` | ``retries`` of the backfill DAG's batch task (its audit never retries) |
 
-The broker comes from the ``rabbitmq_stream_default`` connection, the ledger from the backfill DAG's
-``ledger_url`` when ``STREAMLEDGER_DAG_LEDGER_URL`` is set, else ``STREAMLEDGER_LEDGER_URL`` (default:
-SQLite under ``$STREAMLEDGER_HOME``).
+The source comes from the ``rabbitmq_stream_default`` connection (the backfill DAG: from
+``STREAMLEDGER_SOURCE_CONN_ID``, which may be a ``mewbase`` connection read with
+``STREAMLEDGER_STREAM``), the ledger from the backfill DAG's ``ledger_url`` when
+``STREAMLEDGER_DAG_LEDGER_URL`` is set, else ``STREAMLEDGER_LEDGER_URL`` (default: SQLite under
+``$STREAMLEDGER_HOME``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import re
 from datetime import datetime, timedelta
 
 SUPER_STREAM = os.environ.get("STREAMLEDGER_SUPER_STREAM", "events")
+STREAM = os.environ.get("STREAMLEDGER_STREAM") or None
+SOURCE_CONN_ID = os.environ.get("STREAMLEDGER_SOURCE_CONN_ID") or "rabbitmq_stream_default"
 PARTITIONS = int(os.environ.get("STREAMLEDGER_PARTITIONS", "3"))
 PIPELINE = os.environ.get("STREAMLEDGER_PIPELINE", "events-backfill")
 INTERVAL = os.environ.get("STREAMLEDGER_INTERVAL", "@daily")

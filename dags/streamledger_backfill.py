@@ -1,5 +1,9 @@
 """Backfill a super stream by data interval, exactly once per range, several intervals at a time.
 
+(With ``STREAMLEDGER_STREAM`` set it reads that one stream instead, from the source connection
+``STREAMLEDGER_SOURCE_CONN_ID``: a RabbitMQ stream, or a mewbase channel through a ``mewbase``
+connection; a mewbase event's persist time stands for the chunk timestamp below.)
+
 Every DAG run reads, for each partition, exactly the offsets whose chunk is stamped inside the run's
 data interval (``bound_by_interval=True``: ``[first offset stamped at or after the interval start,
 first offset stamped at or after its end)``, chunk timestamps being the broker's clock at publish),
@@ -25,9 +29,11 @@ from _streamledger_settings import (
     OUTPUT_ROOT,
     PIPELINE,
     RETRIES,
+    SOURCE_CONN_ID,
     SPARK_CONN_ID,
     SPARK_CONNECT_CONN_ID,
     START_DATE,
+    STREAM,
     SUPER_STREAM,
     data_interval_timetable,
 )
@@ -36,7 +42,7 @@ from airflow.sdk import DAG, Asset
 from streamledger.operators.audit import LedgerAuditOperator
 from streamledger.operators.batch import StreamBatchOperator
 
-events = Asset(name=f"streamledger-{PIPELINE}", uri=f"x-streamledger://{PIPELINE}/{SUPER_STREAM}")
+events = Asset(name=f"streamledger-{PIPELINE}", uri=f"x-streamledger://{PIPELINE}/{STREAM or SUPER_STREAM}")
 
 with DAG(
     dag_id="streamledger_backfill",
@@ -51,7 +57,9 @@ with DAG(
     read = StreamBatchOperator(
         task_id="read_interval",
         pipeline=PIPELINE,
-        super_stream=SUPER_STREAM,
+        stream=STREAM,
+        super_stream=None if STREAM else SUPER_STREAM,
+        rabbitmq_stream_conn_id=SOURCE_CONN_ID,
         bound_by_interval=BOUND_BY_INTERVAL,
         initial_position="interval_start",
         spark_conn_id=SPARK_CONN_ID,
@@ -61,7 +69,7 @@ with DAG(
         outlets=[events],
     )
     audit = LedgerAuditOperator(
-        task_id="audit", pipeline=PIPELINE, rabbitmq_stream_conn_id="rabbitmq_stream_default",
+        task_id="audit", pipeline=PIPELINE, rabbitmq_stream_conn_id=SOURCE_CONN_ID,
         ledger_url=LEDGER_URL, retries=0,
     )
     read >> audit

@@ -81,6 +81,25 @@ RABBITMQ_STREAM_FIELDS: dict[str, Any] = {
     },
 }
 
+MEWBASE_UI: dict[str, Any] = {
+    "hidden-fields": ["schema"],
+    "relabeling": {"login": "User", "password": "Password"},
+    "placeholders": {
+        "host": "127.0.0.1",
+        "port": "(required: the protocol has no default port)",
+        "login": "(optional) user name",
+        "extra": '{"timeout": 10}',
+    },
+}
+
+MEWBASE_FIELDS: dict[str, Any] = {
+    "timeout": {
+        "label": "Request timeout (s)",
+        "description": "Timeout of every request to the server, in seconds.",
+        "schema": {"type": ["number", "null"], "default": 10},
+    },
+}
+
 TUBEMQ_UI: dict[str, Any] = {
     "hidden-fields": ["schema", "port"],
     "relabeling": {"host": "Master list", "login": "User", "password": "Secret"},
@@ -129,12 +148,14 @@ def get_provider_info() -> dict[str, Any]:
         "package-name": "streamledger",
         "name": "streamledger",
         "description": (
-            "Auditable bounded batch reads from RabbitMQ Streams (and TubeMQ) with an offset ledger."
+            "Auditable bounded batch reads from RabbitMQ Streams and mewbase channels (and TubeMQ) "
+            "with an offset ledger."
         ),
         "versions": [_VERSION],
         "integrations": [
             {"integration-name": "RabbitMQ Streams", "tags": ["service"]},
             {"integration-name": "streamledger ledger", "tags": ["software"]},
+            {"integration-name": "mewbase", "tags": ["service"]},
             {"integration-name": "TubeMQ", "tags": ["service"]},
         ],
         "hooks": [
@@ -143,6 +164,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["streamledger.hooks.rabbitmq_stream"],
             },
             {"integration-name": "streamledger ledger", "python-modules": ["streamledger.hooks.ledger"]},
+            {"integration-name": "mewbase", "python-modules": ["streamledger.hooks.mewbase"]},
             {"integration-name": "TubeMQ", "python-modules": ["streamledger.hooks.tubemq"]},
         ],
         "operators": [
@@ -163,7 +185,10 @@ def get_provider_info() -> dict[str, Any]:
         ],
         # Event-driven scheduling: MessageQueueTrigger(scheme="rabbitmq-stream", ...) of the
         # common-messaging provider (skipped by Airflow when that provider is not installed).
-        "queues": ["streamledger.queues.rabbitmq_stream.RabbitMQStreamMessageQueueProvider"],
+        "queues": [
+            "streamledger.queues.rabbitmq_stream.RabbitMQStreamMessageQueueProvider",
+            "streamledger.queues.rabbitmq_stream.MewbaseMessageQueueProvider",
+        ],
         "connection-types": [
             {
                 "connection-type": "rabbitmq_stream",
@@ -171,6 +196,13 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-name": "RabbitMQ Stream",
                 "ui-field-behaviour": RABBITMQ_STREAM_UI,
                 "conn-fields": RABBITMQ_STREAM_FIELDS,
+            },
+            {
+                "connection-type": "mewbase",
+                "hook-class-name": "streamledger.hooks.mewbase.MewbaseHook",
+                "hook-name": "mewbase",
+                "ui-field-behaviour": MEWBASE_UI,
+                "conn-fields": MEWBASE_FIELDS,
             },
             {
                 "connection-type": "streamledger_ledger",

@@ -23,6 +23,7 @@ __all__ = [
     "LogKind",
     "OffsetLog",
     "UnsupportedSource",
+    "conn_kind",
     "connect_log",
     "find_kind",
     "log_kind",
@@ -72,6 +73,13 @@ class LogKind:
     unit: str  #: what one log is called in messages: ``stream`` or ``channel``
     decodes: tuple[str, ...]  #: the Spark source's ``decode`` values; the first is the default
     super_streams: bool  #: whether a name can stand for several partitions
+    airflow_hook: str  #: ``module:Class`` of the Airflow hook serving a connection of this kind
+
+    @property
+    def conn_type(self) -> str:
+        """The Airflow connection type of this kind: the first scheme as Airflow spells a URI's
+        scheme (``-`` as ``_``), so ``AIRFLOW_CONN_X=<url>`` gets it too."""
+        return self.schemes[0].replace("-", "_")
 
     @property
     def default_decode(self) -> str:
@@ -105,6 +113,7 @@ RABBITMQ = LogKind(
     unit="stream",
     decodes=("amqp", "raw"),
     super_streams=True,
+    airflow_hook="streamledger.hooks.rabbitmq_stream:RabbitMQStreamHook",
 )
 MEWBASE = LogKind(
     name="mewbase",
@@ -114,6 +123,7 @@ MEWBASE = LogKind(
     unit="channel",
     decodes=("bson", "raw"),
     super_streams=False,
+    airflow_hook="streamledger.hooks.mewbase:MewbaseHook",
 )
 KINDS: tuple[LogKind, ...] = (RABBITMQ, MEWBASE)
 _BY_SCHEME = {scheme: kind for kind in KINDS for scheme in kind.schemes}
@@ -142,6 +152,12 @@ def log_kind(url: str) -> LogKind:
 def connect_log(url: str, *, timeout: float = 10.0) -> OffsetLog:
     """A connected client of the log ``url`` names (a context manager): the batch's ``Broker``."""
     return log_kind(url).connect(url, timeout=timeout)
+
+
+def conn_kind(conn_type: str | None) -> LogKind | None:
+    """The kind of log an Airflow connection of type ``conn_type`` names (Airflow spells a URI's
+    scheme with ``_`` for ``-``: ``rabbitmq_stream``, ``rabbitmq_stream+tls``, ``mewbase``), or None."""
+    return find_kind(f"{(conn_type or '').replace('_', '-')}://")
 
 
 def spark_format(url: str) -> str:

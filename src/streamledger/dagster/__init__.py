@@ -1,4 +1,5 @@
-"""Dagster integration: ledgered, exactly-once batches from RabbitMQ streams as Dagster assets.
+"""Dagster integration: ledgered, exactly-once batches from RabbitMQ streams or mewbase channels as
+Dagster assets.
 
 Shaped like Dagster's own integration libraries: one ``ConfigurableResource`` per external system,
 factories that return ordinary definitions (an asset, asset checks, a sensor), nothing implicit, and
@@ -19,6 +20,7 @@ from streamledger.dagster.resources import (
     RabbitMQStreamResource,
     ResourceConfigError,
     StreamLedgerResource,
+    StreamSourceResource,
     StreamSparkResource,
 )
 from streamledger.dagster.sensors import build_stream_backlog_sensor
@@ -31,6 +33,7 @@ __all__ = [
     "StreamBatchComponent",
     "StreamBatchOrderError",
     "StreamLedgerResource",
+    "StreamSourceResource",
     "StreamSparkResource",
     "batch_metadata",
     "build_ledger_audit_check",

@@ -180,8 +180,10 @@ def build_stream_batch_asset(
     :param initial_position: where a stream without history starts: ``"first"`` (default when
         unpartitioned), ``"interval_start"`` (default when partitioned), ``"tail"`` or an offset.
     :param max_offsets: cap a new range at that many offsets per stream (bounded catch-up).
-    :param broker_resource_key: key of a :class:`RabbitMQStreamResource` (likewise ledger / spark).
-    :param kinds: replace the default kinds (``rabbitmq``, ``spark``, the format); ``owners``,
+    :param broker_resource_key: key of a :class:`StreamSourceResource` (any source URL: a RabbitMQ
+        stream or super stream, a mewbase channel as ``stream``); likewise ledger / spark.
+    :param kinds: replace the default kinds (``rabbitmq``, ``spark``, the format; give
+        ``kinds=["mewbase", "spark", "parquet"]`` for a mewbase source); ``owners``,
         ``metadata`` (merged), ``automation_condition`` and ``freshness_policy`` go to the asset as is.
     """
     if partitions_def is not None and not isinstance(partitions_def, TimeWindowPartitionsDefinition):

@@ -64,7 +64,7 @@ from dagster_shared.serdes.objects.models.defs_state_info import DefsStateManage
 
 from streamledger.dagster.assets import build_stream_batch_asset
 from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
-from streamledger.dagster.resources import RabbitMQStreamResource, StreamLedgerResource, StreamSparkResource
+from streamledger.dagster.resources import StreamLedgerResource, StreamSourceResource, StreamSparkResource
 from streamledger.dagster.sensors import build_stream_backlog_sensor
 from streamledger.errors import StreamledgerError
 
@@ -314,9 +314,9 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
         key = f"StreamBatchComponent[{self.pipeline}]"
         return DefsStateConfig.from_args(self.defs_state, default_key=key)
 
-    def broker_resource(self) -> RabbitMQStreamResource:
+    def broker_resource(self) -> StreamSourceResource:
         url: Any = EnvVar(self.broker_url_env) if self.broker_url_env else self.broker_url
-        return RabbitMQStreamResource(url=url)
+        return StreamSourceResource(url=url)
 
     def write_state_to_path(self, state_path: Path) -> None:
         """Discovery (``dg utils refresh-defs-state``): the only broker call outside a run or tick."""
@@ -328,7 +328,7 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
                 f"StreamBatchComponent(pipeline={self.pipeline!r}): ${self.broker_url_env} is not set"
             )
         streams: list[str]
-        with RabbitMQStreamResource(url=url).get_client() as client:
+        with StreamSourceResource(url=url).get_client() as client:
             streams = client.partitions(self.super_stream) if self.super_stream else [str(self.stream)]
         state = {"streams": streams, "discovered_at": datetime.now(UTC).isoformat(timespec="seconds")}
         state_path.write_text(json.dumps(state))

@@ -21,8 +21,8 @@ from typing import Any
 from dagster import Definitions, EnvVar, define_asset_job, in_process_executor
 
 from streamledger.dagster import (
-    RabbitMQStreamResource,
     StreamLedgerResource,
+    StreamSourceResource,
     StreamSparkResource,
     build_ledger_audit_check,
     build_stream_backlog_sensor,
@@ -64,7 +64,7 @@ defs = Definitions(
     # audit check that follows needs no process of its own.
     executor=in_process_executor,
     resources={
-        "rabbitmq": RabbitMQStreamResource(url=_secret("STREAMLEDGER_RABBITMQ_URL", DEFAULT_URL)),
+        "rabbitmq": StreamSourceResource(url=_secret("STREAMLEDGER_RABBITMQ_URL", DEFAULT_URL)),
         "ledger": StreamLedgerResource(url=_secret("STREAMLEDGER_LEDGER_URL", None)),
         # Each CLI run starts a fresh step process: the quick-start JVM flags halve Spark's start-up.
         "spark": StreamSparkResource(quick_start=True),

@@ -1,9 +1,10 @@
-"""How far a pipeline's output is behind its stream, in time, from the broker's chunk timestamps.
+"""How far a pipeline's output is behind its stream, in time, from the log's own timestamps.
 
-Offsets say how much is waiting, not how old it is. Every chunk carries the broker's clock at
-write time, so the lag of a stream is the timestamp of its last user chunk minus that of the first
-chunk the pipeline has not processed (0 when nothing waits). Two one-record reads per stream; no
-clock of this host is involved, so a skewed worker clock cannot make a stream look fresh.
+Offsets say how much is waiting, not how old it is. Every chunk (RabbitMQ) or event (mewbase)
+carries the server's clock at write time, so the lag of a stream is the timestamp of its last user
+chunk minus that of the first chunk the pipeline has not processed (0 when nothing waits). Two short
+reads per stream, through the log protocol of :mod:`streamledger.sources`; no clock of this host is
+involved, so a skewed worker clock cannot make a stream look fresh.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from streamledger.errors import StreamledgerError
 
 
 def _first_timestamp(client: Any, stream: str, start: int, end: int) -> int | None:
-    """Chunk timestamp (ms) of the first user record in ``[start, end)``, or None if there is none."""
-    from streamledger.protocol.rabbitmq import DataLossError
+    """Timestamp (ms) of the first user record in ``[start, end)``, or None if there is none: the
+    first batch of a plain ``read_range`` (any log), closed once it is seen."""
+    from streamledger.offsets import DataLossError
 
     try:
-        batches = client.read_range(stream, start, end, decode="raw", max_batch_records=1, credit=1)
+        batches = client.read_range(stream, start, end, decode="raw")
     except DataLossError:
         return None
     try:
@@ -37,7 +39,7 @@ def _first_timestamp(client: Any, stream: str, start: int, end: int) -> int | No
 
 def stream_lag_seconds(client: Any, stream: str, watermark: int, tail: int | None = None) -> float:
     """Seconds between the newest user chunk and the oldest one at or after ``watermark``."""
-    from streamledger.protocol.rabbitmq import OffsetSpec
+    from streamledger.offsets import OffsetSpec
 
     tail = int(client.committed_tail(stream)) if tail is None else tail
     if watermark >= tail:

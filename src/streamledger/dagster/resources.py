@@ -1,4 +1,4 @@
-"""Dagster resources for the three systems a stream batch touches: the broker, the ledger and Spark.
+"""Dagster resources for the three systems a stream batch touches: the source log, the ledger and Spark.
 
 Each resource is plain configuration (so Dagster can show, validate and override it) plus a lazily
 built client: the ledger is opened once per resource instance, the Spark runner once per process
@@ -21,7 +21,7 @@ from streamledger.errors import StreamledgerError
 if TYPE_CHECKING:
     from streamledger.batch import JobRunner
     from streamledger.ledger import Ledger
-    from streamledger.protocol.rabbitmq import StreamClient
+    from streamledger.sources import OffsetLog
 
 
 class ResourceConfigError(StreamledgerError):
@@ -31,16 +31,18 @@ class ResourceConfigError(StreamledgerError):
 _TLS_FIELDS = ("ca_file", "cert_file", "key_file", "server_hostname")
 
 
-class RabbitMQStreamResource(ConfigurableResource):  # type: ignore[type-arg]
-    """A RabbitMQ stream broker: its URL and TLS settings.
+class StreamSourceResource(ConfigurableResource):  # type: ignore[type-arg]
+    """The log a stream batch reads: any URL :mod:`streamledger.sources` knows, and TLS settings.
 
-    ``url`` is ``rabbitmq-stream://user:pass@host:5552/vhost`` or ``rabbitmq-stream+tls://…:5551/``;
-    pass it as ``EnvVar("STREAMLEDGER_RABBITMQ_URL")`` so the password stays out of the Dagster UI.
-    The TLS fields are merged into the URL's query, because the URL is also what the Spark job's
-    readers connect with (one description of the broker for driver and executors).
+    ``url`` is ``rabbitmq-stream://user:pass@host:5552/vhost`` or ``rabbitmq-stream+tls://…:5551/``
+    (a RabbitMQ stream or super stream), or ``mewbase://[user:pass@]host:port`` (a mewbase channel,
+    read as ``stream=``; super streams are RabbitMQ's). Pass it as ``EnvVar("STREAMLEDGER_RABBITMQ_URL")``
+    so the password stays out of the Dagster UI. The TLS fields (RabbitMQ only) are merged into the
+    URL's query, because the URL is also what the Spark job's readers connect with (one description
+    of the source for driver and executors).
     """
 
-    url: str = Field(description="Broker URL (rabbitmq-stream:// or rabbitmq-stream+tls://).")
+    url: str = Field(description="Source URL (rabbitmq-stream://, rabbitmq-stream+tls:// or mewbase://).")
     ca_file: str | None = Field(default=None, description="CA bundle (PEM) to verify the broker.")
     cert_file: str | None = Field(default=None, description="Client certificate (PEM) for mutual TLS.")
     key_file: str | None = Field(default=None, description="Private key (PEM) of the client certificate.")
@@ -50,6 +52,9 @@ class RabbitMQStreamResource(ConfigurableResource):  # type: ignore[type-arg]
 
     def connection_url(self) -> str:
         """The URL with the TLS fields applied; it may hold a password, so never log it."""
+        from streamledger.sources import log_kind
+
+        log_kind(self.url)  # an unknown scheme: one line naming it, never the URL
         parts = urlsplit(self.url)
         tls_set = [name for name in _TLS_FIELDS if getattr(self, name)]
         if not self.verify:
@@ -57,7 +62,7 @@ class RabbitMQStreamResource(ConfigurableResource):  # type: ignore[type-arg]
         if not parts.scheme.endswith("+tls"):
             if tls_set:
                 raise ResourceConfigError(
-                    f"RabbitMQStreamResource: {', '.join(tls_set)} given but the URL scheme is "
+                    f"{type(self).__name__}: {', '.join(tls_set)} given but the URL scheme is "
                     f"{parts.scheme!r}; use rabbitmq-stream+tls:// (port 5551) for TLS"
                 )
             return self.url
@@ -71,19 +76,28 @@ class RabbitMQStreamResource(ConfigurableResource):  # type: ignore[type-arg]
         return urlunsplit(parts._replace(query=urlencode(query)))
 
     def describe(self) -> str:
-        """``host:port/vhost`` for logs and metadata (no credentials)."""
+        """``host:port/vhost`` (RabbitMQ) or ``mewbase host:port`` for logs and metadata (no credentials)."""
+        from streamledger.sources import log_kind
+
+        kind = log_kind(self.url)
         parts = urlsplit(self.url)
+        if kind.name != "rabbitmq":
+            return f"{kind.name} {parts.hostname or '127.0.0.1'}:{parts.port}"
         tls = parts.scheme.endswith("+tls")
         port = parts.port or (5551 if tls else 5552)
         return f"{parts.hostname or '127.0.0.1'}:{port}/{parts.path.lstrip('/')}{' (tls)' if tls else ''}"
 
     @contextmanager
-    def get_client(self) -> Iterator[StreamClient]:
-        """A connected ``StreamClient``, closed when the block ends."""
-        from streamledger.protocol.rabbitmq import StreamClient
+    def get_client(self) -> Iterator[OffsetLog]:
+        """A connected log client (``StreamClient``, ``MewbaseLog``), closed when the block ends."""
+        from streamledger.sources import connect_log
 
-        with StreamClient.connect(self.connection_url(), timeout=self.timeout) as client:
+        with connect_log(self.connection_url(), timeout=self.timeout) as client:
             yield client
+
+
+class RabbitMQStreamResource(StreamSourceResource):
+    """The former name of :class:`StreamSourceResource` (it takes any source URL too)."""
 
 
 class StreamLedgerResource(ConfigurableResource):  # type: ignore[type-arg]

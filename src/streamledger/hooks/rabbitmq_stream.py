@@ -20,6 +20,7 @@ from airflow.sdk import BaseHook
 
 from streamledger.hooks.masking import mask_password, mask_url
 from streamledger.provider import RABBITMQ_STREAM_UI
+from streamledger.sources import UnsupportedSource, conn_kind
 
 if TYPE_CHECKING:
     from streamledger.protocol.amqp10 import Management
@@ -125,7 +126,14 @@ class RabbitMQStreamHook(BaseHook):
 
     @cached_property
     def _connection(self) -> Any:
-        return self.get_connection(self.rabbitmq_stream_conn_id)
+        conn = self.get_connection(self.rabbitmq_stream_conn_id)
+        kind = conn_kind(conn.conn_type)
+        if kind is not None and kind.name != "rabbitmq":  # e.g. topology asked of a mewbase connection
+            raise UnsupportedSource(
+                f"connection {self.rabbitmq_stream_conn_id!r} names a {kind.name} {kind.unit}; "
+                "this needs a rabbitmq_stream connection"
+            )
+        return conn
 
     @property
     def timeout(self) -> float:

@@ -17,7 +17,7 @@ from streamledger.batch.proof import audit
 from streamledger.errors import StreamledgerError
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls
-from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+from streamledger.hooks.source import source_hook
 
 
 class LedgerAuditFailed(StreamledgerError):
@@ -30,8 +30,8 @@ class LedgerAuditOperator(MaskRenderedUrls, BaseOperator):
     :param pipeline: audit one pipeline (default: all). Templated.
     :param ledger_conn_id: ledger connection; ``None`` uses ``ledger_url`` or the default SQLite file.
     :param ledger_url: SQLAlchemy URL (wins over the connection). Templated.
-    :param rabbitmq_stream_conn_id: when given, also compare with the broker's stored offsets.
-        Connection ids are templated too.
+    :param rabbitmq_stream_conn_id: when given, also compare with the source's stored offsets (a
+        ``rabbitmq_stream`` or ``mewbase`` connection). Connection ids are templated too.
     :param fail_on_violations: fail the task when the audit is not clean (default ``True``).
     """
 
@@ -52,7 +52,7 @@ class LedgerAuditOperator(MaskRenderedUrls, BaseOperator):
         ledger = OffsetLedgerHook(self.ledger_conn_id, ledger_url=self.ledger_url).get_conn()
         pipeline = self.pipeline or None
         if self.rabbitmq_stream_conn_id:
-            with RabbitMQStreamHook(self.rabbitmq_stream_conn_id).get_conn() as client:
+            with source_hook(self.rabbitmq_stream_conn_id).get_conn() as client:
                 report = audit(ledger, pipeline, broker=client)
         else:
             report = audit(ledger, pipeline)

@@ -32,7 +32,7 @@ from streamledger.batch.position import source_problem
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls, mask_url
-from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+from streamledger.hooks.source import source_hook
 from streamledger.spark.runners import (
     LocalSparkRunner,
     SparkConnectRunner,
@@ -171,7 +171,9 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         stored offset. Templated.
     :param stream: a single stream. Templated. Give this or ``super_stream``.
     :param super_stream: a super stream; every partition gets its own range. Templated.
-    :param rabbitmq_stream_conn_id: broker connection (default ``rabbitmq_stream_default``).
+    :param rabbitmq_stream_conn_id: the source connection (default ``rabbitmq_stream_default``): type
+        ``rabbitmq_stream`` (a stream or super stream) or ``mewbase`` (a mewbase channel, given as
+        ``stream``; super streams are RabbitMQ's), see :mod:`streamledger.hooks.source`.
     :param ledger_conn_id: ledger connection; ``None`` uses ``ledger_url`` or the default SQLite file.
     :param ledger_url: SQLAlchemy URL of the ledger (wins over the connection). Templated.
     :param output_root: where range directories go (``<root>/<pipeline>/<broker>/<stream>/<start>-<end>``,
@@ -226,7 +228,7 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         pipeline: str,
         stream: str | None = None,
         super_stream: str | None = None,
-        rabbitmq_stream_conn_id: str = RabbitMQStreamHook.default_conn_name,
+        rabbitmq_stream_conn_id: str = "rabbitmq_stream_default",
         ledger_conn_id: str | None = None,
         ledger_url: str | None = None,
         output_root: str | None = None,
@@ -357,7 +359,7 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         self._validate(rendered=True)
-        broker_hook = RabbitMQStreamHook(self.rabbitmq_stream_conn_id)
+        broker_hook = source_hook(self.rabbitmq_stream_conn_id)
         url = broker_hook.get_url()
         config = self._config(url, context)
         if self.bound_by_interval and config.interval_end is not None and config.interval_start is not None:

@@ -1,8 +1,9 @@
 """OpenLineage for a batch: the stream partitions it read (with the exact offset range as a facet) and
 the range directories it wrote.
 
-Naming follows OpenLineage's conventions: an input is ``namespace = rabbitmq://host:port/vhost`` (the
-ledger's credential-free broker identity), ``name = <stream>``; an output is ``namespace = file``
+Naming follows OpenLineage's conventions: an input is ``namespace = rabbitmq://host:port/vhost`` or
+``mewbase://host:port`` (the ledger's credential-free broker identity), ``name = <stream>``; an output
+is ``namespace = file``
 (or ``<scheme>://<authority>`` for a URI root such as ``s3a://bucket``) and ``name`` = the range
 directory's path. The input facet ``streamledger_range`` holds the pipeline, the half-open range
 ``[start, end)``, the records and the first/last offsets seen, so a lineage consumer can tell which

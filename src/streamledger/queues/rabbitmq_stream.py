@@ -1,9 +1,11 @@
-"""The ``rabbitmq-stream`` scheme for the common-messaging provider's ``MessageQueueTrigger``.
+"""The ``rabbitmq-stream`` and ``mewbase`` schemes of the common-messaging ``MessageQueueTrigger``.
 
 Registered through the provider's ``queues`` entry; Airflow's ProvidersManager imports it only
 when ``apache-airflow-providers-common-messaging`` is installed (the import below fails otherwise
 and the entry is skipped quietly). ``MessageQueueTrigger(scheme="rabbitmq-stream", **kwargs)``
-then builds :class:`~streamledger.triggers.new_data.StreamDataEventTrigger` with the same kwargs.
+then builds :class:`~streamledger.triggers.new_data.StreamDataEventTrigger` with the same kwargs;
+``scheme="mewbase"`` builds the same trigger (its connection, a ``mewbase`` one, says which log it
+reads: the scheme only names the provider).
 """
 
 from __future__ import annotations
@@ -29,3 +31,10 @@ class RabbitMQStreamMessageQueueProvider(BaseMessageQueueProvider):
 
     def trigger_class(self) -> type[BaseEventTrigger]:
         return StreamDataEventTrigger
+
+
+class MewbaseMessageQueueProvider(RabbitMQStreamMessageQueueProvider):
+    """Scheme ``mewbase``: the same trigger over a mewbase channel (``stream=``, a ``mewbase``
+    connection as ``rabbitmq_stream_conn_id``)."""
+
+    scheme = "mewbase"

@@ -29,7 +29,8 @@ class StreamBacklogSensor(MaskRenderedUrls, BaseSensorOperator):
     :param pipeline: consumer reference. Templated.
     :param stream: / :param super_stream: what to watch (exactly one). Templated.
     :param min_backlog: threshold in offsets (>= 1). Templated, as are the connection ids.
-    :param rabbitmq_stream_conn_id: broker connection. :param ledger_conn_id: / :param ledger_url: ledger.
+    :param rabbitmq_stream_conn_id: source connection (``rabbitmq_stream`` or ``mewbase``).
+    :param ledger_conn_id: / :param ledger_url: ledger.
     :param deferrable: wait in the triggerer instead of poking from a worker (default ``False``).
     """
 

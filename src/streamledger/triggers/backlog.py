@@ -36,16 +36,19 @@ def poll_positions(*, pipeline: str, stream: str | None, super_stream: str | Non
                    then: Any = None) -> Any:
     """Connect, measure the positions of the stream or of every partition, and hand them to ``then``.
 
+    ``rabbitmq_stream_conn_id`` names the source connection, of any type
+    :mod:`streamledger.hooks.source` knows (``rabbitmq_stream``, ``mewbase``).
+
     ``then(client, positions)`` runs on the open connection (the event trigger stores its announced
     offsets there); without it the positions are returned.
     """
     from streamledger.hooks.ledger import OffsetLedgerHook
-    from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+    from streamledger.hooks.source import source_hook
 
-    hook = RabbitMQStreamHook(rabbitmq_stream_conn_id)
+    hook = source_hook(rabbitmq_stream_conn_id)
     url = hook.get_url()
+    source = PipelineSource(pipeline, url, stream=stream, super_stream=super_stream)  # refused before I/O
     ledger = OffsetLedgerHook(ledger_conn_id, ledger_url=ledger_url).get_polling_ledger()
-    source = PipelineSource(pipeline, url, stream=stream, super_stream=super_stream)
     with hook.get_conn() as client:
         positions = measure(client, ledger, source)
         return then(client, positions) if then is not None else positions

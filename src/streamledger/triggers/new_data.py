@@ -84,7 +84,9 @@ class StreamDataEventTrigger(BaseEventTrigger):
     :param pipeline: the consumer reference the batch uses (the announcement is stored under
         ``<pipeline>.announced``).
     :param stream: / :param super_stream: what to watch (exactly one).
-    :param rabbitmq_stream_conn_id: broker connection (default ``rabbitmq_stream_default``).
+    :param rabbitmq_stream_conn_id: source connection (default ``rabbitmq_stream_default``): a
+        ``rabbitmq_stream`` or ``mewbase`` one (:mod:`streamledger.hooks.source`); on mewbase the
+        announcement is the durable subscription ``<pipeline>.announced`` of the channel.
     :param ledger_conn_id: / :param ledger_url: the pipeline's ledger (default: as the batch operator).
     :param min_backlog: new offsets, summed over partitions, needed to fire (default 1).
     :param poll_interval: seconds between checks (default 30).

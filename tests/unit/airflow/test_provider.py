@@ -40,7 +40,7 @@ def test_every_module_and_class_named_exists() -> None:
         assert cls.version_table_name == "streamledger_ledger_version"  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("conn_type", ["rabbitmq_stream", "tubemq", "streamledger_ledger"])
+@pytest.mark.parametrize("conn_type", ["rabbitmq_stream", "mewbase", "tubemq", "streamledger_ledger"])
 def test_connection_forms_are_declarative_and_consistent(conn_type: str) -> None:
     (conn,) = [c for c in get_provider_info()["connection-types"] if c["connection-type"] == conn_type]
     behaviour = conn["ui-field-behaviour"]
@@ -74,11 +74,13 @@ def test_message_queue_provider_is_registered_for_the_scheme() -> None:
     from airflow.providers.common.messaging.triggers.msg_queue import MESSAGE_QUEUE_PROVIDERS
     from airflow.providers_manager import ProvidersManager
 
-    (name,) = get_provider_info()["queues"]
-    assert name in ProvidersManager().queue_class_names
-    matching = [p for p in MESSAGE_QUEUE_PROVIDERS if p.scheme_matches("rabbitmq-stream")]
-    assert [type(p).__name__ for p in matching] == ["RabbitMQStreamMessageQueueProvider"]
-    assert not any(p.scheme_matches("rabbitmq") for p in matching)
+    names = get_provider_info()["queues"]
+    assert len(names) == 2 and set(names) <= set(ProvidersManager().queue_class_names)
+    for scheme, provider in (("rabbitmq-stream", "RabbitMQStreamMessageQueueProvider"),
+                             ("mewbase", "MewbaseMessageQueueProvider")):
+        matching = [p for p in MESSAGE_QUEUE_PROVIDERS if p.scheme_matches(scheme)]
+        assert [type(p).__name__ for p in matching] == [provider]
+    assert not any(p.scheme_matches("rabbitmq") for p in MESSAGE_QUEUE_PROVIDERS)
 
 
 def test_ui_plugin_entry_point_matches_the_provider_info() -> None:

@@ -54,6 +54,11 @@ class EventBatch:
     def bodies(self) -> list[bytes]:
         return self.events
 
+    @property
+    def chunk_timestamps(self) -> list[int]:
+        """The persist times (ms): each event is its own "chunk" of the log."""
+        return self.timestamps
+
     def documents(self) -> list[dict[str, Any]]:
         """The events decoded to dicts (a FrameError names the first invalid one)."""
         return [decode_event(raw) for raw in self.events]
