@@ -62,6 +62,7 @@ from dagster.components.resolved.core_models import (
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
 from dagster_shared.serdes.objects.models.defs_state_info import DefsStateManagementType
 
+from streamledger.batch.position import PipelineSource, source_problem
 from streamledger.dagster.assets import build_stream_batch_asset
 from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
 from streamledger.dagster.resources import StreamLedgerResource, StreamSourceResource, StreamSparkResource
@@ -300,8 +301,9 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
 
     def __post_init__(self) -> None:
         who = f"StreamBatchComponent(pipeline={self.pipeline!r})"
-        if (self.super_stream is None) == (self.stream is None):
-            raise ComponentConfigError(f"{who}: give exactly one of stream or super_stream")
+        problem = source_problem(self.pipeline, self.stream, self.super_stream, self.broker_url)
+        if problem is not None:  # the one rule (batch.position), as for every other adapter
+            raise ComponentConfigError(f"StreamBatchComponent: {problem}")
         if (self.broker_url is None) == (self.broker_url_env is None):
             raise ComponentConfigError(f"{who}: give exactly one of broker_url or broker_url_env")
         if self.ledger_url is not None and self.ledger_url_env is not None:
@@ -328,8 +330,9 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
                 f"StreamBatchComponent(pipeline={self.pipeline!r}): ${self.broker_url_env} is not set"
             )
         streams: list[str]
+        source = PipelineSource(self.pipeline, url, stream=self.stream, super_stream=self.super_stream)
         with StreamSourceResource(url=url).get_client() as client:
-            streams = client.partitions(self.super_stream) if self.super_stream else [str(self.stream)]
+            streams = source.streams(client)
         state = {"streams": streams, "discovered_at": datetime.now(UTC).isoformat(timespec="seconds")}
         state_path.write_text(json.dumps(state))
 
