@@ -205,3 +205,14 @@ def require_feature(url: str, feature: str, *, kinds: tuple[str, ...] = ("rabbit
             f"a {scheme}:// URL names a {kind.name} {kind.unit}"
         )
     return kind
+
+
+def super_stream_partitions(log: Any, super_stream: str, *,
+                            error: type[StreamledgerError] = StreamledgerError) -> list[str]:
+    """A super stream's partitions as the log lists them now; none is an error (``error`` keeps the
+    caller's error type). The one place a super stream is expanded: the batch, the Spark batch and
+    streaming sources and the job module call it."""
+    names = list(log.partitions(super_stream))
+    if not names:
+        raise error(f"super stream {super_stream!r} has no partitions")
+    return names

@@ -26,6 +26,7 @@ from streamledger.batch.config import BatchError, RunId
 from streamledger.batch.plan import broker_identity
 from streamledger.ledger.types import SourcePosition, SourceRef, Watermark, pipeline_name_problem
 from streamledger.paths import name_problem
+from streamledger.sources import super_stream_partitions
 
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger, OffsetRange
@@ -84,9 +85,7 @@ class PipelineSource:
     def streams(self, log: Any) -> list[str]:
         """The stream, or the super stream's partitions as the broker lists them now."""
         if self.super_stream is not None:
-            names = list(log.partitions(self.super_stream))
-            if not names:
-                raise BatchError(f"super stream {self.super_stream!r} has no partitions")
+            names = super_stream_partitions(log, self.super_stream, error=BatchError)
             for name in names:  # as the broker lists them: refused before anything is claimed
                 problem = name_problem("partition", name)
                 if problem is not None:

@@ -20,7 +20,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from streamledger.errors import StreamledgerError
-from streamledger.sources import find_kind
+from streamledger.sources import find_kind, super_stream_partitions
 from streamledger.spark.arrow import ARROW_SCHEMA, MAP_COLUMNS, SPARK_SCHEMA_DDL, buffers_to_arrow
 from streamledger.spark.planning import (
     OffsetBound,
@@ -146,10 +146,7 @@ class ReadOptions(Selection):
     def bounds(self, client: Any) -> dict[str, tuple[OffsetBound, OffsetBound]]:
         """Per-stream (start, end) bounds; a super stream is expanded to its partitions here."""
         if self.super_stream and self.ranges is None:
-            streams = list(client.partitions(self.super_stream))
-            if not streams:
-                raise PlanningError(f"super stream {self.super_stream!r} has no partitions")
-            return self.log_bounds(streams)
+            return self.log_bounds(super_stream_partitions(client, self.super_stream, error=PlanningError))
         return self.log_bounds()
 
 

@@ -47,7 +47,7 @@ from streamledger import fs
 from streamledger.cli import OneLineParser
 from streamledger.errors import StreamledgerError
 from streamledger.manifest import MANIFEST, Manifest, StreamEntry
-from streamledger.sources import connect_log, log_kind, require_feature
+from streamledger.sources import connect_log, log_kind, require_feature, super_stream_partitions
 from streamledger.spark.fs import for_session
 from streamledger.spark.planning import (
     OffsetBound,
@@ -243,9 +243,8 @@ def resolve_ranges(
     start_bound = parse_bound(start, what="--start")
     end_bound = parse_bound(end, what="--end")
     with connect_log(url) as client:
-        names = list(client.partitions(super_stream)) if super_stream else list(streams)
-        if not names:
-            raise PlanningError(f"super stream {super_stream!r} has no partitions")
+        names = (super_stream_partitions(client, super_stream, error=PlanningError) if super_stream
+                 else list(streams))
         planned = plan_ranges(
             client, {s: (start_bound, end_bound) for s in names}, fail_on_data_loss=False
         )

@@ -44,6 +44,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from streamledger.errors import StreamledgerError
+from streamledger.sources import super_stream_partitions
 from streamledger.spark.datasource import DATA_SOURCE_NAME, ReadOptions, StreamSlice, read_slice
 from streamledger.spark.planning import (
     OffsetBound,
@@ -342,10 +343,7 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         """The streams read now: the listed ones, or the super stream's partitions as of this call."""
         read = self.options.read
         if read.super_stream:
-            names = list(client.partitions(read.super_stream))
-            if not names:
-                raise PlanningError(f"super stream {read.super_stream!r} has no partitions")
-            return sorted(names)
+            return sorted(super_stream_partitions(client, read.super_stream, error=PlanningError))
         return sorted(read.names)
 
     def initialOffset(self) -> dict[str, Any]:
