@@ -311,7 +311,8 @@ class BatchRun:
 
     def claim(self) -> None:
         """Check the sink and every partition first (nothing is claimed when one of them is
-        refused), then claim all of them in one ledger transaction (the ledger's one claim rule per partition)."""
+        refused), then claim all of them in one ledger transaction (the ledger's one claim rule
+        per partition)."""
         cfg = self.config
         self.sink.check()  # a table that cannot take the job's files: refused before any claim
         self.adopt_legacy_identity()

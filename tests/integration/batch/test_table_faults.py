@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -30,14 +31,14 @@ import pytest
 
 from streamledger.batch import BatchError, run_batch, sinks
 from streamledger.batch.proof import audit
-from streamledger.batch.sinks import default_iceberg_table
+from streamledger.batch.sinks import KEY_PIPELINE, KEY_RANGES, default_iceberg_table
 from streamledger.batch.sinks.delta import DeltaSink
 from streamledger.batch.sinks.iceberg import IcebergSink, catalog_properties, load_catalog
 from streamledger.ledger import Ledger, ViolationKind
 from streamledger.protocol.rabbitmq import StreamClient
 from streamledger.spark.arrow import ARROW_SCHEMA
 from tests.integration.batch.helpers import CountingRunner, config, rid
-from tests.integration.batch.test_table_sinks import PIPE, assert_exactly_once, pipeline_commits, table_rows
+from tests.integration.batch.test_table_sinks import PIPE, pipeline_commits, table_rows
 from tests.integration.spark.helpers import body, create_stream, publish
 from tests.support.spark import spark_env
 
@@ -69,7 +70,8 @@ def foreign_rows(stream: str, offsets: list[int]) -> pa.Table:
                     schema=ARROW_SCHEMA)
 
 
-def append_foreign(sink: str, ledger: Ledger, root: Path, rows: pa.Table, *, table: str | None = None) -> None:
+def append_foreign(sink: str, ledger: Ledger, root: Path, rows: pa.Table, *,
+                   table: str | None = None) -> None:
     if sink == "iceberg":
         tbl = catalog_of(ledger, root).load_table(table or default_iceberg_table(PIPE))
         tbl.append(rows.cast(tbl.schema().as_arrow()))
@@ -99,10 +101,11 @@ def plant(fault: str, ledger: Ledger, root: Path) -> tuple[str, list[str], dict[
     if fault == "delta-schema":
         from deltalake import write_deltalake
 
-        wrong = pa.schema([f if f.name != "offset" else pa.field("offset", pa.string()) for f in ARROW_SCHEMA])
+        wrong = pa.schema([pa.field(f.name, pa.string()) if f.name == "offset" else f
+                           for f in ARROW_SCHEMA])
         write_deltalake(delta, wrong.empty_table())
-        return "delta", [], {}, (f"delta table {delta}: its column types are not the job's: offset is string, "
-                                 "the job writes integer")
+        return "delta", [], {}, (f"delta table {delta}: its column types are not the job's: offset is "
+                                 "string, the job writes integer")
     if fault == "delta-parquet-dir":
         (root / PIPE).mkdir()
         pq.write_table(ARROW_SCHEMA.empty_table(), root / PIPE / "part-00000.parquet")
@@ -117,8 +120,8 @@ def plant(fault: str, ledger: Ledger, root: Path) -> tuple[str, list[str], dict[
     return "delta", [], {}, f"delta table {delta}: cannot be opened: "
 
 
-@pytest.mark.parametrize("fault", ["iceberg-schema", "iceberg-unreachable", "delta-schema", "delta-parquet-dir",
-                                   "delta-file", "delta-bad-log"])
+@pytest.mark.parametrize("fault", ["iceberg-schema", "iceberg-unreachable", "delta-schema",
+                                   "delta-parquet-dir", "delta-file", "delta-bad-log"])
 def test_a_table_that_cannot_take_the_jobs_files_is_refused_before_anything_is_claimed(
     fault: str, ledger: Ledger, client: StreamClient, rabbitmq_url: str, stream_name: Any, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -352,8 +355,8 @@ def test_the_audit_after_old_commits_expired_counts_rows_and_still_catches_a_dup
     stream_name: Any, tmp_path: Path,
 ) -> None:
     """The ledger keeps each range's commit id; once the table forgot the commit, the audit checks
-    the range by its rows alone: clean after the expiry, and a planted duplicate in one range and
-    the rows of another deleted are both named."""
+    the range by its rows alone: clean after the expiry, and a planted duplicate in one range, the
+    rows of another deleted and a commit in the pipeline's name the ledger never made are all named."""
     s = stream_name(f"expire-{sink}")
     create_stream(rabbitmq_url, s, 90)
     cfg = config(rabbitmq_url, tmp_path, s, sink=sink, max_offsets=30, store_offset=False)
@@ -371,10 +374,23 @@ def test_the_audit_after_old_commits_expired_counts_rows_and_still_catches_a_dup
         from deltalake import DeltaTable
 
         DeltaTable(str(tmp_path / PIPE)).delete("\"offset\" >= 30 and \"offset\" < 60")
+    # A commit in the pipeline's name the ledger never made (a forged or foreign summary).
+    forged = {KEY_PIPELINE: PIPE, KEY_RANGES: json.dumps([{"id": 999, "stream": s, "start": 90, "end": 120,
+                                                           "records": 1}])}
+    if sink == "iceberg":
+        tbl = catalog_of(ledger, tmp_path).load_table(default_iceberg_table(PIPE))
+        tbl.append(foreign_rows(s, [10**9]).cast(tbl.schema().as_arrow()), snapshot_properties=forged)
+    else:
+        from deltalake import CommitProperties, write_deltalake
+
+        write_deltalake(str(tmp_path / PIPE), foreign_rows(s, [10**9]), mode="append",
+                        commit_properties=CommitProperties(custom_metadata=forged))
     report = audit(ledger, PIPE)
     text = report.to_text()
     found = {(v.kind, v.start, v.end) for v in report.violations}
-    assert (ViolationKind.OUTPUT_MISMATCH, 0, 30) in found and "5 duplicate (stream, offset) row(s)" in text, text
+    assert "holds range 999 [90, 120), which the ledger did not commit" in text, text
+    assert (ViolationKind.OUTPUT_MISMATCH, 0, 30) in found, text
+    assert "5 duplicate (stream, offset) row(s)" in text, text
     assert (ViolationKind.OUTPUT_MISMATCH, 30, 60) in found, text
     assert "holds 0 rows in the range, the ledger committed 30" in text
     assert not [v for v in report.violations if (v.start, v.end) == (60, 90)], text
@@ -382,61 +398,81 @@ def test_the_audit_after_old_commits_expired_counts_rows_and_still_catches_a_dup
 
 # -- SIGKILL at each crash point ------------------------------------------------------------------
 
-def wait_for(path: Path, child: subprocess.Popen[str], timeout: float = 180) -> None:
+def table_exists(sink: str, ledger: Ledger, root: Path) -> bool:
+    if sink == "iceberg":
+        return bool(catalog_of(ledger, root).table_exists(default_iceberg_table(PIPE)))
+    from deltalake import DeltaTable
+
+    return bool(DeltaTable.is_deltatable(str(root / PIPE)))
+
+
+def wait_for(path: Path, child: subprocess.Popen[bytes], log: Path, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if child.poll() is not None:
-            out, err = child.communicate()
-            raise AssertionError(f"the child ended ({child.returncode}) before its step:\n{err[-3000:]}")
+            raise AssertionError(f"the child ended ({child.returncode}) before its step:\n"
+                                 f"{log.read_text()[-3000:]}")
         if time.monotonic() > deadline:
-            raise AssertionError("the child never reached its step")
+            raise AssertionError(f"the child never reached its step:\n{log.read_text()[-3000:]}")
         time.sleep(0.1)
 
 
+@pytest.mark.timeout(600)  # alone, the Spark Connect server's start; in the suite it is shared
 @pytest.mark.parametrize("step", ["read", "committed", "table_committed", "published"])
 @pytest.mark.parametrize("sink", ["iceberg", "delta"])
 def test_a_sigkilled_batch_process_then_a_retry_and_a_new_run_leave_every_record_once(
     sink: str, step: str, ledger: Ledger, client: StreamClient, rabbitmq_url: str, stream_name: Any,
-    tmp_path: Path, spark_connect: str, spark: Any, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, spark_connect: str, leave_connect_mode: None, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Each crash point of the crash table, with a real SIGKILL: a ``streamledger batch run`` process
-    (its job on the shared Spark Connect server) parked right after ``step`` is killed; between the
-    kill and the retry no table commit is unknown to the ledger; the retry (same ``--run-id``)
-    finishes the batch and a new run reads what came since: every record once, each range in one
-    commit, the audit (ledger, table, broker) clean."""
+    parked right after ``step`` is killed; between the kill and the retry no table commit is unknown
+    to the ledger; the retry (same ``--run-id``) finishes the batch and a new run reads what came
+    since: every record once, each range in one commit, the audit (ledger, table, broker) clean.
+    Every job runs on the shared Spark Connect server, so the killed process is a light client."""
     from streamledger.cli import main
 
     s = stream_name(f"kill-{sink}-{step}")
     create_stream(rabbitmq_url, s, 60)
     argv = ["batch", "run", "--url", rabbitmq_url, "--stream", s, "--pipeline", PIPE, "--ledger", ledger.url,
-            "--output-root", str(tmp_path), "--sink", sink, "--run-id", "nightly-1"]
-    marker = tmp_path / "parked"
+            "--output-root", str(tmp_path), "--sink", sink, "--remote", spark_connect]
+    marker, log = tmp_path / "parked", tmp_path / "child.log"
     env = spark_env(PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.batch.park", step, str(marker), "--", *argv,
-         "--remote", spark_connect], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(marker, child)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.communicate(timeout=60)
+    with log.open("wb") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.batch.park", step, str(marker), "--", *argv,
+             "--run-id", "nightly-1"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_for(marker, child, log)
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=60)
     assert child.returncode == -signal.SIGKILL
     (rng,) = ledger.ranges(PIPE)
     assert rng.status.value == ("claimed" if step == "read" else "committed")
     assert (rng.published_at is not None) == (step == "published")
-    commits = pipeline_commits(sink, ledger, tmp_path) if step in ("table_committed", "published") else []
-    assert len(commits) == (1 if step in ("table_committed", "published") else 0)
+    in_table = step in ("table_committed", "published")  # before that the table does not exist yet
+    assert table_exists(sink, ledger, tmp_path) == in_table
+    assert len(pipeline_commits(sink, ledger, tmp_path) if in_table else []) == int(in_table)
     between = audit(ledger, PIPE)  # a commit in the table always names a range the ledger committed
     assert not [v for v in between.violations if "did not commit" in v.detail], between.to_text()
     assert client.query_offset(s, PIPE) is None
 
     capsys.readouterr()
-    assert main(argv) == 0, capsys.readouterr().err  # the retry of the same identity
+    assert main([*argv, "--run-id", "nightly-1"]) == 0, capsys.readouterr().err  # the retry
     publish(rabbitmq_url, s, 25, start=60)
-    assert main(argv[:-2]) == 0, capsys.readouterr().err  # a new run
-    assert_exactly_once(sink, ledger, tmp_path, s, 85)
-    assert len(pipeline_commits(sink, ledger, tmp_path)) == 2
-    assert [r.run.run_id for r in ledger.ranges(PIPE) if r.records][0] == "nightly-1"
-    assert client.query_offset(s, PIPE) == 84
+    assert main(argv) == 0, capsys.readouterr().err  # a new run
+    # (the new records follow the tracking chunk the first StoreOffset wrote: offsets 61..85)
+    rows = table_rows(sink, ledger, tmp_path)
+    offsets = rows.column("offset").to_pylist()
+    assert offsets == [*range(60), *range(61, 86)]  # every record once, none twice
+    assert rows.column("body").to_pylist() == [body(s, i) for i in range(85)]
+    commits = pipeline_commits(sink, ledger, tmp_path)
+    committed = [r for r in ledger.ranges(PIPE) if r.records]
+    assert sorted(e["id"] for _, ranges in commits for e in ranges) == sorted(r.id for r in committed)
+    by_commit = {e["id"]: c for c, ranges in commits for e in ranges}
+    assert all(r.published_at is not None and r.sink_commit == by_commit[r.id] for r in committed)
+    assert len(commits) == 2
+    assert next(r.run.run_id for r in ledger.ranges(PIPE) if r.records) == "nightly-1"
+    assert client.query_offset(s, PIPE) == 85
     report = audit(ledger, PIPE, broker=client)
     assert report.clean, report.to_text()

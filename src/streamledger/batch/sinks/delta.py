@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import os
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 

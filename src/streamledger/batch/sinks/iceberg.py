@@ -198,8 +198,8 @@ class IcebergSink:
         held = self._held(table, ids) if table is not None else {}
         if set(held) == ids:
             return held
-        raise BatchError(f"iceberg table {self.identifier}: {sinks.COMMIT_ATTEMPTS} commits lost to concurrent "
-                         f"writers; {what} stay committed and unpublished for the next run")
+        raise BatchError(f"iceberg table {self.identifier}: {sinks.COMMIT_ATTEMPTS} commits lost to "
+                         f"concurrent writers; {what} stay committed and unpublished for the next run")
 
     def describe(self) -> dict[str, Any] | None:
         table = self._load(None)
