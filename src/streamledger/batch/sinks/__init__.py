@@ -20,6 +20,11 @@ table's commits, then commits with the table's optimistic concurrency and *no* b
 a conflict looks again), so a range reaches the table at most once; and the broker offset never
 passes a range the ledger has not recorded published, so a crash anywhere leaves a range the next
 attempt (or any later run of the pipeline) finishes.
+
+Before any of it, :meth:`Sink.check` refuses a table that cannot take the job's files (catalog
+unreachable, columns not the job's, a location that is not a Delta table), so a bad table leaves
+nothing claimed; a commit lost to another writer is retried a bounded number of times
+(:data:`COMMIT_ATTEMPTS`, :func:`backoff`).
 """
 
 from __future__ import annotations
