@@ -79,15 +79,15 @@ class IcebergSink:
     @property
     def catalog(self) -> Any:
         if self._catalog is None:
-            for attempt in range(2):
+            for attempt in range(3):
                 try:
                     self._catalog = load_catalog(self.props)
                     break
                 except Exception as exc:
                     # A SQL catalog's first use creates its tables: two batches starting at once
                     # race on that (one sees "already exists"), and loading again finds them.
-                    if attempt == 0 and self.props.get("type") == "sql":
-                        time.sleep(sinks.backoff(2))
+                    if attempt < 2 and self.props.get("type") == "sql":
+                        time.sleep(sinks.backoff(attempt + 2))
                         continue
                     raise BatchError(f"iceberg table {self.identifier}: the catalog cannot be reached: "
                                      f"{_line(exc)}") from exc
