@@ -310,9 +310,11 @@ class BatchRun:
                 for s, pos in zip(streams, found, strict=True)]
 
     def claim(self) -> None:
-        """Check every partition first (nothing is claimed when one of them is refused), then
-        claim all of them in one ledger transaction (the ledger's one claim rule per partition)."""
+        """Check the sink and every partition first (nothing is claimed when one of them is
+        refused), then claim all of them in one ledger transaction (the ledger's one claim rule
+        per partition)."""
         cfg = self.config
+        self.sink.check()  # a table that cannot take the job's files: refused before any claim
         self.adopt_legacy_identity()
         seen = self.survey(self.streams())
         self._step("planned")

@@ -20,11 +20,17 @@ table's commits, then commits with the table's optimistic concurrency and *no* b
 a conflict looks again), so a range reaches the table at most once; and the broker offset never
 passes a range the ledger has not recorded published, so a crash anywhere leaves a range the next
 attempt (or any later run of the pipeline) finishes.
+
+Before any of it, :meth:`Sink.check` refuses a table that cannot take the job's files (catalog
+unreachable, columns not the job's, a location that is not a Delta table), so a bad table leaves
+nothing claimed; a commit lost to another writer is retried a bounded number of times
+(:data:`COMMIT_ATTEMPTS`, :func:`backoff`).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SINKS", "DirectorySink", "Sink", "SinkBatch", "SinkRange", "SinkReceipt", "data_files",
-    "default_iceberg_table", "make_sink", "sink_problem", "summary",
+    "default_iceberg_table", "make_sink", "schema_problem", "sink_problem", "summary",
 ]
 
 SINKS = ("directory", "iceberg", "delta")
@@ -50,6 +56,17 @@ KEY_PIPELINE = "streamledger.pipeline"
 KEY_BROKER = "streamledger.broker"
 KEY_RUN = "streamledger.run"
 KEY_RANGES = "streamledger.ranges"
+
+#: How many times a table commit is tried against concurrent writers before the batch gives up
+#: (the ranges stay committed and unpublished: the next run of the pipeline publishes them).
+COMMIT_ATTEMPTS = 8
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait after the ``attempt``-th (0-based) lost commit: exponential from 50 ms,
+    at most 2 s, with full jitter so writers that collided do not collide again in step."""
+    return random.uniform(0, min(2.0, 0.05 * 2 ** attempt))
+
 
 _IDENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*\.[A-Za-z0-9_][A-Za-z0-9_-]*$")
 
@@ -85,6 +102,12 @@ class SinkReceipt:
 class Sink(Protocol):
     name: str
 
+    def check(self) -> None:
+        """Raise a one-line ``BatchError`` naming the table when it cannot take the job's files (its
+        catalog cannot be reached, its schema is not the job's, the location is not a table):
+        asked before anything is claimed, so a bad table leaves nothing in the ledger."""
+        ...
+
     def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
         """Where a committed range's files live once published."""
         ...
@@ -114,6 +137,9 @@ class DirectorySink:
 
     def __init__(self, output_root: str, pipeline: str) -> None:
         self.output_root, self.pipeline = output_root, pipeline
+
+    def check(self) -> None:
+        return None  # the output root is checked when the job writes to it
 
     def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
         return plan.output_dir(self.output_root, self.pipeline, broker, stream, start, end, epoch=epoch)
@@ -157,6 +183,35 @@ def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None
         return f"the delta sink takes a table location, not a catalog (table {table!r})"
     if table is not None and not table.strip():
         return "delta table location must not be empty"
+    return None
+
+
+def _kind(t: Any) -> str:
+    """A column type as far as the job's files and a table must agree (the width of strings and
+    binaries, the integer size and the map's key/value widths are each library's business)."""
+    import pyarrow as pa
+
+    for kind, test in (("string", pa.types.is_string), ("string", pa.types.is_large_string),
+                       ("binary", pa.types.is_binary), ("binary", pa.types.is_large_binary),
+                       ("integer", pa.types.is_integer), ("timestamp", pa.types.is_timestamp),
+                       ("map", pa.types.is_map)):
+        if test(t):
+            return kind
+    return str(t)
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why a table's arrow ``schema`` is not the job's (``spark.arrow.ARROW_SCHEMA``: the columns of
+    every file the job writes), or None. The one rule both table sinks ask before claiming."""
+    from streamledger.spark.arrow import ARROW_SCHEMA
+
+    want = {f.name: _kind(f.type) for f in ARROW_SCHEMA}
+    have = {f.name: _kind(f.type) for f in schema}
+    if set(have) != set(want):
+        return f"its columns ({', '.join(have)}) are not the job's ({', '.join(want)})"
+    wrong = [f"{n} is {have[n]}, the job writes {want[n]}" for n in want if have[n] != want[n]]
+    if wrong:
+        return "its column types are not the job's: " + "; ".join(wrong)
     return None
 
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from streamledger import fs as filesystems
-from streamledger.batch import plan
+from streamledger.batch import plan, sinks
 from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
     SinkBatch,
@@ -33,6 +32,7 @@ from streamledger.batch.sinks import (
     check_table,
     data_files,
     parse_summary,
+    schema_problem,
     summary,
 )
 
@@ -41,9 +41,6 @@ if TYPE_CHECKING:
     from streamledger.ledger.audit import Violation
 
 log = logging.getLogger(__name__)
-
-ATTEMPTS = 8
-
 
 def app_id(pipeline: str) -> str:
     """The Delta app transaction id of a pipeline."""
@@ -139,6 +136,31 @@ class DeltaSink:
 
     # -- the sink ---------------------------------------------------------------------------------
 
+    def check(self) -> None:
+        """The location is a Delta table with the job's columns, or nothing yet (created on first
+        use), or a directory holding only this sink's range directories (a batch that placed its
+        files died before the table's first commit). A file, a ``_delta_log`` that is not a Delta
+        log, or a directory of someone's plain data files is refused."""
+        if filesystems.scheme(self.location) in ("", "file"):
+            local = filesystems.local_path(self.location)
+            if local.exists() and not local.is_dir():
+                raise BatchError(f"delta table {self.location}: the location is a file, not a Delta table")
+            if local.is_dir() and not (local / "_delta_log").exists():
+                plain = sorted(p.name for p in local.iterdir()
+                               if not p.name.startswith(("_", ".")) and (p.is_file() or "=" in p.name))
+                if plain:
+                    raise BatchError(f"delta table {self.location}: not a Delta table (no _delta_log) but a "
+                                     f"directory of other files ({', '.join(plain[:3])}"
+                                     f"{', ...' if len(plain) > 3 else ''})")
+        dt = self._open(None)
+        if dt is None:
+            if filesystems.LOCAL.exists(filesystems.join(self.location, "_delta_log")):
+                raise BatchError(f"delta table {self.location}: its _delta_log is not a Delta table's log")
+            return
+        problem = schema_problem(_arrow_schema(dt))
+        if problem is not None:
+            raise BatchError(f"delta table {self.location}: {problem}")
+
     def published(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
         dt = self._open(None)
         return {} if dt is None else self._held(dt, {r.range.id for r in batch.ranges})
@@ -155,7 +177,7 @@ class DeltaSink:
                                  f"(first: {outside[0]})")
         first = next((f[0] for f in files.values() if f), None)
         ids = set(files)
-        for attempt in range(ATTEMPTS):
+        for attempt in range(sinks.COMMIT_ATTEMPTS):
             dt = self._open(first)
             held = self._held(dt, ids)
             todo: list[SinkRange] = [r for r in batch.ranges if r.range.id not in held]
@@ -163,14 +185,9 @@ class DeltaSink:
                 return held
             what = ", ".join(f"{r.range.source.stream} [{r.range.start}, {r.range.end})" for r in todo)
             schema = dt.schema()
-            if first is not None:
-                import pyarrow.parquet as pq
-
-                mine = pq.read_schema(_local(first)).remove_metadata()
-                theirs = {f.name for f in schema.fields}
-                if set(mine.names) != theirs:
-                    raise BatchError(f"delta table {self.location}: its columns {sorted(theirs)} are not the "
-                                     f"job's {sorted(mine.names)}; nothing of {what} was added")
+            problem = schema_problem(_arrow_schema(dt))
+            if problem is not None:  # a table made or changed by someone else since the check
+                raise BatchError(f"delta table {self.location}: {problem}; nothing of {what} was added")
             version = (dt.transaction_version(app_id(self.pipeline)) or 0) + 1
             props = CommitProperties(custom_metadata=summary(batch, todo), max_commit_retries=0,
                                      app_transactions=[Transaction(app_id(self.pipeline), version)])
@@ -180,7 +197,7 @@ class DeltaSink:
             except CommitFailedError as exc:
                 log.warning("delta table %s changed while committing %s (%s): looking again", self.location,
                             what, _line(exc))
-                time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
+                time.sleep(sinks.backoff(attempt))
                 continue
             except BatchError:
                 raise
@@ -193,8 +210,8 @@ class DeltaSink:
         held = self._held(dt, ids) if dt is not None else {}
         if set(held) == ids:
             return held
-        raise BatchError(f"delta table {self.location}: {ATTEMPTS} commits lost to concurrent writers; the "
-                         "ranges stay unpublished for the next run")
+        raise BatchError(f"delta table {self.location}: {sinks.COMMIT_ATTEMPTS} commits lost to concurrent "
+                         f"writers; {what} stay committed and unpublished for the next run")
 
     def describe(self) -> dict[str, Any] | None:
         dt = self._open(None)
@@ -219,6 +236,12 @@ class DeltaSink:
         oldest = min((int(c["version"]) for c in dt.history()), default=0)
         known = set(range(oldest, dt.version() + 1))
         return check_table(self.table_name, pipeline, ranges, commits, rows, known)
+
+
+def _arrow_schema(dt: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.schema(dt.schema().to_arrow())
 
 
 def _local(location: str) -> str:

@@ -16,14 +16,13 @@ a zombie of this very range) before it retries.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamledger import fs as filesystems
-from streamledger.batch import plan
+from streamledger.batch import plan, sinks
 from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
     SinkBatch,
@@ -33,6 +32,7 @@ from streamledger.batch.sinks import (
     check_table,
     data_files,
     parse_summary,
+    schema_problem,
     summary,
 )
 
@@ -43,9 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CATALOG_NAME = "streamledger"
-ATTEMPTS = 8
-
-
 def _uri(location: str) -> str:
     """pyiceberg wants URIs: a plain path becomes ``file:///abs``."""
     if filesystems.scheme(location):
@@ -82,11 +79,18 @@ class IcebergSink:
     @property
     def catalog(self) -> Any:
         if self._catalog is None:
-            try:
-                self._catalog = load_catalog(self.props)
-            except Exception as exc:
-                raise BatchError(f"iceberg table {self.identifier}: the catalog cannot be reached: "
-                                 f"{_line(exc)}") from exc
+            for attempt in range(3):
+                try:
+                    self._catalog = load_catalog(self.props)
+                    break
+                except Exception as exc:
+                    # A SQL catalog's first use creates its tables: two batches starting at once
+                    # race on that (one sees "already exists"), and loading again finds them.
+                    if attempt < 2 and self.props.get("type") == "sql":
+                        time.sleep(sinks.backoff(attempt + 2))
+                        continue
+                    raise BatchError(f"iceberg table {self.identifier}: the catalog cannot be reached: "
+                                     f"{_line(exc)}") from exc
         return self._catalog
 
     def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
@@ -97,11 +101,11 @@ class IcebergSink:
 
     def _load(self, schema_of: str | None) -> Any:
         """The table; created (partitioned by stream) from the first data file's schema if missing."""
-        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
 
         try:
             return self.catalog.load_table(self.identifier)
-        except NoSuchTableError:
+        except (NoSuchTableError, NoSuchNamespaceError):
             if schema_of is None:
                 return None
         except BatchError:
@@ -148,6 +152,15 @@ class IcebergSink:
 
     # -- the sink ---------------------------------------------------------------------------------
 
+    def check(self) -> None:
+        """The catalog answers and the table, if it exists, has the job's columns."""
+        table = self._load(None)
+        if table is None:
+            return  # created on first use, with the job's schema
+        problem = schema_problem(table.schema().as_arrow())
+        if problem is not None:
+            raise BatchError(f"iceberg table {self.identifier}: {problem}")
+
     def published(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
         table = self._load(None)
         return {} if table is None else self._held(table, {r.range.id for r in batch.ranges})
@@ -158,7 +171,7 @@ class IcebergSink:
         files = {r.range.id: data_files(r.location) for r in batch.ranges}
         first = next((f[0] for f in files.values() if f), None)
         ids = set(files)
-        for attempt in range(ATTEMPTS):
+        for attempt in range(sinks.COMMIT_ATTEMPTS):
             table = self._load(first)
             held = self._held(table, ids) if table is not None else {}
             todo: list[SinkRange] = [r for r in batch.ranges if r.range.id not in held]
@@ -174,7 +187,7 @@ class IcebergSink:
             except CommitFailedException as exc:
                 log.warning("iceberg table %s changed while committing %s (%s): looking again",
                             self.identifier, what, _line(exc))
-                time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
+                time.sleep(sinks.backoff(attempt))
                 continue
             except (ValueError, TypeError) as exc:  # pyiceberg's schema / file checks
                 raise BatchError(f"iceberg table {self.identifier}: the job's files for {what} cannot be "
@@ -185,8 +198,8 @@ class IcebergSink:
         held = self._held(table, ids) if table is not None else {}
         if set(held) == ids:
             return held
-        raise BatchError(f"iceberg table {self.identifier}: {ATTEMPTS} commits lost to concurrent writers; "
-                         "the ranges stay unpublished for the next run")
+        raise BatchError(f"iceberg table {self.identifier}: {sinks.COMMIT_ATTEMPTS} commits lost to "
+                         f"concurrent writers; {what} stay committed and unpublished for the next run")
 
     def describe(self) -> dict[str, Any] | None:
         table = self._load(None)
