@@ -70,8 +70,11 @@ class Counting:
 
 
 def timed_batch(cfg: BatchConfig, run: RunId, ledger: Ledger, broker: StreamClient,
-                runner: LocalSparkRunner) -> tuple[float, dict[str, float], dict[str, int], int]:
-    """One ``run_batch``: (wall seconds, seconds per step, calls per broker/ledger method, records)."""
+                runner: LocalSparkRunner) -> tuple[float, float, dict[str, float], dict[str, int], int]:
+    """One ``run_batch``: (wall s, driver CPU s, seconds per step, calls per broker/ledger method, records).
+
+    CPU is this process's time (``time.process_time``: the driver's Python and its threads), not the
+    Spark JVM's or its Python workers'."""
     steps: dict[str, float] = dict.fromkeys(STEPS, 0.0)
     calls: collections.Counter[str] = collections.Counter()
     last = [0.0]
@@ -83,11 +86,12 @@ def timed_batch(cfg: BatchConfig, run: RunId, ledger: Ledger, broker: StreamClie
             steps[step] += now - last[0]
         last[0] = now
 
+    cpu = time.process_time()
     last[0] = began = time.perf_counter()
     result = run_batch(cfg, run=run, ledger=Counting(ledger, calls),  # type: ignore[arg-type]
                        broker=Counting(broker, calls), runner=runner, on_step=mark)
     wall = time.perf_counter() - began
-    return wall, steps, dict(calls), result.records
+    return wall, time.process_time() - cpu, steps, dict(calls), result.records
 
 
 def fill(client: StreamClient, name: str, partitions: int) -> float:
@@ -120,7 +124,7 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-Row = tuple[int, str, str, float, dict[str, float], dict[str, int]]
+Row = tuple[int, str, str, float, float, dict[str, float], dict[str, int]]
 
 
 def one_round(n: int, kind: str, url: str, args: argparse.Namespace, name: str, out: Path,
@@ -131,13 +135,13 @@ def one_round(n: int, kind: str, url: str, args: argparse.Namespace, name: str, 
         cfg = BatchConfig(pipeline="bench", url=args.url, output_root=str(out), super_stream=name)
         for i in range(1 + args.idle):
             batch = "first" if i == 0 else "idle"
-            wall, steps, calls, records = timed_batch(cfg, RunId("bench", f"{batch}-{i}", "t"), led, client,
-                                                      runner)
+            run = RunId("bench", f"{batch}-{i}", "t")
+            wall, cpu, steps, calls, records = timed_batch(cfg, run, led, client, runner)
             want = n * RECORDS if i == 0 else 0
             if records != want:
                 raise SystemExit(f"{name}: {batch} batch read {records} records, not {want}")
-            rows.append((n, kind, batch, wall, steps, calls))
-            print(f"  N={n} {kind}: {batch} batch {wall:.2f} s", flush=True)
+            rows.append((n, kind, batch, wall, cpu, steps, calls))
+            print(f"  N={n} {kind}: {batch} batch {wall:.2f} s (driver CPU {cpu:.2f} s)", flush=True)
     return rows
 
 
@@ -209,8 +213,8 @@ def main() -> int:
 def report(rows: list[Row], counts: list[int], kinds: list[str], show_calls: bool) -> None:
     """Medians per (partitions, ledger, batch): wall, per partition, and the split by step."""
     print()
-    print("| partitions | ledger | batch | wall | per partition | " + " | ".join(STEPS) + " |")
-    print("|---|---|---|---|---|" + "---|" * len(STEPS))
+    print("| partitions | ledger | batch | wall | per partition | driver CPU | " + " | ".join(STEPS) + " |")
+    print("|---|---|---|---|---|---|" + "---|" * len(STEPS))
     walls: dict[tuple[int, str, str], float] = {}
     for n in counts:
         for kind in kinds:
@@ -220,10 +224,12 @@ def report(rows: list[Row], counts: list[int], kinds: list[str], show_calls: boo
                     continue
                 wall = median([r[3] for r in mine])
                 walls[(n, kind, batch)] = wall
-                split = " | ".join(f"{median([r[4][s] for r in mine]):.2f}" for s in STEPS)
-                print(f"| {n} | {kind} | {batch} | {wall:.2f} s | {wall / n * 1000:,.0f} ms | {split} |")
+                cpu = median([r[4] for r in mine])
+                split = " | ".join(f"{median([r[5][s] for r in mine]):.2f}" for s in STEPS)
+                print(f"| {n} | {kind} | {batch} | {wall:.2f} s | {wall / n * 1000:,.0f} ms | {cpu:.2f} s "
+                      f"| {split} |")
                 if show_calls:
-                    calls = mine[-1][5]
+                    calls = mine[-1][6]
                     print("    calls: " + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
     print()
     for kind in kinds:
