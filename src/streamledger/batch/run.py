@@ -7,6 +7,7 @@ crash at each step leads to.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -350,8 +351,12 @@ class BatchRun:
         all in one ledger transaction."""
         from streamledger.ledger import CommitRequest
 
-        empty = [p for p in self.to_read() if not user_records(self.broker, p.result.stream, p.result.start,
-                                                               p.result.end)]
+        todo = self.to_read()
+        pooled = getattr(self.broker, "pooled_reads", None)
+        # One member connection for every probe (a subscription each), when the client can keep it.
+        with pooled() if pooled is not None and len(todo) > 1 else contextlib.nullcontext():
+            empty = [p for p in todo if not user_records(self.broker, p.result.stream, p.result.start,
+                                                         p.result.end)]
         done = self.ledger.commit_many([CommitRequest(p.range.id, 0, None, None, None)
                                         for p in empty if p.range is not None]) if empty else []
         for p, rng in zip(empty, done, strict=True):
