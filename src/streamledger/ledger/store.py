@@ -1263,6 +1263,34 @@ class Ledger:
                 return []
             return [_snapshot(r, pipeline, src) for r in session.scalars(_UNPUBLISHED, {"source_id": src.id})]
 
+    def unpublished_many(self, pipeline: str, sources: Sequence[SourceRef]) -> list[OffsetRange]:
+        """:meth:`unpublished` of every source in one query (by source, then start)."""
+        _check_pipeline(pipeline)
+        with self._tx(f"unpublished ranges of {pipeline!r}", write=False) as session:
+            srcs = {s.id: s for s in self._find_sources(session, pipeline, sources) if s is not None}
+            out: list[OffsetRange] = []
+            for chunk in _chunks(sorted(srcs)):
+                out += [_snapshot(r, pipeline, srcs[r.source_id]) for r in session.scalars(
+                    select(Range).where(Range.source_id.in_(chunk), _IS_UNPUBLISHED)
+                    .order_by(Range.source_id, Range.start_offset))]
+            return out
+
+    def take_publish_many(self, requests: Sequence[tuple[int, str | None]], publisher: str, *,
+                          lease: timedelta) -> list[OffsetRange | None]:
+        """:meth:`take_publish` of several ranges (``(range_id, replace)`` each) in one transaction;
+        answers in request order, each decided exactly as :meth:`take_publish` decides it."""
+        if not requests:
+            return []
+        with self._joined(f"take the publish leases of {publisher}"):
+            return [self.take_publish(i, publisher, lease=lease, replace=r) for i, r in requests]
+
+    def mark_published_many(self, range_ids: Sequence[int], publisher: str) -> list[OffsetRange]:
+        """:meth:`mark_published` of several ranges in one transaction (all or none)."""
+        if not range_ids:
+            return []
+        with self._joined(f"mark ranges published by {publisher}"):
+            return [self.mark_published(i, publisher) for i in range_ids]
+
     def take_publish(self, range_id: int, publisher: str, *, lease: timedelta,
                      replace: str | None = None) -> OffsetRange | None:
         """Take (or keep) the publish lease of a committed, unpublished range; None if another
