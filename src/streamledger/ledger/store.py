@@ -13,6 +13,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -319,6 +320,17 @@ def _snapshot(row: Any, pipeline: str, source: Source | SourceRef) -> OffsetRang
 
 _Pinned = tuple[tuple[int, int], tuple[datetime | None, datetime | None]]
 """A pinned claim's span and its interval (naive UTC, as stored; None when not given)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One source's checked claim inside :meth:`Ledger._claim_sqlite`."""
+
+    what: str
+    source: SourceRef
+    end_limit: int
+    initial_start: int | None
+    pinned: _Pinned | None
 _ORIGIN = RunIdentity("streamledger", "origin", "ledger")
 """Who holds the empty range that marks where a pinned history begins (``Ledger.claim``)."""
 
@@ -645,6 +657,22 @@ class Ledger:
         rule: they ask here and process what they get.
         """
         _check_pipeline(pipeline)
+        what, pinned = self._claim_checked(pipeline, source, end_limit, run, initial_start, max_span,
+                                           abandon_after, span, interval)
+        if self.dialect == "postgresql":
+            got = self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
+                                 abandon_after, pinned)
+            return _pinned_answer(what, got, run, pinned)
+        with self._tx(what) as session:
+            ask = _Ask(what, source, end_limit, initial_start, pinned)
+            return self._claim_sqlite(session, pipeline, [ask], run, max_span, abandon_after)[0]
+
+    @staticmethod
+    def _claim_checked(pipeline: str, source: SourceRef, end_limit: int, run: RunIdentity,
+                       initial_start: int | None, max_span: int | None, abandon_after: timedelta | None,
+                       span: tuple[int, int] | None, interval: tuple[datetime, datetime] | None,
+                       ) -> tuple[str, _Pinned | None]:
+        """A claim's arguments checked (before anything is written): its label and pinned span."""
         _check_offset("end_limit", end_limit, source.stream)
         if initial_start is not None:
             _check_offset("initial_start", initial_start, source.stream)
@@ -655,63 +683,84 @@ class Ledger:
         if abandon_after is not None and abandon_after < timedelta(0):
             raise LedgerError(f"abandon_after must not be negative, got {abandon_after}")
         pinned = _check_span(span, interval, source.stream)
-        what = f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}"
-        if self.dialect == "postgresql":
-            got = self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
-                                 abandon_after, pinned)
-            return _pinned_answer(what, got, run, pinned)
-        with self._tx(what) as session:
-            src = self._lock_source(session, pipeline, source)
-            now = self._clock(session)
-            abandon_before = None if abandon_after is None else now - abandon_after
-            mine = session.scalars(
-                _HELD_BY_RUN,
-                {
-                    "source_id": src.id,
-                    "dag_id": run.dag_id,
-                    "run_id": run.run_id,
-                    "task_id": run.task_id,
-                    "map_index": run.map_index,
-                },
-            ).first()
+        return f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}", pinned
+
+    def _claim_sqlite(self, session: Session, pipeline: str, asks: Sequence[_Ask], run: RunIdentity,
+                      max_span: int | None, abandon_after: timedelta | None) -> list[OffsetRange]:
+        """The claim rule (see :meth:`claim`) on SQLite for one or many sources, in the caller's
+        transaction (``BEGIN IMMEDIATE`` holds the database's write lock): what it reads is read
+        for all sources at once (one statement per kind), then each source is decided by the same
+        code and its range inserted."""
+        found = self._find_sources(session, pipeline, [a.source for a in asks])
+        srcs = [src if src is not None else self._lock_source(session, pipeline, a.source)
+                for a, src in zip(asks, found, strict=True)]
+        ids = [s.id for s in srcs]
+        now = self._clock(session)
+        held: dict[int, Range] = {}
+        for chunk in _chunks(ids):
+            for row in session.scalars(select(Range).where(
+                    Range.source_id.in_(chunk), Range.dag_id == run.dag_id, Range.run_id == run.run_id,
+                    Range.task_id == run.task_id, Range.map_index == run.map_index,
+                    Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
+            ).order_by(Range.id)):
+                held.setdefault(row.source_id, row)
+        fresh = [i for i in ids if i not in held]
+        if abandon_after is not None and fresh:
+            self._abandon(session, fresh, now - abandon_after, now)
+        free = [s.id for s, a in zip(srcs, asks, strict=True) if s.id not in held and a.pinned is None]
+        facts: dict[int, Any] = {}
+        for chunk in _chunks(free):
+            facts.update((int(r.sid), r) for r in session.execute(select(
+                Source.id.label("sid"),
+                _first_hole_of(Source.id).with_only_columns(Range.id).scalar_subquery().label("hole"),
+                _tail_of(Source.id).scalar_subquery().label("tail"),
+            ).where(Source.id.in_(chunk))))
+        holes = {int(r.id): r for chunk in _chunks([f.hole for f in facts.values() if f.hole is not None])
+                 for r in session.scalars(select(Range).where(Range.id.in_(chunk)))}
+        out: list[OffsetRange] = []
+        for ask, src in zip(asks, srcs, strict=True):
+            what, source, pinned = ask.what, ask.source, ask.pinned
+            mine = held.get(src.id)
             if mine is not None:
                 if mine.status == RangeStatus.CLAIMED.value:
                     mine.try_number = run.try_number
                     mine.heartbeat_at = now
                     mine.updated_at = now
                     session.flush()
-                return _snapshot(mine, pipeline, src)
-            if abandon_before is not None:
-                self._abandon(session, src.id, abandon_before, now)
-            hole = None if pinned is not None else self._first_hole(session, src.id)
+                out.append(_pinned_answer(what, _snapshot(mine, pipeline, src), run, pinned))
+                continue
             if pinned is not None:
                 (start, end), _when = pinned
                 done = session.scalars(select(Range).where(
                     Range.source_id == src.id, _LIVE, Range.start_offset == start, Range.end_offset == end,
                     Range.end_offset > Range.start_offset)).first()
                 if done is not None:
-                    return _pinned_answer(what, _snapshot(done, pipeline, src), run, pinned)
-                if initial_start is not None and initial_start < start and session.scalars(
+                    out.append(_pinned_answer(what, _snapshot(done, pipeline, src), run, pinned))
+                    continue
+                if ask.initial_start is not None and ask.initial_start < start and session.scalars(
                         select(Range.id).where(Range.source_id == src.id).limit(1)).first() is None:
-                    origin = self._new_row(src.id, initial_start, initial_start, RangeStatus.COMMITTED,
-                                           _ORIGIN, now, error="origin of pinned ranges")
+                    first = ask.initial_start
+                    origin = self._new_row(src.id, first, first, RangeStatus.COMMITTED, _ORIGIN, now,
+                                           error="origin of pinned ranges")
                     origin.records, origin.committed_at = 0, now
                     session.add(origin)
                     session.flush()
-            elif hole is not None:
-                start, end = hole.start_offset, hole.end_offset
             else:
-                tail = self._tail(session, src.id)
-                start_or_none = tail if tail is not None else initial_start
-                if start_or_none is None:
-                    raise LedgerError(
-                        f"{what}: the ledger has no range for this stream yet, so the first claim must give "
-                        "initial_start (the first offset to read)"
-                    )
-                start = int(start_or_none)
-                end = max(start, end_limit)
-                if max_span is not None:
-                    end = min(end, start + max_span)
+                f = facts[src.id]
+                hole = holes[f.hole] if f.hole is not None else None
+                if hole is not None:
+                    start, end = hole.start_offset, hole.end_offset
+                else:
+                    start_or_none = f.tail if f.tail is not None else ask.initial_start
+                    if start_or_none is None:
+                        raise LedgerError(
+                            f"{what}: the ledger has no range for this stream yet, so the first claim must "
+                            "give initial_start (the first offset to read)"
+                        )
+                    start = int(start_or_none)
+                    end = max(start, ask.end_limit)
+                    if max_span is not None:
+                        end = min(end, start + max_span)
             empty = start == end
             values: dict[str, Any] = {
                 "source_id": src.id,
@@ -742,23 +791,25 @@ class Ledger:
                 "interval_end": None if pinned is None else pinned[1][1],
             }
             values["id"] = session.execute(_INSERT_RANGE, values).scalar_one()
-            row = SimpleNamespace(**values)
+            made = SimpleNamespace(**values)
             self._sources[src.id] = (pipeline, source)
-            return _snapshot(row, pipeline, src)
+            out.append(_pinned_answer(what, _snapshot(made, pipeline, src), run, pinned))
+        return out
 
     @staticmethod
-    def _abandon(session: Session, source_id: int, before: datetime, now: datetime) -> None:
-        """Fail the source's claims whose holder has not beaten since ``before`` (SQLite path)."""
+    def _abandon(session: Session, source_ids: Sequence[int], before: datetime, now: datetime) -> None:
+        """Fail the sources' claims whose holder has not beaten since ``before`` (SQLite path)."""
         seen = func.coalesce(Range.heartbeat_at, Range.claimed_at)
-        for row in session.scalars(
-            select(Range).where(
-                Range.source_id == source_id, Range.status == RangeStatus.CLAIMED.value, seen < before
-            )
-        ):
-            last = row.heartbeat_at or row.claimed_at
-            row.status = RangeStatus.FAILED.value
-            row.error = f"abandoned: no heartbeat since {last}"
-            row.updated_at = now
+        for chunk in _chunks(list(source_ids)):
+            for row in session.scalars(
+                select(Range).where(
+                    Range.source_id.in_(chunk), Range.status == RangeStatus.CLAIMED.value, seen < before
+                )
+            ):
+                last = row.heartbeat_at or row.claimed_at
+                row.status = RangeStatus.FAILED.value
+                row.error = f"abandoned: no heartbeat since {last}"
+                row.updated_at = now
         session.flush()
 
     def _claim_pg(
@@ -833,6 +884,14 @@ class Ledger:
         if not requests:
             return []
         out: dict[int, OffsetRange] = {}
+        if self.dialect != "postgresql":
+            asks = []
+            for r in requests:
+                what, pinned = self._claim_checked(pipeline, r.source, r.end_limit, run, r.initial_start,
+                                                   max_span, abandon_after, r.span, r.interval)
+                asks.append(_Ask(what, r.source, r.end_limit, r.initial_start, pinned))
+            with self._tx(f"claims of pipeline {pipeline!r} by {run}") as session:
+                return self._claim_sqlite(session, pipeline, asks, run, max_span, abandon_after)
         with self._joined(f"claims of pipeline {pipeline!r} by {run}") as session:
             order = self._lock_named(session, pipeline, [r.source for r in requests])
             for i in order:
