@@ -548,6 +548,12 @@ class BatchRun:
         except BaseException:
             with contextlib.suppress(Exception):  # what is in place is recorded; the error wins
                 self.ledger.mark_published_many(done, self.token)
+            # The leases taken ahead for ranges not reached are handed back (stranded ones too: no
+            # one else would release them before they expire).
+            for (rng, _s, _o), held in zip(todo, leases, strict=True):
+                if held is not None and rng.id not in done:
+                    with contextlib.suppress(Exception):
+                        self.ledger.release_publish(rng.id, self.token)
             raise
         self.ledger.mark_published_many(done, self.token)
         return placed
