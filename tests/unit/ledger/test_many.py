@@ -96,8 +96,8 @@ def test_positions_and_watermarks_of_many_sources_cost_a_few_statements(ledger: 
     # sources in every state the rule distinguishes: done + stored, an open claim, a hole, committed
     # but unpublished, pinned with a gap, no history; then 40 more plain ones
     many = [SourceRef(BROKER, f"s-{i}", "s") for i in range(46)]
-    done = ledger.claim_many(PIPE, [ClaimRequest(s, 10 + i, initial_start=0) for i, s in enumerate(many[:45])],
-                             run(1))
+    asks = [ClaimRequest(s, 10 + i, initial_start=0) for i, s in enumerate(many[:45])]
+    done = ledger.claim_many(PIPE, asks, run(1))
     ledger.commit_many([CommitRequest(r.id, 2, r.start, r.start + 1, f"/o/{r.id}") for r in done])
     ledger.mark_offsets_stored([done[0].id], True)
     ledger.claim(PIPE, many[1], 50, run(2))                                   # open claim [11, 50)
