@@ -1,7 +1,7 @@
 """A batch's cost per partition: ``run_batch`` over super streams of N partitions x 10 records.
 
     PYTHONPATH=src python bench/partitions.py [--partitions 3,30,100] [--ledgers sqlite,postgres]
-                                              [--rounds 2] [--idle 2] [--url URL]
+                                              [--rounds 2] [--idle 2] [--url URL] [--calls] [--keep]
 
 For every partition count and ledger (SQLite file; PostgreSQL from ``scripts/postgres.sh``, a fresh
 database per round), each round creates a fresh super stream of N partitions, publishes 10 AMQP
@@ -69,9 +69,48 @@ class Counting:
         return call
 
 
+def _tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) of process ``root`` and its live descendants, plus what its
+    waited-for children used (``cutime``/``cstime``): the Spark JVM and its Python workers."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stats[int(entry)] = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += [p for p, st in stats.items() if int(st[1]) == pid and p not in tree]
+    total = 0
+    for pid in tree:
+        st = stats.get(pid)
+        if st is not None:  # fields 14-17 (utime stime cutime cstime) are st[11:15] after the name
+            total += int(st[11]) + int(st[12]) + (int(st[13]) + int(st[14]) if pid == root else 0)
+    return total / tick
+
+
+def spark_pid(runner: LocalSparkRunner) -> int | None:
+    """The Spark JVM's process id (the local py4j gateway's child), if it can be found."""
+    proc = getattr(runner.session().sparkContext._gateway, "proc", None)
+    return getattr(proc, "pid", None)
+
+
 def timed_batch(cfg: BatchConfig, run: RunId, ledger: Ledger, broker: StreamClient,
-                runner: LocalSparkRunner) -> tuple[float, dict[str, float], dict[str, int], int]:
-    """One ``run_batch``: (wall seconds, seconds per step, calls per broker/ledger method, records)."""
+                runner: LocalSparkRunner) -> tuple[float, float, float, dict[str, float], dict[str, int],
+                                                   int]:
+    """One ``run_batch``: (wall s, driver CPU s, Spark CPU s, seconds per step, calls per broker/ledger
+    method, records).
+
+    Driver CPU is this process's time (``time.process_time``: the batch's Python and its threads);
+    Spark CPU the JVM's and its Python workers' (``/proc``). On a shared machine CPU time moves far
+    less than wall time with the load."""
+    jvm = spark_pid(runner)
+    spark_cpu = _tree_cpu(jvm) if jvm else 0.0
     steps: dict[str, float] = dict.fromkeys(STEPS, 0.0)
     calls: collections.Counter[str] = collections.Counter()
     last = [0.0]
@@ -83,11 +122,13 @@ def timed_batch(cfg: BatchConfig, run: RunId, ledger: Ledger, broker: StreamClie
             steps[step] += now - last[0]
         last[0] = now
 
+    cpu = time.process_time()
     last[0] = began = time.perf_counter()
     result = run_batch(cfg, run=run, ledger=Counting(ledger, calls),  # type: ignore[arg-type]
                        broker=Counting(broker, calls), runner=runner, on_step=mark)
     wall = time.perf_counter() - began
-    return wall, steps, dict(calls), result.records
+    spark = (_tree_cpu(jvm) - spark_cpu) if jvm else 0.0
+    return wall, time.process_time() - cpu, spark, steps, dict(calls), result.records
 
 
 def fill(client: StreamClient, name: str, partitions: int) -> float:
@@ -120,24 +161,33 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-Row = tuple[int, str, str, float, dict[str, float], dict[str, int]]
+Row = tuple[int, str, str, float, float, float, dict[str, float], dict[str, int]]
+
+
+def kept(client: StreamClient, name: str, partitions: int) -> bool:
+    """Whether a kept super stream of ``partitions`` partitions is there already (``--keep``)."""
+    try:
+        return len(client.partitions(name)) == partitions
+    except Exception:  # not there: filled afresh
+        return False
 
 
 def one_round(n: int, kind: str, url: str, args: argparse.Namespace, name: str, out: Path,
-              client: StreamClient, runner: LocalSparkRunner) -> list[Row]:
+              client: StreamClient, runner: LocalSparkRunner, pipeline: str = "bench") -> list[Row]:
     """The first batch over a freshly filled super stream, then ``args.idle`` idle batches."""
     rows: list[Row] = []
     with Ledger(url, create=True) as led:
-        cfg = BatchConfig(pipeline="bench", url=args.url, output_root=str(out), super_stream=name)
+        cfg = BatchConfig(pipeline=pipeline, url=args.url, output_root=str(out), super_stream=name)
         for i in range(1 + args.idle):
             batch = "first" if i == 0 else "idle"
-            wall, steps, calls, records = timed_batch(cfg, RunId("bench", f"{batch}-{i}", "t"), led, client,
-                                                      runner)
+            run = RunId("bench", f"{batch}-{i}", "t")
+            wall, cpu, spark, steps, calls, records = timed_batch(cfg, run, led, client, runner)
             want = n * RECORDS if i == 0 else 0
             if records != want:
                 raise SystemExit(f"{name}: {batch} batch read {records} records, not {want}")
-            rows.append((n, kind, batch, wall, steps, calls))
-            print(f"  N={n} {kind}: {batch} batch {wall:.2f} s", flush=True)
+            rows.append((n, kind, batch, wall, cpu, spark, steps, calls))
+            print(f"  N={n} {kind}: {batch} batch {wall:.2f} s (CPU: driver {cpu:.2f} s, Spark "
+                  f"{spark:.2f} s; load {os.getloadavg()[0]:.1f})", flush=True)
     return rows
 
 
@@ -149,6 +199,9 @@ def main() -> int:
     parser.add_argument("--idle", type=int, default=2, help="idle batches after each first batch")
     parser.add_argument("--url", default=os.environ.get("STREAMLEDGER_BENCH_URL", DEFAULT_URL))
     parser.add_argument("--calls", action="store_true", help="print broker/ledger calls per batch")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the super streams (bench-parts-keep-N) and reuse them in later runs: "
+                             "a fresh pipeline name per round reads them from the start")
     args = parser.parse_args()
     counts = [int(x) for x in args.partitions.split(",")]
     kinds = args.ledgers.split(",")
@@ -181,19 +234,24 @@ def main() -> int:
         for n in counts:
             for kind in kinds:
                 for rnd in range(args.rounds):
-                    name = f"bench-parts-{n}-{uuid.uuid4().hex[:6]}"
-                    made.append(name)
-                    took = fill(client, name, n)
-                    print(f"  N={n} {kind} round {rnd + 1}: super stream filled in {took:.1f} s", flush=True)
+                    name = f"bench-parts-keep-{n}" if args.keep else f"bench-parts-{n}-{uuid.uuid4().hex[:6]}"
+                    if not args.keep:
+                        made.append(name)
+                    if not (args.keep and kept(client, name, n)):
+                        took = fill(client, name, n)
+                        print(f"  N={n} {kind} round {rnd + 1}: super stream filled in {took:.1f} s",
+                              flush=True)
                     url = ledger_url(kind, tmp, server)
+                    pipeline = f"bench-{uuid.uuid4().hex[:6]}" if args.keep else "bench"
                     try:
-                        rows += one_round(n, kind, url, args, name, tmp / name, client, runner)
+                        rows += one_round(n, kind, url, args, name, tmp / name, client, runner, pipeline)
                     finally:
                         if kind == "postgres":
                             drop_pg(url)
                         shutil.rmtree(tmp / name, ignore_errors=True)
-                        client.delete_super_stream(name, missing_ok=True)
-                        made.remove(name)
+                        if not args.keep:
+                            client.delete_super_stream(name, missing_ok=True)
+                            made.remove(name)
         report(rows, counts, kinds, args.calls)
     finally:
         for name in made:
@@ -209,8 +267,9 @@ def main() -> int:
 def report(rows: list[Row], counts: list[int], kinds: list[str], show_calls: bool) -> None:
     """Medians per (partitions, ledger, batch): wall, per partition, and the split by step."""
     print()
-    print("| partitions | ledger | batch | wall | per partition | " + " | ".join(STEPS) + " |")
-    print("|---|---|---|---|---|" + "---|" * len(STEPS))
+    print("| partitions | ledger | batch | wall | per partition | driver CPU | Spark CPU | "
+          + " | ".join(STEPS) + " |")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(STEPS))
     walls: dict[tuple[int, str, str], float] = {}
     for n in counts:
         for kind in kinds:
@@ -220,10 +279,12 @@ def report(rows: list[Row], counts: list[int], kinds: list[str], show_calls: boo
                     continue
                 wall = median([r[3] for r in mine])
                 walls[(n, kind, batch)] = wall
-                split = " | ".join(f"{median([r[4][s] for r in mine]):.2f}" for s in STEPS)
-                print(f"| {n} | {kind} | {batch} | {wall:.2f} s | {wall / n * 1000:,.0f} ms | {split} |")
+                cpu, spark = median([r[4] for r in mine]), median([r[5] for r in mine])
+                split = " | ".join(f"{median([r[6][s] for r in mine]):.2f}" for s in STEPS)
+                print(f"| {n} | {kind} | {batch} | {wall:.2f} s | {wall / n * 1000:,.0f} ms | {cpu:.2f} s "
+                      f"| {spark:.2f} s | {split} |")
                 if show_calls:
-                    calls = mine[-1][5]
+                    calls = mine[-1][7]
                     print("    calls: " + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
     print()
     for kind in kinds:

@@ -7,6 +7,7 @@ crash at each step leads to.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -352,8 +353,12 @@ class BatchRun:
         all in one ledger transaction."""
         from streamledger.ledger import CommitRequest
 
-        empty = [p for p in self.to_read() if not user_records(self.broker, p.result.stream, p.result.start,
-                                                               p.result.end)]
+        todo = self.to_read()
+        pooled = getattr(self.broker, "pooled_reads", None)
+        # One member connection for every probe (a subscription each), when the client can keep it.
+        with pooled() if pooled is not None and len(todo) > 1 else contextlib.nullcontext():
+            empty = [p for p in todo if not user_records(self.broker, p.result.stream, p.result.start,
+                                                         p.result.end)]
         done = self.ledger.commit_many([CommitRequest(p.range.id, 0, None, None, None)
                                         for p in empty if p.range is not None]) if empty else []
         for p, rng in zip(empty, done, strict=True):
@@ -483,22 +488,22 @@ class BatchRun:
         this run's own first (it must succeed), then any an earlier run left stranded (it died, or
         its publish failed, after the commit), so the offset stored next never passes one."""
         mine = {p.range.id for p in self.parts if p.range is not None}
-        placed: list[sinks.SinkRange] = []
+        todo: list[tuple[OffsetRange, str | None, bool]] = []
         for p in self.parts:
             rng = p.range
             if rng is None or rng.status.value != "committed" or not rng.records:
                 continue
             if rng.needs_publish:
-                placed += self.publish_range(rng, p.staging, own=True)
+                todo.append((rng, p.staging, True))
             elif p.result.start_from == "held" and rng.output and not outputs.published(rng.output, rng.id,
                                                                                         self.fs):
                 # A retry finds its published output deleted by hand: restore it if the broker still
                 # holds exactly the committed records (the audit reports it missing meanwhile).
                 self.reread_committed(rng, rng.output, lambda: None)
-        for p in self.parts:
-            for rng in self.ledger.unpublished(self.config.pipeline, p.source):
-                if rng.id not in mine:
-                    placed += self.publish_range(rng, None, own=False)
+        # Ranges an earlier run left stranded, for every source in one read (own ones come first).
+        todo += [(rng, None, False) for rng in self.ledger.unpublished_many(
+            self.config.pipeline, [p.source for p in self.parts]) if rng.id not in mine]
+        placed = self.publish_ranges(todo)
         self.publish_to_table(placed)
         if self.staging is not None:
             outputs.remove(self.staging, self.fs)
@@ -506,13 +511,11 @@ class BatchRun:
             self.sweep_staging()
         self._step("published")
 
-    def _take_lease(self, rng: OffsetRange) -> OffsetRange | None:
-        """The publish lease of ``rng`` for this attempt: kept if this attempt holds it, taken from
-        an attempt that is superseded (an older try of this run) or gone (``holder_alive``), or once
-        its holder stopped renewing it for ``claim_timeout``."""
-        lease = timedelta(seconds=self.config.claim_timeout)
+    def _replace(self, rng: OffsetRange) -> str | None:
+        """The holder of ``rng``'s publish lease this attempt may take it from: an attempt that is
+        superseded (an older try of this run) or gone (``holder_alive``); None otherwise (the lease
+        then moves only once its holder stopped renewing it for ``claim_timeout``)."""
         holder = rng.publisher
-        replace = None
         if holder and holder != self.token:
             who = RunId.from_attempt_token(holder)
             mine = who is not None and who.key() == self.run.key()
@@ -520,25 +523,59 @@ class BatchRun:
             gone = (who is not None and who.key() != self.run.key() and self.holder_alive is not None
                     and not self.holder_alive(who))
             if superseded or gone:
-                replace = holder
-        return self.ledger.take_publish(rng.id, self.token, lease=lease, replace=replace)
+                return holder
+        return None
 
-    def publish_range(self, rng: OffsetRange, staging: str | None, *, own: bool) -> list[sinks.SinkRange]:
-        """Publish one committed range under its lease (from the verified staging copy; re-read
-        only when that copy is gone), then record it published. A table sink's range is recorded
-        published by :meth:`publish_to_table` instead (returned here: its files are in place)."""
+    def publish_ranges(self, todo: Sequence[tuple[OffsetRange, str | None, bool]]) -> list[sinks.SinkRange]:
+        """Publish committed ranges (``(range, staging copy, own)``) under their leases, taken for
+        all of them in one ledger transaction; a directory sink's ranges are recorded published
+        together at the end (also those done before an error), a table sink's are returned for
+        :meth:`publish_to_table`."""
+        if not todo:
+            return []
+        lease = timedelta(seconds=self.config.claim_timeout)
+        leases = self.ledger.take_publish_many([(rng.id, self._replace(rng)) for rng, _s, _o in todo],
+                                               self.token, lease=lease)
+        placed: list[sinks.SinkRange] = []
+        done: list[int] = []
+        try:
+            for (rng, staging, own), held in zip(todo, leases, strict=True):
+                final = self.publish_range(rng, held, staging, own=own)
+                if final is None:
+                    continue
+                if self.sink.name != "directory":
+                    placed.append(sinks.SinkRange(held, final))  # type: ignore[arg-type]
+                else:
+                    done.append(rng.id)
+        except BaseException:
+            with contextlib.suppress(Exception):  # what is in place is recorded; the error wins
+                self.ledger.mark_published_many(done, self.token)
+            # The leases taken ahead for ranges not reached are handed back (stranded ones too: no
+            # one else would release them before they expire).
+            for (rng, _s, _o), held in zip(todo, leases, strict=True):
+                if held is not None and rng.id not in done:
+                    with contextlib.suppress(Exception):
+                        self.ledger.release_publish(rng.id, self.token)
+            raise
+        self.ledger.mark_published_many(done, self.token)
+        return placed
+
+    def publish_range(self, rng: OffsetRange, held: OffsetRange | None, staging: str | None, *,
+                      own: bool) -> str | None:
+        """Publish one committed range whose lease this attempt took (``held``; None when another
+        attempt holds it) from the verified staging copy (re-read only when that copy is gone);
+        the final location, or None when there is nothing for this attempt to publish."""
         what = f"stream {rng.source.stream!r} range [{rng.start}, {rng.end})"
-        held = self._take_lease(rng)
         if held is None:
             now = self.ledger.get(rng.id)
             if now.published_at is not None:
-                return []
+                return None
             msg = (f"{what}: its output is being published by {now.publisher} (lease renewed at "
                    f"{now.publish_beat}); not publishing it twice")
             if own:
                 raise BatchError(msg + "; the broker offset stays before it")
             log.warning("%s; the broker offset stays before it", msg)
-            return []
+            return None
         final = held.output or self._final(rng.source.stream, rng.start, rng.end)
 
         def guard() -> None:
@@ -553,10 +590,7 @@ class BatchRun:
             else:
                 self.reread_committed(held, final, guard)
             log.info("published %s -> %s%s", what, final, "" if own else " (stranded by an earlier run)")
-        if self.sink.name != "directory":
-            return [sinks.SinkRange(held, final)]
-        self.ledger.mark_published(rng.id, self.token)
-        return []
+        return final
 
     def publish_to_table(self, placed: list[sinks.SinkRange]) -> None:
         """A table sink's one commit for every range this publish placed (the sink first looks

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -81,12 +82,20 @@ _SOURCE_BY_NAME = (
     )
 )
 _LOCK_SOURCE_BY_NAME = _SOURCE_BY_NAME.with_for_update(of=Source)
-_TAIL = (
-    select(Range.end_offset)
-    .where(Range.source_id == bindparam("source_id"), _LIVE)
-    .order_by(Range.start_offset.desc(), Range.end_offset.desc())
-    .limit(1)
-)
+
+
+def _tail_of(sid: Any) -> Any:
+    """The tail's statement for source ``sid``: a bind parameter (one source) or ``Source.id``
+    (correlated, one row per source: :meth:`Ledger._facts`). The same SQL either way."""
+    return (
+        select(Range.end_offset)
+        .where(Range.source_id == sid, _LIVE)
+        .order_by(Range.start_offset.desc(), Range.end_offset.desc())
+        .limit(1)
+    )
+
+
+_TAIL = _tail_of(bindparam("source_id"))
 _LIVE_ALIAS = aliased(Range)
 _COVERING_END = (
     select(_LIVE_ALIAS.end_offset)
@@ -99,18 +108,24 @@ _COVERING_END = (
     .limit(1)
     .scalar_subquery()
 )
-_FIRST_HOLE = (
-    select(Range)
-    .where(
-        Range.source_id == bindparam("source_id"),
-        Range.status == RangeStatus.FAILED.value,
-        Range.end_offset > Range.start_offset,
-        func.coalesce(_COVERING_END, -1) <= Range.start_offset,
-    )
-    .order_by(Range.start_offset)
-    .limit(1)
+_IS_HOLE = and_(
+    Range.status == RangeStatus.FAILED.value,
+    Range.end_offset > Range.start_offset,
+    func.coalesce(_COVERING_END, -1) <= Range.start_offset,
 )
-_ANY_PINNED = select(Range.id).where(Range.source_id == bindparam("source_id"), Range.pinned).limit(1)
+"""A failed range no live range overlaps: the next claim redoes it as-is."""
+
+
+def _first_hole_of(sid: Any) -> Any:
+    return select(Range).where(Range.source_id == sid, _IS_HOLE).order_by(Range.start_offset).limit(1)
+
+
+def _any_pinned_of(sid: Any) -> Any:
+    return select(Range.id).where(Range.source_id == sid, Range.pinned).limit(1)
+
+
+_FIRST_HOLE = _first_hole_of(bindparam("source_id"))
+_ANY_PINNED = _any_pinned_of(bindparam("source_id"))
 _ORIGIN_START = select(func.min(Range.start_offset)).where(Range.source_id == bindparam("source_id"), _LIVE)
 _NEXT = aliased(Range)
 _STARTS_AT = select(_NEXT.id).where(
@@ -177,14 +192,14 @@ _COMMIT_CLAIMED = (
     )
     .returning(*_RANGES.c)
 )
+_IS_UNPUBLISHED = and_(
+    Range.status == RangeStatus.COMMITTED.value,
+    Range.records > 0,
+    Range.published_at.is_(None),
+)
 _UNPUBLISHED = (
     select(Range)
-    .where(
-        Range.source_id == bindparam("source_id"),
-        Range.status == RangeStatus.COMMITTED.value,
-        Range.records > 0,
-        Range.published_at.is_(None),
-    )
+    .where(Range.source_id == bindparam("source_id"), _IS_UNPUBLISHED)
     .order_by(Range.start_offset)
 )
 # PostgreSQL stamps the commit by its own clock (Ledger._clock): the flags say which stamps to set.
@@ -305,6 +320,17 @@ def _snapshot(row: Any, pipeline: str, source: Source | SourceRef) -> OffsetRang
 
 _Pinned = tuple[tuple[int, int], tuple[datetime | None, datetime | None]]
 """A pinned claim's span and its interval (naive UTC, as stored; None when not given)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One source's checked claim inside :meth:`Ledger._claim_sqlite`."""
+
+    what: str
+    source: SourceRef
+    end_limit: int
+    initial_start: int | None
+    pinned: _Pinned | None
 _ORIGIN = RunIdentity("streamledger", "origin", "ledger")
 """Who holds the empty range that marks where a pinned history begins (``Ledger.claim``)."""
 
@@ -344,6 +370,12 @@ def _pinned_answer(what: str, got: OffsetRange, run: RunIdentity, pinned: _Pinne
             "a pinned span is processed by one run at a time"
         )
     return got
+
+
+def _chunks(items: list[Any], size: int = 500) -> Iterator[list[Any]]:
+    """``items`` in slices small enough for one statement's bound parameters on every dialect."""
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
 
 
 @functools.cache
@@ -539,13 +571,15 @@ class Ledger:
         return session.scalars(_FIRST_HOLE, {"source_id": source_id}).first()
 
     @staticmethod
-    def _first_gap(session: Session, source_id: int) -> int | None:
+    def _first_gap(session: Session, source_id: int, *, pinned: bool | None = None) -> int | None:
         """The first offset from the history's origin (its lowest live range) that no live range
         covers: the origin itself when no non-empty range starts there, else the earliest end of a
         non-empty live range that no non-empty live range continues (the tail, when none is
         missing). Only pinned claims leave such gaps (offsets of intervals not claimed yet); for a
         source with pinned ranges this walks its ranges (O(ranges), an index-only walk)."""
-        if session.scalars(_ANY_PINNED, {"source_id": source_id}).first() is None:
+        if pinned is None:
+            pinned = session.scalars(_ANY_PINNED, {"source_id": source_id}).first() is not None
+        if not pinned:
             return None  # contiguous by the database's guard: the tail is the only end
         origin = session.scalars(_ORIGIN_START, {"source_id": source_id}).first()
         if origin is None:
@@ -623,6 +657,22 @@ class Ledger:
         rule: they ask here and process what they get.
         """
         _check_pipeline(pipeline)
+        what, pinned = self._claim_checked(pipeline, source, end_limit, run, initial_start, max_span,
+                                           abandon_after, span, interval)
+        if self.dialect == "postgresql":
+            got = self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
+                                 abandon_after, pinned)
+            return _pinned_answer(what, got, run, pinned)
+        with self._tx(what) as session:
+            ask = _Ask(what, source, end_limit, initial_start, pinned)
+            return self._claim_sqlite(session, pipeline, [ask], run, max_span, abandon_after)[0]
+
+    @staticmethod
+    def _claim_checked(pipeline: str, source: SourceRef, end_limit: int, run: RunIdentity,
+                       initial_start: int | None, max_span: int | None, abandon_after: timedelta | None,
+                       span: tuple[int, int] | None, interval: tuple[datetime, datetime] | None,
+                       ) -> tuple[str, _Pinned | None]:
+        """A claim's arguments checked (before anything is written): its label and pinned span."""
         _check_offset("end_limit", end_limit, source.stream)
         if initial_start is not None:
             _check_offset("initial_start", initial_start, source.stream)
@@ -633,63 +683,84 @@ class Ledger:
         if abandon_after is not None and abandon_after < timedelta(0):
             raise LedgerError(f"abandon_after must not be negative, got {abandon_after}")
         pinned = _check_span(span, interval, source.stream)
-        what = f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}"
-        if self.dialect == "postgresql":
-            got = self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
-                                 abandon_after, pinned)
-            return _pinned_answer(what, got, run, pinned)
-        with self._tx(what) as session:
-            src = self._lock_source(session, pipeline, source)
-            now = self._clock(session)
-            abandon_before = None if abandon_after is None else now - abandon_after
-            mine = session.scalars(
-                _HELD_BY_RUN,
-                {
-                    "source_id": src.id,
-                    "dag_id": run.dag_id,
-                    "run_id": run.run_id,
-                    "task_id": run.task_id,
-                    "map_index": run.map_index,
-                },
-            ).first()
+        return f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}", pinned
+
+    def _claim_sqlite(self, session: Session, pipeline: str, asks: Sequence[_Ask], run: RunIdentity,
+                      max_span: int | None, abandon_after: timedelta | None) -> list[OffsetRange]:
+        """The claim rule (see :meth:`claim`) on SQLite for one or many sources, in the caller's
+        transaction (``BEGIN IMMEDIATE`` holds the database's write lock): what it reads is read
+        for all sources at once (one statement per kind), then each source is decided by the same
+        code and its range inserted."""
+        found = self._find_sources(session, pipeline, [a.source for a in asks])
+        srcs = [src if src is not None else self._lock_source(session, pipeline, a.source)
+                for a, src in zip(asks, found, strict=True)]
+        ids = [s.id for s in srcs]
+        now = self._clock(session)
+        held: dict[int, Range] = {}
+        for chunk in _chunks(ids):
+            for row in session.scalars(select(Range).where(
+                    Range.source_id.in_(chunk), Range.dag_id == run.dag_id, Range.run_id == run.run_id,
+                    Range.task_id == run.task_id, Range.map_index == run.map_index,
+                    Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
+            ).order_by(Range.id)):
+                held.setdefault(row.source_id, row)
+        fresh = [i for i in ids if i not in held]
+        if abandon_after is not None and fresh:
+            self._abandon(session, fresh, now - abandon_after, now)
+        free = [s.id for s, a in zip(srcs, asks, strict=True) if s.id not in held and a.pinned is None]
+        facts: dict[int, Any] = {}
+        for chunk in _chunks(free):
+            facts.update((int(r.sid), r) for r in session.execute(select(
+                Source.id.label("sid"),
+                _first_hole_of(Source.id).with_only_columns(Range.id).scalar_subquery().label("hole"),
+                _tail_of(Source.id).scalar_subquery().label("tail"),
+            ).where(Source.id.in_(chunk))))
+        holes = {int(r.id): r for chunk in _chunks([f.hole for f in facts.values() if f.hole is not None])
+                 for r in session.scalars(select(Range).where(Range.id.in_(chunk)))}
+        out: list[OffsetRange] = []
+        for ask, src in zip(asks, srcs, strict=True):
+            what, source, pinned = ask.what, ask.source, ask.pinned
+            mine = held.get(src.id)
             if mine is not None:
                 if mine.status == RangeStatus.CLAIMED.value:
                     mine.try_number = run.try_number
                     mine.heartbeat_at = now
                     mine.updated_at = now
                     session.flush()
-                return _snapshot(mine, pipeline, src)
-            if abandon_before is not None:
-                self._abandon(session, src.id, abandon_before, now)
-            hole = None if pinned is not None else self._first_hole(session, src.id)
+                out.append(_pinned_answer(what, _snapshot(mine, pipeline, src), run, pinned))
+                continue
             if pinned is not None:
                 (start, end), _when = pinned
                 done = session.scalars(select(Range).where(
                     Range.source_id == src.id, _LIVE, Range.start_offset == start, Range.end_offset == end,
                     Range.end_offset > Range.start_offset)).first()
                 if done is not None:
-                    return _pinned_answer(what, _snapshot(done, pipeline, src), run, pinned)
-                if initial_start is not None and initial_start < start and session.scalars(
+                    out.append(_pinned_answer(what, _snapshot(done, pipeline, src), run, pinned))
+                    continue
+                if ask.initial_start is not None and ask.initial_start < start and session.scalars(
                         select(Range.id).where(Range.source_id == src.id).limit(1)).first() is None:
-                    origin = self._new_row(src.id, initial_start, initial_start, RangeStatus.COMMITTED,
-                                           _ORIGIN, now, error="origin of pinned ranges")
+                    first = ask.initial_start
+                    origin = self._new_row(src.id, first, first, RangeStatus.COMMITTED, _ORIGIN, now,
+                                           error="origin of pinned ranges")
                     origin.records, origin.committed_at = 0, now
                     session.add(origin)
                     session.flush()
-            elif hole is not None:
-                start, end = hole.start_offset, hole.end_offset
             else:
-                tail = self._tail(session, src.id)
-                start_or_none = tail if tail is not None else initial_start
-                if start_or_none is None:
-                    raise LedgerError(
-                        f"{what}: the ledger has no range for this stream yet, so the first claim must give "
-                        "initial_start (the first offset to read)"
-                    )
-                start = int(start_or_none)
-                end = max(start, end_limit)
-                if max_span is not None:
-                    end = min(end, start + max_span)
+                f = facts[src.id]
+                hole = holes[f.hole] if f.hole is not None else None
+                if hole is not None:
+                    start, end = hole.start_offset, hole.end_offset
+                else:
+                    start_or_none = f.tail if f.tail is not None else ask.initial_start
+                    if start_or_none is None:
+                        raise LedgerError(
+                            f"{what}: the ledger has no range for this stream yet, so the first claim must "
+                            "give initial_start (the first offset to read)"
+                        )
+                    start = int(start_or_none)
+                    end = max(start, ask.end_limit)
+                    if max_span is not None:
+                        end = min(end, start + max_span)
             empty = start == end
             values: dict[str, Any] = {
                 "source_id": src.id,
@@ -720,23 +791,25 @@ class Ledger:
                 "interval_end": None if pinned is None else pinned[1][1],
             }
             values["id"] = session.execute(_INSERT_RANGE, values).scalar_one()
-            row = SimpleNamespace(**values)
+            made = SimpleNamespace(**values)
             self._sources[src.id] = (pipeline, source)
-            return _snapshot(row, pipeline, src)
+            out.append(_pinned_answer(what, _snapshot(made, pipeline, src), run, pinned))
+        return out
 
     @staticmethod
-    def _abandon(session: Session, source_id: int, before: datetime, now: datetime) -> None:
-        """Fail the source's claims whose holder has not beaten since ``before`` (SQLite path)."""
+    def _abandon(session: Session, source_ids: Sequence[int], before: datetime, now: datetime) -> None:
+        """Fail the sources' claims whose holder has not beaten since ``before`` (SQLite path)."""
         seen = func.coalesce(Range.heartbeat_at, Range.claimed_at)
-        for row in session.scalars(
-            select(Range).where(
-                Range.source_id == source_id, Range.status == RangeStatus.CLAIMED.value, seen < before
-            )
-        ):
-            last = row.heartbeat_at or row.claimed_at
-            row.status = RangeStatus.FAILED.value
-            row.error = f"abandoned: no heartbeat since {last}"
-            row.updated_at = now
+        for chunk in _chunks(list(source_ids)):
+            for row in session.scalars(
+                select(Range).where(
+                    Range.source_id.in_(chunk), Range.status == RangeStatus.CLAIMED.value, seen < before
+                )
+            ):
+                last = row.heartbeat_at or row.claimed_at
+                row.status = RangeStatus.FAILED.value
+                row.error = f"abandoned: no heartbeat since {last}"
+                row.updated_at = now
         session.flush()
 
     def _claim_pg(
@@ -811,6 +884,14 @@ class Ledger:
         if not requests:
             return []
         out: dict[int, OffsetRange] = {}
+        if self.dialect != "postgresql":
+            asks = []
+            for r in requests:
+                what, pinned = self._claim_checked(pipeline, r.source, r.end_limit, run, r.initial_start,
+                                                   max_span, abandon_after, r.span, r.interval)
+                asks.append(_Ask(what, r.source, r.end_limit, r.initial_start, pinned))
+            with self._tx(f"claims of pipeline {pipeline!r} by {run}") as session:
+                return self._claim_sqlite(session, pipeline, asks, run, max_span, abandon_after)
         with self._joined(f"claims of pipeline {pipeline!r} by {run}") as session:
             order = self._lock_named(session, pipeline, [r.source for r in requests])
             for i in order:
@@ -854,14 +935,19 @@ class Ledger:
 
     def positions(self, pipeline: str, sources: Sequence[SourceRef], *,
                   stale_after: timedelta | None = None) -> list[SourcePosition]:
-        """:meth:`position` of every source, read in one transaction (one consistent view)."""
-        with self._joined(f"positions of {pipeline!r}", write=False):
-            return [self.position(pipeline, src, stale_after=stale_after) for src in sources]
+        """:meth:`position` of every source, read in one transaction (one consistent view) with
+        one statement per kind for all of them."""
+        _check_pipeline(pipeline)
+        with self._tx(f"positions of {pipeline!r}", write=False) as session:
+            return self._positions(session, pipeline, sources, stale_after)
 
     def watermarks(self, pipeline: str, sources: Sequence[SourceRef]) -> list[Watermark]:
-        """:meth:`watermark` of every source, read in one transaction."""
-        with self._joined(f"watermarks of {pipeline!r}", write=False):
-            return [self.watermark(pipeline, src) for src in sources]
+        """:meth:`watermark` of every source, read in one transaction (a few statements for all)."""
+        _check_pipeline(pipeline)
+        with self._tx(f"watermarks of {pipeline!r}", write=False) as session:
+            srcs = self._find_sources(session, pipeline, sources)
+            marks = self._watermarks(session, pipeline, [s for s in srcs if s is not None])
+            return [Watermark(None, None) if s is None else marks[s.id] for s in srcs]
 
     def mark_offsets_stored(self, range_ids: Sequence[int], verified: bool) -> None:
         """:meth:`mark_offset_stored` for several ranges in one transaction."""
@@ -916,58 +1002,107 @@ class Ledger:
         This is the one rule for the broker's stored offset: the batch stores
         ``last_record`` when the broker is behind it, and the audit checks the broker against it.
         """
-        _check_pipeline(pipeline)
-        with self._tx(f"watermark of {pipeline!r} {source.stream!r}", write=False) as session:
-            src = self._find_source(session, pipeline, source)
-            if src is None:
-                return Watermark(None, None)
-            return self._watermark(session, pipeline, src)
+        return self.watermarks(pipeline, [source])[0]
 
     def _watermark(self, session: Session, pipeline: str, src: Source) -> Watermark:
-        open_claim = session.scalars(
-            select(Range)
-            .where(
-                Range.source_id == src.id,
-                Range.status == RangeStatus.CLAIMED.value,
-                Range.end_offset > Range.start_offset,
+        return self._watermarks(session, pipeline, [src])[src.id]
+
+    def _facts(self, session: Session, ids: Sequence[int], *, position: bool = False) -> dict[int, Any]:
+        """One row per source id with what the watermark (and, with ``position``, the position)
+        starts from, each a correlated subquery: the same statements as for one source, so many
+        sources cost one query, not one per kind and source."""
+        sid = Source.id
+        cols: list[Any] = [
+            sid.label("sid"),
+            select(Range.id).where(Range.source_id == sid, Range.status == RangeStatus.CLAIMED.value,
+                                   Range.end_offset > Range.start_offset)
+            .order_by(Range.start_offset).limit(1).scalar_subquery().label("claim"),
+            _first_hole_of(sid).with_only_columns(Range.id).scalar_subquery().label("hole"),
+            _tail_of(sid).scalar_subquery().label("tail"),
+            select(Range.id).where(Range.source_id == sid, _IS_UNPUBLISHED).order_by(Range.start_offset)
+            .limit(1).scalar_subquery().label("unpublished"),
+            _any_pinned_of(sid).scalar_subquery().label("pinned"),
+        ]
+        if position:
+            cols += [
+                select(func.max(Range.last_seen)).where(
+                    Range.source_id == sid, Range.status == RangeStatus.COMMITTED.value,
+                    Range.offset_stored.is_(True)).scalar_subquery().label("stored"),
+                select(Range.status).where(Range.source_id == sid, _LIVE)
+                .order_by(Range.start_offset, Range.end_offset).limit(1)
+                .scalar_subquery().label("first_live"),
+            ]
+        out: dict[int, Any] = {}
+        for chunk in _chunks(list(ids)):
+            out.update((int(r.sid), r) for r in session.execute(select(*cols).where(sid.in_(chunk))))
+        return out
+
+    def _watermarks(self, session: Session, pipeline: str, srcs: Sequence[Source],
+                    facts: dict[int, Any] | None = None) -> dict[int, Watermark]:
+        """The watermark rule (see :class:`Watermark`) for many sources at once: a few statements
+        for all of them (:meth:`_facts`, the rows they name, the last record per source)."""
+        facts = facts if facts is not None else self._facts(session, [s.id for s in srcs])
+        wanted = {i for f in facts.values() for i in (f.claim, f.hole, f.unpublished) if i is not None}
+        rows = {int(r.id): r for chunk in _chunks(sorted(wanted))
+                for r in session.scalars(select(Range).where(Range.id.in_(chunk)))}
+        ends: dict[int, int] = {}
+        for src in srcs:
+            f = facts[src.id]
+            gap = (self._first_gap(session, src.id, pinned=f.pinned is not None)
+                   if f.tail is not None else None)
+            candidates = [x for x in (
+                rows[f.claim].start_offset if f.claim is not None else None,
+                rows[f.hole].start_offset if f.hole is not None else None,
+                rows[f.unpublished].start_offset if f.unpublished is not None else None,
+                gap,
+                f.tail,
+            ) if x is not None]
+            if candidates:
+                ends[src.id] = int(min(candidates))
+        holders: dict[int, Any] = {}
+        for chunk in _chunks(sorted(ends)):
+            bound = case({i: literal(ends[i], BigInteger()) for i in chunk}, value=Source.id)
+            last = (select(Range.id).where(
+                Range.source_id == Source.id, Range.status == RangeStatus.COMMITTED.value,
+                Range.end_offset <= bound, Range.last_seen.is_not(None),
+            ).order_by(Range.last_seen.desc()).limit(1))
+            holders.update((int(r.sid), r) for r in session.execute(select(
+                Source.id.label("sid"), last.scalar_subquery().label("id"),
+                last.with_only_columns(Range.last_seen).scalar_subquery().label("last_seen"),
+            ).where(Source.id.in_(chunk))))
+        out: dict[int, Watermark] = {}
+        for src in srcs:
+            if src.id not in ends:
+                out[src.id] = Watermark(None, None)
+                continue
+            f, end = facts[src.id], ends[src.id]
+            holder = holders[src.id]
+            claim = rows[f.claim] if f.claim is not None else None
+            unpublished = rows[f.unpublished] if f.unpublished is not None else None
+            out[src.id] = Watermark(
+                end=end,
+                last_record=None if holder.last_seen is None else int(holder.last_seen),
+                blocked_by=_snapshot(claim, pipeline, src) if claim is not None and claim.start_offset == end
+                else None,
+                last_record_range=None if holder.id is None else int(holder.id),
+                unpublished=(_snapshot(unpublished, pipeline, src)
+                             if unpublished is not None and unpublished.start_offset == end else None),
             )
-            .order_by(Range.start_offset)
-            .limit(1)
-        ).first()
-        hole = self._first_hole(session, src.id)
-        tail = self._tail(session, src.id)
-        unpublished = session.scalars(_UNPUBLISHED.limit(1), {"source_id": src.id}).first()
-        candidates = [x for x in (
-            open_claim.start_offset if open_claim is not None else None,
-            hole.start_offset if hole is not None else None,
-            unpublished.start_offset if unpublished is not None else None,
-            self._first_gap(session, src.id) if tail is not None else None,
-            tail,
-        ) if x is not None]
-        if not candidates:
-            return Watermark(None, None)
-        end = min(candidates)
-        holder = session.execute(
-            select(Range.id, Range.last_seen)
-            .where(
-                Range.source_id == src.id,
-                Range.status == RangeStatus.COMMITTED.value,
-                Range.end_offset <= end,
-                Range.last_seen.is_not(None),
-            )
-            .order_by(Range.last_seen.desc())
-            .limit(1)
-        ).first()
-        last = None if holder is None else holder.last_seen
-        blocked = open_claim if open_claim is not None and open_claim.start_offset == end else None
-        return Watermark(
-            end=int(end),
-            last_record=None if last is None else int(last),
-            blocked_by=None if blocked is None else _snapshot(blocked, pipeline, src),
-            last_record_range=None if holder is None else int(holder.id),
-            unpublished=(_snapshot(unpublished, pipeline, src)
-                         if unpublished is not None and unpublished.start_offset == end else None),
-        )
+        return out
+
+    def _find_sources(self, session: Session, pipeline: str,
+                      sources: Sequence[SourceRef]) -> list[Source | None]:
+        """The source rows of ``sources`` (None where there is none yet), one query per broker."""
+        found: dict[tuple[str, str], Source] = {}
+        for broker in sorted({s.broker for s in sources}):
+            names = [s.stream for s in sources if s.broker == broker]
+            for chunk in _chunks(names):
+                for src in session.scalars(
+                    select(Source).join(Pipeline, Pipeline.id == Source.pipeline_id)
+                    .where(Pipeline.name == pipeline, Source.broker == broker, Source.stream.in_(chunk))
+                ):
+                    found[(broker, src.stream)] = src
+        return [found.get((s.broker, s.stream)) for s in sources]
 
     def rename_broker(self, old: str, new: str, *, pipeline: str | None = None) -> int:
         """Move sources from broker identity ``old`` to ``new`` (one history per broker).
@@ -1187,6 +1322,34 @@ class Ledger:
                 return []
             return [_snapshot(r, pipeline, src) for r in session.scalars(_UNPUBLISHED, {"source_id": src.id})]
 
+    def unpublished_many(self, pipeline: str, sources: Sequence[SourceRef]) -> list[OffsetRange]:
+        """:meth:`unpublished` of every source in one query (by source, then start)."""
+        _check_pipeline(pipeline)
+        with self._tx(f"unpublished ranges of {pipeline!r}", write=False) as session:
+            srcs = {s.id: s for s in self._find_sources(session, pipeline, sources) if s is not None}
+            out: list[OffsetRange] = []
+            for chunk in _chunks(sorted(srcs)):
+                out += [_snapshot(r, pipeline, srcs[r.source_id]) for r in session.scalars(
+                    select(Range).where(Range.source_id.in_(chunk), _IS_UNPUBLISHED)
+                    .order_by(Range.source_id, Range.start_offset))]
+            return out
+
+    def take_publish_many(self, requests: Sequence[tuple[int, str | None]], publisher: str, *,
+                          lease: timedelta) -> list[OffsetRange | None]:
+        """:meth:`take_publish` of several ranges (``(range_id, replace)`` each) in one transaction;
+        answers in request order, each decided exactly as :meth:`take_publish` decides it."""
+        if not requests:
+            return []
+        with self._joined(f"take the publish leases of {publisher}"):
+            return [self.take_publish(i, publisher, lease=lease, replace=r) for i, r in requests]
+
+    def mark_published_many(self, range_ids: Sequence[int], publisher: str) -> list[OffsetRange]:
+        """:meth:`mark_published` of several ranges in one transaction (all or none)."""
+        if not range_ids:
+            return []
+        with self._joined(f"mark ranges published by {publisher}"):
+            return [self.mark_published(i, publisher) for i in range_ids]
+
     def take_publish(self, range_id: int, publisher: str, *, lease: timedelta,
                      replace: str | None = None) -> OffsetRange | None:
         """Take (or keep) the publish lease of a committed, unpublished range; None if another
@@ -1320,50 +1483,49 @@ class Ledger:
         Every poller (the batch, the Airflow sensor and triggers, the Dagster sensor and assets)
         reads the pipeline's position here, through ``streamledger.batch.position.measure``.
         """
-        _check_pipeline(pipeline)
-        with self._tx(f"position of {pipeline!r} {source.stream!r}", write=False) as session:
-            src = self._find_source(session, pipeline, source)
+        return self.positions(pipeline, [source], stale_after=stale_after)[0]
+
+    def _positions(self, session: Session, pipeline: str, sources: Sequence[SourceRef],
+                   stale_after: timedelta | None) -> list[SourcePosition]:
+        srcs = self._find_sources(session, pipeline, sources)
+        known = [s for s in srcs if s is not None]
+        facts = self._facts(session, [s.id for s in known], position=True)
+        marks = self._watermarks(session, pipeline, known, facts)
+        ids = [s.id for s in known]
+        claims: dict[int, list[Range]] = {i: [] for i in ids}
+        holes: dict[int, list[Range]] = {i: [] for i in ids}
+        for chunk in _chunks(ids):
+            for row in session.scalars(select(Range).where(
+                    Range.source_id.in_(chunk), Range.status == RangeStatus.CLAIMED.value)
+                    .order_by(Range.source_id, Range.start_offset)):
+                claims[row.source_id].append(row)
+            for row in session.scalars(select(Range).where(Range.source_id.in_(chunk), _IS_HOLE)
+                                       .order_by(Range.source_id, Range.start_offset)):
+                holes[row.source_id].append(row)
+        cutoff = (self._clock(session) - stale_after if stale_after is not None and any(claims.values())
+                  else None)
+        out: list[SourcePosition] = []
+        for src in srcs:
             if src is None:
-                return SourcePosition(None, 0, None, Watermark(None, None))
-            stored = session.scalars(
-                select(func.max(Range.last_seen)).where(
-                    Range.source_id == src.id,
-                    Range.status == RangeStatus.COMMITTED.value,
-                    Range.offset_stored.is_(True),
-                )
-            ).first()
-            mark = self._watermark(session, pipeline, src)
-            first_live = session.scalars(
-                select(Range.status).where(Range.source_id == src.id, _LIVE)
-                .order_by(Range.start_offset, Range.end_offset).limit(1)
-            ).first()
-            done = first_live in (RangeStatus.COMMITTED.value, RangeStatus.LOST.value)
-            claims = session.scalars(
-                select(Range).where(Range.source_id == src.id, Range.status == RangeStatus.CLAIMED.value)
-                .order_by(Range.start_offset)
-            ).all()
+                out.append(SourcePosition(None, 0, None, Watermark(None, None)))
+                continue
+            f, mark = facts[src.id], marks[src.id]
+            mine = claims[src.id]
             stale: frozenset[int] = frozenset()
-            if stale_after is not None and claims:
-                cutoff = self._clock(session) - stale_after
-                stale = frozenset(int(r.id) for r in claims if (r.heartbeat_at or r.claimed_at) < cutoff)
-            holes = session.scalars(
-                select(Range).where(
-                    Range.source_id == src.id,
-                    Range.status == RangeStatus.FAILED.value,
-                    Range.end_offset > Range.start_offset,
-                    func.coalesce(_COVERING_END, -1) <= Range.start_offset,
-                ).order_by(Range.start_offset)
-            ).all()
-            return SourcePosition(
-                end=self._tail(session, src.id),
+            if cutoff is not None and mine:
+                stale = frozenset(int(r.id) for r in mine if (r.heartbeat_at or r.claimed_at) < cutoff)
+            done = f.first_live in (RangeStatus.COMMITTED.value, RangeStatus.LOST.value)
+            out.append(SourcePosition(
+                end=None if f.tail is None else int(f.tail),
                 epoch=int(src.epoch),
-                stored=None if stored is None else int(stored),
+                stored=None if f.stored is None else int(f.stored),
                 watermark=mark,
                 frontier=mark.end if done else None,
-                open_claims=tuple(_snapshot(r, pipeline, src) for r in claims),
+                open_claims=tuple(_snapshot(r, pipeline, src) for r in mine),
                 stale=stale,
-                holes=tuple(_snapshot(r, pipeline, src) for r in holes),
-            )
+                holes=tuple(_snapshot(r, pipeline, src) for r in holes[src.id]),
+            ))
+        return out
 
     def epoch(self, pipeline: str, source: SourceRef) -> int:
         """The source's current epoch (0 until ``new_epoch``; 0 for a source without history)."""

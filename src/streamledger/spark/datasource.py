@@ -199,8 +199,22 @@ def parse_map_columns(value: str | None) -> tuple[str, ...]:
     return names
 
 
-def read_slice(options: ReadOptions, part: StreamSlice) -> Iterator[Any]:
-    """Yield the slice's records as Arrow batches of at most ``batch_rows`` rows.
+def read_slices(options: ReadOptions, parts: Sequence[StreamSlice]) -> Iterator[Any]:
+    """Several slices in one task (a :class:`SliceGroup`): one client, and the member connection
+    kept from one slice's read to the next (``pooled_reads``), so packed slices cost a
+    subscription each, not two connections each."""
+    if not any(p.start < p.end for p in parts):
+        return
+    from streamledger.protocol.rabbitmq import StreamClient
+
+    with StreamClient.connect(options.url) as client, client.pooled_reads():
+        for part in parts:
+            yield from read_slice(options, part, client)
+
+
+def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None) -> Iterator[Any]:
+    """Yield the slice's records as Arrow batches of at most ``batch_rows`` rows (over ``client``
+    when given, else a connection of its own).
 
     The client hands out :class:`BufferBatch` es already cut at ``batch_rows`` (flat body buffers,
     offsets as runs), which :func:`buffers_to_arrow` wraps without a Python object per record; the map
@@ -208,29 +222,32 @@ def read_slice(options: ReadOptions, part: StreamSlice) -> Iterator[Any]:
     """
     if part.start >= part.end:
         return
-    from streamledger.protocol.rabbitmq import StreamClient
+    if client is None:
+        from streamledger.protocol.rabbitmq import StreamClient
 
-    with StreamClient.connect(options.url) as client:
-        start = part.start
-        if not options.fail_on_data_loss:
-            # Retention may have moved since planning; like the planner, skip what is gone.
-            first = client.first_offset(part.stream)
-            if first > start:
-                log.warning(
-                    "stream %r: offsets [%d, %d) were removed by retention after planning; skipped",
-                    part.stream, start, min(first, part.end),
-                )
-                start = min(first, part.end)
-        if start >= part.end:
-            return
-        after = start - 1  # the last offset handed out
-        for batch in client.read_range(
-            part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
-            prefer=options.read_from, layout="buffers", maps=bool(options.map_columns),
-        ):
-            if len(batch):
-                after = check_runs(part, after, batch.run_starts, batch.run_lengths)
-                yield buffers_to_arrow(batch, options.map_columns)
+        with StreamClient.connect(options.url) as own:
+            yield from read_slice(options, part, own)
+        return
+    start = part.start
+    if not options.fail_on_data_loss:
+        # Retention may have moved since planning; like the planner, skip what is gone.
+        first = client.first_offset(part.stream)
+        if first > start:
+            log.warning(
+                "stream %r: offsets [%d, %d) were removed by retention after planning; skipped",
+                part.stream, start, min(first, part.end),
+            )
+            start = min(first, part.end)
+    if start >= part.end:
+        return
+    after = start - 1  # the last offset handed out
+    for batch in client.read_range(
+        part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
+        prefer=options.read_from, layout="buffers", maps=bool(options.map_columns),
+    ):
+        if len(batch):
+            after = check_runs(part, after, batch.run_starts, batch.run_lengths)
+            yield buffers_to_arrow(batch, options.map_columns)
 
 
 class SliceCheckError(StreamledgerError):
@@ -273,6 +290,10 @@ class SliceReader(DataSourceReader):
     def read_slice(self, part: StreamSlice) -> Iterator[Any]:
         raise NotImplementedError
 
+    def read_group(self, parts: Sequence[StreamSlice]) -> Iterator[Any]:
+        """A packed task's slices one after the other (a format may share its connection)."""
+        return (batch for part in parts for batch in self.read_slice(part))
+
     def partitions(self) -> list[InputPartition]:
         planned = self.plan()
         for r in planned:
@@ -286,7 +307,7 @@ class SliceReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if isinstance(partition, SliceGroup):
-            return (batch for part in partition.slices for batch in self.read_slice(part))
+            return self.read_group(partition.slices)
         if not isinstance(partition, StreamSlice):
             # Spark substitutes a placeholder partition when planning returned none (all ranges empty).
             return iter(())
@@ -301,6 +322,9 @@ class RabbitMQStreamReader(SliceReader):
 
     def read_slice(self, part: StreamSlice) -> Iterator[Any]:
         return read_slice(self.options, part)
+
+    def read_group(self, parts: Sequence[StreamSlice]) -> Iterator[Any]:
+        return read_slices(self.options, parts)
 
 
 class RabbitMQStreamDataSource(DataSource):

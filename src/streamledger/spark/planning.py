@@ -289,9 +289,14 @@ def plan_ranges(
 ) -> list[PlannedRange]:
     """Resolve each stream's (start, end) bounds against the broker once, applying the rules above."""
     planned: list[PlannedRange] = []
+    names = list(bounds)
+    # Asked for every stream at once where the client can (pipelined StreamStats), else per stream.
+    many_first, many_tail = getattr(client, "first_offsets", None), getattr(client, "committed_tails", None)
+    firsts = many_first(names) if many_first is not None and len(names) > 1 else {}
+    tails = many_tail(names) if many_tail is not None and len(names) > 1 else {}
     for stream, (start_bound, end_bound) in bounds.items():
-        first = int(client.first_offset(stream))
-        tail = int(client.committed_tail(stream))
+        first = int(firsts[stream] if stream in firsts else client.first_offset(stream))
+        tail = int(tails[stream] if stream in tails else client.committed_tail(stream))
         start = resolve_bound(client, stream, start_bound, first=first, tail=tail)
         end = resolve_bound(client, stream, end_bound, first=first, tail=tail)
         if end > tail:

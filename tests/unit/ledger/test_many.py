@@ -81,3 +81,45 @@ def test_claim_many_carries_pinned_claims(ledger: Ledger) -> None:
     with pytest.raises(LedgerError):
         ledger.claim_many(PIPE, clash, run(2))
     assert ledger.position(PIPE, SOURCES[2]).end is None  # (pinned gaps: no check_invariants here)
+
+
+def _statements(ledger: Ledger) -> list[str]:
+    """Every SQL statement the ledger's engine runs from now on (appended as they run)."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+    event.listen(ledger.engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    return seen
+
+
+def test_positions_and_watermarks_of_many_sources_cost_a_few_statements(ledger: Ledger) -> None:
+    # sources in every state the rule distinguishes: done + stored, an open claim, a hole, committed
+    # but unpublished, pinned with a gap, no history; then 40 more plain ones
+    many = [SourceRef(BROKER, f"s-{i}", "s") for i in range(46)]
+    asks = [ClaimRequest(s, 10 + i, initial_start=0) for i, s in enumerate(many[:45])]
+    done = ledger.claim_many(PIPE, asks, run(1))
+    ledger.commit_many([CommitRequest(r.id, 2, r.start, r.start + 1, f"/o/{r.id}") for r in done])
+    ledger.mark_offsets_stored([done[0].id], True)
+    ledger.claim(PIPE, many[1], 50, run(2))                                   # open claim [11, 50)
+    ledger.fail(ledger.claim(PIPE, many[2], 50, run(2)).id, "boom")           # hole [12, 50)
+    unpub = ledger.claim(PIPE, many[3], 50, run(2))
+    ledger.commit(unpub.id, records=1, first_seen=20, last_seen=20, output="/o/u", staging="/st/u",
+                  publisher="me")                                            # unpublished [13, 50)
+    when = (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 5, tzinfo=UTC))
+    ledger.claim(PIPE, many[4], 99, run(3), span=(80, 99), interval=when)     # pinned: gap [14, 80)
+    one_by_one = [ledger.positions(PIPE, [s])[0] for s in many]
+    marks_alone = [ledger.watermarks(PIPE, [s])[0] for s in many]
+    seen = _statements(ledger)
+    together = ledger.positions(PIPE, many, stale_after=timedelta(hours=1))
+    assert len(seen) <= 12, seen  # per kind, not per source (a pinned source walks its own gap)
+    del seen[:]
+    assert ledger.watermarks(PIPE, many) == marks_alone
+    assert len(seen) <= 8, seen
+    assert [p.watermark for p in together] == marks_alone
+    assert [(p.end, p.stored, p.frontier, p.open_claims, p.holes) for p in together] == [
+        (p.end, p.stored, p.frontier, p.open_claims, p.holes) for p in one_by_one]
+    assert [m.end for m in marks_alone[:6]] + [marks_alone[45].end] == [10, 11, 12, 13, 14, 15, None]
+    assert marks_alone[0].last_record == 1 and together[0].stored == 1
+    assert marks_alone[1].blocked_by is not None and marks_alone[3].unpublished is not None
+    assert [len(p.holes) for p in together[:3]] == [0, 0, 1] and together[45].end is None
+    assert ledger.unpublished_many(PIPE, many) == [r for s in many for r in ledger.unpublished(PIPE, s)]

@@ -12,6 +12,7 @@ offset resolution), the client probes with a one-chunk subscription, as document
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -132,6 +133,8 @@ class StreamClient:
         self.timeout = timeout
         self._sub_id = 0
         self._publisher_id = 0
+        self.member_pool: dict[tuple[str, int], Connection] | None = None
+        """Idle member connections range reads hand back (only inside :meth:`pooled_reads`)."""
 
     @classmethod
     def connect(cls, url: str | ConnectionParams, *, timeout: float = 10.0) -> StreamClient:
@@ -150,7 +153,28 @@ class StreamClient:
         return f"StreamClient({self.params.redacted()!r}, server_version={self.server_version!r})"
 
     def close(self) -> None:
+        self._close_pool()
         self._conn.close()
+
+    @contextlib.contextmanager
+    def pooled_reads(self) -> Iterator[StreamClient]:
+        """Inside the block, a finished ``read_range`` keeps its member connection for the next
+        one (on this thread: the client is not thread-safe anyway): many small reads, such as a
+        batch probing each partition or a Spark task reading several packed slices, cost a
+        subscription each instead of a connection each. Closed at the end of the block."""
+        if self.member_pool is not None:  # nested: the outer block owns the pool
+            yield self
+            return
+        self.member_pool = {}
+        try:
+            yield self
+        finally:
+            self._close_pool()
+
+    def _close_pool(self) -> None:
+        pool, self.member_pool = self.member_pool, None
+        for conn in (pool or {}).values():
+            conn.close()
 
     @property
     def connection(self) -> Connection:

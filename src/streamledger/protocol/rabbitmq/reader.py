@@ -28,6 +28,7 @@ import logging
 import random
 import struct
 import time
+import weakref
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -303,10 +304,49 @@ def candidates(client: RangeSource, stream: str, prefer: Prefer) -> list[tuple[C
     return out
 
 
+def _pool(client: RangeSource) -> dict[tuple[str, int], Connection] | None:
+    """The client's idle member connections, when it keeps them between reads (``StreamClient.
+    pooled_reads``): many small reads (a batch's probe, a task's packed slices) then cost a
+    subscription each, not a connection each."""
+    return getattr(client, "member_pool", None)
+
+
+_next_sub: weakref.WeakKeyDictionary[Connection, int] = weakref.WeakKeyDictionary()
+"""The subscription id the next read on a pooled connection uses: a new one per read, so a
+delivery of an earlier read's subscription can never be taken for this read's."""
+
+
+def _release(client: RangeSource, conn: Connection, sub_id: int, stream: str, progress: _Progress) -> None:
+    """Unsubscribe and hand the connection to the client's pool (``pooled_reads``); close it when
+    there is no pool or the unsubscribe did not go through cleanly."""
+    pool = _pool(client)
+    member = progress.member
+    try:
+        unsubscribe(conn, sub_id, stream)
+    except Exception:  # the range is complete (or abandoned by the caller): only the goodbye failed
+        conn.close()
+        return
+    if pool is None or conn.metadata_updates or member is None or member in pool or conn.closed:
+        conn.close()
+        return
+    # Unsubscribed cleanly: the server sends nothing more for this subscription.
+    conn.on_credit_error = None
+    _next_sub[conn] = (sub_id + 1) % 256
+    pool[member] = conn
+
+
 def _open_member(client: RangeSource, stream: str, prefer: Prefer, progress: _Progress) -> Connection:
-    """A connection to the first reachable candidate that has not failed during this read."""
+    """A connection to the first reachable candidate that has not failed during this read (an
+    idle pooled connection to a candidate first)."""
     found = candidates(client, stream, prefer)
     fresh = [(p, role) for p, role in found if (p.host, p.port) not in progress.failed] or found
+    pool = _pool(client)
+    if pool:
+        for params, _role in fresh:
+            conn = pool.pop((params.host, params.port), None)
+            if conn is not None and not conn.closed:
+                progress.member = (params.host, params.port)
+                return conn
     last: ConnectionFailed | None = None
     for params, role in fresh:
         try:
@@ -393,7 +433,7 @@ def _read_once(
 ) -> Iterator[Batch]:
     buffers = layout == "buffers"
     conn = _open_member(client, stream, prefer, progress)
-    sub_id = 0
+    sub_id = _next_sub.get(conn, 0)
     from_offset = progress.position
     try:
         credit_errors: list[int] = []
@@ -454,14 +494,17 @@ def _read_once(
             if len(batch) >= max_batch_records:
                 progress.batch = _empty(stream, decode, layout)
                 yield from _split(batch, max_batch_records)
-        try:
-            unsubscribe(conn, sub_id, stream)
-        except StreamError:
-            pass  # the range is complete; the connection is closed below anyway
+        _release(client, conn, sub_id, stream, progress)
+        return
+    except GeneratorExit:  # the caller stopped early (it has what it needed)
+        _release(client, conn, sub_id, stream, progress)
+        raise
     except StreamTimeout:
         raise StreamTimeout(
             f"read of stream {stream!r} up to offset {end}: no chunk after offset {progress.position} "
             f"within {client.timeout:g}s"
         ) from None
-    finally:
+    except BaseException:
         conn.close()
+        raise
+    conn.close()
