@@ -15,6 +15,7 @@ from streamledger.dagster.checks import build_ledger_audit_check, build_partitio
 from streamledger.dagster.components import StreamBatchComponent
 from streamledger.dagster.identity import DAG_ID
 from streamledger.dagster.resources import (
+    IcebergCatalogResource,
     RabbitMQStreamResource,
     ResourceConfigError,
     StreamLedgerResource,
@@ -24,6 +25,7 @@ from streamledger.dagster.sensors import build_stream_backlog_sensor
 
 __all__ = [
     "DAG_ID",
+    "IcebergCatalogResource",
     "RabbitMQStreamResource",
     "ResourceConfigError",
     "StreamBatchComponent",
