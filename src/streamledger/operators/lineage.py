@@ -88,6 +88,7 @@ def table_dataset(table: Mapping[str, Any], records: int, catalog: Mapping[str, 
     """The output dataset of a table sink (see the module docstring)."""
     location = str(table.get("location") or table.get("identifier"))
     namespace, name = output_dataset_name(location)
+    name = name.rstrip("/") or "/"  # delta-rs reports its table URI with a trailing slash
     facets: dict[str, Any] = {}
     version = table.get("snapshot_id", table.get("version"))
     if version is not None:
