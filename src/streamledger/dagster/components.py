@@ -110,8 +110,9 @@ class StreamBatchTranslator:
     """The asset's spec for a source; subclass and override ``get_asset_spec`` to change it in Python.
 
     The default: key ``<pipeline>`` (as an identifier), group ``streamledger``, kinds ``rabbitmq``,
-    ``spark`` and the format (or the table sink: ``iceberg`` / ``delta``), and the discovered partitions as metadata. YAML ``asset_attributes``
-    are applied on top (with ``{{ pipeline }}``, ``{{ stream }}``, ``{{ super_stream }}`` usable).
+    ``spark`` and the format (or the table sink: ``iceberg`` / ``delta``), and the discovered
+    partitions as metadata. YAML ``asset_attributes`` are applied on top (with ``{{ pipeline }}``,
+    ``{{ stream }}``, ``{{ super_stream }}`` usable).
     """
 
     def get_asset_spec(self, source: StreamBatchSource) -> AssetSpec:
@@ -343,7 +344,8 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
     def build_defs_from_state(self, context: ComponentLoadContext, state_path: Path | None) -> Definitions:
         source = StreamBatchSource(
             pipeline=self.pipeline, stream=self.stream, super_stream=self.super_stream,
-            output_root=self.output_root, fmt=self.fmt, partitions=self.read_state(state_path), sink=self.sink,
+            output_root=self.output_root, fmt=self.fmt, partitions=self.read_state(state_path),
+            sink=self.sink,
         )
         spec = self.get_asset_spec(source)
         keys = self.resource_keys()

@@ -29,7 +29,8 @@ def test_batch_run_into_delta_prints_the_table_and_progress_and_exits_1_on_failu
     create_stream(rabbitmq_url, s, 25)
     location = str(tmp_path / "lake" / "events")
     argv = ["batch", "run", "--url", rabbitmq_url, "--stream", s, "--pipeline", "p-cli-delta", "--ledger",
-            ledger.url, "--output-root", str(tmp_path / "out"), "--sink", "delta", "--table", location, "--json"]
+            ledger.url, "--output-root", str(tmp_path / "out"), "--sink", "delta", "--table", location,
+            "--json"]
     assert main(argv) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)  # stdout is the JSON alone

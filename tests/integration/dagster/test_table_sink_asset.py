@@ -15,7 +15,8 @@ from tests.integration.dagster.conftest import Setup, materializations
 pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(180)]
 
 
-def test_delta_sink_materializations_commit_once_each_and_name_the_table(setup: Setup, tmp_path: Path) -> None:
+def test_delta_sink_materializations_commit_once_each_and_name_the_table(setup: Setup,
+                                                                        tmp_path: Path) -> None:
     from deltalake import DeltaTable
 
     location = str(tmp_path / "lake" / "events")
@@ -33,7 +34,8 @@ def test_delta_sink_materializations_commit_once_each_and_name_the_table(setup: 
         assert meta["records"] == len(ids)
         table = meta["streamledger/table"]
         assert (table["format"], table["identifier"]) == ("delta", location)
-        assert meta["dagster/uri"] == table["location"] and table["location"].rstrip("/").endswith("/lake/events")
+        assert meta["dagster/uri"] == table["location"]
+        assert table["location"].rstrip("/").endswith("/lake/events")
         versions.append(table["version"])
         [evaluation] = result.get_asset_check_evaluations()
         assert evaluation.passed, evaluation.metadata

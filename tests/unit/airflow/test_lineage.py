@@ -100,8 +100,9 @@ def test_no_lineage_before_a_run() -> None:
 
 
 @pytest.mark.parametrize("sink", ["iceberg", "delta"])
-def test_openlineage_names_the_table_of_a_table_sink(sink: str, spark: Any, rabbitmq_url: str, stream_name: Any,
-                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_openlineage_names_the_table_of_a_table_sink(sink: str, spark: Any, rabbitmq_url: str,
+                                                     stream_name: Any, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 21: with a table sink the output dataset is the table, named by its location as the
     Iceberg and Delta OpenLineage integrations name it; Iceberg adds its catalog name as a symlink
     (no credential in it), both the snapshot id / version the batch left."""
