@@ -15,12 +15,12 @@
    (the sink's ``publish``: one table commit adding the job's files, timed around the call).
 2. **Audit at scale.** ``--audit-ranges`` committed ranges of ``--range-records`` records each are
    put in a table through the ledger and sink API directly, not through Spark (10,000 Spark jobs
-   would take hours): per range ``Ledger.claim`` -> one Parquet file of the job's schema + its
-   ``_manifest.json`` -> ``Ledger.commit`` (with the publish lease), then per ``--per-commit``
-   ranges one ``Sink.publish`` (one table commit) -> ``Ledger.mark_published`` with the receipt:
-   the calls a batch makes, minus the broker and Spark. Printed: the build time, the table commit
-   latency (median / p95 over the commits) and the time of ``streamledger.batch.proof.audit``
-   over the pipeline (the ledger's audit, every published directory's manifest, and the table:
+   would take hours): batches over ``--per-commit`` partitions, each ``Ledger.claim_many`` -> one
+   Parquet file of the job's schema + its ``_manifest.json`` per range -> ``Ledger.commit_many``
+   (with the publish leases) -> one ``Sink.publish`` (one table commit) -> ``Ledger.mark_published``
+   of each range with the receipt: the calls a batch makes, minus the broker and Spark. Printed:
+   the build time, the table commit latency (median / p95 over the commits) and the time of
+   ``streamledger.batch.proof.audit`` over the pipeline (the ledger's audit, every published directory's manifest, and the table:
    each range in exactly one commit, row counts per range, no duplicate ``(stream, offset)``).
 
 Figures are noisy on a shared 2-core VM; compare within one run.
@@ -151,77 +151,92 @@ def throughput(args: argparse.Namespace, client: StreamClient, runner: LocalSpar
             client.delete_super_stream(s, missing_ok=True)
 
 
-def audit_at_scale(sink_name: str, args: argparse.Namespace, tmp: Path) -> None:
-    """``--audit-ranges`` committed ranges in a table through the ledger + sink API, then the audit."""
+def range_files(final: str, stream: str, start: int, end: int) -> None:
+    """One Parquet file of the job's schema for ``[start, end)`` in ``final``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from streamledger.batch import outputs
-    from streamledger.batch.proof import audit
-    from streamledger.ledger.types import SourceRef
     from streamledger.spark.arrow import ARROW_SCHEMA
 
+    n = end - start
+    Path(final).mkdir(parents=True)
+    table = pa.table({
+        "stream": pa.array([stream] * n), "offset": pa.array(range(start, end), pa.int64()),
+        "chunk_timestamp": pa.array([time.time_ns() // 1000] * n, pa.int64()).cast(
+            ARROW_SCHEMA.field("chunk_timestamp").type),
+        "body": pa.array([b"x" * 16] * n, pa.binary()),
+        **{c: pa.array([[]] * n, ARROW_SCHEMA.field(c).type)
+           for c in ("properties", "application_properties", "message_annotations")},
+    }, schema=ARROW_SCHEMA)
+    pq.write_table(table, f"{final}/part-00000.parquet")
+
+
+def audit_at_scale(sink_name: str, args: argparse.Namespace, tmp: Path) -> None:
+    """``--audit-ranges`` committed ranges in a table through the ledger + sink API, then the audit.
+
+    Each round is what one batch over ``--per-commit`` partitions does, minus the broker and Spark:
+    ``claim_many`` (one range of ``--range-records`` per partition), the files and manifests,
+    ``commit_many`` (with the publish leases), one ``Sink.publish`` (one table commit), and
+    ``mark_published`` of each range with the receipt."""
+    from streamledger.batch import outputs
+    from streamledger.batch.proof import audit
+    from streamledger.ledger.types import ClaimRequest, CommitRequest, SourceRef
+
     root = tmp / f"audit-{sink_name}"
-    pipeline, broker, stream = f"audit-{sink_name}", "rabbitmq://bench:5552/", "events-0"
-    src = SourceRef(broker, stream)
+    pipeline, broker = f"audit-{sink_name}", "rabbitmq://bench:5552/"
+    streams = [f"events-{i}" for i in range(args.per_commit)]
+    sources = [SourceRef(broker, s, "events") for s in streams]
     k = args.range_records
     cfg = BatchConfig(pipeline=pipeline, url="rabbitmq-stream://bench:5552/", output_root=str(root),
-                      stream=stream, sink=sink_name)  # type: ignore[arg-type]
+                      super_stream="events", sink=sink_name)  # type: ignore[arg-type]
+    rounds = -(-args.audit_ranges // args.per_commit)
     with Ledger(f"sqlite:///{root}.sqlite", create=True) as led:
         sink = sinks.make_sink(cfg, led)
         began = time.perf_counter()
         commit_s: list[float] = []
-        pending: list[sinks.SinkRange] = []
-        tokens: dict[int, str] = {}
-        for i in range(args.audit_ranges):
-            run = RunId("bench-audit", f"r{i}", "t")
+        for j in range(rounds):
+            run = RunId("bench-audit", f"round-{j}", "t")
             token = run.attempt_token(uuid.uuid4().hex[:8])
-            rng = led.claim(pipeline, src, (i + 1) * k, run, initial_start=0, max_span=k)
-            start, end = rng.start, rng.end
-            final = sink.range_dir(broker, stream, start, end, 0)
-            Path(final).mkdir(parents=True)
-            n = end - start
-            table = pa.table({
-                "stream": pa.array([stream] * n), "offset": pa.array(range(start, end), pa.int64()),
-                "chunk_timestamp": pa.array([time.time_ns() // 1000] * n, pa.int64()).cast(
-                    ARROW_SCHEMA.field("chunk_timestamp").type),
-                "body": pa.array([b"x" * 16] * n, pa.binary()),
-                **{c: pa.array([[]] * n, ARROW_SCHEMA.field(c).type)
-                   for c in ("properties", "application_properties", "message_annotations")},
-            }, schema=ARROW_SCHEMA)
-            pq.write_table(table, f"{final}/part-00000.parquet")
-            outputs.write_manifest(final, {
-                "streams": {stream: {"start": start, "end": end, "records": n, "first_offset": start,
-                                     "last_offset": end - 1}},
-                "pipeline": pipeline, "broker": broker, "range_id": rng.id, "output": final,
-                "files": ["part-00000.parquet"], "format": "parquet"})
-            done = led.commit(rng.id, records=n, first_seen=start, last_seen=end - 1, output=final,
-                              publisher=token)
-            tokens[rng.id] = token
-            pending.append(sinks.SinkRange(done, final))
-            if len(pending) == args.per_commit or i == args.audit_ranges - 1:
-                batch = sinks.SinkBatch(pipeline=pipeline, broker=broker, run=run, attempt=token,
-                                        ranges=tuple(pending), output_root=str(root))
-                t0 = time.perf_counter()
-                receipts = sink.publish(batch)
-                commit_s.append(time.perf_counter() - t0)
-                for r in pending:
-                    receipt = receipts[r.range.id]
-                    led.mark_published(r.range.id, tokens.pop(r.range.id),
-                                       table=(receipt.table, receipt.commit))
-                pending = []
+            asked = [ClaimRequest(src, (j + 1) * k, initial_start=0) for src in sources]
+            claimed = led.claim_many(pipeline, asked, run, max_span=k)
+            asks, finals = [], []
+            for rng in claimed:
+                start, end, stream = rng.start, rng.end, rng.source.stream
+                final = sink.range_dir(broker, stream, start, end, 0)
+                range_files(final, stream, start, end)
+                outputs.write_manifest(final, {
+                    "streams": {stream: {"start": start, "end": end, "records": end - start,
+                                         "first_offset": start, "last_offset": end - 1}},
+                    "pipeline": pipeline, "broker": broker, "range_id": rng.id, "output": final,
+                    "files": ["part-00000.parquet"], "format": "parquet"})
+                asks.append(CommitRequest(rng.id, end - start, start, end - 1, final, publisher=token))
+                finals.append(final)
+            done = led.commit_many(asks)
+            batch = sinks.SinkBatch(pipeline=pipeline, broker=broker, run=run, attempt=token,
+                                    ranges=tuple(sinks.SinkRange(r, f)
+                                                 for r, f in zip(done, finals, strict=True)),
+                                    output_root=str(root))
+            t0 = time.perf_counter()
+            receipts = sink.publish(batch)
+            commit_s.append(time.perf_counter() - t0)
+            for r in done:
+                receipt = receipts[r.id]
+                led.mark_published(r.id, token, table=(receipt.table, receipt.commit))
+            if (j + 1) % 10 == 0:
+                print(f"  {sink_name}: {(j + 1) * len(sources):,} ranges in "
+                      f"{time.perf_counter() - began:.0f} s", flush=True)
         built = time.perf_counter() - began
         began = time.perf_counter()
         report = audit(led, pipeline)
         took = time.perf_counter() - began
+    n = rounds * len(sources)
     p95 = sorted(commit_s)[max(0, int(len(commit_s) * 0.95) - 1)]
-    print(f"\n{sink_name}: {args.audit_ranges:,} committed ranges x {k} records in {len(commit_s)} "
-          f"table commits of {args.per_commit} ranges, built in {built:.1f} s "
+    print(f"\n{sink_name}: {n:,} committed ranges x {k} records ({len(sources)} partitions x {rounds} "
+          f"batches, one table commit each), built in {built:.1f} s "
           "(ledger + Parquet + sink API, no Spark)")
     print(f"  table commit latency: median {statistics.median(commit_s):.3f} s, p95 {p95:.3f} s, "
-          f"last {commit_s[-1]:.3f} s (a commit of {args.per_commit} files into a table of up to "
-          f"{args.audit_ranges:,})")
-    print(f"  audit (ledger + {args.audit_ranges:,} directories + the table): {took:.1f} s, "
+          f"first {commit_s[0]:.3f} s, last {commit_s[-1]:.3f} s ({len(sources)} files per commit)")
+    print(f"  audit (ledger + {n:,} directories + the table): {took:.1f} s, "
           f"{'clean' if report.clean else f'{len(report.violations)} violation(s)'}")
     if not report.clean:
         print("\n".join("    " + line for line in report.to_text().splitlines()[:10]))
@@ -233,7 +248,8 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--sinks", default="directory,iceberg,delta")
     parser.add_argument("--audit-ranges", type=int, default=10_000)
-    parser.add_argument("--per-commit", type=int, default=100, help="ranges per table commit (audit part)")
+    parser.add_argument("--per-commit", type=int, default=100,
+                        help="partitions per batch = ranges per table commit (audit part)")
     parser.add_argument("--range-records", type=int, default=10)
     parser.add_argument("--audit-sinks", default="iceberg,delta", help="'' skips the audit part")
     parser.add_argument("--url", default=os.environ.get("STREAMLEDGER_BENCH_URL", DEFAULT_URL))

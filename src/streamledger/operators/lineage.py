@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import attr
 from airflow.providers.common.compat.openlineage.facet import (
@@ -81,7 +81,7 @@ def catalog_namespace(props: Mapping[str, str]) -> str:
     host = parts.hostname or ""
     if parts.port:
         host += f":{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    return f"{parts.scheme}://{host}{parts.path}"
 
 
 def table_dataset(table: Mapping[str, Any], records: int, catalog: Mapping[str, str]) -> Any:

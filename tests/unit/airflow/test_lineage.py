@@ -131,7 +131,7 @@ def test_openlineage_names_the_table_of_a_table_sink(sink: str, spark: Any, rabb
         assert target.name.endswith("/_iceberg/streamledger/ol_iceberg")
         (alias,) = target.facets["symlinks"].identifiers
         assert (alias.namespace, alias.name, alias.type) == (
-            f"sqlite://{tmp_path / 'ledger.db'}", "streamledger.ol_iceberg", "TABLE")
+            ledger_url, "streamledger.ol_iceberg", "TABLE")
         assert target.facets["version"].datasetVersion == str(xcom["table"]["snapshot_id"])
     else:
         assert target.name == str(tmp_path / "out" / "ol-delta")
