@@ -20,8 +20,9 @@
    (with the publish leases) -> one ``Sink.publish`` (one table commit) -> ``Ledger.mark_published``
    of each range with the receipt: the calls a batch makes, minus the broker and Spark. Printed:
    the build time, the table commit latency (median / p95 over the commits) and the time of
-   ``streamledger.batch.proof.audit`` over the pipeline (the ledger's audit, every published directory's manifest, and the table:
-   each range in exactly one commit, row counts per range, no duplicate ``(stream, offset)``).
+   ``streamledger.batch.proof.audit`` over the pipeline (the ledger's audit, every published
+   directory's manifest, and the table: each range in exactly one commit, row counts per range,
+   no duplicate ``(stream, offset)``).
 
 Figures are noisy on a shared 2-core VM; compare within one run.
 """
