@@ -1,15 +1,17 @@
 """The table sinks against the directory sink (issue 21): one 1 M-record batch into each, same run.
 
     PYTHONPATH=src python bench/sinks.py [--records 1000000] [--size 100] [--sinks directory,iceberg,delta]
-                                         [--audit-ranges 10000] [--per-commit 100] [--range-records 10]
+                                         [--rounds 2] [--audit-ranges 10000] [--per-commit 100]
+                                         [--range-records 10]
                                          [--audit-sinks iceberg,delta] [--url URL]
 
 1. **Throughput.** A 2-partition super stream on the local broker is filled once with ``--records``
    AMQP messages of ``--size`` bytes (``StreamClient.publish``, the repo's own producer, as
    bench/spark_read.py fills it). Spark ``local[2]`` is warmed, and each sink's table is created, by
    an untimed batch of a small warm-up stream *into the same table* (so the timed batch is an append,
-   as every batch but a table's first is). Then one ``run_batch`` per sink, each a fresh pipeline
-   reading the same ``--records`` records (one range per partition, one Spark job), SQLite ledger.
+   as every batch but a table's first is). Then ``--rounds`` rounds of one ``run_batch`` per sink
+   (the order rotated each round), each a fresh pipeline reading the same ``--records`` records (one
+   range per partition, one Spark job), SQLite ledger; the table shows the medians.
    Printed: wall time, records/s, the ratio of each table sink's throughput to the directory
    sink's (target >= 0.9), the Spark job's share, and the **table commit latency** of the batch
    (the sink's ``publish``: one table commit adding the job's files, timed around the call).
@@ -111,7 +113,6 @@ def throughput(args: argparse.Namespace, client: StreamClient, runner: LocalSpar
         fill(client, warm, 2_000, args.size)
         began = time.perf_counter()
         runner.session().sparkContext.setLogLevel("ERROR")
-        rows: dict[str, tuple[float, float, list[float]]] = {}
         with Ledger(f"sqlite:///{tmp / 'ledger.sqlite'}", create=True) as led:
             for sink in args.sinks:
                 cfg = BatchConfig(pipeline=f"warm-{sink}", url=args.url, output_root=str(tmp / sink),
@@ -120,31 +121,38 @@ def throughput(args: argparse.Namespace, client: StreamClient, runner: LocalSpar
                           runner=runner)
             print(f"warm-up (Spark session, one batch and the table per sink): "
                   f"{time.perf_counter() - began:.1f} s", flush=True)
-            for sink in args.sinks:
-                cfg = BatchConfig(pipeline=f"bench-{sink}", url=args.url, output_root=str(tmp / sink),
-                                  super_stream=name, sink=sink, table=table_for(sink, tmp))
-                marks: dict[str, float] = {}
+            rows: dict[str, list[tuple[float, float, float]]] = {s: [] for s in args.sinks}
+            for rnd in range(args.rounds):
+                order = args.sinks[rnd % len(args.sinks):] + args.sinks[:rnd % len(args.sinks)]
+                for sink in order:  # rotated each round: no sink always pays for going first
+                    cfg = BatchConfig(pipeline=f"bench-{sink}-{rnd}", url=args.url,
+                                      output_root=str(tmp / sink), super_stream=name, sink=sink,
+                                      table=table_for(sink, tmp))
+                    marks: dict[str, float] = {}
 
-                def mark(step: str, _batch: Any, marks: dict[str, float] = marks) -> None:
-                    marks[step] = time.perf_counter()
+                    def mark(step: str, _batch: Any, marks: dict[str, float] = marks) -> None:
+                        marks[step] = time.perf_counter()
 
-                with CommitTimer() as timer:
-                    began = time.perf_counter()
-                    result = run_batch(cfg, run=RunId("bench", sink, "t"), ledger=led, broker=client,
-                                       runner=runner, on_step=mark)
-                    wall = time.perf_counter() - began
-                if result.records != args.records:
-                    raise SystemExit(f"{sink}: the batch read {result.records} records, not {args.records}")
-                job = marks.get("job", began) - marks.get("probed", marks.get("claimed", began))
-                rows[sink] = (wall, job, timer.seconds)
-                print(f"  {sink}: {wall:.1f} s", flush=True)
-        base = rows.get("directory")
-        print(f"\n1 batch of {args.records:,} records, 2 partitions (one range each), local[2]:")
+                    with CommitTimer() as timer:
+                        began = time.perf_counter()
+                        result = run_batch(cfg, run=RunId("bench", f"{sink}-{rnd}", "t"), ledger=led,
+                                           broker=client, runner=runner, on_step=mark)
+                        wall = time.perf_counter() - began
+                    if result.records != args.records:
+                        raise SystemExit(f"{sink}: read {result.records} records, not {args.records}")
+                    job = marks.get("job", began) - marks.get("probed", marks.get("claimed", began))
+                    rows[sink].append((wall, job, sum(timer.seconds)))
+                    print(f"  round {rnd + 1} {sink}: {wall:.1f} s", flush=True)
+        med = {sink: tuple(statistics.median(r[i] for r in runs) for i in range(3))
+               for sink, runs in rows.items()}
+        base = med.get("directory")
+        print(f"\n1 batch of {args.records:,} records, 2 partitions (one range each), local[2], "
+              f"median of {args.rounds} round(s):")
         print(f"  {'sink':<10} {'wall s':>7} {'records/s':>11} {'vs directory':>13} {'job s':>7} "
               f"{'table commit s':>15}")
-        for sink, (wall, job, commits) in rows.items():
+        for sink, (wall, job, commit_s) in med.items():
             ratio = f"{base[0] / wall:.2f}x" if base is not None else "-"
-            commit = f"{sum(commits):.3f}" if sink in TABLE_SINKS else "-"
+            commit = f"{commit_s:.3f}" if sink in TABLE_SINKS else "-"
             print(f"  {sink:<10} {wall:>7.1f} {args.records / wall:>11,.0f} {ratio:>13} {job:>7.1f} "
                   f"{commit:>15}")
         print("  (ratio: the sink's records/s over the directory sink's; target >= 0.90x)")
@@ -248,6 +256,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=2, help="timed batches per sink (order rotated)")
     parser.add_argument("--sinks", default="directory,iceberg,delta")
     parser.add_argument("--audit-ranges", type=int, default=10_000)
     parser.add_argument("--per-commit", type=int, default=100,

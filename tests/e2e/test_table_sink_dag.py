@@ -21,7 +21,8 @@ import pytest
 from tests.e2e.conftest import Scenario
 from tests.support.postgres import create_database, drop_database
 
-pytestmark = [pytest.mark.airflow, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.airflow, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.postgres,
+              pytest.mark.slow]
 
 
 @pytest.mark.timeout(900)
