@@ -154,7 +154,7 @@ if os.environ.get("STREAMLEDGER_SINK") == "iceberg":
     if table_rows != events.num_rows:
         sys.exit("demo: the Iceberg table holds a (stream, offset) twice")
 root = Path(os.environ["STREAMLEDGER_OUTPUT_ROOT"]) / pipeline
-files = sorted(root.glob("*/*/*.parquet"))
+files = sorted(root.glob("*/*/*/*.parquet"))  # <broker>/<stream>/<start>-<end>/
 rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 ids = [json.loads(b)["id"] for f in files for b in pq.read_table(f, columns=["body"]).column("body").to_pylist()]
 print(f"Parquet output: {root}  ({len(files)} files, {rows} rows, {len(set(ids))} distinct event ids)")
