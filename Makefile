@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(VENV))/bin/python
 export STREAMLEDGER_HOME ?= /var/tmp/streamledger
 
-.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench clean chaos chaos-parallel cluster-test install-test
+.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench bench-sinks clean chaos chaos-parallel cluster-test install-test
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh $(wildcard src/streamledger/protocol/*/*.c)
@@ -43,6 +43,12 @@ brokers-stop:
 
 bench: venv
 	$(PY) bench/read_range.py && $(PY) bench/ledger.py && $(PY) bench/spark_read.py
+
+# The table sinks against the directory sink (issue 21): 1 M records into each, the table commit latency,
+# the audit of 10,000 committed ranges in a table. Options: make bench-sinks SINKS_ARGS="--records 200000".
+SINKS_ARGS ?=
+bench-sinks: venv
+	PYTHONPATH=src $(PY) bench/sinks.py $(SINKS_ARGS)
 
 # Chaos under a real scheduler (docs/chaos.md): Airflow 3's components run the backfill DAG while
 # task processes are SIGKILLed and the broker and PostgreSQL restart; fails on any exactly-once

@@ -21,6 +21,9 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_MAX_ACTIVE_RUNS`` | ``4`` | ``max_active_runs`` of the backfill DAG |
 | ``STREAMLEDGER_BOUND_BY_INTERVAL`` | ``1`` | pinned ranges in the backfill DAG (``0``: claim order) |
 | ``STREAMLEDGER_RETRIES`` | ``1`` | ``retries`` of the backfill DAG's batch task (its audit never retries) |
+| ``STREAMLEDGER_SINK`` | ``directory`` | the backfill DAG's sink: ``directory``, ``iceberg`` or ``delta`` |
+| ``STREAMLEDGER_TABLE`` | (unset) | its table: Iceberg ``namespace.name`` / Delta location (sink's default) |
+| ``STREAMLEDGER_CATALOG_CONN_ID`` | (unset) | Iceberg catalog connection (default: SQL catalog in ledger) |
 
 The source comes from the ``rabbitmq_stream_default`` connection (the backfill DAG: from
 ``STREAMLEDGER_SOURCE_CONN_ID``, which may be a ``mewbase`` connection read with
@@ -52,6 +55,9 @@ POLL_INTERVAL = float(os.environ.get("STREAMLEDGER_POLL_INTERVAL", "30"))
 MAX_RECORDS = int(os.environ.get("STREAMLEDGER_MAX_RECORDS", "1000000"))
 MAX_ACTIVE_RUNS = int(os.environ.get("STREAMLEDGER_MAX_ACTIVE_RUNS", "4"))
 RETRIES = int(os.environ.get("STREAMLEDGER_RETRIES", "1"))
+SINK = os.environ.get("STREAMLEDGER_SINK") or "directory"
+TABLE = os.environ.get("STREAMLEDGER_TABLE") or None
+CATALOG_CONN_ID = os.environ.get("STREAMLEDGER_CATALOG_CONN_ID") or None
 BOUND_BY_INTERVAL = os.environ.get("STREAMLEDGER_BOUND_BY_INTERVAL", "1") not in ("0", "false", "False")
 
 

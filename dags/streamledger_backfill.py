@@ -16,6 +16,8 @@ broker has not passed yet defers until it has. The Asset event of each run carri
 processed and the interval as its ``partition_key``; each run ends by auditing the pipeline.
 ``STREAMLEDGER_MAX_ACTIVE_RUNS`` / ``STREAMLEDGER_RETRIES`` set how many intervals run at once (default 4)
 and the batch task's retries (default 1); `make chaos-parallel` runs 3 at once with no retries.
+``STREAMLEDGER_SINK=iceberg`` (or ``delta``) lands the ranges in a table instead (one table commit per
+run; ``STREAMLEDGER_TABLE``, ``STREAMLEDGER_CATALOG_CONN_ID``), and the audit checks the table too.
 """
 
 from __future__ import annotations
@@ -24,17 +26,20 @@ from datetime import timedelta
 
 from _streamledger_settings import (
     BOUND_BY_INTERVAL,
+    CATALOG_CONN_ID,
     LEDGER_URL,
     MAX_ACTIVE_RUNS,
     OUTPUT_ROOT,
     PIPELINE,
     RETRIES,
+    SINK,
     SOURCE_CONN_ID,
     SPARK_CONN_ID,
     SPARK_CONNECT_CONN_ID,
     START_DATE,
     STREAM,
     SUPER_STREAM,
+    TABLE,
     data_interval_timetable,
 )
 from airflow.sdk import DAG, Asset
@@ -66,10 +71,13 @@ with DAG(
         spark_connect_conn_id=SPARK_CONNECT_CONN_ID,
         output_root=OUTPUT_ROOT,
         ledger_url=LEDGER_URL,
+        sink=SINK,
+        table=TABLE,
+        catalog_conn_id=CATALOG_CONN_ID,
         outlets=[events],
     )
     audit = LedgerAuditOperator(
         task_id="audit", pipeline=PIPELINE, rabbitmq_stream_conn_id=SOURCE_CONN_ID,
-        ledger_url=LEDGER_URL, retries=0,
+        ledger_url=LEDGER_URL, catalog_conn_id=CATALOG_CONN_ID, retries=0,
     )
     read >> audit

@@ -9,8 +9,11 @@
 #     the events to be published inside them: short intervals keep the demo short)
 #  5. run the example DAG `streamledger_backfill` with `airflow dags test` once per interval:
 #     each run reads [ledger end, first offset at/after the interval end) per partition with
-#     local Spark, writes Parquet, commits the ledger (SQLite), stores the broker offset
-#  6. run the audit DAG and print the ranges, the audit (clean) and where the Parquet is
+#     local Spark, writes Parquet, commits the ledger (SQLite), appends the files to the Iceberg
+#     table streamledger.demo_backfill in one table commit (STREAMLEDGER_SINK=iceberg: a pyiceberg
+#     SQL catalog in the ledger's database), stores the broker offset
+#  6. run the audit DAG and print the ranges, the three-way audit (broker, ledger, table: clean),
+#     a query of the Iceberg table (rows per stream, read with pyiceberg) and where the Parquet is
 #
 # Rerunnable: every run starts from a clean demo state (super stream, ledger and output reset).
 set -euo pipefail
@@ -38,6 +41,7 @@ export STREAMLEDGER_PIPELINE=demo-backfill
 export STREAMLEDGER_INTERVAL=${INTERVAL_S}s
 export STREAMLEDGER_LEDGER_URL=sqlite:///$DEMO/ledger.sqlite
 export STREAMLEDGER_OUTPUT_ROOT=$DEMO/output
+export STREAMLEDGER_SINK=${STREAMLEDGER_SINK:-iceberg}
 export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1}
 export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$PY}
 LOGS=$DEMO/logs
@@ -98,7 +102,7 @@ time.sleep(max(0.0, t0 + waves * n - time.time()))
 EOF
 )
 
-step "5. backfill: one DAG run of streamledger_backfill per data interval (local Spark, SQLite ledger)"
+step "5. backfill: one DAG run of streamledger_backfill per data interval (local Spark, SQLite ledger, $STREAMLEDGER_SINK sink)"
 i=0
 for end in "${ENDS[@]}"; do
   dags_test streamledger_backfill "$end" "backfill-$i"
@@ -111,6 +115,7 @@ dags_test streamledger_audit "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" audit
 import json, os, sys
 from pathlib import Path
 import pyarrow.parquet as pq
+from streamledger.batch.proof import audit
 from streamledger.ledger import Ledger
 from streamledger.protocol.rabbitmq import StreamClient
 ledger = Ledger(os.environ["STREAMLEDGER_LEDGER_URL"])
@@ -122,20 +127,41 @@ for r in sorted(ledger.ranges(pipeline), key=lambda r: (r.source.stream, r.start
     stored = "verified" if r.offset_verified else ("stored" if r.offset_stored else "-")
     print(f"   {r.source.stream:<16} {rng:>14} {r.records:>8}  {r.status.value:<10} {stored:<13} {r.run.run_id}")
 with StreamClient.connect(sys.argv[1]) as c:
-    report = ledger.audit(pipeline, broker=c)
+    report = audit(ledger, pipeline, broker=c)  # ledger vs broker, published outputs, and the table
     stored = {p: c.query_offset(p, pipeline) for p in c.partitions("demo-events")}
 print(f"broker stored offsets for {pipeline}: {stored}")
 print("audit:", "CLEAN" if report.clean else "VIOLATIONS")
 print("\n".join("   " + line for line in report.to_text().splitlines()))
+table_rows = None
+if os.environ.get("STREAMLEDGER_SINK") == "iceberg":
+    from streamledger.batch.sinks import default_iceberg_table
+    from streamledger.batch.sinks.iceberg import catalog_properties, load_catalog
+    catalog = load_catalog(catalog_properties(None, ledger_url=ledger.url,
+                                              output_root=os.environ["STREAMLEDGER_OUTPUT_ROOT"]))
+    name = default_iceberg_table(pipeline)
+    table = catalog.load_table(name)
+    events = table.scan(selected_fields=("stream", "offset")).to_arrow()
+    per_stream = events.group_by("stream").aggregate([("offset", "count"), ("offset", "min"), ("offset", "max")])
+    snaps = [s for s in table.snapshots() if (s.summary.additional_properties if s.summary else {}).get(
+        "streamledger.pipeline") == pipeline]
+    print(f"Iceberg table {name} (pyiceberg, SQL catalog in the ledger; {table.location()}):")
+    print(f"   {len(snaps)} commits by {pipeline}, current snapshot {table.current_snapshot().snapshot_id}")
+    print(f"   {'stream':<16} {'rows':>6} {'min offset':>11} {'max offset':>11}")
+    for row in sorted(per_stream.to_pylist(), key=lambda r: r["stream"]):
+        print(f"   {row['stream']:<16} {row['offset_count']:>6} {row['offset_min']:>11} {row['offset_max']:>11}")
+    table_rows = len(set(zip(events["stream"].to_pylist(), events["offset"].to_pylist())))
+    print(f"   {'total':<16} {events.num_rows:>6}  ({table_rows} distinct (stream, offset))")
+    if table_rows != events.num_rows:
+        sys.exit("demo: the Iceberg table holds a (stream, offset) twice")
 root = Path(os.environ["STREAMLEDGER_OUTPUT_ROOT"]) / pipeline
-files = sorted(root.glob("*/*/*.parquet"))
+files = sorted(root.glob("*/*/*/*.parquet"))  # <broker>/<stream>/<start>-<end>/
 rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 ids = [json.loads(b)["id"] for f in files for b in pq.read_table(f, columns=["body"]).column("body").to_pylist()]
 print(f"Parquet output: {root}  ({len(files)} files, {rows} rows, {len(set(ids))} distinct event ids)")
 for d in sorted({f.parent for f in files}):
     print(f"   {d.relative_to(root)}")
-if not report.clean or len(ids) != len(set(ids)):
-    sys.exit("demo: audit not clean or duplicate events")
+if not report.clean or len(ids) != len(set(ids)) or table_rows not in (None, len(ids)):
+    sys.exit("demo: audit not clean, duplicate events, or the table disagrees with the Parquet output")
 EOF
 echo
 echo "demo finished in $(( $(date +%s) - t0 )) s; Airflow home $AIRFLOW_HOME, logs in $LOGS"

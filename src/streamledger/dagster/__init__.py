@@ -17,6 +17,7 @@ from streamledger.dagster.checks import build_ledger_audit_check, build_partitio
 from streamledger.dagster.components import StreamBatchComponent
 from streamledger.dagster.identity import DAG_ID
 from streamledger.dagster.resources import (
+    IcebergCatalogResource,
     RabbitMQStreamResource,
     ResourceConfigError,
     StreamLedgerResource,
@@ -28,6 +29,7 @@ from streamledger.dagster.sensors import build_stream_backlog_sensor
 __all__ = [
     "DAG_ID",
     "BacklogAbove",
+    "IcebergCatalogResource",
     "RabbitMQStreamResource",
     "ResourceConfigError",
     "StreamBatchComponent",

@@ -20,7 +20,9 @@ adds the Dagster side:
   nothing new (its range is in the ledger and its directory is published once).
 * **metadata** — ranges, records, output paths and stored offsets of every stream, from
   ``BatchResult.to_dict()``, and the lag left after the batch (``streamledger/lag_seconds``, from
-  chunk timestamps: :mod:`streamledger.dagster.freshness`).
+  chunk timestamps: :mod:`streamledger.dagster.freshness`); with a table sink (``sink="iceberg"`` /
+  ``"delta"``) also the table (``streamledger/table``: format, identifier, location, snapshot id or
+  version) and ``dagster/uri`` = the table's location.
 """
 
 
@@ -44,6 +46,7 @@ from dagster import (
 
 from streamledger.batch import BatchConfig, BatchResult, run_batch
 from streamledger.batch.position import PipelineSource
+from streamledger.batch.sinks import make_sink
 from streamledger.dagster.freshness import lag_by_stream
 from streamledger.dagster.identity import holder_alive, run_id_for
 from streamledger.errors import StreamledgerError
@@ -87,6 +90,14 @@ def batch_metadata(result: BatchResult) -> dict[str, Any]:
         ),
         "batch": MetadataValue.md(table),
     }
+
+
+def table_metadata(table: Mapping[str, Any]) -> dict[str, Any]:
+    """A table sink's table after the batch (the sink's ``describe()``: no credentials)."""
+    out: dict[str, Any] = {"streamledger/table": MetadataValue.json(dict(table))}
+    if table.get("location"):
+        out["dagster/uri"] = MetadataValue.text(str(table["location"]))
+    return out
 
 
 def lag_metadata(lag: Mapping[str, float]) -> dict[str, Any]:
@@ -156,6 +167,9 @@ def build_stream_batch_asset(
     splits: int = 1,
     store_offset: bool = True,
     on_data_loss: Literal["fail", "record"] = "fail",
+    sink: Literal["directory", "iceberg", "delta"] = "directory",
+    table: str | None = None,
+    catalog_resource_key: str | None = None,
     broker_resource_key: str = DEFAULT_BROKER_KEY,
     ledger_resource_key: str = DEFAULT_LEDGER_KEY,
     spark_resource_key: str = DEFAULT_SPARK_KEY,
@@ -180,6 +194,11 @@ def build_stream_batch_asset(
     :param initial_position: where a stream without history starts: ``"first"`` (default when
         unpartitioned), ``"interval_start"`` (default when partitioned), ``"tail"`` or an offset.
     :param max_offsets: cap a new range at that many offsets per stream (bounded catch-up).
+    :param sink: ``"directory"`` (default: a directory per range), ``"iceberg"`` or ``"delta"`` (one
+        table commit per batch, see :mod:`streamledger.batch.sinks`); ``table``: Iceberg
+        ``namespace.name`` / Delta location (the sink's default when ``None``).
+    :param catalog_resource_key: Iceberg only: key of an :class:`IcebergCatalogResource` (default:
+        the SQL catalog in the ledger's database).
     :param broker_resource_key: key of a :class:`StreamSourceResource` (any source URL: a RabbitMQ
         stream or super stream, a mewbase channel as ``stream``); likewise ledger / spark.
     :param kinds: replace the default kinds (``rabbitmq``, ``spark``, the format; give
@@ -200,8 +219,15 @@ def build_stream_batch_asset(
         pipeline=pipeline, url="rabbitmq-stream://configured-at-run-time/", output_root=output_root,
         stream=stream, super_stream=super_stream, initial_position=position, max_offsets=max_offsets,
         interval_start=placeholder if windowed else None, interval_end=placeholder if windowed else None,
-        fmt=fmt, splits=splits, store_offset=store_offset, on_data_loss=on_data_loss,
+        fmt=fmt, splits=splits, store_offset=store_offset, on_data_loss=on_data_loss, sink=sink, table=table,
     )
+    if catalog_resource_key is not None and sink != "iceberg":
+        raise StreamledgerError(f"pipeline {pipeline!r}: catalog_resource_key is for the iceberg sink, "
+                                f"not {sink!r}")
+    kind = fmt if sink == "directory" else sink
+    keys = {broker_resource_key, ledger_resource_key, spark_resource_key}
+    if catalog_resource_key is not None:
+        keys.add(catalog_resource_key)
     source = f"super stream {super_stream}" if super_stream else f"stream {stream}"
     first_window_start: datetime | None = None
     if isinstance(partitions_def, TimeWindowPartitionsDefinition) and position == "interval_start":
@@ -211,11 +237,11 @@ def build_stream_batch_asset(
     @asset(
         key=asset_key,
         partitions_def=partitions_def,
-        required_resource_keys={broker_resource_key, ledger_resource_key, spark_resource_key},
+        required_resource_keys=keys,
         group_name=group_name,
         description=description
         or f"Bounded batches of {source} (pipeline {pipeline}) written as {fmt} under {output_root}.",
-        kinds=set(kinds) if kinds is not None else {"rabbitmq", "spark", fmt},
+        kinds=set(kinds) if kinds is not None else {"rabbitmq", "spark", kind},
         tags=dict(tags or {}),
         owners=list(owners) if owners else None,
         metadata={**(metadata or {}), "pipeline": pipeline, "source": source, "output_root": output_root},
@@ -227,6 +253,8 @@ def build_stream_batch_asset(
         ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         runner = getattr(context.resources, spark_resource_key).get_runner()
         changes: dict[str, Any] = {"url": broker.connection_url()}
+        if catalog_resource_key is not None:
+            changes["catalog"] = getattr(context.resources, catalog_resource_key).catalog_properties()
         if windowed:
             window = context.partition_time_window
             changes.update(interval_start=window.start, interval_end=window.end)
@@ -257,6 +285,11 @@ def build_stream_batch_asset(
                 p["stream"], p["start"], p["end"], p["status"], p["records"], p.get("offset_stored"),
                 p.get("output"),
             )
-        return MaterializeResult(metadata={**batch_metadata(result), **lag_metadata(lag)})
+        extra: dict[str, Any] = {}
+        if sink != "directory":
+            described = make_sink(config, ledger).describe()
+            extra = table_metadata(described) if described is not None else {}
+            context.log.info("table %s", described)
+        return MaterializeResult(metadata={**batch_metadata(result), **lag_metadata(lag), **extra})
 
     return _stream_batch

@@ -65,7 +65,12 @@ from dagster_shared.serdes.objects.models.defs_state_info import DefsStateManage
 from streamledger.batch.position import PipelineSource, source_problem
 from streamledger.dagster.assets import build_stream_batch_asset
 from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
-from streamledger.dagster.resources import StreamLedgerResource, StreamSourceResource, StreamSparkResource
+from streamledger.dagster.resources import (
+    IcebergCatalogResource,
+    StreamLedgerResource,
+    StreamSourceResource,
+    StreamSparkResource,
+)
 from streamledger.dagster.sensors import build_stream_backlog_sensor
 from streamledger.errors import StreamledgerError
 
@@ -96,6 +101,7 @@ class StreamBatchSource:
     broker_url_env: str | None = None  # where the broker and the ledger are, for backlog_above
     ledger_url: str | None = None
     ledger_url_env: str | None = None
+    sink: str = "directory"
 
     @property
     def name(self) -> str:
@@ -112,8 +118,9 @@ class StreamBatchTranslator:
     """The asset's spec for a source; subclass and override ``get_asset_spec`` to change it in Python.
 
     The default: key ``<pipeline>`` (as an identifier), group ``streamledger``, kinds ``rabbitmq``,
-    ``spark`` and the format, and the discovered partitions as metadata. YAML ``asset_attributes``
-    are applied on top (with ``{{ pipeline }}``, ``{{ stream }}``, ``{{ super_stream }}`` usable).
+    ``spark`` and the format (or the table sink: ``iceberg`` / ``delta``), and the discovered
+    partitions as metadata. YAML ``asset_attributes`` are applied on top (with ``{{ pipeline }}``,
+    ``{{ stream }}``, ``{{ super_stream }}`` usable).
     """
 
     def get_asset_spec(self, source: StreamBatchSource) -> AssetSpec:
@@ -129,7 +136,7 @@ class StreamBatchTranslator:
         return AssetSpec(
             key=AssetKey(identifier(source.pipeline)),
             group_name="streamledger",
-            kinds={"rabbitmq", "spark", source.fmt},
+            kinds={"rabbitmq", "spark", source.fmt if source.sink == "directory" else source.sink},
             description=description,
             metadata=metadata,
         )
@@ -233,6 +240,13 @@ def scaffold_yaml(type_name: str) -> str:
           # ledger_url_env: STREAMLEDGER_LEDGER_URL
           # Spark: an in-process local master, or Spark Connect (`spark_remote: sc://host:15002`).
           spark_master: local[2]
+          # Land the ranges in a table: `sink: iceberg` (or delta), one table commit per batch.
+          # sink: iceberg
+          # table: lake.events            # Iceberg namespace.name / Delta location; unset = the default
+          # Iceberg catalog (unset = a SQL catalog in the ledger's database); secrets from the environment:
+          # catalog: {{type: rest, warehouse: my-warehouse}}
+          # catalog_uri_env: ICEBERG_CATALOG_URI
+          # catalog_credential_env: ICEBERG_CATALOG_CREDENTIAL
           # Cap each new range at this many offsets per stream (bounded catch-up); unset = up to the tail.
           # max_offsets: 100000
           # Time-window partitions (each reads its window, in order); then no backlog sensor.
@@ -292,6 +306,11 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
     fmt: str = "parquet"
     splits: int = 1
     on_data_loss: Literal["fail", "record"] = "fail"
+    sink: Literal["directory", "iceberg", "delta"] = "directory"
+    table: str | None = None
+    catalog: dict[str, str] = field(default_factory=dict)
+    catalog_uri_env: str | None = None
+    catalog_credential_env: str | None = None
     partitions_def: PartitionsField = None
     asset_attributes: AssetAttributesField = None
     freshness: FreshnessModel | None = None
@@ -308,6 +327,18 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
             raise ComponentConfigError(f"{who}: give exactly one of broker_url or broker_url_env")
         if self.ledger_url is not None and self.ledger_url_env is not None:
             raise ComponentConfigError(f"{who}: give at most one of ledger_url or ledger_url_env")
+        if self.has_catalog and self.sink != "iceberg":
+            raise ComponentConfigError(f"{who}: catalog settings are for sink: iceberg, not {self.sink!r}")
+
+    @property
+    def has_catalog(self) -> bool:
+        return bool(self.catalog or self.catalog_uri_env or self.catalog_credential_env)
+
+    def catalog_resource(self) -> IcebergCatalogResource:
+        """The Iceberg catalog; ``*_env`` fields become ``EnvVar``s (resolved at run time, masked)."""
+        uri: Any = EnvVar(self.catalog_uri_env) if self.catalog_uri_env else None
+        credential: Any = EnvVar(self.catalog_credential_env) if self.catalog_credential_env else None
+        return IcebergCatalogResource(properties=dict(self.catalog), uri=uri, credential=credential)
 
     # -- state: the super stream's partitions -------------------------------------------------------
 
@@ -355,7 +386,8 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
 
     def resource_keys(self) -> dict[str, str]:
         base = f"streamledger_{identifier(self.pipeline)}"
-        return {"broker": f"{base}_rabbitmq", "ledger": f"{base}_ledger", "spark": f"{base}_spark"}
+        return {"broker": f"{base}_rabbitmq", "ledger": f"{base}_ledger", "spark": f"{base}_spark",
+                "catalog": f"{base}_catalog"}
 
     def build_defs_from_state(self, context: ComponentLoadContext, state_path: Path | None) -> Definitions:
         source = StreamBatchSource(
@@ -363,6 +395,7 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
             output_root=self.output_root, fmt=self.fmt, partitions=self.read_state(state_path),
             broker_url_env=self.broker_url_env, ledger_url=self.ledger_url,
             ledger_url_env=self.ledger_url_env,
+            sink=self.sink,
         )
         spec = self.get_asset_spec(source)
         keys = self.resource_keys()
@@ -378,7 +411,9 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
             pipeline=self.pipeline, output_root=self.output_root, super_stream=self.super_stream,
             stream=self.stream, key=spec.key, partitions_def=spec.partitions_def or self.partitions_def,
             initial_position=position, max_offsets=self.max_offsets, fmt=self.fmt, splits=self.splits,
-            on_data_loss=self.on_data_loss, broker_resource_key=keys["broker"],
+            on_data_loss=self.on_data_loss, sink=self.sink, table=self.table,
+            catalog_resource_key=keys["catalog"] if self.has_catalog else None,
+            broker_resource_key=keys["broker"],
             ledger_resource_key=keys["ledger"], spark_resource_key=keys["spark"],
             group_name=spec.group_name, description=spec.description, tags=spec.tags,
             kinds=sorted(spec.kinds), owners=spec.owners, metadata=spec.metadata,
@@ -427,4 +462,6 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
                 quick_start=self.spark_quick_start,
             ),
         }
+        if self.has_catalog:
+            resources[keys["catalog"]] = self.catalog_resource()
         return Definitions(assets=[asset], asset_checks=checks, sensors=sensors, resources=resources)

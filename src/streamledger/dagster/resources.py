@@ -1,4 +1,5 @@
-"""Dagster resources for the three systems a stream batch touches: the source log, the ledger and Spark.
+"""Dagster resources for the systems a stream batch touches: the source log, the ledger, Spark (and a
+non-default Iceberg catalog).
 
 Each resource is plain configuration (so Dagster can show, validate and override it) plus a lazily
 built client: the ledger is opened once per resource instance, the Spark runner once per process
@@ -120,6 +121,43 @@ class StreamLedgerResource(ConfigurableResource):  # type: ignore[type-arg]
             self._ledger = Ledger(self.url or None, create=self.create)
         ledger: Ledger = self._ledger
         return ledger
+
+
+class IcebergCatalogResource(ConfigurableResource):  # type: ignore[type-arg]
+    """The pyiceberg catalog an Iceberg sink commits to (any catalog pyiceberg loads: REST, Glue,
+    Hive, SQL...). Without one, a batch with ``sink="iceberg"`` uses a SQL catalog in the ledger's
+    own database.
+
+    ``properties`` are the catalog's plain properties (``type``, ``warehouse``...). The two that may
+    hold a secret have fields of their own, so each can be an ``EnvVar`` (resolved at run time, never
+    shown in the UI): ``uri`` (a REST endpoint, or a SQL catalog's database URL with its password)
+    and ``credential`` (a REST catalog's ``client_id:secret``); ``secret_properties`` names further
+    properties to read from environment variables at run time (``{"s3.secret-access-key":
+    "AWS_SECRET_ACCESS_KEY"}``).
+    """
+
+    properties: dict[str, str] = Field(default_factory=dict, description="pyiceberg catalog properties.")
+    uri: str | None = Field(default=None, description="The catalog's uri (may hold a password: EnvVar).")
+    credential: str | None = Field(default=None, description="A REST catalog's credential (EnvVar).")
+    secret_properties: dict[str, str] = Field(
+        default_factory=dict, description="property -> name of the environment variable holding it")
+
+    def catalog_properties(self) -> dict[str, str]:
+        """The properties handed to the sink; they may hold secrets, so never log them."""
+        import os
+
+        props = dict(self.properties)
+        if self.uri:
+            props["uri"] = self.uri
+        if self.credential:
+            props["credential"] = self.credential
+        for prop, env in self.secret_properties.items():
+            if env not in os.environ:
+                raise ResourceConfigError(f"IcebergCatalogResource: ${env} (for {prop!r}) is not set")
+            props[prop] = os.environ[env]
+        if not props:
+            raise ResourceConfigError("IcebergCatalogResource: no catalog property given")
+        return props
 
 
 class StreamSparkResource(ConfigurableResource):  # type: ignore[type-arg]

@@ -33,29 +33,38 @@ class LedgerAuditOperator(MaskRenderedUrls, BaseOperator):
     :param rabbitmq_stream_conn_id: when given, also compare with the source's stored offsets (a
         ``rabbitmq_stream`` or ``mewbase`` connection). Connection ids are templated too.
     :param fail_on_violations: fail the task when the audit is not clean (default ``True``).
+    :param catalog_conn_id: for a pipeline with an Iceberg sink in a catalog other than the default
+        SQL catalog in the ledger: the connection holding its properties (``streamledger.hooks.catalog``).
     """
 
-    template_fields: Sequence[str] = ("pipeline", "ledger_conn_id", "ledger_url", "rabbitmq_stream_conn_id")
+    template_fields: Sequence[str] = ("pipeline", "ledger_conn_id", "ledger_url", "rabbitmq_stream_conn_id",
+                                      "catalog_conn_id")
     ui_color = "#dcfce7"
 
     def __init__(self, *, pipeline: str | None = None, ledger_conn_id: str | None = None,
                  ledger_url: str | None = None, rabbitmq_stream_conn_id: str | None = None,
-                 fail_on_violations: bool = True, **kwargs: Any) -> None:
+                 fail_on_violations: bool = True, catalog_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.ledger_conn_id = ledger_conn_id
         self.ledger_url = ledger_url
         self.rabbitmq_stream_conn_id = rabbitmq_stream_conn_id
         self.fail_on_violations = fail_on_violations
+        self.catalog_conn_id = catalog_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         ledger = OffsetLedgerHook(self.ledger_conn_id, ledger_url=self.ledger_url).get_conn()
         pipeline = self.pipeline or None
+        catalog = None
+        if self.catalog_conn_id:
+            from streamledger.hooks.catalog import catalog_properties
+
+            catalog = catalog_properties(self.catalog_conn_id)
         if self.rabbitmq_stream_conn_id:
             with source_hook(self.rabbitmq_stream_conn_id).get_conn() as client:
-                report = audit(ledger, pipeline, broker=client)
+                report = audit(ledger, pipeline, broker=client, catalog=catalog)
         else:
-            report = audit(ledger, pipeline)
+            report = audit(ledger, pipeline, catalog=catalog)
         data: dict[str, Any] = json.loads(report.to_json())
         self.log.info("ledger audit%s:\n%s", f" of {pipeline}" if pipeline else "", report.to_text())
         if not report.clean and self.fail_on_violations:

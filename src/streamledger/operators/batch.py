@@ -29,6 +29,7 @@ from streamledger.batch import (
     summarize,
 )
 from streamledger.batch.position import source_problem
+from streamledger.batch.sinks import SINKS, make_sink, sink_problem
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls, mask_url
@@ -205,19 +206,28 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
     :param on_data_loss: when retention already removed offsets the pipeline has not read:
         ``"fail"`` (default, the task fails naming the span) or ``"record"`` (the span is recorded as
         ``lost`` in the ledger, visible in the audit, and reading goes on from the first retained offset).
+    :param sink: what publishing a committed range means: ``"directory"`` (default, a directory per
+        range), ``"iceberg"`` or ``"delta"`` (one table commit per batch; ``streamledger.batch.sinks``).
+    :param table: Iceberg ``namespace.name`` (default ``streamledger.<pipeline>``) or the Delta
+        table's location (default ``<output_root>/<pipeline>``). Templated.
+    :param catalog_conn_id: Iceberg only: a connection whose extra JSON is the pyiceberg catalog's
+        properties (REST, Glue, Hive, SQL...), every secret in it masked; default: a SQL catalog in
+        the ledger's own database. The properties never become a template field.
 
-    Templated: ``pipeline``, ``stream``, ``super_stream``, both connection ids, ``ledger_url``,
-    ``output_root``, ``initial_position``, ``max_records``, ``spark_conn_id``, ``spark_conf`` and
-    ``on_data_loss`` (checked again once rendered). Mapped tasks (``.partial(...).expand(stream=...)``,
-    one task per super-stream partition) each claim under their own map index. ``on_kill`` cancels
-    the Spark work in progress; with the OpenLineage provider installed the task reports its input
-    partitions (offset ranges as a facet) and output directories.
+    Templated: ``pipeline``, ``stream``, ``super_stream``, the connection ids, ``ledger_url``,
+    ``output_root``, ``initial_position``, ``max_records``, ``spark_conn_id``, ``spark_conf``,
+    ``on_data_loss``, ``sink`` and ``table`` (checked again once rendered). Mapped tasks
+    (``.partial(...).expand(stream=...)``, one task per super-stream partition) each claim under
+    their own map index. ``on_kill`` cancels the Spark work in progress; with the OpenLineage
+    provider installed the task reports its input partitions (offset ranges as a facet) and output
+    directories, or, with a table sink, the table (named by its location as the Iceberg and Delta
+    integrations do, the catalog name as a symlink).
     """
 
     template_fields: Sequence[str] = (
         "pipeline", "stream", "super_stream", "rabbitmq_stream_conn_id", "ledger_conn_id", "ledger_url",
         "output_root", "initial_position", "max_offsets", "max_records", "spark_conn_id", "spark_conf",
-        "on_data_loss",
+        "on_data_loss", "sink", "table", "catalog_conn_id",
     )
     template_fields_renderers = {"spark_conf": "json"}
     ui_color = "#ffedd5"
@@ -247,6 +257,9 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         spark_connect_conn_id: str | None = None,
         interval_grace: float = 60.0,
         interval_poll: float = 10.0,
+        sink: str = "directory",
+        table: str | None = None,
+        catalog_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -274,6 +287,12 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         if spark_conn_id and spark_connect_conn_id:
             raise ValueError(f"{self.task_id}: give spark_conn_id or spark_connect_conn_id, not both")
         self.spark_connect_conn_id = spark_connect_conn_id
+        self.sink = sink
+        self.table = table
+        self.catalog_conn_id = catalog_conn_id
+        self._table: dict[str, Any] | None = None
+        self._catalog: dict[str, str] | None = None
+        self._lineage_catalog: dict[str, str] | None = None
         self.on_step: StepHook | None = None  # tests only (a cluster policy may set it)
         self._runner_in_use: Any = None
         self._result: BatchResult | None = None
@@ -314,6 +333,12 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
                 ok = False
             if not ok:
                 raise ValueError(f"{self.task_id}: max_records must be a positive integer, got {records!r}")
+        if not any(pending(v) for v in (self.sink, self.table, self.catalog_conn_id)):
+            problem = sink_problem(self.sink, self.table or None, None, self.fmt)
+            if problem is None and self.catalog_conn_id and self.sink != "iceberg":
+                problem = f"catalog_conn_id is for the iceberg sink, not {self.sink!r}"
+            if problem is not None:
+                raise ValueError(f"{self.task_id}: {problem}")
 
     def _runner(self) -> JobRunner:
         if self.spark_connect_conn_id:
@@ -355,12 +380,20 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             bound_by_interval=self.bound_by_interval,
             interval_grace=self.interval_grace,
             origin=getattr(context.get("dag"), "start_date", None) if self.bound_by_interval else None,
+            sink=self.sink if self.sink in SINKS else "directory",  # type: ignore[arg-type]
+            table=self.table or None,
+            catalog=self._catalog,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
         self._validate(rendered=True)
         broker_hook = source_hook(self.rabbitmq_stream_conn_id)
         url = broker_hook.get_url()
+        self._catalog = None
+        if self.catalog_conn_id:
+            from streamledger.hooks.catalog import catalog_properties
+
+            self._catalog = catalog_properties(self.catalog_conn_id)
         config = self._config(url, context)
         if self.bound_by_interval and config.interval_end is not None and config.interval_start is not None:
             self.log.info("data interval [%s, %s)", config.interval_start, config.interval_end)
@@ -382,6 +415,12 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         self._result = result
         self.log.info("%s", summarize(result))
         summary = result.to_dict()
+        if config.sink != "directory":
+            sink = make_sink(config, ledger)
+            self._table = sink.describe()
+            self._lineage_catalog = dict(getattr(sink, "props", None) or {})  # the catalog in use
+            summary["table"] = self._table
+            self.log.info("table %s", self._table)
         self._emit_asset_events(context, result)
         if result.empty and self.skip_on_empty:
             raise AirflowSkipException(f"pipeline {self.pipeline}: no new offsets")
@@ -425,7 +464,7 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             return None
         from streamledger.operators.lineage import batch_lineage
 
-        return batch_lineage(self._result)
+        return batch_lineage(self._result, table=self._table, catalog=self._lineage_catalog)
 
     def _emit_asset_events(self, context: Context, result: BatchResult) -> None:
         """Attach the ranges to every outlet's Asset event (consumers see what was processed)."""
@@ -439,6 +478,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             "ranges": result.ranges(),
             "outputs": {p.stream: p.output for p in result.partitions if p.output},
         }
+        if self._table is not None:
+            extra["table"] = self._table
         key = _partition_key(context) if self.bound_by_interval else None
         events = context["outlet_events"]
         for outlet in self.outlets:

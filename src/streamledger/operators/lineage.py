@@ -8,21 +8,32 @@ is ``namespace = file``
 directory's path. The input facet ``streamledger_range`` holds the pipeline, the half-open range
 ``[start, end)``, the records and the first/last offsets seen, so a lineage consumer can tell which
 offsets of the stream produced which directory. Only imported when the OpenLineage provider asks.
+
+With a table sink the output is the table, named as OpenLineage's Spark integration names Iceberg and
+Delta tables: by the table's *location* (``file`` + path, ``s3://bucket`` + path...), which is what
+another engine writing or reading the same table reports too; an Iceberg table also carries a
+``symlinks`` facet (type ``TABLE``) with its catalog name: ``namespace`` = the catalog's address
+without credentials (its ``uri``, else its ``warehouse``), ``name`` = ``namespace.table``. The
+``version`` facet holds the snapshot id (Iceberg) or the table version (Delta) the batch left.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import attr
 from airflow.providers.common.compat.openlineage.facet import (
+    Identifier,
     InputDataset,
     OutputDataset,
     OutputStatisticsOutputDatasetFacet,
+    SymlinksDatasetFacet,
 )
 from airflow.providers.openlineage.extractors import OperatorLineage
 from openlineage.client.generated.base import InputDatasetFacet
+from openlineage.client.generated.dataset_version_dataset import DatasetVersionDatasetFacet
 
 from streamledger.batch import BatchResult
 
@@ -61,9 +72,41 @@ def output_dataset_name(path: str) -> tuple[str, str]:
     return "file", parts.path if parts.scheme == "file" else path
 
 
-def batch_lineage(result: BatchResult) -> OperatorLineage:  # type: ignore[type-arg]
+def catalog_namespace(props: Mapping[str, str]) -> str:
+    """An Iceberg catalog's address for lineage: its ``uri`` (else ``warehouse``) with no user info,
+    query or fragment, so no credential reaches a lineage event."""
+    where = props.get("uri") or props.get("warehouse") or props.get("type") or "iceberg"
+    parts = urlsplit(where)
+    if not parts.scheme:
+        return where
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
+def table_dataset(table: Mapping[str, Any], records: int, catalog: Mapping[str, str]) -> Any:
+    """The output dataset of a table sink (see the module docstring)."""
+    location = str(table.get("location") or table.get("identifier"))
+    namespace, name = output_dataset_name(location)
+    name = name.rstrip("/") or "/"  # delta-rs reports its table URI with a trailing slash
+    facets: dict[str, Any] = {}
+    version = table.get("snapshot_id", table.get("version"))
+    if version is not None:
+        facets["version"] = DatasetVersionDatasetFacet(datasetVersion=str(version))
+    if table.get("format") == "iceberg":
+        facets["symlinks"] = SymlinksDatasetFacet(identifiers=[Identifier(
+            namespace=catalog_namespace(catalog), name=str(table["identifier"]), type="TABLE")])
+    return OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets={
+        "outputStatistics": OutputStatisticsOutputDatasetFacet(rowCount=records)})
+
+
+def batch_lineage(result: BatchResult, *, table: Mapping[str, Any] | None = None,
+                  catalog: Mapping[str, str] | None = None) -> OperatorLineage:  # type: ignore[type-arg]
     """Inputs: every partition the batch planned (empty ranges too: the run looked at them).
-    Outputs: every range directory written, with its row count."""
+    Outputs: every range directory written, with its row count; with a table sink (``table``: the
+    sink's ``describe()``; ``catalog``: the Iceberg catalog's properties, None for the default),
+    the table instead, with the batch's row count."""
     inputs: list[Any] = []
     outputs: list[Any] = []
     for part in result.partitions:
@@ -74,10 +117,12 @@ def batch_lineage(result: BatchResult) -> OperatorLineage:  # type: ignore[type-
         )
         inputs.append(InputDataset(namespace=result.broker, name=part.stream,
                                    inputFacets={RANGE_FACET: facet}))
-        if part.output:
+        if part.output and table is None:
             namespace, name = output_dataset_name(part.output)
             outputs.append(OutputDataset(
                 namespace=namespace, name=name,
                 outputFacets={"outputStatistics": OutputStatisticsOutputDatasetFacet(rowCount=part.records)},
             ))
+    if table is not None:
+        outputs.append(table_dataset(table, result.records, catalog or {}))
     return OperatorLineage(inputs=inputs, outputs=outputs)

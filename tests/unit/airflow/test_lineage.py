@@ -97,3 +97,43 @@ def test_openlineage_reports_partitions_ranges_and_outputs(mapped_runs: dict[str
 def test_no_lineage_before_a_run() -> None:
     op = StreamBatchOperator(task_id="read", pipeline="p", stream="s")
     assert op.get_openlineage_facets_on_complete(_ti(-1)) is None
+
+
+@pytest.mark.parametrize("sink", ["iceberg", "delta"])
+def test_openlineage_names_the_table_of_a_table_sink(sink: str, spark: Any, rabbitmq_url: str,
+                                                     stream_name: Any, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: with a table sink the output dataset is the table, named by its location as the
+    Iceberg and Delta OpenLineage integrations name it; Iceberg adds its catalog name as a symlink
+    (no credential in it), both the snapshot id / version the batch left."""
+    from airflow.providers.openlineage.extractors.manager import ExtractorManager
+
+    params = parse_url(rabbitmq_url)
+    monkeypatch.setenv("AIRFLOW_CONN_RABBITMQ_STREAM_DEFAULT", json.dumps(
+        {"conn_type": "rabbitmq_stream", "host": params.host, "port": params.port,
+         "login": params.username, "password": params.password, "schema": params.vhost}))
+    stream = stream_name(f"ol-{sink}")
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_stream(stream)
+        client.publish(stream, [json.dumps({"id": k}).encode() for k in range(7)])
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    op = StreamBatchOperator(task_id="read", pipeline=f"ol-{sink}", stream=stream, ledger_url=ledger_url,
+                             output_root=str(tmp_path / "out"), sink=sink)
+    xcom = op.execute({"ti": _ti(-1)})  # type: ignore[arg-type]
+    assert xcom["table"]["format"] == sink
+    lineage = ExtractorManager().get_extractor_class(op)(op).extract_on_complete(_ti(-1))
+    assert lineage is not None
+    (target,) = lineage.outputs  # the table, not the range directories under it
+    assert target.outputFacets["outputStatistics"].rowCount == 7
+    location = xcom["table"]["location"]
+    assert (target.namespace, target.name) == ("file", location.removeprefix("file://").rstrip("/"))
+    if sink == "iceberg":
+        assert target.name.endswith("/_iceberg/streamledger/ol_iceberg")
+        (alias,) = target.facets["symlinks"].identifiers
+        assert (alias.namespace, alias.name, alias.type) == (
+            ledger_url, "streamledger.ol_iceberg", "TABLE")
+        assert target.facets["version"].datasetVersion == str(xcom["table"]["snapshot_id"])
+    else:
+        assert target.name == str(tmp_path / "out" / "ol-delta")
+        assert "symlinks" not in target.facets
+        assert target.facets["version"].datasetVersion == str(xcom["table"]["version"])

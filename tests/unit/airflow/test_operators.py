@@ -32,6 +32,11 @@ def test_batch_operator_needs_exactly_one_source() -> None:
         ({"fmt": "csv"}, "fmt 'csv'"),
         ({"splits": 0}, "splits must be >= 1"),
         ({"pipeline": ""}, "pipeline is required"),
+        ({"sink": "hudi"}, "sink must be one of directory, iceberg, delta"),
+        ({"sink": "iceberg", "table": "events"}, "iceberg table 'events' is not 'namespace.name'"),
+        ({"sink": "delta", "fmt": "json"}, "fmt must be 'parquet'"),
+        ({"table": "ns.events"}, "the directory sink takes neither"),
+        ({"sink": "delta", "catalog_conn_id": "lake"}, "catalog_conn_id is for the iceberg sink"),
     ],
 )
 def test_batch_operator_validation(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
@@ -44,7 +49,7 @@ def test_batch_operator_templates_what_users_template() -> None:
     op = StreamBatchOperator(task_id="t", pipeline="p-{{ ds }}", super_stream="events", initial_position=5)
     assert {"pipeline", "stream", "super_stream", "ledger_url", "output_root", "max_records",
             "initial_position", "rabbitmq_stream_conn_id", "ledger_conn_id", "spark_conn_id", "spark_conf",
-            "on_data_loss"} <= set(op.template_fields)
+            "on_data_loss", "sink", "table", "catalog_conn_id"} <= set(op.template_fields)
 
 
 def test_templated_values_are_checked_once_rendered() -> None:
@@ -110,3 +115,13 @@ def test_sensor_builds_the_trigger_it_defers_to() -> None:
 def test_audit_operator_defaults() -> None:
     op = LedgerAuditOperator(task_id="audit")
     assert op.fail_on_violations and op.pipeline is None
+
+
+def test_a_templated_sink_is_checked_once_rendered() -> None:
+    op = StreamBatchOperator(task_id="t", pipeline="p", stream="s", sink="{{ params.sink }}",
+                             table="{{ params.table }}")
+    op.sink, op.table = "iceberg", "lake.events"  # rendered
+    op._validate(rendered=True)
+    op.table = "events"
+    with pytest.raises(ValueError, match=r"not 'namespace\.name'"):
+        op._validate(rendered=True)

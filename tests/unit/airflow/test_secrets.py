@@ -106,3 +106,22 @@ def test_job_cli_reads_the_url_file(tmp_path: Path) -> None:
         )
     assert proc.returncode == 2, proc.stderr
     assert "127.0.0.1:9" in proc.stderr and "Cl1P4ss" not in proc.stderr, proc.stderr
+
+
+def test_catalog_connection_registers_every_secret_of_its_properties(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: an Iceberg catalog's properties come from a connection's extra; its REST credential,
+    its storage key and the password in a SQL catalog's URI (every form) are masked once read."""
+    from streamledger.hooks.catalog import CatalogConnectionError, catalog_properties
+
+    pw = "Cat4log/pw@%"
+    uri = f"postgresql+psycopg://cat:{quote(pw, safe='')}@db:5432/catalog"
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_SECRET", json.dumps({"conn_type": "generic", "extra": {
+        "type": "sql", "uri": uri, "warehouse": "s3://lake/wh", "credential": "client:Cr3dential",
+        "s3.secret-access-key": "S3cr3tKey/xyz"}}))
+    props = catalog_properties("lake_secret")
+    assert props["uri"] == uri and props["warehouse"] == "s3://lake/wh"
+    text = f"{uri} | {pw} | {quote(pw, safe='')} | client:Cr3dential | S3cr3tKey/xyz | s3://lake/wh"
+    assert str(redact(text)) == "*** | *** | *** | *** | *** | s3://lake/wh"
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_EMPTY", json.dumps({"conn_type": "generic"}))
+    with pytest.raises(CatalogConnectionError, match="'lake_empty': its extra must be a JSON object"):
+        catalog_properties("lake_empty")

@@ -104,6 +104,7 @@ def test_the_scaffolded_defs_yaml_resolves() -> None:
     [
         ("stream: one\n", "exactly one of stream or super_stream"),
         ("broker_url_env: X\n", "exactly one of broker_url or broker_url_env"),
+        ("sink: delta\n    catalog_uri_env: X\n", "catalog settings are for sink: iceberg"),
     ],
 )
 def test_bad_yaml_is_one_line_naming_the_pipeline(extra: str, message: str) -> None:
@@ -166,3 +167,24 @@ def test_backlog_above_refuses_bad_arguments_in_one_line(kwargs: dict[str, objec
     with pytest.raises(StreamledgerError, match=message) as err:
         BacklogAbove(pipeline="orders-eu", **kwargs)  # type: ignore[arg-type]
     assert "\n" not in str(err.value)
+def test_table_sink_yaml_gives_the_asset_its_sink_and_an_env_backed_catalog_resource(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    comp = component(BASE + """\
+    sink: iceberg
+    table: lake.orders
+    catalog: {type: rest, warehouse: wh}
+    catalog_uri_env: LAKE_CATALOG_URI
+    catalog_credential_env: LAKE_CATALOG_CREDENTIAL
+    """)
+    defs = build(comp)
+    spec = next(iter(defs.resolve_assets_def("orders_eu").specs))
+    assert set(spec.kinds) == {"rabbitmq", "spark", "iceberg"}
+    catalog = (defs.resources or {})["streamledger_orders_eu_catalog"]
+    # the secrets stay environment variables in the definitions (resolved at run time only)
+    assert catalog.uri.env_var_name == "LAKE_CATALOG_URI"
+    assert catalog.credential.env_var_name == "LAKE_CATALOG_CREDENTIAL"
+    monkeypatch.setenv("LAKE_CATALOG_URI", "https://cat.example/api")
+    monkeypatch.setenv("LAKE_CATALOG_CREDENTIAL", "id:s3cr3t")
+    resolved = catalog.process_config_and_initialize()
+    assert resolved.catalog_properties() == {"type": "rest", "warehouse": "wh", "uri": "https://cat.example/api",
+                                             "credential": "id:s3cr3t"}
