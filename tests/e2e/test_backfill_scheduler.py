@@ -18,7 +18,8 @@ Proven here:
   extra, and ``streamledger_downstream`` (``PartitionedAssetTimetable``) got exactly one run per
   interval with that partition key, which saw that interval's records.
 
-The components are started while the waves are published (both take about as long).
+The Airflow home is migrated while the waves are published; the backfill is created before the
+components start (the CLI and a running scheduler contend for the SQLite metadata database).
 """
 
 from __future__ import annotations
@@ -121,11 +122,20 @@ def backfill(rabbitmq_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     publisher.start()
     try:
         af = make_airflow_home(root / "airflow", extra_env=env)
+        # Airflow's CLI writes to the SQLite metadata database, which a running scheduler keeps
+        # locked ("database is locked"): serialize the DAGs, create the backfill and unpause before
+        # the components start. The backfill needs its intervals to have ended; the DAGs stay paused.
+        af.airflow("dags", "reserialize")
+        publisher.join()
+        assert not failure, f"publishing failed: {failure[0]!r}"
+        af.airflow("backfill", "create", "--dag-id", BACKFILL, "--from-date", starts[0].isoformat(),
+                   "--to-date", starts[-1].isoformat(), "--max-active-runs", "4")
         with airflow_components(af, env=env):
-            _wait("the DAGs to be parsed", 180, lambda: len(_db(
-                af, "SELECT 1 FROM dag WHERE dag_id IN (?, ?)", BACKFILL, DOWNSTREAM)) == 2)
-            publisher.join()
-            assert not failure, f"publishing failed: {failure[0]!r}"
+            # Unpaused once the execution API is up (tasks queued earlier fail to start): the
+            # downstream DAG first (it must listen before the first asset event), then the backfill
+            # DAG (backfill runs run only for an unpaused DAG).
+            for dag_id in (DOWNSTREAM, BACKFILL):
+                af.airflow("dags", "unpause", dag_id)
             yield Backfill(af=af, url=rabbitmq_url, name=name, pipeline=env["STREAMLEDGER_PIPELINE"],
                            root=root, env=env, starts=starts, published=published)
     finally:
@@ -168,12 +178,6 @@ def test_parallel_backfill_pins_each_interval_and_feeds_one_downstream_run_per_i
 
     began = time.monotonic()
     af = backfill.af
-    af.airflow("dags", "unpause", DOWNSTREAM)  # it must listen before the first asset event
-    first, last = backfill.starts[0].isoformat(), backfill.starts[-1].isoformat()
-    af.airflow("backfill", "create", "--dag-id", BACKFILL, "--from-date", first, "--to-date", last,
-               "--max-active-runs", "4")
-    af.airflow("dags", "unpause", BACKFILL)  # backfill runs run only for an unpaused DAG
-
     def finished() -> bool:
         runs = _runs(af, BACKFILL)
         failed = [r for r in runs if r["state"] == "failed"]
