@@ -2,10 +2,11 @@
 
 The api-server, scheduler (LocalExecutor), dag-processor and triggerer run as subprocesses
 (``tests.support.airflow.airflow_components``) over a fresh 2-partition super stream on the real 4.3
-broker, local Spark in each task process and a SQLite ledger. Records are published in waves, one
-inside each of ``INTERVALS`` data intervals of ``INTERVAL_S`` seconds, plus a late wave after the
-last one (data keeps arriving; it also makes the last interval's end resolvable at once). Then
-``airflow backfill create --dag-id streamledger_backfill --max-active-runs 4`` over those intervals.
+broker, the session's Spark Connect server (``spark_connect``) and a SQLite ledger. Records are
+published in waves, one inside each of ``INTERVALS`` data intervals of ``INTERVAL_S`` seconds, plus
+a late wave after the last one (data keeps arriving; it also makes the last interval's end
+resolvable at once). Then ``airflow backfill create --dag-id streamledger_backfill --max-active-runs
+4`` over those intervals.
 
 Proven here:
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -88,10 +90,12 @@ def _publish_waves(url: str, name: str, t0: int, published: dict[int, int]) -> N
 
 
 @pytest.fixture(scope="module")
-def backfill(rabbitmq_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfill]:
+def backfill(rabbitmq_url: str, spark_connect: str,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfill]:
     from streamledger.protocol.rabbitmq import StreamClient
 
     root = tmp_path_factory.mktemp("backfill-airflow")
+    server = urlsplit(spark_connect)
     name = f"i25-bf-{uuid.uuid4().hex[:8]}"
     with StreamClient.connect(rabbitmq_url) as client:
         client.create_super_stream(name, partitions=PARTITIONS)
@@ -108,6 +112,11 @@ def backfill(rabbitmq_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "STREAMLEDGER_END_DATE": starts[-1].isoformat(),
         "STREAMLEDGER_LEDGER_URL": f"sqlite:///{root / 'ledger.db'}",
         "STREAMLEDGER_OUTPUT_ROOT": str(root / "output"),
+        # the session's warm Spark Connect server: four task processes each starting a Spark JVM at
+        # once take minutes on 2 busy cores (local Spark in the task: test_backfill_dags, test_event_driven)
+        "STREAMLEDGER_SPARK_CONNECT_CONN_ID": "spark_connect_e2e",
+        "AIRFLOW_CONN_SPARK_CONNECT_E2E": json.dumps({"conn_type": "spark_connect", "host": server.hostname,
+                                                      "port": server.port}),
     }
     published: dict[int, int] = {}
     failure: list[BaseException] = []
