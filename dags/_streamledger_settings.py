@@ -10,6 +10,7 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_PIPELINE`` | ``events-backfill`` | consumer reference (ledger + broker offset) |
 | ``STREAMLEDGER_INTERVAL`` | ``@daily`` | cron expression, or ``<n>s`` / ``<n>m`` for a fixed delta |
 | ``STREAMLEDGER_START_DATE`` | ``2026-01-01T00:00:00+00:00`` | first data interval's start |
+| ``STREAMLEDGER_END_DATE`` | (unset) | the backfill DAG schedules no interval after this |
 | ``STREAMLEDGER_SPARK_CONN_ID`` | (unset) | run the job via spark-submit on this connection |
 | ``STREAMLEDGER_SPARK_CONNECT_CONN_ID`` | (unset) | run the job on this ``spark_connect`` server |
 | ``STREAMLEDGER_DAG_LEDGER_URL`` | (unset) | templated ``ledger_url`` of the backfill tasks |
@@ -37,6 +38,10 @@ from __future__ import annotations
 import os
 import re
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow.sdk import Asset
 
 SUPER_STREAM = os.environ.get("STREAMLEDGER_SUPER_STREAM", "events")
 STREAM = os.environ.get("STREAMLEDGER_STREAM") or None
@@ -45,6 +50,8 @@ PARTITIONS = int(os.environ.get("STREAMLEDGER_PARTITIONS", "3"))
 PIPELINE = os.environ.get("STREAMLEDGER_PIPELINE", "events-backfill")
 INTERVAL = os.environ.get("STREAMLEDGER_INTERVAL", "@daily")
 START_DATE = datetime.fromisoformat(os.environ.get("STREAMLEDGER_START_DATE", "2026-01-01T00:00:00+00:00"))
+_END = os.environ.get("STREAMLEDGER_END_DATE")
+END_DATE = datetime.fromisoformat(_END) if _END else None
 SPARK_CONN_ID = os.environ.get("STREAMLEDGER_SPARK_CONN_ID") or None
 SPARK_CONNECT_CONN_ID = os.environ.get("STREAMLEDGER_SPARK_CONNECT_CONN_ID") or None
 OUTPUT_ROOT = os.environ.get("STREAMLEDGER_OUTPUT_ROOT") or None
@@ -70,3 +77,11 @@ def data_interval_timetable(spec: str = INTERVAL) -> object:
         n, unit = int(match.group(1)), match.group(2)
         return DeltaDataIntervalTimetable(timedelta(seconds=n) if unit == "s" else timedelta(minutes=n))
     return CronDataIntervalTimetable(spec, timezone="UTC")
+
+
+def backfill_asset() -> Asset:
+    """The Asset the backfill DAG updates once per interval (partition key = the interval); the
+    downstream DAG is scheduled on it."""
+    from airflow.sdk import Asset
+
+    return Asset(name=f"streamledger-{PIPELINE}", uri=f"x-streamledger://{PIPELINE}/{STREAM or SUPER_STREAM}")

@@ -13,7 +13,8 @@ go in any order: ``max_active_runs=4`` (or ``airflow backfill create --max-activ
 intervals in parallel, a rerun of an old interval reproduces its range, and a failed interval keeps
 its range for its own retry (the broker offset waits at it meanwhile). A run whose interval end the
 broker has not passed yet defers until it has. The Asset event of each run carries the ranges it
-processed and the interval as its ``partition_key``; each run ends by auditing the pipeline.
+processed and the interval as its ``partition_key`` (``streamledger_downstream`` gets one run per
+interval from it); each run ends by auditing the pipeline.
 ``STREAMLEDGER_MAX_ACTIVE_RUNS`` / ``STREAMLEDGER_RETRIES`` set how many intervals run at once (default 4)
 and the batch task's retries (default 1); `make chaos-parallel` runs 3 at once with no retries.
 ``STREAMLEDGER_SINK=iceberg`` (or ``delta``) lands the ranges in a table instead (one table commit per
@@ -27,6 +28,7 @@ from datetime import timedelta
 from _streamledger_settings import (
     BOUND_BY_INTERVAL,
     CATALOG_CONN_ID,
+    END_DATE,
     LEDGER_URL,
     MAX_ACTIVE_RUNS,
     OUTPUT_ROOT,
@@ -40,19 +42,21 @@ from _streamledger_settings import (
     STREAM,
     SUPER_STREAM,
     TABLE,
+    backfill_asset,
     data_interval_timetable,
 )
-from airflow.sdk import DAG, Asset
+from airflow.sdk import DAG
 
 from streamledger.operators.audit import LedgerAuditOperator
 from streamledger.operators.batch import StreamBatchOperator
 
-events = Asset(name=f"streamledger-{PIPELINE}", uri=f"x-streamledger://{PIPELINE}/{STREAM or SUPER_STREAM}")
+events = backfill_asset()
 
 with DAG(
     dag_id="streamledger_backfill",
     schedule=data_interval_timetable(),
     start_date=START_DATE,
+    end_date=END_DATE,
     catchup=True,
     max_active_runs=MAX_ACTIVE_RUNS,
     default_args={"retries": RETRIES, "retry_delay": timedelta(seconds=1)},

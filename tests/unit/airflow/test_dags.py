@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def test_all_example_dags_import(dagbag) -> None:  # type: ignore[no-untyped-def
     assert set(dagbag.dag_ids) >= {
         "streamledger_backfill", "streamledger_create_super_stream", "streamledger_audit",
         "streamledger_on_backlog", "streamledger_event_driven", "streamledger_per_partition",
+        "streamledger_downstream",
     }
 
 
@@ -35,6 +37,31 @@ def test_backfill_dag_shape(dagbag) -> None:  # type: ignore[no-untyped-def]
     assert read.bound_by_interval and read.super_stream == "ev" and read.initial_position == "interval_start"
     assert audit.task_id in read.downstream_task_ids
     assert [o.uri for o in read.outlets] == ["x-streamledger://events-backfill/ev"]
+    assert dag.end_date is None
+
+
+def test_backfill_dag_end_date_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMLEDGER_END_DATE", "2026-03-31T00:00:00+00:00")
+    monkeypatch.syspath_prepend(str(DAGS))
+    monkeypatch.delitem(sys.modules, "_streamledger_settings", raising=False)  # read the variable again
+    from airflow.dag_processing.dagbag import DagBag
+
+    try:
+        dag = DagBag(dag_folder=str(DAGS / "streamledger_backfill.py")).dags["streamledger_backfill"]
+    finally:
+        sys.modules.pop("_streamledger_settings", None)  # later tests must not see the end date
+    assert dag.end_date == datetime(2026, 3, 31, tzinfo=UTC)
+
+
+def test_downstream_dag_runs_once_per_partition_of_the_backfill_asset(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk import PartitionedAssetTimetable
+
+    dag = dagbag.dags["streamledger_downstream"]
+    assert isinstance(dag.timetable, PartitionedAssetTimetable)
+    asset = dag.timetable.asset_condition
+    (outlet,) = dagbag.dags["streamledger_backfill"].get_task("read_interval").outlets
+    assert (asset.name, asset.uri) == (outlet.name, outlet.uri)
+    assert dag.get_task("interval_summary")
 
 
 def test_interval_settings_give_real_data_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
