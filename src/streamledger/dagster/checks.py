@@ -50,11 +50,14 @@ def build_ledger_audit_check(
     stale_after: timedelta = timedelta(hours=1),
     broker_resource_key: str = DEFAULT_BROKER_KEY,
     ledger_resource_key: str = DEFAULT_LEDGER_KEY,
+    catalog_resource_key: str | None = None,
 ) -> AssetChecksDefinition:
     """An ERROR-severity check that passes exactly when ``Ledger.audit(pipeline, broker=…)`` is clean.
 
     :param blocking: block downstream assets when the audit fails.
     :param stale_after: a claim older than this counts as stale (a run that died without failing).
+    :param catalog_resource_key: key of an :class:`IcebergCatalogResource` when the pipeline's
+        Iceberg table lives in a non-default catalog (the table part of the audit reads it there).
     """
     target = asset if isinstance(asset, AssetsDefinition) else AssetKey.from_coercible(asset)
 
@@ -62,13 +65,16 @@ def build_ledger_audit_check(
         asset=target,
         name=name,
         blocking=blocking,
-        required_resource_keys={broker_resource_key, ledger_resource_key},
+        required_resource_keys={broker_resource_key, ledger_resource_key}
+        | ({catalog_resource_key} if catalog_resource_key else set()),
         description=f"Ledger audit of pipeline {pipeline}: ranges, claims and broker offsets agree.",
     )
     def _ledger_audit(context: AssetCheckExecutionContext) -> AssetCheckResult:
         ledger = getattr(context.resources, ledger_resource_key).get_ledger()
+        catalog = (getattr(context.resources, catalog_resource_key).catalog_properties()
+                   if catalog_resource_key else None)
         with getattr(context.resources, broker_resource_key).get_client() as client:
-            report = audit(ledger, pipeline, broker=client, stale_after=stale_after)
+            report = audit(ledger, pipeline, broker=client, stale_after=stale_after, catalog=catalog)
         return AssetCheckResult(
             passed=bool(report.clean), severity=AssetCheckSeverity.ERROR, metadata=audit_metadata(report)
         )

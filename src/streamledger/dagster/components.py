@@ -425,6 +425,7 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
             checks.append(build_ledger_audit_check(
                 asset, pipeline=self.pipeline, broker_resource_key=keys["broker"],
                 ledger_resource_key=keys["ledger"],
+                catalog_resource_key=keys["catalog"] if self.has_catalog else None,
             ))
             if asset.partitions_def is not None:
                 checks.append(build_partition_audit_check(

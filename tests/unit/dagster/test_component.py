@@ -167,6 +167,8 @@ def test_backlog_above_refuses_bad_arguments_in_one_line(kwargs: dict[str, objec
     with pytest.raises(StreamledgerError, match=message) as err:
         BacklogAbove(pipeline="orders-eu", **kwargs)  # type: ignore[arg-type]
     assert "\n" not in str(err.value)
+
+
 def test_table_sink_yaml_gives_the_asset_its_sink_and_an_env_backed_catalog_resource(
         monkeypatch: pytest.MonkeyPatch) -> None:
     comp = component(BASE + """\
@@ -179,6 +181,10 @@ def test_table_sink_yaml_gives_the_asset_its_sink_and_an_env_backed_catalog_reso
     defs = build(comp)
     spec = next(iter(defs.resolve_assets_def("orders_eu").specs))
     assert set(spec.kinds) == {"rabbitmq", "spark", "iceberg"}
+    # the audit check reads the table in the same (non-default) catalog as the batch writes it
+    [audit_check] = [c for c in defs.asset_checks or []
+                     if any(k.name == "ledger_audit" for k in c.check_keys)]
+    assert "streamledger_orders_eu_catalog" in audit_check.required_resource_keys
     catalog = (defs.resources or {})["streamledger_orders_eu_catalog"]
     # the secrets stay environment variables in the definitions (resolved at run time only)
     assert catalog.uri.env_var_name == "LAKE_CATALOG_URI"
