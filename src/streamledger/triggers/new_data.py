@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+import json
+from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
@@ -51,19 +52,28 @@ from streamledger.batch.position import source_problem
 from streamledger.triggers.backlog import StreamPosition, poll_positions
 
 ANNOUNCED_SUFFIX = ".announced"
+ANNOUNCING_SUFFIX = ".announcing"  # ack mode: the pinned, not yet acknowledged announcement
 MAX_REFERENCE_BYTES = 255  # the broker's limit for an offset reference
 
 
-def announced_reference(pipeline: str) -> str:
+def announced_reference(pipeline: str, suffix: str = ANNOUNCED_SUFFIX) -> str:
     """``<pipeline>.announced``; when that exceeds 255 UTF-8 bytes, a prefix of the pipeline plus a
     digest of the whole name, so distinct pipelines keep distinct references."""
-    plain = pipeline + ANNOUNCED_SUFFIX
+    plain = pipeline + suffix
     if len(plain.encode("utf-8")) <= MAX_REFERENCE_BYTES:
         return plain
-    tail = "~" + hashlib.sha256(pipeline.encode("utf-8")).hexdigest()[:16] + ANNOUNCED_SUFFIX
+    tail = "~" + hashlib.sha256(pipeline.encode("utf-8")).hexdigest()[:16] + suffix
     room = MAX_REFERENCE_BYTES - len(tail.encode("utf-8"))
     prefix = pipeline.encode("utf-8")[:room].decode("utf-8", errors="ignore")
     return prefix + tail
+
+
+def announcement_id(pipeline: str, marks: dict[str, tuple[int | None, int]]) -> str:
+    """The identity of one announcement: a digest of the pipeline and, per announced partition, the
+    announced offset before it and the offset it announces up to. Both are stored on the broker, so
+    a redelivery of the same announcement after a triggerer restart carries the same identity."""
+    text = json.dumps([pipeline, sorted((s, a, u) for s, (a, u) in marks.items())])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
 def plan_announcement(positions: Sequence[StreamPosition], announced: dict[str, int | None]
@@ -141,20 +151,42 @@ class StreamDataEventTrigger(BaseEventTrigger):
     def reference(self) -> str:
         return announced_reference(self.pipeline)
 
+    @property
+    def pinned_reference(self) -> str:
+        """Ack mode: where an announcement is pinned before it is yielded (``<pipeline>.announcing``)."""
+        return announced_reference(self.pipeline, ANNOUNCING_SUFFIX)
+
+    def _poll(self, then: Any) -> Any:
+        return poll_positions(
+            pipeline=self.pipeline, stream=self.stream, super_stream=self.super_stream,
+            rabbitmq_stream_conn_id=self.rabbitmq_stream_conn_id, ledger_conn_id=self.ledger_conn_id,
+            ledger_url=self.ledger_url, then=then,
+        )
+
     def check(self, *, announce: bool = True) -> dict[str, Any] | None:
         """One synchronous check: the payload when enough new data waits, else ``None``. With
         ``announce`` the announcement is stored first (without it nothing is written)."""
-        return poll_positions(  # type: ignore[no-any-return]
-            pipeline=self.pipeline, stream=self.stream, super_stream=self.super_stream,
-            rabbitmq_stream_conn_id=self.rabbitmq_stream_conn_id, ledger_conn_id=self.ledger_conn_id,
-            ledger_url=self.ledger_url,
-            then=lambda client, positions: self._announce(client, positions, store=announce),
-        )
+        return self._poll(  # type: ignore[no-any-return]
+            lambda client, positions: self._announce(client, positions, store=announce))
 
-    def _announce(self, client: Any, positions: list[StreamPosition], *,
-                  store: bool) -> dict[str, Any] | None:
-        ref = self.reference
-        announced = {p.stream: client.query_offset(p.stream, ref) for p in positions}
+    def check_pinned(self, *, pin: bool) -> dict[str, Any] | None:
+        """Ack mode's check: the pinned announcement not yet acknowledged (a redelivery) if there is
+        one, else new data's announcement, pinned under :attr:`pinned_reference` when ``pin``."""
+        return self._poll(  # type: ignore[no-any-return]
+            lambda client, positions: self._redelivery(client, positions)
+            or self._announce(client, positions, store=pin, reference=self.pinned_reference))
+
+    def acknowledge(self, upto: dict[str, int]) -> None:
+        """Ack mode: store the announced offsets (verified) once Airflow persisted the event."""
+        from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+
+        with RabbitMQStreamHook(self.rabbitmq_stream_conn_id).get_conn() as client:
+            for stream, offset in sorted(upto.items()):
+                client.store_offset_verified(stream, self.reference, offset)
+
+    def _announce(self, client: Any, positions: list[StreamPosition], *, store: bool,
+                  reference: str | None = None) -> dict[str, Any] | None:
+        announced = {p.stream: client.query_offset(p.stream, self.reference) for p in positions}
         plan = plan_announcement(positions, announced)
         new = sum(v["new"] for v in plan.values())
         if new < self.min_backlog:
@@ -162,17 +194,67 @@ class StreamDataEventTrigger(BaseEventTrigger):
                 self.log.info("pipeline %s: %d new offsets, waiting for %d", self.pipeline, new,
                               self.min_backlog)
             return None
-        for stream, v in plan.items():
-            if v["new"] and store:
-                client.store_offset_verified(stream, ref, v["tail"] - 1)
+        marks = {s: (announced[s], v["tail"] - 1) for s, v in plan.items() if v["new"]}
+        if store:
+            for stream, (_, upto) in marks.items():
+                client.store_offset_verified(stream, reference or self.reference, upto)
+        return self._payload(plan, marks)
+
+    def _redelivery(self, client: Any, positions: list[StreamPosition]) -> dict[str, Any] | None:
+        """The pinned announcement when it is ahead of the acknowledged one on any partition."""
+        announced = {p.stream: client.query_offset(p.stream, self.reference) for p in positions}
+        pinned = {p.stream: client.query_offset(p.stream, self.pinned_reference) for p in positions}
+        marks = {s: (announced[s], upto) for s, upto in pinned.items()
+                 if upto is not None and (announced[s] is None or upto > announced[s])}
+        if not marks:
+            return None
+        plan: dict[str, dict[str, int]] = {}
+        for p in positions:
+            begin = max(p.start, (announced[p.stream] or -1) + 1)
+            new = max(0, marks[p.stream][1] + 1 - begin) if p.stream in marks else 0
+            plan[p.stream] = {"tail": p.tail, "backlog": p.backlog, "new": new, "from": begin}
+        return {**self._payload(plan, marks), "redelivered": True}
+
+    def _payload(self, plan: dict[str, dict[str, int]], marks: dict[str, tuple[int | None, int]]
+                 ) -> dict[str, Any]:
         return {
             "pipeline": self.pipeline,
             "super_stream": self.super_stream,
+            "announcement": announcement_id(self.pipeline, marks),
+            "upto": {s: upto for s, (_, upto) in marks.items()},
             "streams": plan,
             "tail": {s: v["tail"] for s, v in plan.items()},
             "backlog": sum(v["backlog"] for v in plan.values()),
-            "new": new,
+            "new": sum(v["new"] for v in plan.values()),
         }
+
+    # -- Airflow >= 3.3: ack mode (one shared poll per key; see streamledger.triggers.acked) --
+
+    def shared_stream_key(self) -> Hashable | None:
+        """One poll per (connection, stream or super stream, pipeline) in ack mode, else ``None``
+        (Airflow 3.0-3.2, or the gate forced off): :meth:`run` then polls as before."""
+        from streamledger.triggers import acked
+
+        if not acked.ack_mode():
+            return None
+        return ("streamledger.announcements", self.rabbitmq_stream_conn_id,
+                self.super_stream or "", self.stream or "", self.pipeline)
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> Any:
+        from streamledger.triggers.acked import AnnouncementProducer
+
+        return AnnouncementProducer(cls(**kwargs))
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        """Every announcement of the shared poll is this trigger's event. Never returns: leaving the
+        group with an event awaiting its persist confirmation would abandon its acknowledgement."""
+        watched = self.super_stream or self.stream
+        async for payload in shared_stream:
+            self.log.info("pipeline %s on %s: announcing %d new offsets (backlog %d, announcement %s%s)",
+                          self.pipeline, watched, payload["new"], payload["backlog"],
+                          payload["announcement"], ", redelivered" if payload.get("redelivered") else "")
+            yield TriggerEvent(payload)  # type: ignore[no-untyped-call]
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         watched = self.super_stream or self.stream

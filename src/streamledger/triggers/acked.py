@@ -1,0 +1,106 @@
+"""Ack mode for :class:`~streamledger.triggers.new_data.StreamDataEventTrigger` (Airflow >= 3.3).
+
+Airflow 3.3's shared streams run one poll per ``shared_stream_key`` in the triggerer and call the
+producer's :meth:`AnnouncementProducer.advance` only once every trigger event derived from a raw
+event is persisted in the metadata database. The announcement's life on the broker, per partition:
+
+1. *pin*: the announcement's end (``tail - 1``) is stored, verified, under ``<pipeline>.announcing``
+   before the raw event is yielded (so a restart finds exactly the same range, not a wider one);
+2. *yield*: every trigger of the group turns it into a ``TriggerEvent``; Airflow persists it;
+3. *acknowledge*: ``advance`` stores the same offset under ``<pipeline>.announced`` (verified).
+
+A poll first looks for a pinned announcement ahead of the acknowledged one and yields it again
+(``redelivered``) with the same ``announcement`` identity (a digest of the acknowledged offset
+before it and the pinned one, both on the broker). So a triggerer killed at any moment:
+
+* before the pin is verified: nothing was announced; the next poll announces the data;
+* after the pin, before the persist: the pinned range is announced after the restart, once;
+* after the persist, before the acknowledgement (the one window Airflow's design leaves
+  at-least-once: confirmations travel on the next state sync, about a second): the same range
+  is announced again with the *same* identity, and the batch it starts reads nothing the first
+  run read (the batch reads from the ledger, never from the announcement). Consumers that count
+  arrivals count distinct ``announcement`` identities.
+
+Only one announcement is outstanding per group: new data waits until the pending one is
+acknowledged (or failed by Airflow's ack timeout, which redelivers it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow import __version__ as airflow_version
+from packaging.version import Version
+
+if TYPE_CHECKING:
+    from streamledger.triggers.new_data import StreamDataEventTrigger
+
+log = logging.getLogger(__name__)
+
+#: The version gate (as the Kafka provider gates its ack mode): shared streams with a producer
+#: exist from Airflow 3.3 on. Tests force it off to exercise the 3.0-3.2 path.
+ACK_MODE = Version(Version(airflow_version).base_version) >= Version("3.3.0")
+
+
+def ack_mode() -> bool:
+    return ACK_MODE
+
+
+try:
+    from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
+except ImportError:  # Airflow < 3.3: never instantiated (the gate is off)
+    SharedStreamProducer = object  # type: ignore[assignment,misc]
+    AdvanceItem = Any  # type: ignore[assignment,misc]
+
+
+class AnnouncementProducer(SharedStreamProducer):
+    """The shared poll of one (connection, stream or super stream, pipeline)."""
+
+    def __init__(self, trigger: StreamDataEventTrigger) -> None:
+        self.trigger = trigger
+        self.inflight: str | None = None  # the announcement yielded and not yet advanced
+
+    async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], tuple[str, dict[str, int]]]]:
+        t = self.trigger
+        watched = t.super_stream or t.stream
+        while True:
+            payload = None
+            if self.inflight is None:
+                try:
+                    payload = await self._next()
+                except Exception as exc:  # retried: an event would start a DAG run
+                    log.warning("pipeline %s on %s: check failed, retrying in %gs: %s: %s", t.pipeline,
+                                watched, t.poll_interval, type(exc).__name__, exc)
+            if payload is not None:
+                self.inflight = payload["announcement"]
+                yield payload, (payload["announcement"], payload["upto"])
+            await asyncio.sleep(t.poll_interval)
+
+    async def _next(self) -> dict[str, Any] | None:
+        t = self.trigger
+        payload = await asyncio.to_thread(t.check_pinned, pin=t.settle == 0)
+        if payload is not None and not payload.get("redelivered") and t.settle > 0:
+            await asyncio.sleep(t.settle)  # let a burst across partitions land first
+            payload = await asyncio.to_thread(t.check_pinned, pin=True)
+        return payload
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Acknowledge each announcement every subscriber persisted; leave others pinned, so the
+        next poll yields them again."""
+        for item in batch:
+            ident, upto = item.broker_payload
+            try:
+                if item.outcome.is_clean:
+                    await asyncio.to_thread(self.trigger.acknowledge, upto)
+                    log.info("pipeline %s: announcement %s acknowledged at %s", self.trigger.pipeline,
+                             ident, upto)
+                else:
+                    log.warning("pipeline %s: announcement %s not persisted by every trigger (%s); it "
+                                "stays pinned and is announced again", self.trigger.pipeline, ident,
+                                item.outcome)
+            finally:
+                if self.inflight == ident:
+                    self.inflight = None
