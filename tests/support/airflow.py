@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,10 @@ class AirflowHome:
     home: Path
     env: dict[str, str] = field(default_factory=dict)
     timings: list[tuple[str, float]] = field(default_factory=list)
+    # set by airflow_components while it runs: start a component again (see crash_and_restart)
+    restart: Callable[[str, Mapping[str, str]], subprocess.Popen[bytes]] | None = field(
+        default=None, repr=False)
+    running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
 
     def environ(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         merged = dict(os.environ)
@@ -214,13 +218,21 @@ def airflow_components(af: AirflowHome, *, dags_folder: Path | None = None,
         "triggerer": ["triggerer"],
     }
     processes: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, extra: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        with open(logs / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [str(AIRFLOW_BIN), *commands[name]], env={**environ, **(extra or {})}, cwd=af.home,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        processes.append(proc)
+        af.running[name] = proc
+        return proc
+
     try:
         for name in components:
-            with open(logs / f"{name}.log", "ab") as log:
-                processes.append(subprocess.Popen(
-                    [str(AIRFLOW_BIN), *commands[name]], env=environ, cwd=af.home, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                ))
+            start(name)
+        af.restart = start
         wanted = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
         deadline = time.monotonic() + ready_timeout
         while True:
@@ -240,7 +252,19 @@ def airflow_components(af: AirflowHome, *, dags_folder: Path | None = None,
             time.sleep(1.0)
         yield api_url
     finally:
+        af.restart = None
         _stop(processes)
+
+
+def crash_and_restart(af: AirflowHome, name: str, extra_env: Mapping[str, str] | None = None) -> None:
+    """SIGKILL a running component's whole process group (a crash: no cleanup runs), then start it
+    again with ``extra_env`` added; the new process is stopped with the others on exit."""
+    assert af.restart is not None, "only inside airflow_components"
+    proc = af.running[name]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    af.restart(name, extra_env or {})
 
 
 def ui_plugin_env() -> dict[str, str]:

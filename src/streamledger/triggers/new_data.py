@@ -25,9 +25,11 @@ partition with new data (read back until visible), *then* fires one event and en
 * data is announced once: a fresh instance starts from the stored announcement and stays silent
   until a user chunk lands past it;
 * data the pipeline already processed is never announced, whatever the announcement says;
-* a crash between the store and Airflow persisting the event loses that one announcement (the
-  data is not lost: the next arrival's batch reads from the pipeline's ledger position, so it
-  includes it); announcing first and storing afterwards would instead risk a duplicate run;
+* on Airflow 3.0-3.2 (:meth:`run`), a crash between the store and Airflow persisting the event
+  loses that one announcement (the data is not lost: the next arrival's batch reads from the
+  pipeline's ledger position, so it includes it); on Airflow >= 3.3 the trigger runs in *ack mode*
+  (:mod:`streamledger.triggers.acked`): the announcement is pinned, yielded, and stored as
+  announced only after Airflow persisted the event, so a crash loses nothing;
 * a run reads up to the tail *when it starts*, so with ``max_active_runs=1`` data announced while
   an earlier run was still queued may already be read by that run: the later run then finds only
   tracking chunks (a short, empty batch). Announcements are per arrival, runs are per announcement.
