@@ -10,16 +10,19 @@ event is persisted in the metadata database. The announcement's life on the brok
 3. *acknowledge*: ``advance`` stores the same offset under ``<pipeline>.announced`` (verified).
 
 A poll first looks for a pinned announcement ahead of the acknowledged one and yields it again
-(``redelivered``) with the same ``announcement`` identity (a digest of the acknowledged offset
-before it and the pinned one, both on the broker). So a triggerer killed at any moment:
+(``redelivered``) with the same ``announcement`` identity (a digest of every partition's announced
+position once acknowledged: on the broker from the pin on). So a triggerer killed at any moment:
 
-* before the pin is verified: nothing was announced; the next poll announces the data;
+* before the pin is verified: nothing was announced; the next poll announces the data (killed
+  between two partitions' pins, the pinned partitions are announced first and the others next:
+  one arrival in two announcements, no offset in both);
 * after the pin, before the persist: the pinned range is announced after the restart, once;
 * after the persist, before the acknowledgement (the one window Airflow's design leaves
   at-least-once: confirmations travel on the next state sync, about a second): the same range
   is announced again with the *same* identity, and the batch it starts reads nothing the first
   run read (the batch reads from the ledger, never from the announcement). Consumers that count
-  arrivals count distinct ``announcement`` identities.
+  arrivals count distinct ``announcement`` identities. Killed between two partitions'
+  acknowledgements, the rest is yielded again under the same identity.
 
 Only one announcement is outstanding per group: new data waits until the pending one is
 acknowledged (or failed by Airflow's ack timeout, which redelivers it).

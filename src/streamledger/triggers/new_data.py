@@ -70,11 +70,12 @@ def announced_reference(pipeline: str, suffix: str = ANNOUNCED_SUFFIX) -> str:
     return prefix + tail
 
 
-def announcement_id(pipeline: str, marks: dict[str, tuple[int | None, int]]) -> str:
-    """The identity of one announcement: a digest of the pipeline and, per announced partition, the
-    announced offset before it and the offset it announces up to. Both are stored on the broker, so
-    a redelivery of the same announcement after a triggerer restart carries the same identity."""
-    text = json.dumps([pipeline, sorted((s, a, u) for s, (a, u) in marks.items())])
+def announcement_id(pipeline: str, vector: dict[str, int | None]) -> str:
+    """The identity of one announcement: a digest of the pipeline and, per partition, the announced
+    position once it is acknowledged (``None``: never announced). In ack mode that vector is on the
+    broker from the pin on, and no new pin is written while one waits, so an announcement yielded
+    again after a restart (even one acknowledged on some partitions only) has the same identity."""
+    text = json.dumps([pipeline, sorted((s, v) for s, v in vector.items() if v is not None)])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
@@ -196,34 +197,39 @@ class StreamDataEventTrigger(BaseEventTrigger):
                 self.log.info("pipeline %s: %d new offsets, waiting for %d", self.pipeline, new,
                               self.min_backlog)
             return None
-        marks = {s: (announced[s], v["tail"] - 1) for s, v in plan.items() if v["new"]}
+        marks = {s: v["tail"] - 1 for s, v in plan.items() if v["new"]}
         if store:
-            for stream, (_, upto) in marks.items():
+            for stream, upto in marks.items():
                 client.store_offset_verified(stream, reference or self.reference, upto)
-        return self._payload(plan, marks)
+        return self._payload(plan, marks, {**announced, **marks})
 
     def _redelivery(self, client: Any, positions: list[StreamPosition]) -> dict[str, Any] | None:
         """The pinned announcement when it is ahead of the acknowledged one on any partition."""
         announced = {p.stream: client.query_offset(p.stream, self.reference) for p in positions}
         pinned = {p.stream: client.query_offset(p.stream, self.pinned_reference) for p in positions}
-        marks = {s: (announced[s], upto) for s, upto in pinned.items()
-                 if upto is not None and (announced[s] is None or upto > announced[s])}
+        marks: dict[str, int] = {}
+        for s, upto in pinned.items():
+            seen = announced[s]
+            if upto is not None and (seen is None or upto > seen):
+                marks[s] = upto
         if not marks:
             return None
         plan: dict[str, dict[str, int]] = {}
         for p in positions:
             begin = max(p.start, (announced[p.stream] or -1) + 1)
-            new = max(0, marks[p.stream][1] + 1 - begin) if p.stream in marks else 0
+            new = max(0, marks[p.stream] + 1 - begin) if p.stream in marks else 0
             plan[p.stream] = {"tail": p.tail, "backlog": p.backlog, "new": new, "from": begin}
-        return {**self._payload(plan, marks), "redelivered": True}
+        return {**self._payload(plan, marks, {**announced, **marks}), "redelivered": True}
 
-    def _payload(self, plan: dict[str, dict[str, int]], marks: dict[str, tuple[int | None, int]]
-                 ) -> dict[str, Any]:
+    def _payload(self, plan: dict[str, dict[str, int]], marks: dict[str, int],
+                 vector: dict[str, int | None]) -> dict[str, Any]:
+        """``marks``: what this announcement stores, per partition; ``vector``: the announced
+        position of every partition once it is acknowledged (its identity)."""
         return {
             "pipeline": self.pipeline,
             "super_stream": self.super_stream,
-            "announcement": announcement_id(self.pipeline, marks),
-            "upto": {s: upto for s, (_, upto) in marks.items()},
+            "announcement": announcement_id(self.pipeline, vector),
+            "upto": marks,
             "streams": plan,
             "tail": {s: v["tail"] for s, v in plan.items()},
             "backlog": sum(v["backlog"] for v in plan.values()),
