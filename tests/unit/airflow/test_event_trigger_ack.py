@@ -198,3 +198,39 @@ def test_the_gate_off_keeps_the_standalone_path(conn_id: str, rabbitmq_url: str,
     events = asyncio.run(asyncio.wait_for(collect(), 30))
     assert len(events) == 1 and events[0]["new"] == 2
     assert _offsets(rabbitmq_url, stream, "ack-r") == (1, None), "stored before the event, never pinned"
+
+
+def test_killed_between_two_partitions_acknowledgements_keeps_the_identity(
+        conn_id: str, rabbitmq_url: str, stream_name: Any, tmp_path: Path) -> None:
+    name, pipeline = stream_name.super_stream("ack-half"), "ack-h"
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_super_stream(name, partitions=2)
+        parts = client.partitions(name)
+        client.publish(parts[0], [b"x"] * 3)
+        client.publish(parts[1], [b"y"] * 2)
+
+    def make() -> StreamDataEventTrigger:
+        return StreamDataEventTrigger(pipeline=pipeline, super_stream=name, rabbitmq_stream_conn_id=conn_id,
+                                      ledger_url=f"sqlite:///{tmp_path / 'l.db'}", poll_interval=POLL,
+                                      settle=0)
+
+    async def scenario() -> None:
+        first = Runner()
+        first.start(1, make())
+        payload, _ = await first.next_event(1)
+        assert payload["upto"] == {parts[0]: 2, parts[1]: 1}
+        await first.stop()
+        # advance() acknowledged the first partition, then the triggerer died
+        make().acknowledge({parts[0]: 2})
+        second = Runner()
+        second.start(1, make())
+        again, seq = await second.next_event(1)
+        assert again["redelivered"] is True and again["announcement"] == payload["announcement"]
+        assert again["upto"] == {parts[1]: 1} and again["new"] == 2
+        pending = second.move_on(1)
+        second.manager.confirm_persisted([seq])
+        await _eventually(lambda: _offsets(rabbitmq_url, parts[1], pipeline) == (1, 1))
+        pending.cancel()
+        await second.stop()
+
+    asyncio.run(scenario())
