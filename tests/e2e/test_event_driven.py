@@ -9,6 +9,8 @@ Proven here, on one set of running components (module fixture):
   ``rabbitmq-stream`` trigger in the triggerer), each run reads exactly its wave, and afterwards no
   run starts although every batch's StoreOffset and every announcement wrote tracking chunks to the
   partitions (no run without new data). OpenLineage events carry the ranges and outputs.
+* ack mode (Airflow >= 3.3): three more waves with the triggerer SIGKILLed at seeded random moments
+  (and restarted): one announcement identity per wave, disjoint, every record read exactly once.
 * ``streamledger_per_partition``: the batch mapped over the partitions runs one task instance per
   partition (map index 0 and 1, rendered as the partition names), each claiming under its own
   identity.
