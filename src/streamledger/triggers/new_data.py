@@ -219,7 +219,16 @@ class StreamDataEventTrigger(BaseEventTrigger):
             begin = max(p.start, (announced[p.stream] or -1) + 1)
             new = max(0, marks[p.stream] + 1 - begin) if p.stream in marks else 0
             plan[p.stream] = {"tail": p.tail, "backlog": p.backlog, "new": new, "from": begin}
-        return {**self._payload(plan, marks, {**announced, **marks}), "redelivered": True}
+        payload = self._payload(plan, marks, {**announced, **marks})
+        if payload["new"] == 0:
+            # the pipeline already read (or claimed) all of it: the first event was persisted and
+            # ran, or another run took the data; either way it is not announced again
+            for stream, upto in marks.items():
+                client.store_offset_verified(stream, self.reference, upto)
+            self.log.info("pipeline %s: pinned announcement %s already processed, acknowledged without "
+                          "an event", self.pipeline, payload["announcement"])
+            return None
+        return {**payload, "redelivered": True}
 
     def _payload(self, plan: dict[str, dict[str, int]], marks: dict[str, int],
                  vector: dict[str, int | None]) -> dict[str, Any]:
