@@ -19,7 +19,8 @@ position once acknowledged: on the broker from the pin on). So a triggerer kille
 * after the pin, before the persist: the pinned range is announced after the restart, once;
 * after the persist, before the acknowledgement (the one window Airflow's design leaves
   at-least-once: confirmations travel on the next state sync, about a second): the same range
-  is announced again with the *same* identity, and the batch it starts reads nothing the first
+  is announced again with the *same* identity, unless the pipeline has already read (or claimed)
+  all of it: then it is acknowledged without an event. A batch it starts reads nothing the first
   run read (the batch reads from the ledger, never from the announcement). Consumers that count
   arrivals count distinct ``announcement`` identities. Killed between two partitions'
   acknowledgements, the rest is yielded again under the same identity.

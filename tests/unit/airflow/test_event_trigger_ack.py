@@ -234,3 +234,35 @@ def test_killed_between_two_partitions_acknowledgements_keeps_the_identity(
         await second.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_redelivery_the_pipeline_already_read_is_acknowledged_without_an_event(
+        conn_id: str, rabbitmq_url: str, stream_name: Any, tmp_path: Path) -> None:
+    """Killed after the persist and before the acknowledgement, with the run already done: the
+    restarted trigger does not announce the range again (no second run)."""
+    stream, pipeline = stream_name("ack-done"), "ack-d"
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_stream(stream)
+        client.publish(stream, [b"a"] * 4)
+
+    def make() -> StreamDataEventTrigger:
+        return StreamDataEventTrigger(pipeline=pipeline, stream=stream, rabbitmq_stream_conn_id=conn_id,
+                                      ledger_url=f"sqlite:///{tmp_path / 'none.db'}", poll_interval=POLL,
+                                      settle=0)
+
+    async def scenario() -> None:
+        first = Runner()
+        first.start(1, make())
+        payload, _ = await first.next_event(1)
+        assert payload["upto"] == {stream: 3}
+        await first.stop()
+        with StreamClient.connect(rabbitmq_url) as client:
+            client.store_offset_verified(stream, pipeline, 4)  # the run read [0, 5) and stored its offset
+        second = Runner()
+        second.start(1, make())
+        with pytest.raises(TimeoutError):
+            await second.next_event(1, timeout=10 * POLL)
+        assert _offsets(rabbitmq_url, stream, pipeline) == (3, 3)
+        await second.stop()
+
+    asyncio.run(scenario())
