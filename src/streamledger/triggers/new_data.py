@@ -99,7 +99,8 @@ class StreamDataEventTrigger(BaseEventTrigger):
     :param stream: / :param super_stream: what to watch (exactly one).
     :param rabbitmq_stream_conn_id: source connection (default ``rabbitmq_stream_default``): a
         ``rabbitmq_stream`` or ``mewbase`` one (:mod:`streamledger.hooks.source`); on mewbase the
-        announcement is the durable subscription ``<pipeline>.announced`` of the channel.
+        announcement is the durable subscription ``<pipeline>.announced`` of the channel (in ack
+        mode also ``<pipeline>.announcing``).
     :param ledger_conn_id: / :param ledger_url: the pipeline's ledger (default: as the batch operator).
     :param min_backlog: new offsets, summed over partitions, needed to fire (default 1).
     :param poll_interval: seconds between checks (default 30).
@@ -181,9 +182,9 @@ class StreamDataEventTrigger(BaseEventTrigger):
 
     def acknowledge(self, upto: dict[str, int]) -> None:
         """Ack mode: store the announced offsets (verified) once Airflow persisted the event."""
-        from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
+        from streamledger.hooks.source import source_hook
 
-        with RabbitMQStreamHook(self.rabbitmq_stream_conn_id).get_conn() as client:
+        with source_hook(self.rabbitmq_stream_conn_id).get_conn() as client:
             for stream, offset in sorted(upto.items()):
                 client.store_offset_verified(stream, self.reference, offset)
 
