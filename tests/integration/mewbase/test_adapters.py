@@ -198,3 +198,44 @@ def test_dagster_source_resource_takes_any_known_url(emulator: MewbaseServerEmul
         StreamSourceResource(url=emulator.url(), ca_file="/ca.pem").connection_url()
     with pytest.raises(UnsupportedSource, match=r"^source URL has scheme 'kafka'; streamledger reads"):
         StreamSourceResource(url="kafka://user:secret@h:9092").connection_url()
+
+
+def test_event_trigger_ack_mode_over_a_mewbase_channel(
+    mewbase_conn: str, emulator: MewbaseServerEmulator, tmp_path: Path
+) -> None:
+    """Ack mode (Airflow >= 3.3) over mewbase: pinned and acknowledged as durable subscriptions,
+    acknowledged only after the persist confirmation."""
+    from streamledger.sources import connect_log
+    from streamledger.triggers import acked
+    from streamledger.triggers.new_data import StreamDataEventTrigger
+    from tests.unit.airflow.test_event_trigger_ack import Runner
+
+    if not acked.ACK_MODE:
+        pytest.skip("ack mode needs Airflow >= 3.3")
+    positions = seed(emulator, "acked", range(3))
+    trigger = StreamDataEventTrigger(pipeline="mb-ack", stream="acked", rabbitmq_stream_conn_id=mewbase_conn,
+                                     ledger_url=f"sqlite:///{tmp_path / 'l.db'}", poll_interval=0.1, settle=0)
+
+    def stored() -> tuple[int | None, int | None]:
+        with connect_log(f"mewbase://{emulator.host}:{emulator.port}") as log:
+            return (log.query_offset("acked", "mb-ack.announced"),
+                    log.query_offset("acked", "mb-ack.announcing"))
+
+    async def scenario() -> None:
+        runner = Runner()
+        runner.start(1, trigger)
+        payload, seq = await runner.next_event(1)
+        assert payload["upto"] == {"acked": positions[-1]}
+        pending = runner.move_on(1)
+        await asyncio.sleep(0.5)
+        assert stored() == (None, positions[-1])
+        runner.manager.confirm_persisted([seq])
+        for _ in range(100):
+            if stored()[0] is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert stored() == (positions[-1], positions[-1])
+        pending.cancel()
+        await runner.stop()
+
+    asyncio.run(scenario())
