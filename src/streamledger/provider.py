@@ -142,6 +142,13 @@ LEDGER_FIELDS: dict[str, Any] = {
 }
 
 
+def field_behaviour(ui: dict[str, Any]) -> dict[str, Any]:
+    """A hook's ``get_ui_field_behaviour()`` from the provider's declarative ``ui-field-behaviour``
+    (one source for both: the hooks' forms and the provider info say the same)."""
+    return {"hidden_fields": ui["hidden-fields"], "relabeling": ui["relabeling"],
+            "placeholders": ui["placeholders"]}
+
+
 def get_provider_info() -> dict[str, Any]:
     """What ``airflow providers list`` and the connection form know about streamledger."""
     return {

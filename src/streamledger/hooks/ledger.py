@@ -22,7 +22,7 @@ from urllib.parse import quote
 from airflow.sdk import BaseHook
 
 from streamledger.hooks.masking import mask_password, mask_url
-from streamledger.provider import LEDGER_UI
+from streamledger.provider import LEDGER_UI, field_behaviour
 
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger
@@ -109,11 +109,7 @@ class OffsetLedgerHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": LEDGER_UI["hidden-fields"],
-            "relabeling": LEDGER_UI["relabeling"],
-            "placeholders": LEDGER_UI["placeholders"],
-        }
+        return field_behaviour(LEDGER_UI)
 
     def get_url(self) -> str:
         """The ledger URL; its password (every form) is registered with the secret masker first."""

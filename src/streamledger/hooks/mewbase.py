@@ -17,7 +17,7 @@ from urllib.parse import quote
 from airflow.sdk import BaseHook
 
 from streamledger.hooks.masking import mask_password, mask_url
-from streamledger.provider import MEWBASE_UI
+from streamledger.provider import MEWBASE_UI, field_behaviour
 from streamledger.sources import UnsupportedSource
 
 if TYPE_CHECKING:
@@ -58,11 +58,7 @@ class MewbaseHook(BaseHook):
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         """Same data as the provider's declarative ``ui-field-behaviour`` (one source of truth)."""
-        return {
-            "hidden_fields": MEWBASE_UI["hidden-fields"],
-            "relabeling": MEWBASE_UI["relabeling"],
-            "placeholders": MEWBASE_UI["placeholders"],
-        }
+        return field_behaviour(MEWBASE_UI)
 
     @cached_property
     def _connection(self) -> Any:

@@ -19,7 +19,7 @@ from urllib.parse import quote, urlencode
 from airflow.sdk import BaseHook
 
 from streamledger.hooks.masking import mask_password, mask_url
-from streamledger.provider import RABBITMQ_STREAM_UI
+from streamledger.provider import RABBITMQ_STREAM_UI, field_behaviour
 from streamledger.sources import UnsupportedSource, conn_kind
 
 if TYPE_CHECKING:
@@ -118,11 +118,7 @@ class RabbitMQStreamHook(BaseHook):
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         """Same data as the provider's declarative ``ui-field-behaviour`` (one source of truth)."""
-        return {
-            "hidden_fields": RABBITMQ_STREAM_UI["hidden-fields"],
-            "relabeling": RABBITMQ_STREAM_UI["relabeling"],
-            "placeholders": RABBITMQ_STREAM_UI["placeholders"],
-        }
+        return field_behaviour(RABBITMQ_STREAM_UI)
 
     @cached_property
     def _connection(self) -> Any:

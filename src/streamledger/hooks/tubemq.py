@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook
 
 from streamledger.hooks.masking import mask_password
-from streamledger.provider import TUBEMQ_UI
+from streamledger.provider import TUBEMQ_UI, field_behaviour
 
 if TYPE_CHECKING:
     from streamledger.protocol.tubemq import MasterClient
@@ -57,11 +57,7 @@ class TubeMQHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": TUBEMQ_UI["hidden-fields"],
-            "relabeling": TUBEMQ_UI["relabeling"],
-            "placeholders": TUBEMQ_UI["placeholders"],
-        }
+        return field_behaviour(TUBEMQ_UI)
 
     def get_conn(self) -> dict[str, Any]:
         """``{"masters": [(host, port)...], "user": ..., "secret": ..., "timeout": s}`` for the client."""
