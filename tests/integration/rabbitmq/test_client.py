@@ -126,7 +126,13 @@ def test_resolve_offset(any_broker: Broker, stream_name: StreamNames) -> None:
         client.publish(name, [b"b"] * 4)                      # chunk 3..6
         assert client.resolve_offset(name, OffsetSpec.first()) == 0
         assert client.resolve_offset(name, OffsetSpec.next()) == 7
-        assert client.resolve_offset(name, OffsetSpec.last()) == 3
+        # "last" is the first offset of the last chunk. One publish frame is normally one chunk
+        # (3..6), but a busy broker may cut it (seen on 4.0: 3..4 and 5..6): where the broker
+        # reports its chunks, the answer must be exactly its last chunk's id.
+        last = client.resolve_offset(name, OffsetSpec.last())
+        assert 3 <= last <= 6
+        if any_broker.version != "3.10":
+            assert last == client.stream_stats(name).last_chunk_id
         assert client.resolve_offset(name, OffsetSpec.offset(5)) == 5
         assert client.resolve_offset(name, OffsetSpec.offset(99)) == 7
         assert client.resolve_offset(name, OffsetSpec.timestamp(0)) == 0
