@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -96,12 +97,31 @@ class LocalSparkRunner:
         return for_session(self.session(), location)
 
     def cancel(self) -> list[str]:
-        """Cancel the Spark jobs of the calls in progress; returns the tags cancelled."""
+        """Cancel the Spark jobs of the calls in progress; returns the tags cancelled.
+
+        Sticky: a write is several Spark jobs (adaptive execution submits a shuffle's map stage as
+        its own job), and ``cancelJobsWithTag`` reaches only the jobs active at that moment, so a
+        cancel landing between two of them would let the next one run to its end. The tags are
+        cancelled again every 0.2 s until their calls have returned."""
         with self._lock:
             tags = list(self._tags)
-        if tags and self._spark is not None:
-            for tag in tags:
-                self._spark.sparkContext.cancelJobsWithTag(tag)
+        if not tags or self._spark is None:
+            return tags
+        context = self._spark.sparkContext
+
+        def cancel_until_returned() -> None:
+            while True:
+                with self._lock:
+                    live = [t for t in tags if t in self._tags]
+                if not live:
+                    return
+                for tag in live:
+                    context.cancelJobsWithTag(tag)
+                time.sleep(0.2)
+
+        for tag in tags:
+            context.cancelJobsWithTag(tag)
+        threading.Thread(target=cancel_until_returned, name="streamledger-cancel", daemon=True).start()
         return tags
 
 

@@ -75,6 +75,49 @@ def test_on_kill_interrupts_the_local_spark_job(spark: Any) -> None:
     assert spark.range(3).count() == 3
 
 
+def test_on_kill_between_two_spark_jobs_cancels_the_next_one(spark: Any) -> None:
+    """A write is several Spark jobs; a kill landing while none is active must still stop the next
+    (``cancelJobsWithTag`` alone reaches only the active ones: the fresh-clone run of 2026-11-24 saw
+    the slow job run to its end after on_kill)."""
+    from pyspark.sql.functions import udf
+
+    runner = local_runner("local[2]", None)
+    op = StreamBatchOperator(task_id="read", pipeline="h14-kill-between", stream="s")
+    between, killed = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    @udf("long")
+    def slow(x: int) -> int:
+        time.sleep(1.0)
+        return x
+
+    def job() -> None:
+        began = time.monotonic()
+        try:
+            with runner.tagged():
+                assert spark.range(3).count() == 3  # the first job, done
+                between.set()
+                killed.wait(30)                    # the kill lands here, no job active
+                spark.range(SLOW_ROWS).repartition(2).select(slow("id")).write.format("noop").mode(
+                    "overwrite").save()
+            outcome["finished"] = True
+        except Exception as exc:
+            outcome["error"] = exc
+        outcome["seconds"] = time.monotonic() - began
+
+    worker = threading.Thread(target=job)
+    op._runner_in_use = runner
+    worker.start()
+    assert between.wait(60)
+    op.on_kill()
+    killed.set()
+    worker.join(60)
+    assert not worker.is_alive()
+    assert "finished" not in outcome, "the next job ran to its end: on_kill did not cancel it"
+    assert "cancel" in str(outcome["error"]).lower() or "interrupt" in str(outcome["error"]).lower()
+    assert spark.range(3).count() == 3  # the session is still usable
+
+
 def test_on_kill_without_work_in_progress_is_a_no_op() -> None:
     StreamBatchOperator(task_id="read", pipeline="p", stream="s").on_kill()
 
