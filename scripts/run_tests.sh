@@ -2,12 +2,14 @@
 # Runs the whole pytest suite; servers are provisioned and started by the fixtures.
 # Fails when pytest collects nothing (exit 5) in any lane, or anything else goes wrong.
 #
-# Two lanes run at the same time, because most of the suite's wall time is spent waiting, not computing:
-# * lane "core": tests/unit and tests/integration in one process (one shared classic SparkSession);
-# * lane "airflow": tests/e2e, tests/chaos and tests/install, whose time goes to Airflow's own
-#   processes (the scheduler's loops, `airflow dags test` starting up, pip), then, in a process of its
-#   own, the tests that open Spark Connect sessions in-process (tests/integration/spark/test_connect.py):
-#   PySpark refuses a Connect session in a process that already runs a classic session.
+# Two lanes run at the same time, because much of the suite's wall time is spent waiting, not computing:
+# * lane "core": tests/unit and tests/integration in one process (one shared classic SparkSession),
+#   then tests/install, then, in a process of its own, the tests that open Spark Connect sessions
+#   in-process (tests/integration/spark/test_connect.py): PySpark refuses a Connect session in a
+#   process that already runs a classic session;
+# * lane "airflow": tests/e2e and tests/chaos, whose time goes to Airflow's own processes (the
+#   scheduler's loops, `airflow dags test` starting up). It is the longer lane, so the install and
+#   Connect tests run after the core lane's main process, beside it.
 # The servers are shared safely: the fixtures start each one once under an fcntl lock, tests use
 # their own streams, databases and Airflow homes, and the chaos run restarts only its private servers.
 # The core lane prints as it goes; the airflow lane's output follows when both are done.
@@ -16,7 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 CONNECT_TESTS=tests/integration/spark/test_connect.py
-AIRFLOW_LANE=(tests/e2e tests/chaos tests/install)
+AIRFLOW_LANE=(tests/e2e tests/chaos)
+INSTALL_TESTS=tests/install
 
 run() {
   set +e
@@ -36,14 +39,15 @@ if [ "$#" -gt 0 ]; then
 fi
 
 airflow_lane() {
-  local rc=0
-  run "${AIRFLOW_LANE[@]}" || rc=$?
-  run "$CONNECT_TESTS" || rc=$?
-  return "$rc"
+  run "${AIRFLOW_LANE[@]}"
 }
 
 core_lane() {
-  run tests/unit tests/integration --ignore="$CONNECT_TESTS"
+  local rc=0
+  run tests/unit tests/integration --ignore="$CONNECT_TESTS" || rc=$?
+  run "$INSTALL_TESTS" || rc=$?
+  run "$CONNECT_TESTS" || rc=$?
+  return "$rc"
 }
 
 began=$SECONDS
@@ -59,13 +63,14 @@ fi
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
-( airflow_lane > "$logs/airflow.log" 2>&1; echo $? > "$logs/airflow.rc"; echo $((SECONDS - began)) > "$logs/airflow.s" ) &
+( arc=0; airflow_lane > "$logs/airflow.log" 2>&1 || arc=$?
+  echo "$arc" > "$logs/airflow.rc"; echo $((SECONDS - began)) > "$logs/airflow.s" ) &
 lane=$!
 core_lane || rc=$?
-echo "== lane core: $((SECONDS - began)) s (exit $rc)"
+echo "== lane core (tests/unit tests/integration, then $INSTALL_TESTS, then $CONNECT_TESTS): $((SECONDS - began)) s (exit $rc)"
 wait "$lane" || true
 airflow_rc=$(cat "$logs/airflow.rc" 2>/dev/null || echo 1)
-echo "== lane airflow (tests/e2e tests/chaos tests/install, then $CONNECT_TESTS): $(cat "$logs/airflow.s" 2>/dev/null || echo '?') s (exit $airflow_rc)"
+echo "== lane airflow (${AIRFLOW_LANE[*]}): $(cat "$logs/airflow.s" 2>/dev/null || echo '?') s (exit $airflow_rc)"
 cat "$logs/airflow.log"
 echo "== both lanes: $((SECONDS - began)) s"
 [ "$airflow_rc" -eq 0 ] || rc=$airflow_rc
