@@ -210,8 +210,7 @@ def test_event_trigger_ack_mode_over_a_mewbase_channel(
     from streamledger.triggers.new_data import StreamDataEventTrigger
     from tests.unit.airflow.test_event_trigger_ack import Runner
 
-    if not acked.ACK_MODE:
-        pytest.skip("ack mode needs Airflow >= 3.3")
+    assert acked.ACK_MODE, "the dev venv pins Airflow >= 3.3, where ack mode is on"
     positions = seed(emulator, "acked", range(3))
     trigger = StreamDataEventTrigger(pipeline="mb-ack", stream="acked", rabbitmq_stream_conn_id=mewbase_conn,
                                      ledger_url=f"sqlite:///{tmp_path / 'l.db'}", poll_interval=0.1, settle=0)
