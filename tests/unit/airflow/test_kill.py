@@ -33,26 +33,31 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def test_on_kill_interrupts_the_local_spark_job(spark: Any) -> None:
+def _slow_write(spark: Any) -> None:
+    """A write of SLOW_ROWS rows that each sleep 1 s in a Python UDF (two Spark jobs: the shuffle's
+    map stage, then the write)."""
     from pyspark.sql.functions import udf
-
-    runner = local_runner("local[2]", None)
-    assert isinstance(runner, CancellableLocalSparkRunner)
-    assert runner.session() is spark
-    op = StreamBatchOperator(task_id="read", pipeline="h14-kill", stream="s")
-    outcome: dict[str, Any] = {}
 
     @udf("long")
     def slow(x: int) -> int:
         time.sleep(1.0)
         return x
 
+    spark.range(SLOW_ROWS).repartition(2).select(slow("id")).write.format("noop").mode("overwrite").save()
+
+
+def test_on_kill_interrupts_the_local_spark_job(spark: Any) -> None:
+    runner = local_runner("local[2]", None)
+    assert isinstance(runner, CancellableLocalSparkRunner)
+    assert runner.session() is spark
+    op = StreamBatchOperator(task_id="read", pipeline="h14-kill", stream="s")
+    outcome: dict[str, Any] = {}
+
     def job() -> None:  # what runner(...) does around run_job: the work runs under the runner's tag
         began = time.monotonic()
         try:
             with runner.tagged():
-                spark.range(SLOW_ROWS).repartition(2).select(slow("id")).write.format("noop").mode(
-                    "overwrite").save()
+                _slow_write(spark)
             outcome["finished"] = True
         except Exception as exc:
             outcome["error"] = exc
@@ -79,17 +84,10 @@ def test_on_kill_between_two_spark_jobs_cancels_the_next_one(spark: Any) -> None
     """A write is several Spark jobs; a kill landing while none is active must still stop the next
     (``cancelJobsWithTag`` alone reaches only the active ones: the fresh-clone run of 2026-11-24 saw
     the slow job run to its end after on_kill)."""
-    from pyspark.sql.functions import udf
-
     runner = local_runner("local[2]", None)
     op = StreamBatchOperator(task_id="read", pipeline="h14-kill-between", stream="s")
     between, killed = threading.Event(), threading.Event()
     outcome: dict[str, Any] = {}
-
-    @udf("long")
-    def slow(x: int) -> int:
-        time.sleep(1.0)
-        return x
 
     def job() -> None:
         began = time.monotonic()
@@ -98,8 +96,7 @@ def test_on_kill_between_two_spark_jobs_cancels_the_next_one(spark: Any) -> None
                 assert spark.range(3).count() == 3  # the first job, done
                 between.set()
                 killed.wait(30)                    # the kill lands here, no job active
-                spark.range(SLOW_ROWS).repartition(2).select(slow("id")).write.format("noop").mode(
-                    "overwrite").save()
+                _slow_write(spark)
             outcome["finished"] = True
         except Exception as exc:
             outcome["error"] = exc
