@@ -61,6 +61,7 @@ from tests.chaos.servers import (
     ServerError,
     connection_json,
 )
+from tests.support.spark import SHORT_JVM_ENV
 
 DAG_ID = "streamledger_backfill"
 READ_TASK = "read_interval"
@@ -476,6 +477,7 @@ class ChaosRun:
             "STREAMLEDGER_BOUND_BY_INTERVAL": "1" if self.opts.bound_by_interval else "0",
             "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+            **SHORT_JVM_ENV,
         }
         self.airflow = AirflowCluster(self.scratch / "airflow", env)
         began = time.monotonic()
