@@ -387,6 +387,7 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         self._validate(rendered=True)
+        self._skip_a_repeated_announcement(context)
         broker_hook = source_hook(self.rabbitmq_stream_conn_id)
         url = broker_hook.get_url()
         self._catalog = None
@@ -425,6 +426,19 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         if result.empty and self.skip_on_empty:
             raise AirflowSkipException(f"pipeline {self.pipeline}: no new offsets")
         return summary
+
+    def _skip_a_repeated_announcement(self, context: Context) -> None:
+        """A run started only by announcements redelivered after a triggerer restart (their
+        identity already triggered an earlier run) reads nothing: skipped before anything is
+        claimed (:mod:`streamledger.triggers.redelivery`)."""
+        from streamledger.triggers.redelivery import repeated_in_run
+
+        repeats = repeated_in_run(context, self.pipeline)
+        if repeats:
+            said = ", ".join(f"{r.announcement} (first in asset event {r.original_event_id})"
+                             for r in repeats)
+            raise AirflowSkipException(f"pipeline {self.pipeline}: announcement {said} already delivered; "
+                                       "this run repeats it after a triggerer restart and reads nothing")
 
     def _wait_for_interval(self, exc: IntervalNotReady) -> None:
         """Defer until the interval may be resolvable (the next poll, at the latest its ready-by

@@ -20,10 +20,13 @@ position once acknowledged: on the broker from the pin on). So a triggerer kille
 * after the persist, before the acknowledgement (the one window Airflow's design leaves
   at-least-once: confirmations travel on the next state sync, about a second): the same range
   is announced again with the *same* identity, unless the pipeline has already read (or claimed)
-  all of it: then it is acknowledged without an event. A batch it starts reads nothing the first
-  run read (the batch reads from the ledger, never from the announcement). Consumers that count
-  arrivals count distinct ``announcement`` identities. Killed between two partitions'
-  acknowledgements, the rest is yielded again under the same identity.
+  all of it: then it is acknowledged without an event. No trigger can do better in Airflow 3.3.2:
+  the runner process has no database access and no asset-event read among its requests, and
+  asset events have no idempotency key (docs/airflow.md, "Ack mode", names the code paths). The
+  consumer dedupes instead: a run started only by such repeats reads nothing
+  (:mod:`streamledger.triggers.redelivery`). Consumers that count arrivals count distinct
+  ``announcement`` identities. Killed between two partitions' acknowledgements, the rest is
+  yielded again under the same identity.
 
 Only one announcement is outstanding per group: new data waits until the pending one is
 acknowledged (or failed by Airflow's ack timeout, which redelivers it).

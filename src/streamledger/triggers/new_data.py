@@ -29,7 +29,9 @@ partition with new data (read back until visible), *then* fires one event and en
   loses that one announcement (the data is not lost: the next arrival's batch reads from the
   pipeline's ledger position, so it includes it); on Airflow >= 3.3 the trigger runs in *ack mode*
   (:mod:`streamledger.triggers.acked`): the announcement is pinned, yielded, and stored as
-  announced only after Airflow persisted the event, so a crash loses nothing;
+  announced only after Airflow persisted the event, so a crash loses nothing (and one between the
+  persist and the acknowledgement repeats the identity, whose run then reads nothing:
+  :mod:`streamledger.triggers.redelivery`);
 * a run reads up to the tail *when it starts*, so with ``max_active_runs=1`` data announced while
   an earlier run was still queued may already be read by that run: the later run then finds only
   tracking chunks (a short, empty batch). Announcements are per arrival, runs are per announcement.

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import pytest
 from streamledger.protocol.rabbitmq import StreamClient, parse_url
 from streamledger.triggers import acked
 from streamledger.triggers.new_data import StreamDataEventTrigger
+from tests.support.airflow import AirflowHome, make_airflow_home
 
 
 def test_the_dev_venv_runs_ack_mode() -> None:
@@ -270,3 +274,74 @@ def test_a_redelivery_the_pipeline_already_read_is_acknowledged_without_an_event
         await second.stop()
 
     asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowHome]:
+    yield make_airflow_home(tmp_path_factory.mktemp("ack-airflow"))
+
+
+@pytest.mark.airflow
+def test_persisted_then_killed_before_advance_the_repeat_run_reads_nothing(
+        conn_id: str, rabbitmq_url: str, stream_name: Any, tmp_path: Path, airflow: AirflowHome) -> None:
+    """The window Airflow 3.3.2 leaves open: the event was persisted, the triggerer was SIGKILLed
+    before the confirmation reached ``advance()``. The restarted trigger announces the same
+    identity again (at-least-once per identity: no trigger can see persisted asset events), Airflow
+    stores a second asset event, and the event-driven DAG's run started by it alone reads nothing
+    and says why (skipped before anything is claimed)."""
+    name = stream_name.super_stream("ack-rep")
+    pipeline = f"ack-rep-{uuid.uuid4().hex[:6]}"
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_super_stream(name, partitions=2)
+        parts = client.partitions(name)
+        client.publish(parts[0], [b'{"id": 1}'] * 3)
+        client.publish(parts[1], [b'{"id": 2}'] * 2)
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+
+    def make() -> StreamDataEventTrigger:
+        return StreamDataEventTrigger(pipeline=pipeline, super_stream=name, rabbitmq_stream_conn_id=conn_id,
+                                      ledger_url=ledger, poll_interval=POLL, settle=0)
+
+    async def deliveries() -> tuple[dict[str, Any], dict[str, Any]]:
+        first = Runner()
+        first.start(1, make())
+        original, _ = await first.next_event(1)  # the supervisor persists it ...
+        await first.stop()  # ... and the triggerer dies before the confirmation reaches advance()
+        second = Runner()
+        second.start(1, make())
+        repeat, _ = await second.next_event(1)
+        await second.stop()
+        return original, repeat
+
+    original, repeat = asyncio.run(deliveries())
+    assert repeat["announcement"] == original["announcement"] and repeat["redelivered"] is True
+    assert repeat["upto"] == original["upto"] == {parts[0]: 2, parts[1]: 1}
+
+    params = parse_url(rabbitmq_url)
+    env = {
+        "AIRFLOW_CONN_RABBITMQ_STREAM_DEFAULT": json.dumps(
+            {"conn_type": "rabbitmq_stream", "host": params.host, "port": params.port,
+             "login": params.username, "password": params.password, "schema": params.vhost}),
+        "STREAMLEDGER_SUPER_STREAM": name, "STREAMLEDGER_EVENT_PIPELINE": pipeline,
+        "STREAMLEDGER_LEDGER_URL": ledger, "STREAMLEDGER_OUTPUT_ROOT": str(tmp_path / "out"),
+    }
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({
+        "dag_id": "streamledger_event_driven", "task_id": "read_new_data",
+        "asset_uri": f"x-streamledger://{pipeline}/{name}/arrivals",
+        "payloads": [original, repeat], "consume": [1],  # the run the second asset event started
+    }))
+    script = Path(__file__).with_name("_asset_triggered_run.py")
+    proc = subprocess.run([sys.executable, str(script), str(spec)],
+                          env=airflow.environ(env), cwd=airflow.home, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=300, check=False)
+    out = proc.stdout
+    assert proc.returncode == 0 and "RESULT " in out, out[-4000:]
+    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["state"] == "skipped", out[-4000:]
+    first_event = result["event_ids"][0]
+    assert (f"announcement {original['announcement']} (first in asset event {first_event}) already "
+            "delivered" in out), out[-4000:]
+    with StreamClient.connect(rabbitmq_url) as client:
+        assert [client.query_offset(p, pipeline) for p in parts] == [None, None], "the repeat run read data"
+    assert not (tmp_path / "out").exists(), "the repeat run wrote output"
