@@ -12,7 +12,7 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_START_DATE`` | ``2026-01-01T00:00:00+00:00`` | first data interval's start |
 | ``STREAMLEDGER_END_DATE`` | (unset) | the backfill DAG schedules no interval after this |
 | ``STREAMLEDGER_SPARK_CONN_ID`` | (unset) | run the job via spark-submit on this connection |
-| ``STREAMLEDGER_SPARK_CONNECT_CONN_ID`` | (unset) | run the job on this ``spark_connect`` server |
+| ``STREAMLEDGER_SPARK_CONNECT_CONN_ID`` | (unset) | run the batch jobs on this ``spark_connect`` server |
 | ``STREAMLEDGER_DAG_LEDGER_URL`` | (unset) | templated ``ledger_url`` of the backfill tasks |
 | ``STREAMLEDGER_OUTPUT_ROOT`` | ``$STREAMLEDGER_HOME/output`` | where range directories are written |
 | ``STREAMLEDGER_EVENT_PIPELINE`` | ``<pipeline>-on-arrival`` | pipeline of the event-driven DAG |
@@ -21,6 +21,7 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_MAX_RECORDS`` | ``1000000`` | cap per partition and batch (event-driven, mapped) |
 | ``STREAMLEDGER_MAX_ACTIVE_RUNS`` | ``4`` | ``max_active_runs`` of the backfill DAG |
 | ``STREAMLEDGER_BOUND_BY_INTERVAL`` | ``1`` | pinned ranges in the backfill DAG (``0``: claim order) |
+| ``STREAMLEDGER_INTERVAL_GRACE`` | 60 | idle stream: seconds past an interval end until the tail is its end |
 | ``STREAMLEDGER_RETRIES`` | ``1`` | ``retries`` of the backfill DAG's batch task (its audit never retries) |
 | ``STREAMLEDGER_SINK`` | ``directory`` | the backfill DAG's sink: ``directory``, ``iceberg`` or ``delta`` |
 | ``STREAMLEDGER_TABLE`` | (unset) | its table: Iceberg ``namespace.name`` / Delta location (sink's default) |
@@ -65,6 +66,7 @@ RETRIES = int(os.environ.get("STREAMLEDGER_RETRIES", "1"))
 SINK = os.environ.get("STREAMLEDGER_SINK") or "directory"
 TABLE = os.environ.get("STREAMLEDGER_TABLE") or None
 CATALOG_CONN_ID = os.environ.get("STREAMLEDGER_CATALOG_CONN_ID") or None
+INTERVAL_GRACE = float(os.environ.get("STREAMLEDGER_INTERVAL_GRACE", "60"))
 BOUND_BY_INTERVAL = os.environ.get("STREAMLEDGER_BOUND_BY_INTERVAL", "1") not in ("0", "false", "False")
 
 

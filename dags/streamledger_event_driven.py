@@ -21,6 +21,7 @@ from _streamledger_settings import (
     OUTPUT_ROOT,
     POLL_INTERVAL,
     SPARK_CONN_ID,
+    SPARK_CONNECT_CONN_ID,
     START_DATE,
     SUPER_STREAM,
 )
@@ -64,6 +65,7 @@ with DAG(
         super_stream=SUPER_STREAM,
         max_records=MAX_RECORDS,
         spark_conn_id=SPARK_CONN_ID,
+        spark_connect_conn_id=SPARK_CONNECT_CONN_ID,
         # each task is a fresh process under a real executor: trade peak JIT speed for JVM start-up
         spark_conf={"spark.driver.extraJavaOptions": QUICK_START_JAVA_OPTIONS},
         output_root=OUTPUT_ROOT,

@@ -16,6 +16,7 @@ from _streamledger_settings import (
     OUTPUT_ROOT,
     PIPELINE,
     SPARK_CONN_ID,
+    SPARK_CONNECT_CONN_ID,
     START_DATE,
     SUPER_STREAM,
 )
@@ -48,6 +49,7 @@ with DAG(
         super_stream=SUPER_STREAM,
         max_records=MAX_RECORDS,
         spark_conn_id=SPARK_CONN_ID,
+        spark_connect_conn_id=SPARK_CONNECT_CONN_ID,
         output_root=OUTPUT_ROOT,
     )
     wait >> read

@@ -13,7 +13,15 @@ a super stream, so do not also read it with ``StreamBatchOperator(super_stream=.
 
 from __future__ import annotations
 
-from _streamledger_settings import MAX_RECORDS, OUTPUT_ROOT, PIPELINE, SPARK_CONN_ID, START_DATE, SUPER_STREAM
+from _streamledger_settings import (
+    MAX_RECORDS,
+    OUTPUT_ROOT,
+    PIPELINE,
+    SPARK_CONN_ID,
+    SPARK_CONNECT_CONN_ID,
+    START_DATE,
+    SUPER_STREAM,
+)
 from airflow.sdk import DAG, task
 
 from streamledger.operators.batch import StreamBatchOperator
@@ -40,6 +48,7 @@ with DAG(
         pipeline=f"{PIPELINE}-per-partition",
         max_records=MAX_RECORDS,
         spark_conn_id=SPARK_CONN_ID,
+        spark_connect_conn_id=SPARK_CONNECT_CONN_ID,
         output_root=OUTPUT_ROOT,
         map_index_template="{{ task.stream }}",
     ).expand(stream=list_partitions(SUPER_STREAM))

@@ -84,6 +84,9 @@ class ChaosOptions:
     parallel: bool = False
     clear_probability: float = 0.5  # parallel only: the chance a failed run is ever cleared
     idle_runs: int = 2  # intervals with no new data to watch after the last record is covered
+    # seconds after an interval's end before an idle stream's end is its tail (the DAG's default 60;
+    # the pytest variant waits less at the end of its short run)
+    interval_grace: float = 60.0
     settle_timeout: float = 2400.0  # for the final intervals to run and all DAG runs to succeed
     scratch: Path | None = None
     broker_home: Path | None = None
@@ -475,6 +478,7 @@ class ChaosRun:
             "STREAMLEDGER_MAX_ACTIVE_RUNS": str(self.opts.max_active_runs),
             "STREAMLEDGER_RETRIES": str(self.opts.retries),
             "STREAMLEDGER_BOUND_BY_INTERVAL": "1" if self.opts.bound_by_interval else "0",
+            "STREAMLEDGER_INTERVAL_GRACE": str(self.opts.interval_grace),
             "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
             **SHORT_JVM_ENV,

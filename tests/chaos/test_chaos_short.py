@@ -25,7 +25,7 @@ def test_chaos_short() -> None:
     ensure_broker("4.3")  # provisions the installation the private node runs from
     opts = ChaosOptions(
         seed=int(os.environ.get("STREAMLEDGER_CHAOS_SEED", "7")), kills=2, duration=30, interval=20,
-        rate=20, idle_runs=1, settle_timeout=900, broker_home=streamledger_home(),
+        rate=20, idle_runs=1, interval_grace=5, settle_timeout=900, broker_home=streamledger_home(),
     )
     result = run_chaos(opts)
     print(report(result))

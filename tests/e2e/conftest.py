@@ -36,6 +36,21 @@ def connection_json(url: str) -> str:
     })
 
 
+def warm_spark_env(connect_url: str) -> dict[str, str]:
+    """Environment that sends the example DAGs' batch jobs to the session's Spark Connect server.
+
+    Why: a local Spark JVM started in each task process costs ~10-15 s of CPU on 2 busy cores, most of
+    the suite's e2e time. Local Spark inside the task stays covered where it is the point:
+    ``test_backfill_dags``' kill tests (``dags test``) and the chaos run (the real scheduler, task
+    processes SIGKILLed with Spark up)."""
+    server = urlsplit(connect_url)
+    return {
+        "STREAMLEDGER_SPARK_CONNECT_CONN_ID": "spark_connect_e2e",
+        "AIRFLOW_CONN_SPARK_CONNECT_E2E": json.dumps({"conn_type": "spark_connect", "host": server.hostname,
+                                                      "port": server.port}),
+    }
+
+
 @dataclass
 class Scenario:
     """One pipeline on one fresh super stream, with its own ledger file and output root."""
@@ -48,15 +63,19 @@ class Scenario:
     ledger_url: str
     output_root: Path
     published: dict[int, int] = field(default_factory=dict)  # event id -> wave
+    spark: dict[str, str] = field(default_factory=dict)  # where the jobs run (default: local Spark)
 
     @property
     def env(self) -> dict[str, str]:
-        return {
+        return self.spark | {
             "AIRFLOW_CONN_RABBITMQ_STREAM_DEFAULT": connection_json(self.url),
             "STREAMLEDGER_SUPER_STREAM": self.super_stream,
             "STREAMLEDGER_PARTITIONS": str(self.partitions),
             "STREAMLEDGER_PIPELINE": self.pipeline,
             "STREAMLEDGER_INTERVAL": f"{INTERVAL_S}s",
+            # every wave is confirmed before its interval ends, so an interval with no later chunk
+            # (the last one) may resolve to the tail right away instead of after a minute of waiting
+            "STREAMLEDGER_INTERVAL_GRACE": "2",
             "STREAMLEDGER_LEDGER_URL": self.ledger_url,
             "STREAMLEDGER_OUTPUT_ROOT": str(self.output_root),
         }
@@ -136,7 +155,10 @@ def scenario(airflow_home: AirflowHome, rabbitmq_url: str, stream_name, tmp_path
              request: pytest.FixtureRequest) -> Iterator[Scenario]:
     partitions = getattr(request, "param", 2)
     name = stream_name.super_stream("af")
+    warm = request.node.get_closest_marker("warm_spark") is not None
+    spark = warm_spark_env(request.getfixturevalue("spark_connect")) if warm else {}
     yield Scenario(
+        spark=spark,
         af=airflow_home, url=rabbitmq_url, super_stream=name, partitions=partitions,
         pipeline=f"p-{name}", ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
         output_root=tmp_path / "output",

@@ -1,4 +1,5 @@
-"""The example DAGs under ``airflow dags test``: real broker, local Spark, SQLite ledger.
+"""The example DAGs under ``airflow dags test``: real broker, SQLite ledger, Spark in the task process
+(the kill tests) or on the session's Spark Connect server (the interval test).
 
 What is proven here (see ``streamledger.batch`` for the semantics):
 
@@ -54,6 +55,7 @@ def _manifest(directory: Path) -> dict:  # type: ignore[type-arg]
 
 
 @pytest.mark.timeout(2400)
+@pytest.mark.warm_spark
 def test_backfill_intervals_then_rerun(scenario: Scenario) -> None:
     scenario.dags_test("streamledger_create_super_stream", scenario_start := _now())
     del scenario_start

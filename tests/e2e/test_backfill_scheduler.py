@@ -37,11 +37,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.conftest import connection_json
+from tests.e2e.conftest import connection_json, warm_spark_env
 from tests.e2e.test_event_driven import _db, _task_log, _wait
 from tests.support.airflow import AirflowHome, airflow_components, make_airflow_home
 
@@ -96,7 +95,6 @@ def backfill(rabbitmq_url: str, spark_connect: str,
     from streamledger.protocol.rabbitmq import StreamClient
 
     root = tmp_path_factory.mktemp("backfill-airflow")
-    server = urlsplit(spark_connect)
     name = f"i25-bf-{uuid.uuid4().hex[:8]}"
     with StreamClient.connect(rabbitmq_url) as client:
         client.create_super_stream(name, partitions=PARTITIONS)
@@ -114,10 +112,8 @@ def backfill(rabbitmq_url: str, spark_connect: str,
         "STREAMLEDGER_LEDGER_URL": f"sqlite:///{root / 'ledger.db'}",
         "STREAMLEDGER_OUTPUT_ROOT": str(root / "output"),
         # the session's warm Spark Connect server: four task processes each starting a Spark JVM at
-        # once take minutes on 2 busy cores (local Spark in the task: test_backfill_dags, test_event_driven)
-        "STREAMLEDGER_SPARK_CONNECT_CONN_ID": "spark_connect_e2e",
-        "AIRFLOW_CONN_SPARK_CONNECT_E2E": json.dumps({"conn_type": "spark_connect", "host": server.hostname,
-                                                      "port": server.port}),
+        # once take minutes on 2 busy cores
+        **warm_spark_env(spark_connect),
     }
     published: dict[int, int] = {}
     failure: list[BaseException] = []

@@ -1,6 +1,7 @@
 """The event-driven example DAG under the real Airflow components: api-server, scheduler with the
-LocalExecutor, dag-processor and triggerer as subprocesses, the real 4.3 broker, local Spark in each
-task process, a SQLite ledger, and OpenLineage writing to a file.
+LocalExecutor, dag-processor and triggerer as subprocesses, the real 4.3 broker, the batch jobs on
+the session's Spark Connect server (``warm_spark_env``), a SQLite ledger, and OpenLineage writing to
+a file.
 
 Proven here, on one set of running components (module fixture):
 
@@ -31,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import connection_json
+from tests.e2e.conftest import connection_json, warm_spark_env
 from tests.support.airflow import AirflowHome, airflow_components, make_airflow_home
 
 pytestmark = [pytest.mark.airflow, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.slow]
@@ -114,7 +115,7 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def live(rabbitmq_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def live(rabbitmq_url: str, spark_connect: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     from streamledger.protocol.rabbitmq import StreamClient
 
     began = time.monotonic()
@@ -135,6 +136,7 @@ def live(rabbitmq_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
             {"type": "file", "log_file_path": str(root / "openlineage.jsonl"), "append": True}),
         "AIRFLOW__OPENLINEAGE__NAMESPACE": "h14-e2e",
+        **warm_spark_env(spark_connect),
     }
     af = make_airflow_home(root / "airflow", extra_env=env)
     try:

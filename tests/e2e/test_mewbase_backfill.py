@@ -19,6 +19,7 @@ import bson
 import pyarrow.parquet as pq
 import pytest
 
+from tests.e2e.conftest import warm_spark_env
 from tests.support.airflow import AirflowHome
 from tests.support.mewbase_emulator import MewbaseServerEmulator
 
@@ -46,7 +47,7 @@ def _ids(root: Path) -> Counter[int]:
 
 @pytest.mark.timeout(900)
 def test_backfill_dag_reads_a_mewbase_channel_exactly_once(
-    airflow_home: AirflowHome, emulator: MewbaseServerEmulator, tmp_path: Path
+    airflow_home: AirflowHome, emulator: MewbaseServerEmulator, tmp_path: Path, spark_connect: str
 ) -> None:
     from streamledger.batch.proof import audit
     from streamledger.ledger import Ledger
@@ -73,6 +74,7 @@ def test_backfill_dag_reads_a_mewbase_channel_exactly_once(
         "STREAMLEDGER_START_DATE": START.isoformat(),
         "STREAMLEDGER_LEDGER_URL": ledger_url,
         "STREAMLEDGER_OUTPUT_ROOT": str(out),
+        **warm_spark_env(spark_connect),  # the mewbase source on the warm server
     }
     for k in (0, 1):  # `dags test <date>` processes [date - 1 min, date)
         airflow_home.dags_test(BACKFILL, (START + (k + 1) * INTERVAL).isoformat(), env=env)

@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.airflow, pytest.mark.rabbitmq, pytest.mark.spark, pyte
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.warm_spark
 def test_backfill_dag_lands_in_iceberg_catalog_from_connection(scenario: Scenario, postgres_server: str,
                                                                tmp_path: Path) -> None:
     password, key = f"pw-{secrets.token_hex(8)}", f"sk-{secrets.token_hex(8)}"
