@@ -31,6 +31,7 @@ from streamledger.spark.planning import (
     parse_positive_int,
     plan_ranges,
 )
+from streamledger.spark.summaries import with_summaries
 
 log = logging.getLogger(__name__)
 
@@ -307,11 +308,13 @@ class SliceReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if isinstance(partition, SliceGroup):
-            return self.read_group(partition.slices)
-        if not isinstance(partition, StreamSlice):
+            batches = self.read_group(partition.slices)
+        elif isinstance(partition, StreamSlice):
+            batches = self.read_slice(partition)
+        else:
             # Spark substitutes a placeholder partition when planning returned none (all ranges empty).
             return iter(())
-        return self.read_slice(partition)
+        return with_summaries(batches) if self.options.slice_summaries else batches
 
 
 class RabbitMQStreamReader(SliceReader):

@@ -58,6 +58,7 @@ from streamledger.spark.planning import (
     plan_ranges,
 )
 from streamledger.spark.session import DEFAULT_MASTER, build_session, register_source
+from streamledger.spark.summaries import SUMMARY_OFFSET, decode
 
 FORMATS = ("parquet", "orc", "json")
 PART_COLUMN = "streamledger_part"  # no leading "_": pyarrow skips such paths
@@ -90,51 +91,54 @@ def plan_job(
 def _observe_written(
     df: Any, streams: Sequence[str], index: str | None = None
 ) -> tuple[Any, Callable[[], dict[str, tuple[int, int | None, int | None]]]]:
-    """``df`` with metrics observed *during the write*, and a getter for them after it:
-    ``{stream: (records, first offset, last offset)}`` (plus ``None`` for rows of unplanned streams).
+    """``df`` (read with option ``sliceSummaries``) without its summary rows, with metrics observed
+    *during the write*, and a getter for them after it: ``{stream: (records, first offset, last
+    offset)}`` (0, None, None for a stream without records).
 
     Why not read the files back: that was a second Spark job with a distinct count (~1.7 s of a warm
     Connect job). It stays exact: observed metrics of the write's (result) stage are merged once per
     partition, from the attempt the driver accepted (failed or speculative attempts are dropped), and a
     slice's read is deterministic, so they count exactly the rows of the committed attempts. Duplicate
     offsets cannot reach the writer: each task checks its offsets strictly increase inside its slice
-    (``read_slice``) and the slices of a stream are disjoint, so records == distinct offsets.
+    (``check_runs``) and the slices of a stream are disjoint, so records == distinct offsets.
+
+    A fixed number of aggregates, whatever the number of streams (:mod:`streamledger.spark.summaries`):
+    the tasks' summary rows collected, the record rows counted (their sum must match), and the record
+    rows of unplanned streams counted (``index``: the column holding each row's position in
+    ``streams``, NULL for a stream not planned; without it, rows are matched by name).
     """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    metrics = []
+    summary = f"offset = {SUMMARY_OFFSET}"
     if index is not None:
-        # ``index``: the column holding each row's position in ``streams`` (NULL for a stream not
-        # planned). The metrics are SQL text on it, one call each: building them from Column
-        # objects cost a dozen Py4J round trips per stream (~2 s at 100 streams).
-        for i in range(len(streams)):
-            metrics += [
-                F.expr(f"count(CASE WHEN `{index}` = {i} THEN 1 END) AS n{i}"),
-                F.expr(f"min(CASE WHEN `{index}` = {i} THEN offset END) AS lo{i}"),
-                F.expr(f"max(CASE WHEN `{index}` = {i} THEN offset END) AS hi{i}"),
-            ]
-        metrics.append(F.expr(f"count(CASE WHEN `{index}` IS NULL THEN 1 END) AS unplanned"))
+        unplanned = F.expr(f"count(CASE WHEN offset <> {SUMMARY_OFFSET} AND `{index}` IS NULL THEN 1 END)")
     else:
-        for i, s in enumerate(streams):
-            mine = F.col("stream") == F.lit(s)
-            metrics += [
-                F.count(F.when(mine, 1)).alias(f"n{i}"),
-                F.min(F.when(mine, F.col("offset"))).alias(f"lo{i}"),
-                F.max(F.when(mine, F.col("offset"))).alias(f"hi{i}"),
-            ]
-        metrics.append(F.count(F.when(~F.col("stream").isin(*streams), 1)).alias("unplanned"))
+        unplanned = F.count(F.when((F.col("offset") != SUMMARY_OFFSET) & ~F.col("stream").isin(*streams), 1))
+    metrics = [
+        F.expr(f"collect_list(CASE WHEN {summary} THEN struct(stream, body) END) AS summaries"),
+        F.expr(f"count(CASE WHEN offset <> {SUMMARY_OFFSET} THEN 1 END) AS records"),
+        unplanned.alias("unplanned"),
+    ]
     # A unique name: concurrent jobs in one session must never read each other's metrics.
     observation = Observation(f"streamledger_written_{uuid.uuid4().hex}")
-    observed = df.observe(observation, *metrics)
+    observed = df.observe(observation, *metrics).where(F.col("offset") != SUMMARY_OFFSET)
 
     def written() -> dict[str, tuple[int, int | None, int | None]]:
         got = observation.get
-        out: dict[str, tuple[int, int | None, int | None]] = {
-            s: (int(got[f"n{i}"]), got[f"lo{i}"], got[f"hi{i}"]) for i, s in enumerate(streams)
-        }
         if got["unplanned"]:
             raise JobError(f"output holds {got['unplanned']} records of unplanned streams")
+        out: dict[str, tuple[int, int | None, int | None]] = dict.fromkeys(streams, (0, None, None))
+        for row in got["summaries"]:
+            stream, (n, lo, hi) = row["stream"], decode(row["body"])
+            if stream not in out:
+                raise JobError(f"output holds {n} records of unplanned stream {stream!r}")
+            had, first, last = out[stream]
+            out[stream] = (had + n, lo if first is None else min(first, lo),
+                           hi if last is None else max(last, hi))
+        summed = sum(n for n, _lo, _hi in out.values())
+        if summed != got["records"]:
+            raise JobError(f"the read tasks summarized {summed} records but Spark wrote {got['records']}")
         return out
 
     return observed, written
@@ -186,6 +190,7 @@ def run_job(
         .option("decode", decode)
         # The clamping already happened above; loss appearing between the two plans must fail.
         .option("failOnDataLoss", "true")
+        .option("sliceSummaries", "true")  # for the written-records metrics (_observe_written)
         .load()
     )
     out_fs.delete(fs.join(out_dir, MANIFEST))

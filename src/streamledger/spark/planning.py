@@ -343,6 +343,8 @@ class Selection:
     splits_per_stream: int | None
     fail_on_data_loss: bool
     batch_rows: int
+    #: Option ``sliceSummaries`` (the job's, not for readers): see :mod:`streamledger.spark.summaries`.
+    slice_summaries: bool
 
     @classmethod
     def parse_options(
@@ -378,6 +380,7 @@ class Selection:
             splits_per_stream=parse_positive_int(get("splitsPerStream"), what="splitsPerStream"),
             fail_on_data_loss=parse_bool(get("failOnDataLoss"), what="failOnDataLoss", default=True),
             batch_rows=parse_positive_int(get("batchRows"), what="batchRows") or default_batch_rows,
+            slice_summaries=parse_bool(get("sliceSummaries"), what="sliceSummaries", default=False),
         )
 
     def log_bounds(self, names: Sequence[str] | None = None) -> dict[str, tuple[OffsetBound, OffsetBound]]:

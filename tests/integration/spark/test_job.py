@@ -126,3 +126,49 @@ def test_cli_errors_are_one_line(rabbitmq_url: str, stream_name: Any, tmp_path: 
         f"error: stream {s!r}: end offset 99 is past the committed tail 5; "
         "a bounded read can only cover committed records"
     )
+
+
+def _observed_metrics(df: Any) -> list[str]:
+    """The metric expressions of the ``CollectMetrics`` node(s) in ``df``'s optimized plan."""
+    out: list[str] = []
+    todo = [df._jdf.queryExecution().optimizedPlan()]
+    while todo:
+        node = todo.pop()
+        if node.nodeName() == "CollectMetrics":
+            metrics = node.metrics()
+            out += [metrics.apply(i).sql() for i in range(metrics.size())]
+        children = node.children()
+        todo += [children.apply(i) for i in range(children.size())]
+    return out
+
+
+def test_the_written_records_metrics_do_not_grow_with_the_streams(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24: the job's observed metrics were 3 aggregates per stream (301 at 100 partitions, all
+    evaluated on every row and compiled into one class); they must be a fixed number."""
+    from pyspark.sql.classic.dataframe import DataFrame  # what a local session's frames are
+
+    names = [stream_name(f"m{i}") for i in range(20)]
+    for i, name in enumerate(names):
+        create_stream(rabbitmq_url, name, 2 + i % 3)
+    plain_write = DataFrame.write
+    written_frames: list[Any] = []
+
+    def capture(self: Any) -> Any:
+        written_frames.append(self)
+        return plain_write.fget(self)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(DataFrame, "write", property(capture))
+    metrics: dict[int, list[str]] = {}
+    for n in (3, 20):
+        ranges = {s: (0, 2 + i % 3) for i, s in enumerate(names[:n])}
+        manifest = run_job(spark, url=rabbitmq_url, ranges=ranges, output=str(tmp_path / f"n{n}"))
+        assert {s: e["records"] for s, e in manifest["streams"].items()} == {
+            s: 2 + i % 3 for i, s in enumerate(names[:n])}
+        assert all(e["first_offset"] == 0 and e["last_offset"] == e["records"] - 1
+                   for e in manifest["streams"].values())
+        metrics[n] = _observed_metrics(written_frames[-1])
+    assert len(metrics[20]) == len(metrics[3]) <= 4, (
+        f"observed metrics: {len(metrics[3])} for 3 streams, {len(metrics[20])} for 20"
+    )
