@@ -24,8 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.spark import SHORT_JVM_ENV
-
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_BIN = Path(sys.executable).with_name("airflow")
 
@@ -127,7 +125,6 @@ def make_airflow_home(home: Path, *, extra_env: Mapping[str, str] | None = None)
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
         "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
-        **SHORT_JVM_ENV,
     }
     env.update(extra_env or {})
     # The tests' cluster policy (a kill switch for the batch operator) lives in $AIRFLOW_HOME/config.

@@ -35,10 +35,14 @@ SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
 #: burns CPU the two lanes need: C1 only and the serial collector (the product's quick start).
 #: The JDK's launcher reads this variable (so does Spark's own launcher JVM). Measured on the 2-core VM,
 #: load ~5: a cold session plus a first small job 19.5 s -> 11.2 s; test_job.py + test_fault_matrix.py
-#: 172 s -> 117 s. Set for this process and its children when the plugin loads, unless already set.
+#: 172 s -> 117 s. Set for a pytest run and its children (:func:`pytest_configure`), unless already
+#: set; not on import, so the benches that reuse these helpers keep the JVM's defaults.
 SHORT_JVM_ENV = {"JDK_JAVA_OPTIONS": QUICK_START_JAVA_OPTIONS}
-for _key, _value in SHORT_JVM_ENV.items():
-    os.environ.setdefault(_key, _value)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for key, value in SHORT_JVM_ENV.items():
+        os.environ.setdefault(key, value)
 
 
 def _home() -> Path:

@@ -41,10 +41,10 @@ def with_summaries(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     for batch in batches:
         if batch.num_rows:
             schema = batch.schema
-            lows, highs = batch.column("stream"), pc.min_max(batch.column("offset"))
+            logs, bounds = batch.column("stream"), pc.min_max(batch.column("offset"))
             # A batch holds one log's records (one slice is read into its own batches).
-            stream, lo, hi = lows[0].as_py(), highs["min"].as_py(), highs["max"].as_py()
-            if batch.num_rows > 1 and not pc.all(pc.equal(lows, stream)).as_py():
+            stream, lo, hi = logs[0].as_py(), bounds["min"].as_py(), bounds["max"].as_py()
+            if batch.num_rows > 1 and not pc.all(pc.equal(logs, stream)).as_py():
                 raise SummaryError(f"a batch of stream {stream!r} also holds records of other logs; "
                                    "slice summaries need one log per batch")
             got = seen.get(stream)
