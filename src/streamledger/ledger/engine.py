@@ -35,8 +35,24 @@ def default_url() -> str:
     return f"sqlite:///{state_dir() / 'ledger.sqlite'}"
 
 
+def _extra_at(url: str) -> tuple[str, str] | None:
+    """``(user, host_and_rest)`` when the URL's user info holds more than one ``@`` (an unescaped ``@``
+    in the password), which parsers split at the wrong one and so would show part of the password."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or rest.startswith("/"):
+        return None
+    authority_end = rest.find("/", rest.rfind("@") + 1)
+    authority = rest if authority_end < 0 else rest[:authority_end]
+    if authority.count("@") < 2:
+        return None
+    user = authority.partition(":")[0]
+    return f"{scheme}://{user}", rest[rest.rfind("@", 0, len(authority)) + 1:]
+
+
 def safe_url(url: str | URL) -> str:
-    """The URL with any password masked, fit for messages and logs."""
+    """The URL with any password masked (all of it, even with an ``@`` in it), fit for messages and logs."""
+    if isinstance(url, str) and (split := _extra_at(url)) is not None:
+        return f"{split[0]}:***@{split[1]}"
     try:
         return make_url(url).render_as_string(hide_password=True)
     except (ArgumentError, ValueError):  # ValueError: a port that is not a number
@@ -45,6 +61,8 @@ def safe_url(url: str | URL) -> str:
 
 def parse_url(url: str) -> URL:
     """Validate a ledger URL and normalise PostgreSQL URLs to the psycopg 3 driver."""
+    if _extra_at(url) is not None:
+        raise LedgerError(f"ledger database URL {safe_url(url)}: an '@' in the password must be written %40")
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
