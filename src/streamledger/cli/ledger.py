@@ -17,7 +17,7 @@ import json
 import math
 import os
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from streamledger.cli.options import (
     open_ledger,
     require_existing,
 )
+from streamledger.cli.table import render, when
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
     from streamledger.ledger import BrokerOffsetLookup, Ledger, OffsetRange
@@ -165,14 +166,54 @@ def _range_line(r: OffsetRange) -> str:
     )
 
 
+RANGE_HEADER = ("ID", "PIPELINE", "STREAM", "RANGE STATUS", "RECORDS", "WHEN", "PUBLISHED", "OFFSET", "RUN",
+                "OUTPUT")
+
+
+def _range_row(r: OffsetRange) -> tuple[object, ...]:
+    """One range as ``ledger ranges`` shows it: WHEN is when it was committed (else claimed)."""
+    stored = ("verified" if r.offset_verified else "stored") if r.offset_stored else "-"
+    output = r.sink_table or r.output or (f"error: {r.error}" if r.error else None)
+    return (r.id, r.pipeline, r.source.stream, f"[{r.start}, {r.end}) {r.status.value}", r.records,
+            when(r.committed_at or r.claimed_at), when(r.published_at), stored, r.run, output)
+
+
+def _since(text: str) -> datetime:
+    """``--since``: an ISO 8601 time (UTC without a zone) or a span back from now (90s, 30m, 12h, 7d)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    stripped = text.strip().lower()
+    if stripped[-1:] in units and stripped[:-1].replace(".", "", 1).isdigit():
+        back = timedelta(seconds=float(stripped[:-1]) * units[stripped[-1]])
+        return datetime.now(UTC).replace(tzinfo=None) - back
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an ISO 8601 time nor a span like 30m, 12h or 7d") from None
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def _ranges(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         rows = ledger.ranges(args.pipeline, stream=args.stream)
+    if args.status:
+        rows = [r for r in rows if r.status.value in args.status]
+    if args.since is not None:
+        rows = [r for r in rows if (r.committed_at or r.claimed_at) >= args.since]
+    if args.limit is not None:  # the newest N, listed in the usual order
+        newest = set(sorted(r.id for r in rows)[-args.limit:])
+        rows = [r for r in rows if r.id in newest]
     if getattr(args, "json", False):
         print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
-        for r in rows:
-            print(_range_line(r))
+        if rows:
+            print(render(RANGE_HEADER, [_range_row(r) for r in rows], right=("ID", "RECORDS")))
         print(f"{len(rows)} range(s)", file=sys.stderr)
     return 0
 
@@ -212,6 +253,16 @@ def _rename_broker(args: argparse.Namespace) -> int:
     else:
         print(f"{moved} source(s) moved from {args.old} to {args.new}")
     return 0
+
+
+def _status(text: str) -> str:
+    """A range status (checked when given: the ledger's types are not imported to build the parser)."""
+    from streamledger.ledger.types import RangeStatus
+
+    known = [s.value for s in RangeStatus]
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a range status: {', '.join(known)}")
+    return text
 
 
 def register(sub: Any) -> None:
@@ -264,10 +315,15 @@ def register(sub: Any) -> None:
     add_json(p)
     p.set_defaults(func=_audit)
 
-    p = cmds.add_parser("ranges", help="list the ranges")
+    p = cmds.add_parser("ranges", help="list the ranges: what was read, when, where it went")
     add_ledger(p)
-    p.add_argument("--pipeline", default=None)
-    p.add_argument("--stream", default=None)
+    p.add_argument("--pipeline", default=None, help="only this pipeline")
+    p.add_argument("--stream", default=None, help="only this stream (or super stream partition)")
+    p.add_argument("--status", action="append", default=[], type=_status, metavar="STATUS",
+                   help="only ranges in this status (repeatable)")
+    p.add_argument("--since", type=_since, default=None, metavar="TIME",
+                   help="only ranges committed (or claimed) since TIME: ISO 8601 or a span like 12h, 7d")
+    p.add_argument("--limit", type=_limit, default=None, metavar="N", help="only the newest N ranges")
     add_json(p)
     p.set_defaults(func=_ranges)
 

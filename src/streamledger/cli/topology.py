@@ -12,8 +12,9 @@ import json
 import os
 from typing import Any
 
+from streamledger.cli.exits import BadInput
 from streamledger.cli.options import add_broker, add_json, broker_url
-from streamledger.topology import TRANSPORTS, StreamSettings, TopologyError, open_topology
+from streamledger.topology import TRANSPORTS, StreamSettings, open_topology
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -66,8 +67,8 @@ def _stream_delete(args: argparse.Namespace) -> int:
 def _super_create(args: argparse.Namespace) -> int:
     keys = _keys(args)
     if (args.partitions is None) == (keys is None):
-        raise TopologyError(f"{args.prefix}superstream create needs exactly one of --partitions N or "
-                            "--binding-keys a,b")
+        raise BadInput(f"{args.prefix}superstream create needs exactly one of --partitions N or "
+                       "--binding-keys a,b")
     with _topology(args) as topology:
         parts, created = topology.create_super_stream(
             args.name, partitions=args.partitions, binding_keys=keys, settings=_settings(args),

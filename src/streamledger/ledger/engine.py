@@ -124,4 +124,8 @@ def make_engine(url: str | URL) -> Engine:
         return engine
     # No pre-ping: it would add a round trip to every claim; connections are recycled instead and a
     # dropped one surfaces as a LedgerError for that call.
-    return create_engine(parsed, pool_recycle=1800, connect_args={"connect_timeout": 10})
+    try:
+        return create_engine(parsed, pool_recycle=1800, connect_args={"connect_timeout": 10})
+    except ModuleNotFoundError as exc:  # the driver is an extra (docs/install.md)
+        raise LedgerError(
+            f"a PostgreSQL ledger needs {exc.name}: pip install \"streamledger[postgres]\"") from exc

@@ -125,7 +125,8 @@ def test_a_broker_url_that_does_not_parse_exits_2(url: str) -> None:
     assert "ValueError" not in r.one_error_line()
 
 
-@pytest.mark.parametrize("argv", [["stream", "stats", "s", "--json"], ["offset", "query", "s", "ref", "--json"],
+@pytest.mark.parametrize("argv", [["stream", "stats", "s", "--json"],
+                                  ["offset", "query", "s", "ref", "--json"],
                                   ["publish", "s", "--count", "1", "--json"]])
 def test_an_unreachable_broker_exits_3_and_json_is_accepted(argv: list[str]) -> None:
     r = cli(*argv, "--broker-url", NOBODY_BROKER)
