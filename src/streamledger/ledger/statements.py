@@ -192,3 +192,106 @@ LOAD = (
     .where(Range.id == bindparam("range_id"))
 )
 LOAD_LOCKED = LOAD.with_for_update(of=Range)
+
+# -- the audit's checks: set-based SQL text (streamledger.ledger.audit names the findings) ----------
+
+# Restricting to one pipeline is a semi-join on its sources; without it, no join at all.
+AUDIT_PIPELINE_SCOPE = """r.source_id IN (SELECT s.id FROM streamledger_source s
+  JOIN streamledger_pipeline p ON p.id = s.pipeline_id WHERE p.name = :pipeline)"""
+
+# Each live non-empty range against the greatest end of the live ranges before it (a running MAX
+# rather than a plain LAG, so a range hidden inside an earlier, longer one still counts as an
+# overlap). The rows come in the order of the partial unique index on (source_id, start_offset),
+# which on PostgreSQL also carries end_offset and id: an index-only scan feeding the window, no
+# sort. Empty ranges cannot open a gap or overlap anything. A gap that failed ranges fill is
+# reported as "failed, never retried" instead.
+AUDIT_GAPS_OVERLAPS = """
+WITH live AS (
+  SELECT r.id, r.source_id, r.start_offset, r.end_offset,
+         MAX(r.end_offset) OVER (
+           PARTITION BY r.source_id ORDER BY r.start_offset
+           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+  FROM streamledger_range r
+  WHERE {scope} AND r.status <> 'failed' AND r.end_offset > r.start_offset
+)
+SELECT l.id, l.source_id, l.start_offset, l.end_offset, l.prev_end
+FROM live l
+WHERE l.prev_end IS NOT NULL AND l.start_offset <> l.prev_end
+  AND NOT (l.start_offset > l.prev_end AND EXISTS (
+      SELECT 1 FROM streamledger_range f
+      WHERE f.source_id = l.source_id AND f.status = 'failed'
+        AND f.start_offset < l.start_offset AND f.end_offset > l.prev_end))
+ORDER BY l.source_id, l.start_offset
+LIMIT :cap
+"""
+
+# One scan for the per-row checks and the status counts: rows that break a rule keep their id,
+# all others collapse into one group per status.
+AUDIT_ROW_CHECKS_AND_COUNTS = """
+SELECT x.status, x.bad, COUNT(*) FROM (
+  SELECT r.status,
+         CASE WHEN (r.status = 'claimed' AND COALESCE(r.heartbeat_at, r.claimed_at) < :cutoff)
+                OR (r.status = 'committed' AND (
+                      r.records IS NULL
+                   OR (r.records = 0 AND (r.first_seen IS NOT NULL OR r.last_seen IS NOT NULL))
+                   OR (r.records > 0 AND (
+                         r.first_seen IS NULL OR r.last_seen IS NULL OR r.first_seen > r.last_seen
+                      OR r.first_seen < r.start_offset OR r.last_seen >= r.end_offset
+                      OR r.records > r.last_seen - r.first_seen + 1))))
+              THEN r.id END AS bad
+  FROM streamledger_range r
+  WHERE {scope}
+) x
+GROUP BY x.status, x.bad
+"""
+
+AUDIT_ROW_DETAILS = """
+SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.status,
+       COALESCE(r.heartbeat_at, r.claimed_at), r.records, r.first_seen, r.last_seen,
+       r.dag_id, r.run_id, r.task_id, r.map_index
+FROM streamledger_range r
+WHERE r.id IN :ids
+ORDER BY r.source_id, r.start_offset
+"""
+
+# A failed range is retried once a live range overlaps it (a re-claim of the same span, or a lost
+# span recorded over it). The live range with the greatest start below its end decides.
+AUDIT_FAILED = """
+SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.error, r.claimed_at
+FROM streamledger_range r
+WHERE {scope} AND r.status = 'failed' AND r.end_offset > r.start_offset
+  AND COALESCE((SELECT l.end_offset FROM streamledger_range l
+                WHERE l.source_id = r.source_id AND l.status <> 'failed' AND l.start_offset < r.end_offset
+                ORDER BY l.start_offset DESC, l.end_offset DESC LIMIT 1), -1) <= r.start_offset
+ORDER BY r.source_id, r.start_offset
+LIMIT :cap
+"""
+
+# Committed ranges with records whose output is not published: in flight while their publish lease
+# is renewed, stranded once it is not (the next run of the pipeline finishes them).
+AUDIT_UNPUBLISHED = """
+SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.publisher, r.publish_beat, r.committed_at
+FROM streamledger_range r
+WHERE {scope} AND r.status = 'committed' AND r.records > 0 AND r.published_at IS NULL
+ORDER BY r.source_id, r.start_offset
+LIMIT :cap
+"""
+
+# Pinned ranges (bound_by_interval) among ``ids`` claimed after ``cutoff``.
+AUDIT_PINNED_SINCE = """
+SELECT r.id FROM streamledger_range r WHERE r.id IN :ids AND r.pinned AND r.claimed_at >= :cutoff
+"""
+
+AUDIT_SOURCES = """
+SELECT s.id, p.name, s.stream, s.broker
+FROM streamledger_source s JOIN streamledger_pipeline p ON p.id = s.pipeline_id
+WHERE (:pipeline IS NULL OR p.name = :pipeline)
+ORDER BY p.name, s.stream, s.broker
+"""
+
+# Committed ranges that wait behind an open claim (the watermark stops at the claim).
+AUDIT_BEHIND = """
+SELECT COUNT(*), MIN(r.start_offset), MAX(r.end_offset) FROM streamledger_range r
+WHERE r.source_id = :source_id AND r.status = 'committed' AND r.start_offset >= :mark
+  AND r.end_offset > r.start_offset
+"""

@@ -1,10 +1,16 @@
-"""The :class:`Ledger`: claims, commits, failures, lost spans and stale-claim release.
+"""The :class:`Ledger`: a small face over the ledger's rooms, each a mixin over one session.
 
 Every mutation runs in one short transaction that first locks the source row (``SELECT ... FOR
 UPDATE`` on PostgreSQL; the whole database via ``BEGIN IMMEDIATE`` on SQLite), so the decisions
 "where does the next range start" and "insert it" can never interleave between two claimers. The
 database re-checks the same rules with constraints and triggers (migration ``0002``), so a bug here
 or a hand-written SQL statement cannot silently break them.
+
+The rooms: :mod:`~streamledger.ledger.statements` (the SQL), :mod:`~streamledger.ledger.session`
+(engine, transactions, the database's clock, schema check), :mod:`~streamledger.ledger.sources`
+(sources and epochs), :mod:`~streamledger.ledger.claims`, :mod:`~streamledger.ledger.commits`,
+:mod:`~streamledger.ledger.publishing` (publish leases), :mod:`~streamledger.ledger.positions`
+(positions and watermarks) and :mod:`~streamledger.ledger.lost` (lost and stale ranges).
 """
 
 from __future__ import annotations
