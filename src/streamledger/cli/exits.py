@@ -20,13 +20,10 @@ class BadInput(StreamledgerError, ValueError):
     """The command's input cannot work (exit 2); raised before anything is contacted or written."""
 
 
-class Unreachable(StreamledgerError):
-    """A server or store is not there (exit 3)."""
-
-
 #: Connection-level errors of the clients, looked up only when their module is already imported (an
 #: exception of a module never imported cannot occur, and importing them all would slow every command).
 _UNREACHABLE_TYPES = (
+    ("streamledger.ledger.errors", "LedgerNotFound"),
     ("streamledger.protocol.rabbitmq.errors", "ConnectionFailed"),
     ("streamledger.protocol.mewbase.errors", "MewbaseConnectionError"),
     ("streamledger.protocol.amqp10.errors", "Amqp10ConnectionError"),
@@ -53,7 +50,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _unreachable(exc: BaseException) -> bool:
-    if isinstance(exc, Unreachable | ConnectionError | TimeoutError):
+    if isinstance(exc, ConnectionError | TimeoutError):
         return True
     if isinstance(exc, OSError) and type(exc).__name__ == "gaierror":  # name resolution failed
         return True

@@ -28,7 +28,6 @@ from streamledger.cli.options import (
     key_value_arg,
     ledger_url,
     open_ledger,
-    require_existing,
 )
 from streamledger.cli.table import render, when
 
@@ -87,9 +86,7 @@ def _migrate(args: argparse.Namespace, action: str) -> int:
     from streamledger.ledger.engine import make_engine
 
     url = ledger_url(args)
-    if action != "upgrade":
-        require_existing(url)
-    engine = make_engine(url)
+    engine = make_engine(url, create=action == "upgrade")  # a downgrade of nothing creates nothing
     try:
         before = migrate.current(engine)
         if action == "upgrade":

@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from streamledger.cli.exits import BadInput, Unreachable
+from streamledger.cli.exits import BadInput
 
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger
@@ -145,30 +144,8 @@ def ledger_url(args: argparse.Namespace) -> str:
 
 
 def open_ledger(args: argparse.Namespace, *, write: bool = False) -> Ledger:
-    """The ledger of ``--ledger``. A reading command (``write=False``) never creates one: a SQLite file
-    that does not exist is :class:`Unreachable`. A writing command creates and migrates a SQLite file."""
+    """The ledger of ``--ledger``. A reading command (``write=False``) never creates one (a SQLite file
+    that does not exist is ``LedgerNotFound``, exit 3); a writing command creates and migrates it."""
     from streamledger.ledger import Ledger
 
-    url = ledger_url(args)
-    is_sqlite = _sqlite_file(url) is not None
-    if not write:
-        require_existing(url)
-    return Ledger(url, create=write and is_sqlite)
-
-
-def _sqlite_file(url: str) -> Path | None:
-    from streamledger.ledger.engine import parse_url
-
-    parsed = parse_url(url)
-    return Path(parsed.database or "") if parsed.get_backend_name() == "sqlite" else None
-
-
-def require_existing(url: str) -> None:
-    """:class:`Unreachable` for a SQLite ledger whose file does not exist, checked without opening it
-    (SQLite would create the file, and the engine its directory)."""
-    from streamledger.ledger.engine import safe_url
-
-    path = _sqlite_file(url)
-    if path is not None and not path.is_file():
-        raise Unreachable(f"ledger {safe_url(url)}: the file does not exist (`streamledger ledger upgrade` "
-                          "or `streamledger batch run` creates it)")
+    return Ledger(ledger_url(args), create=write)

@@ -18,7 +18,7 @@ from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError
 
 from streamledger.home import state_dir
-from streamledger.ledger.errors import LedgerError
+from streamledger.ledger.errors import LedgerError, LedgerNotFound
 
 IMMEDIATE = "streamledger_immediate"
 """Execution option: a connection carrying it opens its SQLite transactions with BEGIN IMMEDIATE."""
@@ -106,11 +106,16 @@ def _sqlite_on_begin(conn: Any) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def make_engine(url: str | URL) -> Engine:
-    """An engine for the ledger at ``url`` with the dialect hooks described above."""
+def make_engine(url: str | URL, *, create: bool = True) -> Engine:
+    """An engine for the ledger at ``url`` with the dialect hooks described above. With ``create``
+    False a SQLite file that does not exist is :class:`LedgerNotFound`: SQLite would create it (and
+    this function its directory) on the first connection, and a reading open must create nothing."""
     parsed = parse_url(url) if isinstance(url, str) else url
     if parsed.get_backend_name() == "sqlite":
         database = Path(parsed.database or "")
+        if not create and not database.is_file():
+            raise LedgerNotFound(f"no ledger schema in {safe_url(parsed)}: the file does not exist; "
+                                 "`streamledger ledger upgrade --ledger URL` creates it")
         if not database.parent.exists():
             try:
                 database.parent.mkdir(parents=True, exist_ok=True)
