@@ -23,6 +23,13 @@ def _every(tty: bool) -> float:
         return 5.0
 
 
+def _is_tty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (OSError, ValueError):  # closed
+        return False
+
+
 def _clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
@@ -37,7 +44,7 @@ class Progress:
         self.total = total
         self.unit = unit
         self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.tty = _is_tty(self.stream)
         self.every = _every(self.tty)
         self.started = time.monotonic()
         self.count = 0
@@ -99,7 +106,7 @@ class JobProgress:
         self.pipeline = pipeline
         self.runner = runner
         self.stream = stream or sys.stderr
-        self.every = _every(False) if not getattr(self.stream, "isatty", lambda: False)() else 2.0
+        self.every = 2.0 if _is_tty(self.stream) else _every(False)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.began = 0.0
