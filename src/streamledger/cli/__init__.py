@@ -25,6 +25,8 @@ _GROUPS = (
     "streamledger.cli.amqp",
     "streamledger.cli.spark",
     "streamledger.cli.batch",
+    "streamledger.cli.status",
+    "streamledger.cli.check",
 )
 
 

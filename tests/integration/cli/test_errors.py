@@ -142,3 +142,14 @@ def test_the_old_flag_names_still_work(sqlite_ledger: str) -> None:
     assert cli("ledger", "ranges", "--db", sqlite_ledger).rc == 0
     helptext = cli("ledger", "ranges", "--help").out
     assert "--ledger" in helptext and not re.search(r"--db\b", helptext)
+
+
+def test_check_says_what_does_not_work_and_creates_nothing(tmp_path: Path) -> None:
+    r = cli("check", "--broker-url", NOBODY_BROKER, "--ledger", f"sqlite:///{tmp_path / 'no' / 'x.db'}",
+            "--output-root", str(tmp_path / "out"))
+    assert r.rc == 3, r.out + r.err
+    lines = dict(line.split(None, 1) for line in r.out.splitlines())
+    assert lines["broker"].startswith("FAIL") and "127.0.0.1:1" in lines["broker"]
+    assert lines["ledger"].startswith("FAIL") and "does not exist" in lines["ledger"]
+    assert lines["output"].startswith("ok")
+    assert tree(tmp_path) == []

@@ -54,6 +54,21 @@ def test_a_first_batch_on_a_new_sqlite_ledger(rabbitmq_url: str, stream_name: An
     r = cli("ledger", "audit", "--pipeline", "first", "--broker-url", rabbitmq_url, env=env)
     assert r.rc == 0, r.out + r.err
 
+    r = cli("status", "--pipeline", "first", env=env)  # the broker from $STREAMLEDGER_BROKER_URL
+    assert r.rc == 0, r.err
+    header, row = r.out.splitlines()
+    assert header.split()[:4] == ["PIPELINE", "STREAM", "COMMITTED", "OPEN"] and "LAG" in header
+    assert row.split()[:2] == ["first", s] and out in row
+    (status,) = json.loads(cli("status", "--pipeline", "first", "--json", env=env).out)
+    assert (status["done_to"], status["last_record"], status["stored"]) == (40, 39, 39)
+    # the lag counts offsets, an upper bound on records: the stored offsets' tracking chunks take some
+    assert status["tail"] >= 40 and status["lag"] == status["tail"] - 40
+    assert status["committed"] == 1 and status["open_claims"] == 0
+
+    r = cli("check", "--output-root", out, env=env)
+    assert r.rc == 0 and [line.split()[:2] for line in r.out.splitlines()] == [
+        ["broker", "ok"], ["ledger", "ok"], ["spark", "ok"], ["output", "ok"]], r.out + r.err
+
 
 def test_read_reports_progress_and_every_broker_command_speaks_json(
     rabbitmq_url: str, stream_name: Any, tmp_path: Path
