@@ -144,6 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     batch_log = logging.getLogger("streamledger.batch")
     batch_log.addHandler(log_lines)
     batch_log.setLevel(logging.INFO)
+    batch_log.propagate = False  # one line per step: not again through the root logger's handler
     watch = JobProgress(config.pipeline, runner)
     try:
         with open_ledger(args, write=True) as ledger, connect_log(url) as log:
@@ -157,6 +158,7 @@ def _run(args: argparse.Namespace) -> int:
             table = batch.sink.describe()
     finally:
         batch_log.removeHandler(log_lines)
+        batch_log.propagate = True
     if getattr(args, "json", False):
         out = result.to_dict()
         out["run_id"] = run_id

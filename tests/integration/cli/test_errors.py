@@ -150,6 +150,9 @@ def test_check_says_what_does_not_work_and_creates_nothing(tmp_path: Path) -> No
     assert r.rc == 3, r.out + r.err
     lines = dict(line.split(None, 1) for line in r.out.splitlines())
     assert lines["broker"].startswith("FAIL") and "127.0.0.1:1" in lines["broker"]
-    assert lines["ledger"].startswith("FAIL") and "does not exist" in lines["ledger"]
+    assert lines["ledger"].startswith("ok") and "does not exist yet" in lines["ledger"]  # batch run makes it
     assert lines["output"].startswith("ok")
     assert tree(tmp_path) == []
+    r = cli("check", "--broker-url", NOBODY_BROKER, "--ledger", NOBODY_PG)
+    assert r.rc == 3
+    assert dict(line.split(None, 1) for line in r.out.splitlines())["ledger"].startswith("FAIL")

@@ -35,6 +35,7 @@ def test_a_first_batch_on_a_new_sqlite_ledger(rabbitmq_url: str, stream_name: An
     progress = [line for line in r.err.splitlines() if line.startswith("streamledger: batch first:")]
     assert any("offsets planned" in line for line in progress), r.err
     assert any("records/s" in line for line in progress), r.err
+    assert len([line for line in r.err.splitlines() if "published stream" in line]) == 1, r.err  # once
 
     # a second run starting at `next` for a new pipeline reads nothing old
     r = cli("batch", "run", "--stream", s, "--pipeline", "only-new", "--output-root", out, "--json",
