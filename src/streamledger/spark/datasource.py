@@ -167,7 +167,8 @@ def plan(options: ReadOptions) -> list[PlannedRange]:
     from streamledger.protocol.rabbitmq import StreamClient
 
     with StreamClient.connect(options.url) as client:
-        return plan_ranges(client, options.bounds(client), fail_on_data_loss=options.fail_on_data_loss)
+        return plan_ranges(client, options.bounds(client), fail_on_data_loss=options.fail_on_data_loss,
+                           timestamp_strategy=options.times.strategy)
 
 
 def slices_for(planned: list[PlannedRange], options: ReadOptions) -> list[StreamSlice]:
