@@ -386,6 +386,10 @@ class RabbitMQStreamDataSource(DataSource):
     * ``properties``: which map columns to fill, ``all`` (default), ``none`` or a comma list of
       ``properties``, ``application_properties``, ``message_annotations``; the others are null.
 
+    * Kafka's ``startingTimestamp`` / ``endingTimestamp``, ``startingOffsetsByTimestamp`` /
+      ``endingOffsetsByTimestamp``, ``startingOffsetsByTimestampStrategy``; ``columns`` (projection)
+      and ``filterPushdown`` (:mod:`streamledger.spark.pushdown`): docs/spark.md, "Options at a glance".
+
     Schema: ``stream STRING, offset LONG, chunk_timestamp TIMESTAMP, body BINARY,
     properties / application_properties / message_annotations MAP<STRING,STRING>``.
 
