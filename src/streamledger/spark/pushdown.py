@@ -125,7 +125,8 @@ class PushedFilters:
             LessThanOrEqual,
         )
 
-        column = f.attribute[0] if len(f.attribute) == 1 else None
+        path = getattr(f, "attribute", None)  # Not(...) has a child instead: left to Spark
+        column = path[0] if path is not None and len(path) == 1 else None
         if column not in ("stream", "offset", "chunk_timestamp"):
             return None
         if isinstance(f, IsNotNull):  # these columns are never null
