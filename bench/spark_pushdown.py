@@ -77,7 +77,8 @@ def main() -> int:
     from streamledger.spark.session import build_session
 
     spark = build_session(master="local[2]", app_name="bench-spark-pushdown",
-                          conf={"spark.sql.python.filterPushdown.enabled": "true"})
+                          conf={"spark.sql.python.filterPushdown.enabled": "true",
+                                "spark.ui.showConsoleProgress": "false"})
 
     def reader(**options: str) -> Any:
         r = spark.read.format("rabbitmq_stream").option("url", args.url).option("stream", args.name)
