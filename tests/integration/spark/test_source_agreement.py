@@ -2,7 +2,8 @@
 
 The same window, given by the same Kafka-named options, read by ``spark.read`` and by a ledger-recorded
 ``spark.readStream`` (AvailableNow, several micro-batches, maxBytesPerTrigger): the same rows, the same
-schema, and the ledger's committed ranges cover exactly the batch read's offsets.
+schema; the ledger's committed ranges and the bounded job (``run_job``) cover exactly the window the
+batch options plan.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 
 from streamledger.ledger import Ledger, RangeStatus
+from streamledger.spark.datasource import ReadOptions, plan
+from streamledger.spark.job import run_job
 from tests.integration.spark.helpers import create_stream, publish, read_df
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq]
@@ -43,6 +46,10 @@ def test_batch_and_streaming_read_the_same_window(spark: Any, rabbitmq_url: str,
     assert {(s, o) for s, o, _, _ in batch_rows} == (
         {(a, o) for o in range(120, 270)} | {(b, o) for o in range(80, 170)})
 
+    # the window the batch options plan, before the streaming query's stored offsets move the tails
+    window = {r.stream: (r.start, r.end) for r in plan(ReadOptions.parse({"url": rabbitmq_url, **common}))}
+    assert window == {a: (120, 270), b: (80, 170)}
+
     ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     reader = spark.readStream.format("rabbitmq_stream").option("url", rabbitmq_url)
     for key, value in {**common, "maxBytesPerTrigger": "8k", "ledger": ledger_url, "pipeline": "agree",
@@ -66,7 +73,12 @@ def test_batch_and_streaming_read_the_same_window(spark: Any, rabbitmq_url: str,
                            if r.status == RangeStatus.COMMITTED)
     finally:
         ledger.close()
-    for s, first, end in ((a, 120, 270), (b, 80, 170)):
+    for s, (first, end) in window.items():
         spans = [(start, stop) for name, start, stop in committed if name == s]
         assert spans[0][0] == first and spans[-1][1] == end
         assert all(x[1] == y[0] for x, y in itertools.pairwise(spans))  # contiguous, no overlap
+
+    # the bounded job over the window the same options plan: the same offsets and record counts
+    manifest = run_job(spark, url=rabbitmq_url, ranges=window, output=str(tmp_path / "job"))
+    assert {s: (e["start"], e["end"], e["records"]) for s, e in manifest["streams"].items()} == {
+        s: (first, end, end - first) for s, (first, end) in window.items()}
