@@ -23,7 +23,9 @@ claims are committed (without staging, so published with the commit) once Spark 
 done, then the broker offset is stored at the ledger's watermark. Spark 4.2 calls ``commit(end)``
 of batch *n* only when it plans batch *n+1*, so the claims are also settled when
 ``latestOffset(start)`` is called (Spark asks for a new batch only after the previous one reached
-the commit log): the last batch of a run is recorded in that run.
+the commit log): the last batch of a run is recorded in that run. The recording is the batch layer's
+:class:`~streamledger.batch.microbatch.MicroBatchRecorder`: it records exactly the span each batch's
+checkpointed offsets name, or fails the query with one line.
 """
 
 from __future__ import annotations
@@ -282,7 +284,7 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
             self._own = {}
             recorder = self.recorder()
             if recorder is not None:  # Spark asks for batch n+1 only after batch n committed
-                for s in recorder.settle(begin.query, begin.offsets, client):
+                for s in recorder.settle(begin.query, begin.batch, begin.offsets, client):
                     after = int(client.committed_tail(s))
                     if after == tails[s] + 1:  # only our entry came in: else a record may hide there
                         self._own[s] = (tails[s], after)
@@ -341,7 +343,7 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
     def commit(self, end: dict[str, Any]) -> None:
         if self.options.ledger_on:
             upto = SourceOffset.from_json(end)
-            self._call(lambda c: self.recorder().settle(upto.query, upto.offsets, c))  # type: ignore[union-attr]
+            self._call(lambda c: self.recorder().settle(upto.query, upto.batch, upto.offsets, c))  # type: ignore[union-attr]
 
     def stop(self) -> None:
         self._drop_client()
