@@ -64,7 +64,9 @@ log = logging.getLogger(__name__)
 
 
 class StreamingError(StreamledgerError):
-    """A streaming query cannot go on (bad offset, a ledger history that disagrees with the query)."""
+    """A streaming query cannot go on (an offset this source did not write, a batch without a start);
+    a ledger history that disagrees with the query raises
+    :class:`~streamledger.batch.microbatch.MicroBatchError`."""
 
 
 @dataclass(frozen=True)
