@@ -241,3 +241,14 @@ class BatchResult:
             "ranges": self.ranges(),
             "partitions": [p.to_dict() for p in self.partitions],
         }
+
+
+def summarize(result: BatchResult) -> str:
+    """One line per partition for task logs."""
+    lines = [f"pipeline {result.pipeline} on {result.broker}: {result.records} records"]
+    for p in result.partitions:
+        lines.append(
+            f"  {p.stream} [{p.start}, {p.end}) {p.status} records={p.records} "
+            f"offsets={p.first_offset}..{p.last_offset} stored={p.offset_stored} output={p.output}"
+        )
+    return "\n".join(lines)
