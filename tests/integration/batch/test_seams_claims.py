@@ -188,7 +188,7 @@ def test_two_batches_publishing_each_others_ranges_do_not_deadlock(
             with Ledger(pg_url) as ledger, StreamClient.connect(rabbitmq_url) as client:
                 run_batch(config(rabbitmq_url, tmp_path, s, pipeline=PIPELINE, max_offsets=50),
                           run=rid(task), ledger=ledger, broker=client, runner=runner, on_step=step)
-        except BaseException as exc:  # noqa: BLE001  (reported below, with the other thread's)
+        except BaseException as exc:  # reported below, with the other thread's
             errors[task] = exc
             committed.abort()
             go.abort()
