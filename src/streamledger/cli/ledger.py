@@ -237,8 +237,8 @@ def _skip(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         rng = ledger.record_skipped(args.pipeline, SourceRef(broker=args.broker, stream=args.stream),
                                    args.start, args.end, reason=args.reason)
-    print(f"pipeline {args.pipeline} stream {args.stream} on {args.broker}: [{rng.start}, {rng.end}) recorded "
-          f"as deliberately skipped (range {rng.id}): {args.reason}")
+    print(f"pipeline {args.pipeline} stream {args.stream} on {args.broker}: [{rng.start}, {rng.end}) "
+          f"recorded as deliberately skipped (range {rng.id}): {args.reason}")
     return 0
 
 
@@ -320,7 +320,7 @@ def register(sub: Any) -> None:
     p.add_argument("--reason", default=None, help="recorded with the new epoch")
     p.set_defaults(func=_new_epoch)
 
-    p = cmds.add_parser("skip", help="record a span nobody will read as deliberately skipped (audited as such)")
+    p = cmds.add_parser("skip", help="record a span nobody will read as deliberately skipped (audited)")
     _db_option(p)
     p.add_argument("--pipeline", required=True)
     p.add_argument("--stream", required=True, help="the stream (or super stream partition)")

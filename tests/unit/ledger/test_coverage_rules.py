@@ -100,7 +100,7 @@ def test_a_span_nobody_will_read_is_recorded_skipped_and_audited_as_such(ledger:
 def test_a_skip_is_refused_where_it_would_overlap_or_open_a_gap(ledger: Ledger) -> None:
     third = _pin(ledger, 3, (200, 300), initial_start=0)
     _done(ledger, third.id, 200, 299)
-    with pytest.raises(LedgerError, match=r"skip \[150, 250\) .*covered"):
+    with pytest.raises(LedgerError, match=r"skip \[150, 250\) .*covers part of it"):
         ledger.record_skipped("p", SRC, 150, 250, reason="x")
     with pytest.raises(LedgerError, match=r"skip \[50, 100\) .*must start where"):
         ledger.record_skipped("p", SRC, 50, 100, reason="x")  # would leave [0, 50) uncovered
