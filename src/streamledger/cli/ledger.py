@@ -1,4 +1,4 @@
-"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|new-epoch`` commands.
+"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|new-epoch|skip`` commands.
 
 The database comes from ``--ledger URL`` (old name ``--db``; default ``$STREAMLEDGER_LEDGER_URL`` or
 the SQLite file under ``$STREAMLEDGER_HOME``); only ``upgrade`` creates one (docs/cli.md). ``audit``
@@ -242,6 +242,28 @@ def _new_epoch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _offset(text: str) -> int:
+    """An offset: a non-negative integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an offset (an integer), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an offset is not negative, got {value}")
+    return value
+
+
+def _skip(args: argparse.Namespace) -> int:
+    from streamledger.ledger import SourceRef
+
+    with _ledger(args) as ledger:
+        rng = ledger.record_skipped(args.pipeline, SourceRef(broker=args.broker, stream=args.stream),
+                                   args.start, args.end, reason=args.reason)
+    print(f"pipeline {args.pipeline} stream {args.stream} on {args.broker}: [{rng.start}, {rng.end}) "
+          f"recorded as deliberately skipped (range {rng.id}): {args.reason}")
+    return 0
+
+
 def _rename_broker(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         moved = ledger.rename_broker(args.old, args.new, pipeline=args.pipeline)
@@ -341,6 +363,16 @@ def register(sub: Any) -> None:
     p.add_argument("--reason", default=None, help="recorded with the new epoch")
     add_json(p)
     p.set_defaults(func=_new_epoch)
+
+    p = cmds.add_parser("skip", help="record a span nobody will read as deliberately skipped (audited)")
+    add_ledger(p)
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--stream", required=True, help="the stream (or super stream partition)")
+    p.add_argument("--broker", required=True, help="the broker identity as the ledger names it")
+    p.add_argument("--start", type=_offset, required=True, help="first offset skipped")
+    p.add_argument("--end", type=_offset, required=True, help="first offset after the span (exclusive)")
+    p.add_argument("--reason", required=True, help="why nobody reads it (recorded, shown by the audit)")
+    p.set_defaults(func=_skip)
 
     p = cmds.add_parser("release-stale", help="fail claims not heard from for --older-than seconds")
     add_ledger(p)

@@ -32,11 +32,12 @@ class Positions(Sources):
 
     @staticmethod
     def _first_gap(session: Session, source_id: int, *, pinned: bool | None = None) -> int | None:
-        """The first offset from the history's origin (its lowest live range) that no live range
-        covers: the origin itself when no non-empty range starts there, else the earliest end of a
-        non-empty live range that no non-empty live range continues (the tail, when none is
-        missing). Only pinned claims leave such gaps (offsets of intervals not claimed yet); for a
-        source with pinned ranges this walks its ranges (O(ranges), an index-only walk)."""
+        """The first offset from the history's origin (the lowest start of any of its ranges, a
+        failed first claim included: audit rule 1) that no live range covers: the origin itself
+        when no non-empty range starts there, else the earliest end of a non-empty live range that
+        no non-empty live range continues (the tail, when none is missing). Only pinned claims
+        leave such gaps (offsets of intervals not claimed yet); for a source with pinned ranges
+        this walks its ranges (O(ranges), an index-only walk)."""
         if pinned is None:
             pinned = session.scalars(ANY_PINNED, {"source_id": source_id}).first() is not None
         if not pinned:

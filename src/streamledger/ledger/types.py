@@ -119,6 +119,17 @@ class RunIdentity:
             return None
 
 
+SKIP_RUN_DAG = "streamledger"
+SKIP_RUN_TASK = "skip"
+"""A span recorded as deliberately skipped (``Ledger.record_skipped``) is a ``lost`` range held by
+``streamledger/skip-<start>-<end>/skip``: what tells it from retention's losses (audit rule 6)."""
+
+
+def skip_identity(start: int, end: int) -> RunIdentity:
+    """Who holds a skipped span: one identity per span (one live range per identity and source)."""
+    return RunIdentity(SKIP_RUN_DAG, f"skip-{start}-{end}", SKIP_RUN_TASK)
+
+
 @dataclass(frozen=True, slots=True)
 class OffsetRange:
     """A snapshot of one ledger row: the half-open offset span ``[start, end)`` of one source."""
@@ -157,6 +168,12 @@ class OffsetRange:
     def needs_publish(self) -> bool:
         """A committed range with records whose output is not in its final place yet."""
         return self.status == RangeStatus.COMMITTED and bool(self.records) and self.published_at is None
+
+    @property
+    def skipped(self) -> bool:
+        """True for a span recorded as deliberately skipped (nobody reads it; see :func:`skip_identity`)."""
+        return (self.status == RangeStatus.LOST and self.run.dag_id == SKIP_RUN_DAG
+                and self.run.task_id == SKIP_RUN_TASK)
 
     @property
     def empty(self) -> bool:
