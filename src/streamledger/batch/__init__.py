@@ -103,6 +103,7 @@ from streamledger.batch.config import (
     PartitionResult,
     RunId,
     StepHook,
+    StreamReplaced,
 )
 from streamledger.batch.plan import broker_identity, offset_to_store, output_dir, staging_dir
 from streamledger.batch.run import BatchRun, Heartbeat, backlog, run_batch
@@ -127,6 +128,7 @@ __all__ = [
     "RunId",
     "SparkConnectRunner",
     "StepHook",
+    "StreamReplaced",
     "backlog",
     "broker_identity",
     "offset_to_store",

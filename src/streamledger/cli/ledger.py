@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
-    from streamledger.ledger import BrokerOffsetLookup, Ledger, OffsetRange
+    from streamledger.ledger import Ledger, OffsetQuerier, OffsetRange
 
 
 # -- argument types: bad input stops argparse (one line, exit 2) before a ledger is opened --------
@@ -140,15 +140,16 @@ def _downgrade(args: argparse.Namespace) -> int:
     return _migrate(args, "downgrade")
 
 
-def _broker_lookups(stack: contextlib.ExitStack, urls: list[str]) -> dict[str, BrokerOffsetLookup]:
-    """Connect to each server and map every ledger identity it answers for to its stored offsets."""
+def _broker_lookups(stack: contextlib.ExitStack, urls: list[str]) -> dict[str, OffsetQuerier]:
+    """Connect to each server and map every ledger identity it answers for to its client (stored
+    offsets, and the chunk headers a re-created stream is told apart by)."""
     from streamledger.sources import connect_log, server_identities
 
-    lookups: dict[str, BrokerOffsetLookup] = {}
+    lookups: dict[str, OffsetQuerier] = {}
     for url in urls:
         client = stack.enter_context(connect_log(url))
         for identity in server_identities(url, client):
-            lookups.setdefault(identity, client.query_offset)
+            lookups.setdefault(identity, client)
     return lookups
 
 
@@ -211,12 +212,14 @@ def _release_stale(args: argparse.Namespace) -> int:
 
 def _new_epoch(args: argparse.Namespace) -> int:
     from streamledger.ledger import SourceRef
+    from streamledger.sources import canonical_identity
 
+    broker = canonical_identity(args.broker)  # any spelling of the identity the batch named
     with _ledger(args) as ledger:
-        old, new = ledger.new_epoch(args.pipeline, SourceRef(broker=args.broker, stream=args.stream),
+        old, new = ledger.new_epoch(args.pipeline, SourceRef(broker=broker, stream=args.stream),
                                     reason=args.reason or "")
-    print(f"pipeline {args.pipeline} stream {args.stream} on {args.broker}: epoch {old} retired (kept under "
-          f"{args.broker}#epoch{old}); epoch {new} reads the stream from its first offset")
+    print(f"pipeline {args.pipeline} stream {args.stream} on {broker}: epoch {old} retired (kept under "
+          f"{broker}#epoch{old}); epoch {new} reads the stream from its first offset")
     return 0
 
 
