@@ -16,7 +16,14 @@ from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Pipeline, Range, Source
 from streamledger.ledger.rows import check_pipeline, chunks, clip, snapshot
 from streamledger.ledger.session import LedgerSession
-from streamledger.ledger.statements import LOAD, LOAD_LOCKED, LOCK_SOURCE_BY_NAME, SOURCE_BY_NAME, TAIL
+from streamledger.ledger.statements import (
+    IS_UNPUBLISHED,
+    LOAD,
+    LOAD_LOCKED,
+    LOCK_SOURCE_BY_NAME,
+    SOURCE_BY_NAME,
+    TAIL,
+)
 from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef, retired_broker
 
 
@@ -143,6 +150,15 @@ class Sources(LedgerSession):
             self._sources.clear()
             return len(moving)
 
+    def broker_identities(self, pipeline: str) -> list[str]:
+        """Every broker identity the pipeline's sources are recorded under (retired epochs' too):
+        what a batch looks through for rows of its own broker in another spelling."""
+        check_pipeline(pipeline)
+        with self._tx(f"broker identities of {pipeline!r}", write=False) as session:
+            return sorted(session.scalars(
+                select(Source.broker).distinct().join(Pipeline, Pipeline.id == Source.pipeline_id)
+                .where(Pipeline.name == pipeline)))
+
     def last_end(self, pipeline: str, source: SourceRef) -> int | None:
         """Where the next new range would start (None before the first range of this source)."""
         check_pipeline(pipeline)
@@ -184,6 +200,14 @@ class Sources(LedgerSession):
         claim nor a broker check ever mixes the two streams; the audit still covers it), and the
         new epoch begins with an empty committed range ``[0, 0)``: the next batch reads the new
         stream from its first offset. Returns ``(old_epoch, new_epoch)``.
+
+        Refused while the history has open claims, or committed ranges whose output is not
+        published: once retired, no run publishes them (a batch publishes its current sources'
+        ranges only) and they would stay "unpublished" for ever. Refused rather than published
+        here because publishing needs the pipeline's sink, output file system and publish lease,
+        which only the batch has; the batch that refuses a re-created stream publishes them from
+        their staging copies first, so the usual order (a batch refuses, then a new epoch) goes
+        through without a step in between.
         """
         check_pipeline(pipeline)
         what = f"new epoch for pipeline {pipeline!r} stream {source.stream!r}"
@@ -204,6 +228,16 @@ class Sources(LedgerSession):
                 raise LedgerError(
                     f"{what}: claims {sorted(open_claims)} are still open; let them finish or fail them "
                     "(`streamledger ledger release-stale`) first"
+                )
+            unpublished = session.scalars(select(Range).where(Range.source_id == src.id, IS_UNPUBLISHED)
+                                          .order_by(Range.start_offset)).all()
+            if unpublished:
+                spans = ", ".join(f"[{r.start_offset}, {r.end_offset})" for r in unpublished[:10])
+                more = f" and {len(unpublished) - 10} more" if len(unpublished) > 10 else ""
+                raise LedgerError(
+                    f"{what}: committed ranges {spans}{more} are not published yet and no run would "
+                    f"publish them once this history is retired; run a batch of {pipeline!r} first (it "
+                    "publishes them from their staging copies before refusing the re-created stream)"
                 )
             src.broker = retired
             session.flush()
