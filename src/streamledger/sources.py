@@ -194,7 +194,7 @@ def canonical_identity(identity: str) -> str:
     ``…/%2f`` and ``…/`` (how URLs spell the default vhost) are one broker, as the broker sees it.
     Identities of other forms are returned unchanged. Every identity the ledger records goes through
     here (:meth:`LogKind.identity`), and recorded ones in other spellings are adopted by the next
-    batch of their pipeline (``BatchRun.adopt_identities``)."""
+    batch or streaming query of their pipeline (``Ledger.adopt_identity``)."""
     base, hash_, suffix = identity.partition("#")  # a quoted identity holds no raw '#'
     scheme, sep, rest = base.partition("://")
     if not sep or scheme not in {k.name for k in KINDS}:

@@ -40,7 +40,6 @@ from streamledger.batch.position import (
 )
 from streamledger.manifest import Manifest, ManifestError
 from streamledger.offsets import ChunkPrint, same_stream, take_print
-from streamledger.sources import canonical_identity
 
 if TYPE_CHECKING:
     from streamledger.ledger import ClaimRequest, Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
@@ -191,21 +190,10 @@ class BatchRun:
     def adopt_identities(self) -> None:
         """Move this pipeline's sources recorded under another identity of this broker to its own:
         0.1 rows (named by the URL's host:port) and rows in another spelling of this identity
-        (``…/%2f`` for ``…/%2F``, see :func:`streamledger.sources.canonical_identity`), a retired
-        epoch's with its ``#epoch<N>``. One read when there is nothing to move; a history under
-        two spellings is refused by the ledger (two histories are never merged blindly)."""
-        own = self.identity
-        for old in self.ledger.broker_identities(self.config.pipeline):
-            base, hash_, suffix = old.partition("#")
-            if base != self._legacy and canonical_identity(base) != own:
-                continue
-            new = own + hash_ + suffix
-            if old == new:
-                continue
-            moved = self.ledger.rename_broker(old, new, pipeline=self.config.pipeline)
-            if moved:
-                log.warning("ledger: %d source(s) of %s moved from %s to %s", moved, self.config.pipeline,
-                            old, new)
+        (``…/%2f`` for ``…/%2F``), see ``Ledger.adopt_identity``."""
+        moved = self.ledger.adopt_identity(self.config.pipeline, self.identity, legacy=self._legacy)
+        if moved:
+            log.warning("ledger: %d source(s) of %s moved to %s", moved, self.config.pipeline, self.identity)
 
     def release_gone_holders(self, open_claims: Sequence[OffsetRange]) -> None:
         """Fail other runs' claims whose holder the scheduler says is gone (``holder_alive``)."""

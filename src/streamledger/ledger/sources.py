@@ -25,6 +25,7 @@ from streamledger.ledger.statements import (
     TAIL,
 )
 from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef, retired_broker
+from streamledger.sources import canonical_identity
 
 
 class Sources(LedgerSession):
@@ -150,14 +151,26 @@ class Sources(LedgerSession):
             self._sources.clear()
             return len(moving)
 
-    def broker_identities(self, pipeline: str) -> list[str]:
-        """Every broker identity the pipeline's sources are recorded under (retired epochs' too):
-        what a batch looks through for rows of its own broker in another spelling."""
+    def adopt_identity(self, pipeline: str, identity: str, *, legacy: str | None = None) -> int:
+        """Move the pipeline's sources recorded under another spelling of broker ``identity`` to it
+        (the one rule, :func:`streamledger.sources.canonical_identity`: ``…/%2f`` and ``…/`` are
+        ``…/%2F``), and those under ``legacy`` (0.1 named a broker by the URL's host and port);
+        a retired epoch's keep their ``#epoch<N>``. One read when there is nothing to move; a
+        stream with a history under two spellings is refused (:meth:`rename_broker`: histories are
+        never merged blindly). Every writer of a pipeline's history (the batch, ledger-recorded
+        streaming) calls it before it reads its position. Returns the number of sources moved."""
         check_pipeline(pipeline)
         with self._tx(f"broker identities of {pipeline!r}", write=False) as session:
-            return sorted(session.scalars(
+            recorded = sorted(session.scalars(
                 select(Source.broker).distinct().join(Pipeline, Pipeline.id == Source.pipeline_id)
                 .where(Pipeline.name == pipeline)))
+        moved = 0
+        for old in recorded:
+            base, hash_, suffix = old.partition("#")  # a quoted identity holds no raw '#'
+            new = identity + hash_ + suffix
+            if old != new and (base == legacy or canonical_identity(base) == identity):
+                moved += self.rename_broker(old, new, pipeline=pipeline)
+        return moved
 
     def last_end(self, pipeline: str, source: SourceRef) -> int | None:
         """Where the next new range would start (None before the first range of this source)."""

@@ -201,7 +201,11 @@ class LedgerRecorder:
         self.root = options.ledger_output
         self.super_stream = options.read.super_stream
         self.ledger: Ledger = Ledger(options.ledger_url, create=True)
-        self.broker = broker_identity(options.read.url, options.broker_name or client.cluster_name)
+        name = options.broker_name or client.cluster_name
+        self.broker = broker_identity(options.read.url, name)
+        # Rows recorded under another spelling of this broker's identity are this query's history.
+        self.ledger.adopt_identity(self.pipeline, self.broker,
+                                   legacy=broker_identity(options.read.url) if name else None)
 
     def source(self, stream: str) -> SourceRef:
         from streamledger.ledger import SourceRef
