@@ -23,7 +23,9 @@ claims are committed (without staging, so published with the commit) once Spark 
 done, then the broker offset is stored at the ledger's watermark. Spark 4.2 calls ``commit(end)``
 of batch *n* only when it plans batch *n+1*, so the claims are also settled when
 ``latestOffset(start)`` is called (Spark asks for a new batch only after the previous one reached
-the commit log): the last batch of a run is recorded in that run.
+the commit log): the last batch of a run is recorded in that run. The recording is the batch layer's
+:class:`~streamledger.batch.microbatch.MicroBatchRecorder`: it records exactly the span each batch's
+checkpointed offsets name, or fails the query with one line.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import logging
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -57,15 +58,15 @@ from streamledger.spark.planning import (
 )
 
 if TYPE_CHECKING:
-    from streamledger.ledger import Ledger, RunIdentity, SourceRef
+    from streamledger.batch.microbatch import MicroBatchRecorder
 
 log = logging.getLogger(__name__)
 
-DAG_PREFIX = "spark-streaming:"
-
 
 class StreamingError(StreamledgerError):
-    """A streaming query cannot go on (bad offset, a ledger history that disagrees with the query)."""
+    """A streaming query cannot go on (an offset this source did not write, a batch without a start);
+    a ledger history that disagrees with the query raises
+    :class:`~streamledger.batch.microbatch.MicroBatchError`."""
 
 
 @dataclass(frozen=True)
@@ -174,124 +175,6 @@ def admit(starts: Mapping[str, int], tails: Mapping[str, int], max_offsets: int 
     return {s: starts[s] + share[s] for s in starts}
 
 
-def count_range(client: Any, stream: str, start: int, end: int) -> tuple[int, int | None, int | None]:
-    """``(records, first offset, last offset)`` of ``[start, end)``: a raw read of offsets only (no
-    body decode, no maps), what the ledger commits for a range the tasks read."""
-    records, first, last = 0, None, None
-    if start >= end:
-        return 0, None, None
-    for batch in client.read_range(stream, start, end, decode="raw", layout="buffers", maps=False):
-        for a, n in zip(batch.run_starts, batch.run_lengths, strict=True):
-            if n:
-                first = a if first is None else first
-                last = a + n - 1
-                records += n
-    return records, first, last
-
-
-class LedgerRecorder:
-    """Claims, commits and stores offsets for one query's micro-batches (driver side only)."""
-
-    def __init__(self, options: StreamingOptions, client: Any) -> None:
-        from streamledger.batch.plan import broker_identity
-        from streamledger.ledger import Ledger
-
-        assert options.pipeline is not None and options.ledger_output is not None
-        self.pipeline = options.pipeline
-        self.root = options.ledger_output
-        self.super_stream = options.read.super_stream
-        self.ledger: Ledger = Ledger(options.ledger_url, create=True)
-        name = options.broker_name or client.cluster_name
-        self.broker = broker_identity(options.read.url, name)
-        # Rows recorded under another spelling of this broker's identity are this query's history.
-        self.ledger.adopt_identity(self.pipeline, self.broker,
-                                   legacy=broker_identity(options.read.url) if name else None)
-
-    def source(self, stream: str) -> SourceRef:
-        from streamledger.ledger import SourceRef
-
-        return SourceRef(self.broker, stream, self.super_stream)
-
-    @staticmethod
-    def run(query: str, batch: int, stream: str) -> RunIdentity:
-        from streamledger.ledger import RunIdentity
-
-        return RunIdentity(f"{DAG_PREFIX}{query}", f"batch-{batch}", stream)
-
-    def resume_point(self, stream: str) -> int | None:
-        return self.ledger.last_end(self.pipeline, self.source(stream))
-
-    def claim(self, end: SourceOffset, planned: PlannedRange, lost_reason: str | None) -> None:
-        """Claim ``planned`` for batch ``end.batch`` (recording its lost head first, if any); a replayed
-        batch finds its own claim. A ledger history that does not end where the batch starts is an
-        error: the ledger would otherwise skip or repeat offsets."""
-        stream = planned.stream
-        src, run = self.source(stream), self.run(end.query, end.batch, stream)
-        for r in self.ledger.open_claims(self.pipeline, src):
-            if r.run.dag_id == run.dag_id and r.run.run_id == run.run_id:
-                return
-        last = self.ledger.last_end(self.pipeline, src)
-        begin = planned.requested_start
-        if last is not None and last != begin and not (planned.lost and begin < last <= planned.start):
-            raise StreamingError(
-                f"pipeline {self.pipeline!r}, stream {stream!r}: the ledger's ranges end at {last} but "
-                f"micro-batch {end.batch} starts at {begin}; start the query where the ledger ends "
-                "(leave startingOffsets unset) or use another pipeline"
-            )
-        if planned.lost and lost_reason is not None:
-            lost_from = begin if last is None else max(begin, last)
-            if lost_from < planned.start:
-                self.ledger.record_lost(self.pipeline, src, lost_from, planned.start, run, lost_reason)
-        if planned.empty:
-            return
-        got = self.ledger.claim(self.pipeline, src, planned.end, run, initial_start=planned.start,
-                                max_span=planned.end - planned.start)
-        if (got.start, got.end) != (planned.start, planned.end):
-            raise StreamingError(
-                f"pipeline {self.pipeline!r}, stream {stream!r}: the ledger handed micro-batch {end.batch} "
-                f"[{got.start}, {got.end}) (range {got.id}), not [{planned.start}, {planned.end})"
-            )
-
-    def settle(self, upto: SourceOffset, client: Any) -> set[str]:
-        """Commit this query's claims that end at or before ``upto`` (Spark finished them), then move
-        the broker's stored offsets up to the watermark; returns the streams whose offset it stored."""
-        from streamledger.batch import outputs
-        from streamledger.batch.plan import offset_to_store, output_dir
-        from streamledger.fs import filesystem_for
-        from streamledger.manifest import Manifest, StreamEntry
-
-        dag = f"{DAG_PREFIX}{upto.query}"
-        stored: set[str] = set()
-        fs = filesystem_for(self.root)
-        for stream, pos in upto.offsets.items():
-            src = self.source(stream)
-            mine = [r for r in self.ledger.open_claims(self.pipeline, src)
-                    if r.run.dag_id == dag and r.end <= pos]
-            for r in mine:
-                records, first, last = count_range(client, stream, r.start, r.end)
-                where = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end)
-                manifest = Manifest(
-                    streams={stream: StreamEntry(r.start, r.end, records, first, last)}, output=where,
-                    written_at=datetime.now(UTC).isoformat(), pipeline=self.pipeline, broker=self.broker,
-                    range_id=r.id, extra={"streaming": {"query": upto.query, "batch": r.run.run_id}},
-                )
-                outputs.write_manifest(where, manifest, fs)  # before the commit: a committed range has one
-                self.ledger.commit(r.id, records=records, first_seen=first, last_seen=last, output=where)
-            if not mine:
-                continue
-            mark = self.ledger.watermark(self.pipeline, src)
-            target = offset_to_store(mark, client.query_offset(stream, self.pipeline))
-            if target is not None:
-                client.store_offset_verified(stream, self.pipeline, target)
-                stored.add(stream)
-                if mark.last_record_range is not None:
-                    self.ledger.mark_offset_stored(mark.last_record_range, True)
-        return stored
-
-    def close(self) -> None:
-        self.ledger.close()
-
-
 class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The streaming reader. Spark keeps one instance per query run in a driver-side Python process
     (every method but ``read``) and pickles fresh ones to the executors for ``read``: the live
@@ -302,7 +185,7 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         self._query = str(uuid.uuid4())  # used only when the query has no checkpointed offset yet
         self._target: dict[str, int] | None = None
         self._client: Any = None
-        self._recorder: LedgerRecorder | None = None
+        self._recorder: MicroBatchRecorder | None = None
         #: stream -> (tail before, tail after) our own last StoreOffset, whose tracking entry takes an
         #: offset: a tail that moved only by it is no new data (else every batch is followed by an
         #: empty one, and an empty range in the ledger).
@@ -338,9 +221,23 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                 pass
             self._client = None
 
-    def recorder(self) -> LedgerRecorder | None:
+    def recorder(self) -> MicroBatchRecorder | None:
+        """The ledger's recorder of this query's micro-batches (opt-in ``ledger`` + ``pipeline``)."""
         if self.options.ledger_on and self._recorder is None:
-            self._recorder = LedgerRecorder(self.options, self.client())
+            from streamledger.batch.microbatch import MicroBatchRecorder
+            from streamledger.batch.plan import broker_identity
+            from streamledger.ledger import Ledger
+
+            opts = self.options
+            assert opts.pipeline is not None and opts.ledger_output is not None
+            name = opts.broker_name or self.client().cluster_name
+            broker = broker_identity(opts.read.url, name)
+            ledger = Ledger(opts.ledger_url, create=True)
+            # Rows recorded under another spelling of this broker's identity are this query's history.
+            legacy = broker_identity(opts.read.url) if name else None
+            ledger.adopt_identity(opts.pipeline, broker, legacy=legacy)
+            self._recorder = MicroBatchRecorder(ledger, opts.pipeline, opts.ledger_output, broker,
+                                                opts.read.super_stream)
         return self._recorder
 
     def streams(self, client: Any) -> list[str]:
@@ -394,7 +291,7 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
             self._own = {}
             recorder = self.recorder()
             if recorder is not None:  # Spark asks for batch n+1 only after batch n committed
-                for s in recorder.settle(begin, client):
+                for s in recorder.settle(begin.query, begin.batch, begin.offsets, client):
                     after = int(client.committed_tail(s))
                     if after == tails[s] + 1:  # only our entry came in: else a record may hide there
                         self._own[s] = (tails[s], after)
@@ -446,13 +343,14 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         if recorder is not None:
             for r in ranges:
                 reason = f"removed by retention before micro-batch {stop.batch} of query {stop.query}"
-                recorder.claim(stop, r, reason if r.lost else None)
+                recorder.claim(stop.query, stop.batch, r.stream, r.start, r.end,
+                               requested_start=r.requested_start, lost_reason=reason if r.lost else None)
         return [StreamSlice(*piece) for piece in self.options.read.slices(ranges)]
 
     def commit(self, end: dict[str, Any]) -> None:
         if self.options.ledger_on:
             upto = SourceOffset.from_json(end)
-            self._call(lambda c: self.recorder().settle(upto, c))  # type: ignore[union-attr]
+            self._call(lambda c: self.recorder().settle(upto.query, upto.batch, upto.offsets, c))  # type: ignore[union-attr]
 
     def stop(self) -> None:
         self._drop_client()
