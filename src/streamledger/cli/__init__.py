@@ -13,9 +13,11 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
 
 from streamledger.cli.exits import CLOSED_PIPE, INTERRUPTED, message_of, status_of
+from streamledger.errors import OneLineParser
+
+__all__ = ["OneLineParser", "build_parser", "main"]
 
 _GROUPS = (
     "streamledger.cli.rabbitmq",
@@ -28,14 +30,6 @@ _GROUPS = (
     "streamledger.cli.status",
     "streamledger.cli.check",
 )
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad arguments are one line on stderr (the house rule for every error) and exit status 2;
-    the usage lines are left to ``--help``. Subcommand parsers inherit the class."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
 
 
 def _version() -> str:
