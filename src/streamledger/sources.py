@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from streamledger.errors import StreamledgerError
 
@@ -23,6 +23,7 @@ __all__ = [
     "LogKind",
     "OffsetLog",
     "UnsupportedSource",
+    "canonical_identity",
     "conn_kind",
     "connect_log",
     "find_kind",
@@ -96,13 +97,13 @@ class LogKind:
         parts = urlsplit(url)
         if self.name == "mewbase":  # a mewbase server has no vhost
             where = quote(name, safe="@._-") if name else f"{parts.hostname or 'localhost'}:{parts.port}"
-            return f"mewbase://{where}"
-        vhost = parts.path.lstrip("/") or "%2F"
+            return canonical_identity(f"mewbase://{where}")
+        vhost = parts.path[1:]  # as the client reads it: percent-encoded, empty for the default
         if name:
-            return f"rabbitmq://{quote(name, safe='@._-')}/{vhost}"
+            return canonical_identity(f"rabbitmq://{quote(name, safe='@._-')}/{vhost}")
         host = parts.hostname or "localhost"
         port = parts.port or (5551 if parts.scheme.endswith("+tls") else 5552)
-        return f"rabbitmq://{host}:{port}/{vhost}"
+        return canonical_identity(f"rabbitmq://{host}:{port}/{vhost}")
 
 
 RABBITMQ = LogKind(
@@ -173,6 +174,36 @@ def source_identity(url: str, name: str | None = None) -> str:
     in (a batch that learns the name later adopts such rows, see ``Ledger.rename_broker``).
     """
     return log_kind(url).identity(url, name)
+
+
+def _canonical_where(where: str) -> str:
+    """A server's part of an identity: a quoted name stays; ``host:port`` (an unquoted ``:``, which a
+    quoted name never has) gets its host lower-cased and an IPv6 address bracketed."""
+    host, colon, port = where.rpartition(":")
+    if not colon or not port.isdigit():
+        return where
+    host = host.strip("[]").lower()
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
+
+
+def canonical_identity(identity: str) -> str:
+    """The one spelling of a ledger identity (``rabbitmq://<where>/<vhost>``, ``mewbase://<where>``,
+    either with a retired epoch's ``#epoch<N>`` suffix): the vhost percent-decoded and encoded again
+    (every byte but letters, digits and ``-._~`` as upper-case ``%XX``; empty is the default vhost
+    ``/``, so ``%2F``), a ``host:port`` server lower-cased with IPv6 in brackets. So ``…/%2F``,
+    ``…/%2f`` and ``…/`` (how URLs spell the default vhost) are one broker, as the broker sees it.
+    Identities of other forms are returned unchanged. Every identity the ledger records goes through
+    here (:meth:`LogKind.identity`), and recorded ones in other spellings are adopted by the next
+    batch or streaming query of their pipeline (``Ledger.adopt_identity``)."""
+    base, hash_, suffix = identity.partition("#")  # a quoted identity holds no raw '#'
+    scheme, sep, rest = base.partition("://")
+    if not sep or scheme not in {k.name for k in KINDS}:
+        return identity
+    where, slash, vhost = rest.partition("/")
+    out = f"{scheme}://{_canonical_where(where)}"
+    if scheme == RABBITMQ.name:
+        out += "/" + quote(unquote(vhost) if slash and vhost else "/", safe="")
+    return out + hash_ + suffix
 
 
 def server_name(log: object) -> str | None:

@@ -108,6 +108,7 @@ from streamledger.batch.config import (
     PartitionResult,
     RunId,
     StepHook,
+    StreamReplaced,
     summarize,
 )
 from streamledger.batch.plan import broker_identity, offset_to_store, output_dir, staging_dir
@@ -148,6 +149,7 @@ __all__ = [
     "RunId",
     "SparkConnectRunner",
     "StepHook",
+    "StreamReplaced",
     "backlog",
     "broker_identity",
     "offset_to_store",

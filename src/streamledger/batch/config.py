@@ -23,6 +23,12 @@ class IntervalNotReady(BatchError):
         self.ready_by = ready_by
 
 
+class StreamReplaced(BatchError):
+    """The broker no longer holds the stream a source's ledger history was read from (deleted and
+    re-created): nothing was claimed or stored; ``streamledger ledger new-epoch`` starts a new
+    history once the user confirms it is a new stream."""
+
+
 class InjectedCrash(BaseException):
     """For tests' step hooks: a BaseException, so none of the batch's clean-up code runs (a kill)."""
 

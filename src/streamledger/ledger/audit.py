@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from streamledger.errors import StreamledgerError
 from streamledger.ledger.statements import (
     AUDIT_BEHIND,
+    AUDIT_CHUNK_PRINTS,
     AUDIT_FAILED,
     AUDIT_FAILED_IN,
     AUDIT_GAPS_OVERLAPS,
@@ -44,6 +45,8 @@ from streamledger.ledger.statements import (
     AUDIT_UNPUBLISHED,
 )
 from streamledger.ledger.types import SKIP_RUN_DAG, SKIP_RUN_TASK, Watermark, is_retired
+from streamledger.offsets import ChunkPrint, same_stream
+from streamledger.sources import canonical_identity
 
 BrokerOffsetLookup = Callable[[str, str], int | None]
 """``(stream, reference) -> stored offset`` (inclusive: the last processed record), None when unset."""
@@ -80,6 +83,7 @@ class ViolationKind(enum.StrEnum):
     OUTPUT_MISMATCH = "output_mismatch"
     BROKER_NOT_GIVEN = "broker_not_given"
     SKIPPED = "skipped"
+    STREAM_REPLACED = "stream_replaced"
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,15 +257,23 @@ def _as_lookup(broker: BrokerOffsetLookup | OffsetQuerier) -> BrokerOffsetLookup
     raise TypeError(f"broker must be callable(stream, reference) or have query_offset(), got {broker!r}")
 
 
-def _lookup_for(broker: Brokers, identity: str) -> BrokerOffsetLookup | None:
-    """The lookup a source of broker ``identity`` is checked against; None: its broker was not given.
+def _given(broker: Brokers, identity: str) -> BrokerOffsetLookup | OffsetQuerier | None:
+    """What was given for the broker of a source recorded under ``identity``: a mapping's entry
+    for it in any spelling (the one rule, :func:`streamledger.sources.canonical_identity`), or the
+    single lookup asked about every source (the 0.x API); None: its broker was not given."""
+    if not isinstance(broker, Mapping):
+        return broker
+    own = broker.get(identity)
+    if own is None:
+        canonical = canonical_identity(identity)
+        own = next((v for k, v in broker.items() if canonical_identity(k) == canonical), None)
+    return own
 
-    A mapping names each broker's lookup; a single lookup (the 0.x API) is asked about every source.
-    """
-    if isinstance(broker, Mapping):
-        own = broker.get(identity)
-        return None if own is None else _as_lookup(own)
-    return _as_lookup(broker)
+
+def _lookup_for(broker: Brokers, identity: str) -> BrokerOffsetLookup | None:
+    """The lookup a source of broker ``identity`` is checked against; None: its broker was not given."""
+    own = _given(broker, identity)
+    return None if own is None else _as_lookup(own)
 
 
 def _as_utc(value: Any) -> datetime | None:
@@ -437,12 +449,15 @@ def run_audit(
         quiet = int((now.replace(tzinfo=UTC) - last).total_seconds()) if last else 0
         name, stream, url = where(sid)
         who = f"publish lease of {publisher}, renewed {quiet} s ago" if publisher else "no publisher"
+        retired = is_retired(url)  # a retired epoch's history: no run publishes it any more
+        then = ("no run publishes it (a retired epoch's history): publish its staging copy by hand"
+                if retired else f"the next run of {name} publishes it from its staging copy")
         finding = Violation(
             ViolationKind.UNPUBLISHED, name, stream, url, start, end, rid,
-            f"committed but its output is not published ({who}); the next run of {name} publishes it "
-            "from its staging copy",
+            f"committed but its output is not published ({who}); {then}",
         )
-        (findings if quiet > stale_after.total_seconds() or not publisher else notes).append(finding)
+        stale = retired or quiet > stale_after.total_seconds() or not publisher
+        (findings if stale else notes).append(finding)
 
     # Rule 5: committed ranges behind an open claim.
     marks = {sid: watermark(sid) for sid in sources} if watermark is not None else {}
@@ -471,8 +486,11 @@ def run_audit(
         )
         (findings if quiet > stale_after.total_seconds() else notes).append(finding)
 
+    prints: dict[int, ChunkPrint] = {}
     # Rule 8: the broker's stored offset against the watermark of published ranges.
     if broker is not None:
+        for sid, off, ts, crc in session.execute(query(AUDIT_CHUNK_PRINTS), params):
+            prints[int(sid)] = ChunkPrint(int(off), int(ts), int(crc))  # the newest one per source wins
         for sid, (name, stream, url) in sources.items():
             if is_retired(url):  # a re-created stream's old history: no broker holds it any more
                 continue
@@ -488,6 +506,18 @@ def run_audit(
                 add(
                     ViolationKind.BROKER_ERROR, sid, None, None, None, f"cannot read the stored offset: {exc}"
                 )
+                continue
+            chunk = prints.get(sid)
+            try:
+                same = None if chunk is None else same_stream(_given(broker, url), stream, chunk)
+            except StreamledgerError as exc:
+                add(ViolationKind.BROKER_ERROR, sid, None, None, None, f"cannot read a chunk header: {exc}")
+                continue
+            if same is False and chunk is not None:
+                add(ViolationKind.STREAM_REPLACED, sid, chunk.offset, None, None,
+                    f"the broker's chunk at offset {chunk.offset} is not the one the ledger committed "
+                    f"(timestamp {chunk.timestamp}, CRC {chunk.crc:#010x}): the stream was deleted and "
+                    "re-created; `streamledger ledger new-epoch` starts a new history for the new stream")
                 continue
             why = _drift(stored, marks.get(sid) or Watermark(None, None))
             if why is not None:

@@ -25,6 +25,7 @@ from streamledger.ledger.statements import (
     tail_of,
 )
 from streamledger.ledger.types import RangeStatus, SourcePosition, SourceRef, Watermark
+from streamledger.offsets import ChunkPrint
 
 
 class Positions(Sources):
@@ -186,6 +187,7 @@ class Positions(Sources):
             for row in session.scalars(select(Range).where(Range.source_id.in_(chunk), IS_HOLE)
                                        .order_by(Range.source_id, Range.start_offset)):
                 holes[row.source_id].append(row)
+        prints = self._chunk_prints(session, ids)
         cutoff = (self._clock(session) - stale_after if stale_after is not None and any(claims.values())
                   else None)
         out: list[SourcePosition] = []
@@ -208,5 +210,21 @@ class Positions(Sources):
                 open_claims=tuple(snapshot(r, pipeline, src) for r in mine),
                 stale=stale,
                 holes=tuple(snapshot(r, pipeline, src) for r in holes[src.id]),
+                chunk=prints.get(src.id),
             ))
+        return out
+
+    @staticmethod
+    def _chunk_prints(session: Session, source_ids: Sequence[int]) -> dict[int, ChunkPrint]:
+        """The newest fingerprint of a committed chunk per source (by its offset): what the
+        re-created-stream check reads the broker's chunk header against."""
+        out: dict[int, ChunkPrint] = {}
+        for part in chunks(sorted(source_ids)):
+            for sid, off, ts, crc in session.execute(
+                select(Range.source_id, Range.chunk_offset, Range.chunk_timestamp, Range.chunk_crc)
+                .where(Range.source_id.in_(part), Range.chunk_offset.is_not(None),
+                       Range.status == RangeStatus.COMMITTED.value)
+                .order_by(Range.source_id, Range.chunk_offset)
+            ):
+                out[int(sid)] = ChunkPrint(int(off or 0), int(ts or 0), int(crc or 0))  # newest wins
         return out

@@ -152,6 +152,9 @@ COMMIT_CLAIMED = (
         publisher=bindparam("v_publisher", type_=String()),
         published_at=bindparam("v_published", type_=DateTime()),
         publish_beat=bindparam("v_publish_beat", type_=DateTime()),
+        chunk_offset=bindparam("v_chunk_offset", type_=BigInteger()),
+        chunk_timestamp=bindparam("v_chunk_timestamp", type_=BigInteger()),
+        chunk_crc=bindparam("v_chunk_crc", type_=BigInteger()),
         committed_at=bindparam("v_now", type_=DateTime()),
         updated_at=bindparam("v_now", type_=DateTime()),
     )
@@ -324,6 +327,13 @@ LIMIT :cap
 # Pinned ranges (bound_by_interval) among ``ids`` claimed after ``cutoff``.
 AUDIT_PINNED_SINCE = """
 SELECT r.id FROM streamledger_range r WHERE r.id IN :ids AND r.pinned AND r.claimed_at >= :cutoff
+"""
+
+# The fingerprinted committed chunks (few per source); the newest per source is checked.
+AUDIT_CHUNK_PRINTS = """
+SELECT r.source_id, r.chunk_offset, r.chunk_timestamp, r.chunk_crc FROM streamledger_range r
+WHERE {scope} AND r.chunk_offset IS NOT NULL AND r.status = 'committed'
+ORDER BY r.source_id, r.chunk_offset
 """
 
 AUDIT_SOURCES = """

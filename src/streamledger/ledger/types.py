@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from streamledger.offsets import ChunkPrint
 from streamledger.paths import name_problem
 
 MAX_PIPELINE_BYTES = 255
@@ -261,7 +262,9 @@ class SourcePosition:
     ``frontier`` its end once the prefix holds a committed or lost range (None before: a claim
     alone is not done). ``open_claims`` are the claims in flight; ``stale`` the ids of those not
     heard from for the caller's ``stale_after`` by the ledger's clock (the abandonment rule, decided
-    here only); ``holes`` failed ranges no live range redid yet.
+    here only); ``holes`` failed ranges no live range redid yet. ``chunk`` is the newest
+    fingerprint of a committed chunk (None before one was taken): a broker whose chunk at its offset
+    differs holds another stream (``streamledger.offsets.same_stream``).
     """
 
     end: int | None
@@ -272,6 +275,7 @@ class SourcePosition:
     open_claims: tuple[OffsetRange, ...] = ()
     stale: frozenset[int] = frozenset()
     holes: tuple[OffsetRange, ...] = ()
+    chunk: ChunkPrint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,3 +302,4 @@ class CommitRequest:
     output: str | None
     staging: str | None = None
     publisher: str | None = None
+    chunk: ChunkPrint | None = None
