@@ -1,8 +1,10 @@
 """The Delta sink: one Delta commit per batch adding the job's Parquet files (delta-rs).
 
-The table lives at ``table`` (a path or URI; default ``<output_root>/<pipeline>``), and each
-range's files are published under it (``<table>/<stream>/<start>-<end>/``), since a Delta add
-action names a file relative to the table root. The table is created on first use with the job's
+The table lives at ``table`` (a path or URI; default ``<output_root>/<pipeline>``, the pipeline's
+name encoded as every sink encodes it: :func:`streamledger.batch.plan.pipeline_dir`), and each
+range's files are published under it (``<table>/<broker>/<stream>/<start>-<end>/``,
+:func:`streamledger.batch.plan.range_dir`), since a Delta add action names a file relative to the
+table root. The table is created on first use with the job's
 schema, not partitioned (every file holds one stream; the add actions carry per-file
 ``stream``/``offset`` min/max statistics, so readers skip files by stream anyway).
 
@@ -52,13 +54,11 @@ class DeltaSink:
 
     def __init__(self, *, pipeline: str, output_root: str, table: str | None) -> None:
         self.pipeline, self.output_root = pipeline, output_root
-        self.location = (table or filesystems.join(output_root, pipeline)).rstrip("/")
+        self.location = (table or plan.pipeline_dir(output_root, pipeline)).rstrip("/")
         self.table_name = f"delta:{self.location}"
 
     def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
-        loc = self.location
-        return plan.output_dir(filesystems.parent(loc), filesystems.name(loc), broker, stream, start, end,
-                               epoch=epoch)
+        return plan.range_dir(self.location, broker, stream, start, end, epoch=epoch)
 
     # -- the table --------------------------------------------------------------------------------
 
