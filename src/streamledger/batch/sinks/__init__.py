@@ -183,7 +183,8 @@ def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None
         return f"the delta sink takes a table location, not a catalog (table {table!r})"
     if table is not None and not table.strip():
         return "delta table location must not be empty"
-    return None
+    where = filesystems.location_problem(table) if table is not None else None
+    return None if where is None else f"delta table {table}: {where}"
 
 
 def _kind(t: Any) -> str:
@@ -268,6 +269,22 @@ def parse_summary(props: Mapping[str, Any], pipeline: str, commit: int) -> Table
     except ValueError:
         ranges = []
     return TableCommit(commit, tuple(r for r in ranges if isinstance(r, dict)), str(props.get(KEY_RUN, "")))
+
+
+def whole_table_missing(table: str, pipeline: str, ranges: list[OffsetRange],
+                        problem: str) -> list[Violation]:
+    """The finding when a table cannot be opened or its rows cannot be read (files deleted, the store
+    unreachable): every range the ledger recorded in it is missing, named in one line each."""
+    from streamledger.ledger.audit import Violation, ViolationKind
+
+    return [Violation(ViolationKind.OUTPUT_MISSING, pipeline, r.source.stream, r.source.broker, r.start,
+                      r.end, r.id, problem) for r in ranges if r.sink_table == table]
+
+
+def line(exc: BaseException) -> str:
+    """A library's error as one line (its first)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: list[TableCommit] | None,

@@ -36,6 +36,7 @@ from streamledger.batch.sinks import (
     parse_summary,
     schema_problem,
     summary,
+    whole_table_missing,
 )
 
 if TYPE_CHECKING:
@@ -72,8 +73,7 @@ class DeltaSink:
             raise BatchError(f"delta table {self.location}: cannot be opened: {_line(exc)}") from exc
         if schema_of is None:
             return None
-        if filesystems.LOCAL.exists(filesystems.join(self.location, "_delta_log")):
-            raise BatchError(f"delta table {self.location}: its _delta_log is not a Delta table's log")
+        self._refuse_foreign_log()
         import pyarrow.parquet as pq
 
         schema = pq.read_schema(_local(schema_of)).remove_metadata()
@@ -84,6 +84,17 @@ class DeltaSink:
             if not DeltaTable.is_deltatable(self.location):
                 raise BatchError(f"delta table {self.location}: cannot be created: {_line(exc)}") from exc
         return DeltaTable(self.location)
+
+    def _refuse_foreign_log(self) -> None:
+        """No Delta table here: refuse a ``_delta_log`` that is not one's, asking the location's own
+        file system (the local one only for a path or ``file://``)."""
+        log_dir = filesystems.join(self.location, "_delta_log")
+        try:
+            there = filesystems.filesystem_for(self.location).exists(log_dir)
+        except Exception as exc:  # an object store's credentials, network, an unknown bucket
+            raise BatchError(f"delta table {self.location}: cannot be reached: {_line(exc)}") from exc
+        if there:
+            raise BatchError(f"delta table {self.location}: its _delta_log is not a Delta table's log")
 
     def commits(self, dt: Any) -> list[TableCommit]:
         """The pipeline's commits in the table's log, newest first."""
@@ -154,8 +165,7 @@ class DeltaSink:
                                      f"{', ...' if len(plain) > 3 else ''})")
         dt = self._open(None)
         if dt is None:
-            if filesystems.LOCAL.exists(filesystems.join(self.location, "_delta_log")):
-                raise BatchError(f"delta table {self.location}: its _delta_log is not a Delta table's log")
+            self._refuse_foreign_log()
             return
         problem = schema_problem(_arrow_schema(dt))
         if problem is not None:
@@ -220,21 +230,21 @@ class DeltaSink:
                 "version": dt.version() if dt is not None else None}
 
     def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
-        from streamledger.ledger.audit import Violation, ViolationKind
-
         try:
             dt = self._open(None)
             problem = f"delta table {self.location} does not exist"
         except BatchError as exc:
             dt, problem = None, str(exc)
         if dt is None:
-            return [Violation(ViolationKind.OUTPUT_MISSING, pipeline, r.source.stream, r.source.broker,
-                              r.start, r.end, r.id, problem)
-                    for r in ranges if r.sink_table == self.table_name]
-        rows = dt.to_pyarrow_table(columns=["stream", "offset"])
-        commits = self.commits(dt)
-        oldest = min((int(c["version"]) for c in dt.history()), default=0)
-        known = set(range(oldest, dt.version() + 1))
+            return whole_table_missing(self.table_name, pipeline, ranges, problem)
+        try:
+            rows = dt.to_pyarrow_table(columns=["stream", "offset"])
+            commits = self.commits(dt)
+            oldest = min((int(c["version"]) for c in dt.history()), default=0)
+            known = set(range(oldest, dt.version() + 1))
+        except Exception as exc:  # data files deleted, the store gone: a finding, not a traceback
+            return whole_table_missing(self.table_name, pipeline, ranges, f"delta table {self.location}: its "
+                                       f"rows cannot be read: {_line(exc)}")
         return check_table(self.table_name, pipeline, ranges, commits, rows, known)
 
 

@@ -34,6 +34,7 @@ from streamledger.batch.sinks import (
     parse_summary,
     schema_problem,
     summary,
+    whole_table_missing,
 )
 
 if TYPE_CHECKING:
@@ -212,8 +213,6 @@ class IcebergSink:
                 "snapshot_id": snap.snapshot_id if snap is not None else None}
 
     def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
-        from streamledger.ledger.audit import Violation, ViolationKind
-
         table = None
         try:
             table = self._load(None)
@@ -222,10 +221,12 @@ class IcebergSink:
         else:
             problem = f"iceberg table {self.identifier} does not exist"
         if table is None:
-            return [Violation(ViolationKind.OUTPUT_MISSING, pipeline, r.source.stream, r.source.broker,
-                              r.start, r.end, r.id, problem)
-                    for r in ranges if r.sink_table == self.table_name]
-        rows = table.scan(selected_fields=("stream", "offset")).to_arrow()
+            return whole_table_missing(self.table_name, pipeline, ranges, problem)
+        try:
+            rows = table.scan(selected_fields=("stream", "offset")).to_arrow()
+        except Exception as exc:  # data files deleted, the store gone: a finding, not a traceback
+            return whole_table_missing(self.table_name, pipeline, ranges, f"iceberg table {self.identifier}: "
+                                       f"its rows cannot be read: {_line(exc)}")
         known = {s.snapshot_id for s in table.metadata.snapshots}
         return check_table(self.table_name, pipeline, ranges, self.commits(table), rows, known)
 
