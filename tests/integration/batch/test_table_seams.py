@@ -4,7 +4,8 @@ Spark, a real ledger, pyiceberg (SQL catalog in the ledger's database) and delta
 * an audit of a table whose data files were deleted is a finding in the report and the JSON (exit 1),
   never a traceback;
 * a Delta table at a URI no file system of the batch reaches is refused in one line before anything
-  is claimed, and the local file system is never asked about a URI.
+  is claimed, and the local file system is never asked about a URI;
+* (defect 7, reproduced, not fixed yet) a new epoch, or a second broker, into one table.
 """
 
 from __future__ import annotations
@@ -79,3 +80,81 @@ def test_a_delta_table_at_a_uri_no_file_system_reaches_is_refused_in_one_line_be
     assert ledger.ranges(PIPE) == []
     assert client.query_offset(s, PIPE) is None
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("ledger.sqlite")] == []
+
+
+# -- defect 7: what tells epochs and brokers apart ------------------------------------------------
+# Reproductions, written first; the fix (rows carrying the broker identity and the epoch, the table
+# audit matching by them) is not in yet, so they are strict expected failures until it lands.
+
+DEFECT_7 = pytest.mark.xfail(strict=True, reason="issue 30 defect 7: table rows are matched by (stream, "
+                             "offset) only; rows do not carry the broker identity and the epoch yet")
+
+
+def rows_of(sink: str, ledger: Ledger, root: Path) -> Any:
+    r = next(r for r in ledger.ranges(PIPE) if r.sink_table)
+    assert r.sink_table is not None
+    kind, _, where = r.sink_table.partition(":")
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        return DeltaTable(where).to_pyarrow_table()
+    from streamledger.batch.sinks.iceberg import catalog_properties, load_catalog
+
+    cat = load_catalog(catalog_properties(None, ledger_url=ledger.url, output_root=str(root)))
+    return cat.load_table(where).scan().to_arrow()
+
+
+@DEFECT_7
+@pytest.mark.parametrize("sink", ["iceberg", "delta"])
+def test_a_new_epoch_into_the_same_table_audits_clean_and_its_rows_are_told_apart(
+    sink: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
+    stream_name: Any, tmp_path: Path,
+) -> None:
+    """A stream read into a table, deleted and re-created, ``new-epoch``, read again into the same
+    table: the audit (ledger, table, broker) is clean, and every row says which epoch it is of."""
+    from streamledger.batch.proof import audit
+    from streamledger.ledger import SourceRef
+
+    s = stream_name(f"epoch-{sink}")
+    create_stream(rabbitmq_url, s, 40)
+    cfg = config(rabbitmq_url, tmp_path, s, sink=sink, pipeline=PIPE)
+    run_batch(cfg, run=rid("t", run="r1"), ledger=ledger, broker=client, runner=runner)
+    client.delete_stream(s)
+    client.create_stream(s)
+    client.publish(s, [b"new-%d" % i for i in range(25)])
+    (old,) = [r for r in ledger.ranges(PIPE) if r.records]
+    ledger.new_epoch(PIPE, SourceRef(old.source.broker, s), reason="stream re-created")
+    run_batch(cfg, run=rid("t", run="r2"), ledger=ledger, broker=client, runner=runner)
+    report = audit(ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
+    rows = rows_of(sink, ledger, tmp_path)
+    assert rows.num_rows == 65
+    epochs = sorted(zip(rows.column("epoch").to_pylist(), rows.column("offset").to_pylist(), strict=True))
+    assert epochs == sorted([(0, i) for i in range(40)] + [(1, i) for i in range(25)])
+
+
+@DEFECT_7
+@pytest.mark.parametrize("sink", ["iceberg", "delta"])
+def test_two_brokers_writing_one_table_audit_clean_and_their_rows_are_told_apart(
+    sink: str, ledger: Ledger, runner: CountingRunner, broker_43: Any, broker_40: Any, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """One pipeline reads a stream of one name on the 4.3 and on the 4.0 server into one table: the
+    audit is clean (neither broker's rows are the other's duplicates) and each row names its broker."""
+    from streamledger.batch.proof import audit
+
+    s = stream_name(f"two-{sink}")
+    counts = {broker_43.url: 30, broker_40.url: 20}
+    identities = {}
+    for i, (url, n) in enumerate(counts.items()):
+        create_stream(url, s, n)
+        with StreamClient.connect(url) as broker:
+            cfg = config(url, tmp_path, s, sink=sink, pipeline=PIPE)
+            result = run_batch(cfg, run=rid("t", run=f"r{i}"), ledger=ledger, broker=broker, runner=runner)
+            identities[result.partitions[0].records] = next(
+                r.source.broker for r in ledger.ranges(PIPE) if r.id == result.partitions[0].range_id)
+    report = audit(ledger, PIPE)
+    assert report.clean, report.to_text()
+    rows = rows_of(sink, ledger, tmp_path)
+    by_broker = {b: rows.column("broker").to_pylist().count(b) for b in identities.values()}
+    assert by_broker == {identities[30]: 30, identities[20]: 20}
