@@ -19,44 +19,40 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from streamledger import fs as filesystems
-from streamledger.batch import plan, sinks
+from streamledger.batch import plan
 from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
     SinkBatch,
     SinkRange,
-    SinkReceipt,
     TableCommit,
-    check_table,
-    data_files,
+    line,
     parse_summary,
     schema_problem,
     summary,
-    whole_table_missing,
 )
-
-if TYPE_CHECKING:
-    from streamledger.ledger import Ledger, OffsetRange
-    from streamledger.ledger.audit import Violation
+from streamledger.batch.sinks.table import LostCommit, TableSink
 
 log = logging.getLogger(__name__)
+
 
 def app_id(pipeline: str) -> str:
     """The Delta app transaction id of a pipeline."""
     return f"streamledger:{pipeline}"
 
 
-class DeltaSink:
+class DeltaSink(TableSink):
     name = "delta"
+    log = log
 
     def __init__(self, *, pipeline: str, output_root: str, table: str | None) -> None:
         self.pipeline, self.output_root = pipeline, output_root
         self.location = (table or plan.pipeline_dir(output_root, pipeline)).rstrip("/")
         self.table_name = f"delta:{self.location}"
+        self.label = f"delta table {self.location}"
 
     def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
         return plan.range_dir(self.location, broker, stream, start, end, epoch=epoch)
@@ -70,7 +66,7 @@ class DeltaSink:
             if DeltaTable.is_deltatable(self.location):
                 return DeltaTable(self.location)
         except Exception as exc:
-            raise BatchError(f"delta table {self.location}: cannot be opened: {_line(exc)}") from exc
+            raise BatchError(f"delta table {self.location}: cannot be opened: {line(exc)}") from exc
         if schema_of is None:
             return None
         self._refuse_foreign_log()
@@ -82,7 +78,7 @@ class DeltaSink:
             log.info("created delta table %s", self.location)
         except Exception as exc:  # a concurrent create: open what the winner made
             if not DeltaTable.is_deltatable(self.location):
-                raise BatchError(f"delta table {self.location}: cannot be created: {_line(exc)}") from exc
+                raise BatchError(f"delta table {self.location}: cannot be created: {line(exc)}") from exc
         return DeltaTable(self.location)
 
     def _refuse_foreign_log(self) -> None:
@@ -92,7 +88,7 @@ class DeltaSink:
         try:
             there = filesystems.filesystem_for(self.location).exists(log_dir)
         except Exception as exc:  # an object store's credentials, network, an unknown bucket
-            raise BatchError(f"delta table {self.location}: cannot be reached: {_line(exc)}") from exc
+            raise BatchError(f"delta table {self.location}: cannot be reached: {line(exc)}") from exc
         if there:
             raise BatchError(f"delta table {self.location}: its _delta_log is not a Delta table's log")
 
@@ -104,14 +100,6 @@ class DeltaSink:
             if found is not None:
                 out.append(found)
         return out
-
-    def _held(self, dt: Any, ids: set[int]) -> dict[int, SinkReceipt]:
-        held: dict[int, SinkReceipt] = {}
-        for c in self.commits(dt):
-            for entry in c.ranges:
-                if entry.get("id") in ids:
-                    held.setdefault(int(entry["id"]), SinkReceipt(self.table_name, c.commit))
-        return held
 
     def _add_action(self, path: str) -> Any:
         import pyarrow.parquet as pq
@@ -171,57 +159,36 @@ class DeltaSink:
         if problem is not None:
             raise BatchError(f"delta table {self.location}: {problem}")
 
-    def published(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
-        dt = self._open(None)
-        return {} if dt is None else self._held(dt, {r.range.id for r in batch.ranges})
-
-    def publish(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
-        from deltalake import CommitProperties, Transaction
-        from deltalake.exceptions import CommitFailedError
-
-        files = {r.range.id: data_files(r.location) for r in batch.ranges}
+    def _check_files(self, files: dict[int, list[str]]) -> None:
+        """A Delta add action names a file relative to the table root: every file must be under it."""
         for rid, names in files.items():
             outside = [f for f in names if not f.startswith(self.location + "/")]
             if outside:
                 raise BatchError(f"delta table {self.location}: range {rid}'s files are not under the table "
                                  f"(first: {outside[0]})")
-        first = next((f[0] for f in files.values() if f), None)
-        ids = set(files)
-        for attempt in range(sinks.COMMIT_ATTEMPTS):
-            dt = self._open(first)
-            held = self._held(dt, ids)
-            todo: list[SinkRange] = [r for r in batch.ranges if r.range.id not in held]
-            if not todo:
-                return held
-            what = ", ".join(f"{r.range.source.stream} [{r.range.start}, {r.range.end})" for r in todo)
-            schema = dt.schema()
-            problem = schema_problem(_arrow_schema(dt))
-            if problem is not None:  # a table made or changed by someone else since the check
-                raise BatchError(f"delta table {self.location}: {problem}; nothing of {what} was added")
-            version = (dt.transaction_version(app_id(self.pipeline)) or 0) + 1
-            props = CommitProperties(custom_metadata=summary(batch, todo), max_commit_retries=0,
-                                     app_transactions=[Transaction(app_id(self.pipeline), version)])
-            actions = [self._add_action(p) for r in todo for p in files[r.range.id]]
-            try:
-                dt.create_write_transaction(actions, "append", schema, commit_properties=props)
-            except CommitFailedError as exc:
-                log.warning("delta table %s changed while committing %s (%s): looking again", self.location,
-                            what, _line(exc))
-                time.sleep(sinks.backoff(attempt))
-                continue
-            except BatchError:
-                raise
-            except Exception as exc:
-                raise BatchError(f"delta table {self.location}: the job's files for {what} cannot be added: "
-                                 f"{_line(exc)}") from exc
-            log.info("delta table %s: a commit (app transaction %s) adds %d file(s) of %s", self.location,
-                     version, len(actions), what)
-        dt = self._open(None)
-        held = self._held(dt, ids) if dt is not None else {}
-        if set(held) == ids:
-            return held
-        raise BatchError(f"delta table {self.location}: {sinks.COMMIT_ATTEMPTS} commits lost to concurrent "
-                         f"writers; {what} stay committed and unpublished for the next run")
+
+    def _commit(self, dt: Any, batch: SinkBatch, todo: list[SinkRange], files: dict[int, list[str]],
+                what: str) -> None:
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        schema = dt.schema()
+        problem = schema_problem(_arrow_schema(dt))
+        if problem is not None:  # a table made or changed by someone else since the check
+            raise BatchError(f"delta table {self.location}: {problem}; nothing of {what} was added")
+        version = (dt.transaction_version(app_id(self.pipeline)) or 0) + 1
+        props = CommitProperties(custom_metadata=summary(batch, todo), max_commit_retries=0,
+                                 app_transactions=[Transaction(app_id(self.pipeline), version)])
+        actions = [self._add_action(p) for r in todo for p in files[r.range.id]]
+        try:
+            dt.create_write_transaction(actions, "append", schema, commit_properties=props)
+        except CommitFailedError as exc:
+            raise LostCommit(line(exc)) from exc
+        except Exception as exc:
+            raise BatchError(f"delta table {self.location}: the job's files for {what} cannot be added: "
+                             f"{line(exc)}") from exc
+        log.info("delta table %s: a commit (app transaction %s) adds %d file(s) of %s", self.location,
+                 version, len(actions), what)
 
     def describe(self) -> dict[str, Any] | None:
         dt = self._open(None)
@@ -229,23 +196,12 @@ class DeltaSink:
                 "location": dt.table_uri if dt is not None else self.location,
                 "version": dt.version() if dt is not None else None}
 
-    def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
-        try:
-            dt = self._open(None)
-            problem = f"delta table {self.location} does not exist"
-        except BatchError as exc:
-            dt, problem = None, str(exc)
-        if dt is None:
-            return whole_table_missing(self.table_name, pipeline, ranges, problem)
-        try:
-            rows = dt.to_pyarrow_table(columns=["stream", "offset"])
-            commits = self.commits(dt)
-            oldest = min((int(c["version"]) for c in dt.history()), default=0)
-            known = set(range(oldest, dt.version() + 1))
-        except Exception as exc:  # data files deleted, the store gone: a finding, not a traceback
-            return whole_table_missing(self.table_name, pipeline, ranges, f"delta table {self.location}: its "
-                                       f"rows cannot be read: {_line(exc)}")
-        return check_table(self.table_name, pipeline, ranges, commits, rows, known)
+    def _rows(self, dt: Any) -> Any:
+        return dt.to_pyarrow_table(columns=["stream", "offset"])
+
+    def _known_commits(self, dt: Any) -> set[int]:
+        oldest = min((int(c["version"]) for c in dt.history()), default=0)
+        return set(range(oldest, dt.version() + 1))
 
 
 def _arrow_schema(dt: Any) -> Any:
@@ -256,8 +212,3 @@ def _arrow_schema(dt: Any) -> Any:
 
 def _local(location: str) -> str:
     return str(filesystems.local_path(location)) if filesystems.scheme(location) in ("", "file") else location
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
