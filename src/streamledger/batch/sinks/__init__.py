@@ -201,12 +201,15 @@ def _kind(t: Any) -> str:
     return str(t)
 
 
-def schema_problem(schema: Any) -> str | None:
-    """Why a table's arrow ``schema`` is not the job's (``spark.arrow.ARROW_SCHEMA``: the columns of
-    every file the job writes), or None. The one rule both table sinks ask before claiming."""
-    from streamledger.spark.arrow import ARROW_SCHEMA
+def schema_problem(schema: Any, files_schema: Any = None) -> str | None:
+    """Why a table's arrow ``schema`` is not the job's (``files_schema``: the columns of every file
+    the job writes from the pipeline's kind of log, ``LogKind.files_schema``; RabbitMQ's
+    ``spark.arrow.ARROW_SCHEMA`` when not given), or None. The one rule both table sinks ask before
+    claiming."""
+    if files_schema is None:
+        from streamledger.spark.arrow import ARROW_SCHEMA as files_schema
 
-    want = {f.name: _kind(f.type) for f in ARROW_SCHEMA}
+    want = {f.name: _kind(f.type) for f in files_schema}
     have = {f.name: _kind(f.type) for f in schema}
     if set(have) != set(want):
         return f"its columns ({', '.join(have)}) are not the job's ({', '.join(want)})"
@@ -218,16 +221,20 @@ def schema_problem(schema: Any) -> str | None:
 
 def make_sink(config: BatchConfig, ledger: Ledger) -> Sink:
     """The sink a batch's configuration names (the table sinks import their library here)."""
+    from streamledger.sources import RABBITMQ, find_kind
+
     if config.sink == "iceberg":
         from streamledger.batch.sinks.iceberg import IcebergSink
 
         return IcebergSink(pipeline=config.pipeline, output_root=config.output_root,
                            table=config.table or default_iceberg_table(config.pipeline),
-                           catalog=config.catalog, ledger_url=ledger.url)
+                           catalog=config.catalog, ledger_url=ledger.url,
+                           files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
     if config.sink == "delta":
         from streamledger.batch.sinks.delta import DeltaSink
 
-        return DeltaSink(pipeline=config.pipeline, output_root=config.output_root, table=config.table)
+        return DeltaSink(pipeline=config.pipeline, output_root=config.output_root, table=config.table,
+                         files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
     return DirectorySink(config.output_root, config.pipeline)
 
 

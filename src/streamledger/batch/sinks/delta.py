@@ -48,8 +48,9 @@ class DeltaSink(TableSink):
     name = "delta"
     log = log
 
-    def __init__(self, *, pipeline: str, output_root: str, table: str | None) -> None:
-        self.pipeline, self.output_root = pipeline, output_root
+    def __init__(self, *, pipeline: str, output_root: str, table: str | None,
+                 files_schema: Any = None) -> None:
+        self.pipeline, self.output_root, self.files_schema = pipeline, output_root, files_schema
         self.location = (table or plan.pipeline_dir(output_root, pipeline)).rstrip("/")
         self.table_name = f"delta:{self.location}"
         self.label = f"delta table {self.location}"
@@ -155,7 +156,7 @@ class DeltaSink(TableSink):
         if dt is None:
             self._refuse_foreign_log()
             return
-        problem = schema_problem(_arrow_schema(dt))
+        problem = schema_problem(_arrow_schema(dt), self.files_schema)
         if problem is not None:
             raise BatchError(f"delta table {self.location}: {problem}")
 
@@ -173,7 +174,7 @@ class DeltaSink(TableSink):
         from deltalake.exceptions import CommitFailedError
 
         schema = dt.schema()
-        problem = schema_problem(_arrow_schema(dt))
+        problem = schema_problem(_arrow_schema(dt), self.files_schema)
         if problem is not None:  # a table made or changed by someone else since the check
             raise BatchError(f"delta table {self.location}: {problem}; nothing of {what} was added")
         version = (dt.transaction_version(app_id(self.pipeline)) or 0) + 1

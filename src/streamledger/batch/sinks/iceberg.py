@@ -66,8 +66,9 @@ class IcebergSink(TableSink):
     log = log
 
     def __init__(self, *, pipeline: str, output_root: str, table: str, catalog: Mapping[str, str] | None,
-                 ledger_url: str) -> None:
+                 ledger_url: str, files_schema: Any = None) -> None:
         self.pipeline, self.output_root, self.identifier = pipeline, output_root, table
+        self.files_schema = files_schema  # the job's files' schema (LogKind.files_schema; None: RabbitMQ's)
         self.props = catalog_properties(catalog, ledger_url=ledger_url, output_root=output_root)
         self.table_name = f"iceberg:{table}"
         self.label = f"iceberg table {table}"
@@ -146,7 +147,7 @@ class IcebergSink(TableSink):
         table = self._open(None)
         if table is None:
             return  # created on first use, with the job's schema
-        problem = schema_problem(table.schema().as_arrow())
+        problem = schema_problem(table.schema().as_arrow(), self.files_schema)
         if problem is not None:
             raise BatchError(f"iceberg table {self.identifier}: {problem}")
 

@@ -47,6 +47,7 @@ class TableSink:
     table_name: str  # as recorded on a range in the ledger: "iceberg:<ns>.<name>" / "delta:<uri>"
     label: str  # how one-line errors name the table: "iceberg table <ns>.<name>" / "delta table <uri>"
     log: logging.Logger
+    files_schema: Any  # the pyarrow schema of the job's files (LogKind.files_schema); None: RabbitMQ's
 
     # -- hooks ------------------------------------------------------------------------------------
 
