@@ -48,7 +48,7 @@ def test_an_audit_of_a_table_whose_data_files_were_deleted_is_a_finding_not_a_tr
     for f in gone:
         f.unlink()
     capsys.readouterr()
-    argv = ["ledger", "audit", "--db", ledger.url, "--pipeline", PIPE]
+    argv = ["ledger", "audit", "--ledger", ledger.url, "--pipeline", PIPE]
     assert main([*argv, "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     where = r.sink_table.partition(":")[2]
