@@ -75,6 +75,9 @@ class LogKind:
     decodes: tuple[str, ...]  #: the Spark source's ``decode`` values; the first is the default
     super_streams: bool  #: whether a name can stand for several partitions
     airflow_hook: str  #: ``module:Class`` of the Airflow hook serving a connection of this kind
+    files_schema_ref: str = "streamledger.spark.arrow:ARROW_SCHEMA"
+    """``module:NAME`` of the pyarrow schema of the files the job writes from this kind of log (what
+    a table sink's table must have), imported on first use."""
 
     @property
     def conn_type(self) -> str:
@@ -85,6 +88,11 @@ class LogKind:
     @property
     def default_decode(self) -> str:
         return self.decodes[0]
+
+    def files_schema(self) -> Any:
+        """The pyarrow schema of the job's files for this kind (see :attr:`files_schema_ref`)."""
+        module, _, attr = self.files_schema_ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
     def connect(self, url: str, *, timeout: float = 10.0) -> OffsetLog:
         module, _, attr = self.client.partition(":")
@@ -125,6 +133,7 @@ MEWBASE = LogKind(
     decodes=("bson", "raw"),
     super_streams=False,
     airflow_hook="streamledger.hooks.mewbase:MewbaseHook",
+    files_schema_ref="streamledger.spark.mewbase_source:MEWBASE_ARROW_SCHEMA",
 )
 KINDS: tuple[LogKind, ...] = (RABBITMQ, MEWBASE)
 _BY_SCHEME = {scheme: kind for kind in KINDS for scheme in kind.schemes}
