@@ -45,8 +45,8 @@ def servers(ledger: str) -> tuple[Servers, Callable[[], None]]:
             for name in made:
                 drop_database(admin, name)
     else:
-        def make(where: Path) -> str:
-            return f"sqlite:///{where / 'ledger.sqlite'}"
+        def make(_where: Path) -> str:
+            return f"sqlite:///{_where / 'ledger.sqlite'}"
 
         def cleanup() -> None:
             return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tests.model.ops import (
     KILL_STEPS,
@@ -54,10 +55,11 @@ def _pipelines(rnd: random.Random, opts: Options) -> tuple[PipelineSpec, ...]:
     out = []
     for k in range(opts.pipelines):
         base = rnd.choice(NAMES if opts.hostile else NAMES[:1])
-        sink = rnd.choice(("directory", "iceberg", "delta"))
+        sink: Literal["directory", "iceberg", "delta"] = rnd.choice(("directory", "iceberg", "delta"))
         pinned = rnd.random() < 0.35
+        loss: Literal["fail", "record"] = rnd.choice(("fail", "record"))
         out.append(PipelineSpec(
-            name=f"{base}-{k}", sink=sink, pinned=pinned, on_data_loss=rnd.choice(("fail", "record")),
+            name=f"{base}-{k}", sink=sink, pinned=pinned, on_data_loss=loss,
             max_offsets=None if pinned else rnd.choice((None, 40, 120)),
         ))
     return tuple(out)

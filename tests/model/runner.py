@@ -96,8 +96,9 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
         w.figures.records_checked += len(on_broker) + sum(read.ids.values())
         excused = _excused(w, spec.name)
 
-        def missing(below: Callable[[int], bool], read: Any = read, excused: Any = excused) -> list[str]:
-            return [i for o, i in on_broker if below(o) and i not in read.ids
+        def missing(limit: int, read: Any = read, excused: Any = excused) -> list[str]:
+            """Ids on the broker at offsets below ``limit`` that no output holds and no range excuses."""
+            return [i for o, i in on_broker if o < limit and i not in read.ids
                     and not any(s <= o < e for s, e in excused)]
 
         problems: dict[str, str] = {}
@@ -107,7 +108,7 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
             problems["unreadable"] = "outputs a reader cannot read: " + "; ".join(read.unreadable[:2])
         stored = w.client.query_offset(w.stream, spec.name)
         if stored is not None:
-            gone = missing(lambda o, s=stored: o <= s)
+            gone = missing(stored + 1)
             if gone:
                 problems["missing-below-stored"] = (f"records at or below the stored offset {stored} not in "
                                                     "the outputs: " + _sample(gone))
@@ -115,12 +116,12 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
                 if m.end is not None]
         if ends and k not in w.needs_epoch:
             done = max(ends)
-            gone = missing(lambda o, d=done: o < d)
+            gone = missing(done)
             if gone:
                 problems["missing-below-done"] = (f"records below the ledger's watermark {done} not in the "
                                                   "outputs: " + _sample(gone))
         if final:
-            gone = missing(lambda o: True)
+            gone = missing(1 << 62)
             if gone:
                 problems["missing"] = "records on the broker never in the outputs: " + _sample(gone)
         try:

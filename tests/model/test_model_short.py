@@ -42,7 +42,11 @@ def ledger_maker(request: pytest.FixtureRequest) -> Callable[[Path], str]:
         made.append(name)
         return create_database(admin, name)
 
-    request.addfinalizer(lambda: [drop_database(admin, n) for n in made])
+    def drop() -> None:
+        for name in made:
+            drop_database(admin, name)
+
+    request.addfinalizer(drop)
     return make
 
 

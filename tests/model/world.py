@@ -38,7 +38,7 @@ from tests.model.ops import (
 from tests.model.oracle import make_body
 
 #: Retention small enough that a few padded publishes drop the oldest segments.
-RETENTION = {"max_length_bytes": 60_000, "max_segment_size_bytes": 15_000}
+RETENTION: dict[str, Any] = {"max_length_bytes": 60_000, "max_segment_size_bytes": 15_000}
 REPO = Path(__file__).resolve().parents[2]
 
 
