@@ -195,7 +195,10 @@ def run_scenario(servers: Servers, scenario: Scenario, home: Path, *, log: Calla
     with world(servers, scenario, home, log) as w:
         result.figures = w.figures
         for i, op in enumerate(scenario.ops):
-            out = w.apply(op)
+            try:
+                out = w.apply(op)
+            except Exception as exc:  # an operation the product refused by raising (kept going)
+                out = f"raised {type(exc).__name__}: {str(exc)[:300]}"
             line = f"[{i}] {describe(op)} -> {out}"
             result.lines.append(line)
             log("  " + line)

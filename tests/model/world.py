@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -240,19 +241,23 @@ class World:
         self.figures.batches += 1
         self.last_attempt[(op.pipe, op.run)] = max(op.attempt, self.last_attempt.get((op.pipe, op.run), 0))
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.Popen([sys.executable, "-m", "tests.model.child"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(self.home),
-                                env=env, start_new_session=True)
-        assert proc.stdin is not None
-        proc.stdin.write(json.dumps(job).encode())  # the URLs may hold passwords: never on argv
-        proc.stdin.close()
-        deadline = time.monotonic() + op.delay
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        killed = proc.poll() is None
-        if killed:
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=120)
+        with tempfile.TemporaryDirectory(prefix="model-child-") as scratch, \
+                tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen([sys.executable, "-m", "tests.model.child"], stdin=subprocess.PIPE,
+                                    stdout=out, stderr=err, cwd=scratch, env=env, start_new_session=True)
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(job).encode())  # the URLs may hold passwords: never on argv
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=op.delay)
+                killed = False
+            except subprocess.TimeoutExpired:
+                killed = True
+                os.killpg(proc.pid, signal.SIGKILL)  # the child's session: it and its Spark JVM
+            proc.wait(timeout=120)
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
         if killed:
             self.figures.kills += 1
             self.figures.sigkills += 1
@@ -261,9 +266,9 @@ class World:
         if proc.returncode != 0:
             self.figures.failures += 1
             self.unfinished.add((op.pipe, op.run))
-            return f"child failed: {err.decode(errors='replace').strip().splitlines()[-1:]}"
+            return f"child failed: {stderr.strip().splitlines()[-1:]}"
         self.unfinished.discard((op.pipe, op.run))
-        return "ok (child): " + out.decode().strip()[-200:]
+        return "ok (child): " + stdout.strip()[-200:]
 
     def pair(self, op: Pair) -> str:
         results: list[str] = ["", ""]
