@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.model.generator import Options, draw
 from tests.model.ops import SPELLINGS, Scenario
-from tests.model.runner import report, run_scenario, shrink
+from tests.model.runner import Disagreement, report, reproduction, run_scenario, shrink
 from tests.model.world import Servers
 
 
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hostile", action="store_true", help="ordinary pipeline names only")
     p.add_argument("--one-spelling", action="store_true", help="the broker URL always ends in /")
     p.add_argument("--shrink-budget", type=float, default=600.0, metavar="S", help="seconds per shrink")
+    p.add_argument("--shrink-all", action="store_true", help="shrink every distinct disagreement")
     p.add_argument("--replay", default=None, metavar="JSON", help="run this scenario instead of drawing")
     p.add_argument("--keep", action="store_true", help="keep every scenario's directory")
     a = p.parse_args(argv)
@@ -87,14 +88,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== seed {scenario.seed} on {a.ledger}: {len(scenario.ops)} op(s)", flush=True)
             out = run_scenario(srv, scenario, base / f"seed-{seed}", log=lambda m: print(m, flush=True),
                                keep=a.keep)
-            minimal = None
+            print(report(out), flush=True)
             if out.disagreements:
                 bad += 1
-                print(f"== shrinking the first disagreement (budget {a.shrink_budget:.0f} s)", flush=True)
-                minimal, tries = shrink(srv, scenario, out.disagreements[0], base,
-                                        budget_s=a.shrink_budget, log=lambda m: print(m, flush=True))
-                print(f"   {tries} replay(s)")
-            print(report(out, minimal), flush=True)
+            distinct: list[Disagreement] = []
+            for d in out.disagreements:
+                if not any(d.same(x) for x in distinct):
+                    distinct.append(d)
+            for d in distinct[: None if a.shrink_all else 1]:
+                if a.shrink_budget <= 0:
+                    break
+                print(f"== shrinking: {d.line()} (budget {a.shrink_budget:.0f} s)", flush=True)
+                minimal, tries = shrink(srv, scenario, d, base, budget_s=a.shrink_budget,
+                                        log=lambda m: print(m, flush=True))
+                print(f"   {tries} replay(s)\n  DISAGREEMENT {d.line()}\n{reproduction(minimal)}", flush=True)
             totals["ops"] += out.figures.ops
             totals["kills"] += out.figures.kills
             totals["records"] += out.figures.published

@@ -222,30 +222,42 @@ def run_scenario(servers: Servers, scenario: Scenario, home: Path, *, log: Calla
 def shrink(servers: Servers, scenario: Scenario, target: Disagreement, base: Path, *, budget_s: float,
            log: Callable[[str], None] = print) -> tuple[Scenario, int]:
     """The smallest operation list found within ``budget_s`` that still shows ``target``'s kind of
-    disagreement: the failing prefix, then each operation dropped (last first), pairs split."""
+    disagreement: the failing prefix, then chunks of operations dropped (halves down to single
+    operations, last first, as in delta debugging), then pairs split into one of their batches."""
     ops: list[Op] = list(scenario.ops[: target.at + 1] if target.at >= 0 else scenario.ops)
     started, tries = time.monotonic(), 0
 
     def fails(cand: list[Op]) -> bool:
         nonlocal tries
         tries += 1
-        res = run_scenario(servers, scenario.with_ops(cand), base / f"shrink-{tries}", log=lambda _m: None)
-        shutil.rmtree(base / f"shrink-{tries}", ignore_errors=True)
+        where = base / f"shrink-{tries}"
+        res = run_scenario(servers, scenario.with_ops(cand), where, log=lambda _m: None)
+        shutil.rmtree(where, ignore_errors=True)
         return any(d.same(target) for d in res.disagreements)
 
-    i = len(ops) - 1
-    while i >= 0 and time.monotonic() - started < budget_s:
-        candidates: list[list[Op]] = [ops[:i] + ops[i + 1:]]
-        if isinstance(ops[i], Pair):
-            pair = ops[i]
-            assert isinstance(pair, Pair)
-            candidates += [[*ops[:i], pair.a, *ops[i + 1:]], [*ops[:i], pair.b, *ops[i + 1:]]]
-        for cand in candidates:
-            if fails(cand):
+    def left() -> bool:
+        return time.monotonic() - started < budget_s
+
+    size = max(1, len(ops) // 2)
+    while size >= 1 and left():
+        end = len(ops)
+        while end > 0 and left():
+            cand = ops[:max(0, end - size)] + ops[end:]
+            if cand != ops and fails(cand):
                 ops = cand
                 log(f"  shrink: {len(ops)} op(s) still disagree")
+            end -= size
+        size //= 2
+    for i in range(len(ops) - 1, -1, -1):
+        pair = ops[i]
+        if not isinstance(pair, Pair) or not left():
+            continue
+        for one in (pair.a, pair.b):
+            cand = [*ops[:i], one, *ops[i + 1:]]
+            if fails(cand):
+                ops = cand
+                log(f"  shrink: pair {i} split, still disagrees")
                 break
-        i -= 1
     return scenario.with_ops(ops), tries
 
 
@@ -260,8 +272,14 @@ def report(outcome: Outcome, minimal: Scenario | None = None) -> str:
     for d in outcome.disagreements:
         lines.append("  DISAGREEMENT " + d.line())
     if minimal is not None:
-        lines.append(f"  minimal reproduction ({len(minimal.ops)} op(s), then the final drain if 'after the "
-                     "final drain'):")
-        lines += [f"    {describe(op)}" for op in minimal.ops]
-        lines.append("  replay: python -m tests.model --replay '" + minimal.to_json() + "'")
+        lines.append(reproduction(minimal))
+    return "\n".join(lines)
+
+
+def reproduction(minimal: Scenario) -> str:
+    """The minimal operation list, readable and replayable."""
+    lines = [f"  minimal reproduction ({len(minimal.ops)} op(s), then the drain if it disagreed after it):"]
+    lines += [f"    p{k}: {p}" for k, p in enumerate(minimal.pipelines)]
+    lines += [f"    {describe(op)}" for op in minimal.ops]
+    lines.append("  replay: python -m tests.model --replay '" + minimal.to_json() + "'")
     return "\n".join(lines)
