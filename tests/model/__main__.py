@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one-spelling", action="store_true", help="the broker URL always ends in /")
     p.add_argument("--shrink-budget", type=float, default=600.0, metavar="S", help="seconds per shrink")
     p.add_argument("--shrink-all", action="store_true", help="shrink every distinct disagreement")
-    p.add_argument("--replay", default=None, metavar="JSON", help="run this scenario instead of drawing")
+    p.add_argument("--replay", action="append", default=[], metavar="JSON",
+                   help="run this scenario (JSON, or @file) instead of drawing; repeatable")
     p.add_argument("--keep", action="store_true", help="keep every scenario's directory")
     a = p.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="streamledger-model-"))
@@ -80,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     totals = {"ops": 0, "kills": 0, "records": 0, "disagreements": 0}
     started = time.monotonic()
     try:
-        seeds = [None] if a.replay else list(range(a.seed, a.seed + a.seeds))
-        for seed in seeds:
-            opts = Options(ops=a.ops, sigkill=not a.no_sigkill, hostile=not a.no_hostile,
-                           spellings=("/",) if a.one_spelling else SPELLINGS)
-            scenario = Scenario.from_json(a.replay) if a.replay else draw(seed or 0, opts)
-            print(f"== seed {scenario.seed} on {a.ledger}: {len(scenario.ops)} op(s)", flush=True)
+        opts = Options(ops=a.ops, sigkill=not a.no_sigkill, hostile=not a.no_hostile,
+                       spellings=("/",) if a.one_spelling else SPELLINGS)
+        given = [Path(r[1:]).read_text() if r.startswith("@") else r for r in a.replay]
+        todo = [(f"replay{n}", Scenario.from_json(r)) for n, r in enumerate(given)] or [
+            (str(seed), draw(seed, opts)) for seed in range(a.seed, a.seed + a.seeds)]
+        for seed, scenario in todo:
+            print(f"== {seed} on {a.ledger}: {len(scenario.ops)} op(s)", flush=True)
             out = run_scenario(srv, scenario, base / f"seed-{seed}", log=lambda m: print(m, flush=True),
                                keep=a.keep)
             print(report(out), flush=True)
