@@ -6,13 +6,14 @@ The judgement, per pipeline (the oracle's side from :mod:`tests.model.oracle`, t
 audit`` runs it):
 
 * after every operation, the audit must not be CLEAN while the data shows an id twice in the
-  outputs, an unreadable output, a file outside the output roots, or a record still on the broker
+  outputs, an unreadable output, a file outside the output roots, or a record seen on the broker
   missing from the outputs at or below the broker's stored offset or below the ledger's watermark
   (unless inside a range the ledger recorded ``lost`` or ``skipped``);
 * after the final drain (epochs started where the test re-created the stream, failed runs
   cleared, batches run until idle; a pinned pipeline's scheduler does not catch up on intervals
-  before the first it ever ran, as with ``catchup=False``), every record still on the broker must
-  be in the outputs exactly once or in such a range, and the audit must be CLEAN exactly when that holds.
+  before the first it ever ran, as with ``catchup=False``), every record the oracle saw on the
+  stream (still there, or taken by retention since) must be in the outputs exactly once or in
+  such a range, and the audit must be CLEAN exactly when that holds.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
     found: list[Disagreement] = []
     w.figures.checks += 1
     on_broker = broker_records(w.client, w.stream)
+    w.seen.update(on_broker)
+    known = sorted(w.seen.items())  # what is on the broker, and what retention took since it was seen
     stray = stray_files(w.home, w.allowed())
     if stray:
         try:
@@ -94,12 +97,12 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
                                       f"roots: {', '.join(stray[:3])}", "CLEAN" if clean else "not clean"))
     for k, spec in enumerate(w.scenario.pipelines):
         read = read_outputs(spec, w.root(k), w.catalog(k))
-        w.figures.records_checked += len(on_broker) + sum(read.ids.values())
+        w.figures.records_checked += len(known) + sum(read.ids.values())
         excused = _excused(w, spec.name)
 
         def missing(limit: int, read: Any = read, excused: Any = excused) -> list[str]:
-            """Ids on the broker at offsets below ``limit`` that no output holds and no range excuses."""
-            return [i for o, i in on_broker if o < limit and i not in read.ids
+            """Ids seen on the broker at offsets below ``limit`` that no output holds and no range excuses."""
+            return [i for o, i in known if o < limit and i not in read.ids
                     and not any(s <= o < e for s, e in excused)]
 
         problems: dict[str, str] = {}
@@ -124,7 +127,8 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
         if final:
             gone = missing(1 << 62)
             if gone:
-                problems["missing"] = "records on the broker never in the outputs: " + _sample(gone)
+                problems["missing"] = ("records seen on the broker never in the outputs nor in a lost range: "
+                                       + _sample(gone))
         try:
             report = w.audit(k)
         except Exception as exc:

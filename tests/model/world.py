@@ -125,6 +125,9 @@ class World:
         self.unfinished: set[tuple[int, str]] = set()
         self.needs_epoch: set[int] = set()
         self.outcomes: list[str] = []
+        #: offset -> id of every record the oracle ever saw on this incarnation of the stream (the
+        #: records retention removed later are still known, so their loss can be told).
+        self.seen: dict[int, str] = {}
 
     # -- places ----------------------------------------------------------------------------------
 
@@ -169,6 +172,7 @@ class World:
             self.client.delete_stream(self.stream)
             self.client.create_stream(self.stream, **(RETENTION if self.scenario.retention else {}))
             self.needs_epoch = set(range(len(self.scenario.pipelines)))
+            self.seen = {}
             return "stream deleted and re-created"
         if isinstance(op, NewEpoch):
             return self.new_epoch(op.pipe)
