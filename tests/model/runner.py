@@ -9,7 +9,8 @@ audit`` runs it):
   outputs, an unreadable output, a file outside the output roots, or a record seen on the broker
   missing from the outputs at or below the broker's stored offset or below the ledger's watermark
   (unless inside a range the ledger recorded ``lost`` or ``skipped``);
-* after the final drain (epochs started where the test re-created the stream, failed runs
+* after the final drain (epochs started where the test re-created the stream, stale claims released
+  first if the epoch is refused for them, failed runs
   cleared, batches run until idle; a pinned pipeline's scheduler does not catch up on intervals
   before the first it ever ran, as with ``catchup=False``), every record the oracle saw on the
   stream (still there, or taken by retention since) must be in the outputs exactly once or in
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.model.ops import Batch, NewEpoch, Op, Pair, Scenario, Tick, describe
+from tests.model.ops import Batch, NewEpoch, Op, Pair, ReleaseStale, Scenario, Tick, describe
 from tests.model.oracle import broker_records, read_outputs, stray_files
 from tests.model.world import Figures, Servers, World, world
 
@@ -168,7 +169,9 @@ def drain(w: World, log: Callable[[str], None]) -> list[str]:
     do(Tick())
     for rnd in range(4):
         for k in sorted(w.needs_epoch):
-            do(NewEpoch(k))
+            if do(NewEpoch(k)).startswith("refused"):  # open claims of killed runs: release, then again
+                do(ReleaseStale())
+                do(NewEpoch(k))
         busy = False
         for pipe, run in sorted(w.unfinished):
             attempt = w.last_attempt.get((pipe, run), 0) + 1
