@@ -9,10 +9,10 @@ audit`` runs it):
   outputs, an unreadable output, a file outside the output roots, or a record seen on the broker
   missing from the outputs at or below the broker's stored offset or below the ledger's watermark
   (unless inside a range the ledger recorded ``lost`` or ``skipped``);
-* after the final drain (epochs started where the test re-created the stream, stale claims released
-  first if the epoch is refused for them, failed runs
-  cleared, batches run until idle; a pinned pipeline's scheduler does not catch up on intervals
-  before the first it ever ran, as with ``catchup=False``), every record the oracle saw on the
+* after the final drain (epochs started where the test re-created the stream, stale claims
+  released first if the epoch is refused for them, failed runs cleared, batches run until idle; a
+  pinned pipeline's scheduler does not catch up on intervals before the first it ever ran, as with
+  ``catchup=False``), every record the oracle saw on the
   stream (still there, or taken by retention since) must be in the outputs exactly once or in
   such a range, and the audit must be CLEAN exactly when that holds.
 """
