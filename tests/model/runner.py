@@ -135,6 +135,10 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
         except Exception as exc:
             report = None
             w.log(f"    audit of p{k} raised {type(exc).__name__}: {str(exc)[:200]}")
+        cli = w.cli_verdict
+        if cli is not None and cli == (k, True) and problems:
+            for kind, text in problems.items():
+                found.append(Disagreement(f"{kind} (CLI)", k, at, text, "streamledger ledger audit: CLEAN"))
         clean = report is not None and report.clean
         if clean and problems:
             for kind, text in problems.items():

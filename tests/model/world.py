@@ -128,6 +128,7 @@ class World:
         #: offset -> id of every record the oracle ever saw on this incarnation of the stream (the
         #: records retention removed later are still known, so their loss can be told).
         self.seen: dict[int, str] = {}
+        self.cli_verdict: tuple[int, bool] | None = None  # (pipe, CLEAN?) of this op's CLI audit
 
     # -- places ----------------------------------------------------------------------------------
 
@@ -155,6 +156,7 @@ class World:
 
     def apply(self, op: Op) -> str:
         self.figures.ops += 1
+        self.cli_verdict = None
         if isinstance(op, Publish):
             return self.publish(op.n, op.pad)
         if isinstance(op, Tick):
@@ -180,7 +182,9 @@ class World:
             released = self.ledger.release_stale(timedelta(0))
             return f"released {len(released)} claim(s)"
         if isinstance(op, AuditCli):
-            return "CLI audit " + ("CLEAN" if self.audit_cli(op.pipe, op.spelling) else "not clean")
+            clean = self.audit_cli(op.pipe, op.spelling)
+            self.cli_verdict = (op.pipe, clean)
+            return "CLI audit " + ("CLEAN" if clean else "not clean")
         raise TypeError(f"unknown operation {op!r}")
 
     def publish(self, n: int, pad: int) -> str:
