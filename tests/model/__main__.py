@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed, scenario in todo:
             print(f"== {seed} on {a.ledger}: {len(scenario.ops)} op(s)", flush=True)
             out = run_scenario(srv, scenario, base / f"seed-{seed}", log=lambda m: print(m, flush=True),
-                               keep=a.keep)
+                               keep=a.keep, stop_at_first=not a.replay)  # a replay shows every one
             print(report(out), flush=True)
             if out.disagreements:
                 bad += 1
