@@ -120,6 +120,13 @@ class World:
         self.boundaries: list[datetime] = [datetime.now(UTC) - timedelta(milliseconds=5)]
         time.sleep(0.02)
         self.seq = 0
+        #: the publish count at each boundary: ids below ``tick_seq[i]`` were published before boundary i
+        self.tick_seq: list[int] = [0]
+        #: pipe -> ids below this publish count the model deliberately does not read (``ledger skip``)
+        self.skip_below: dict[int, int] = {}
+        #: pipe -> the stream's first offset when an unpinned pipeline first ran on this incarnation of
+        #: the stream: what retention took before that was never the pipeline's (it did not exist yet)
+        self.born: dict[int, int] = {}
         self.running: set[tuple[str, str]] = set()
         self.last_attempt: dict[tuple[int, str], int] = {}
         self.unfinished: set[tuple[int, str]] = set()
@@ -162,6 +169,7 @@ class World:
         if isinstance(op, Tick):
             time.sleep(0.01)
             self.boundaries.append(datetime.now(UTC))
+            self.tick_seq.append(self.seq)
             time.sleep(0.01)
             return f"interval {len(self.boundaries) - 2} closed"
         if isinstance(op, Batch):
@@ -175,6 +183,7 @@ class World:
             self.client.create_stream(self.stream, **(RETENTION if self.scenario.retention else {}))
             self.needs_epoch = set(range(len(self.scenario.pipelines)))
             self.seen = {}
+            self.born = {}
             return "stream deleted and re-created"
         if isinstance(op, NewEpoch):
             return self.new_epoch(op.pipe)
@@ -202,10 +211,15 @@ class World:
         return batch_config(self.scenario.pipelines[op.pipe], op, url=self.servers.url, stream=self.stream,
                             root=str(self.root(op.pipe)), boundaries=self.boundaries)
 
+    def _first_run(self, pipe: int) -> None:
+        if not self.scenario.pipelines[pipe].pinned and pipe not in self.born:  # a pinned one has its origin
+            self.born[pipe] = self.client.first_offset(self.stream)
+
     def batch(self, op: Batch) -> str:
         cfg = self._config(op)
         if cfg is None:
             return "interval not closed: skipped"
+        self._first_run(op.pipe)
         runner = LocalSparkRunner()
         runner._spark = self.servers.spark
         key = (op.run, f"p{op.pipe}")
@@ -242,6 +256,7 @@ class World:
         cfg = self._config(op)
         if cfg is None:
             return "interval not closed: skipped"
+        self._first_run(op.pipe)
         spec = self.scenario.pipelines[op.pipe]
         job = {"spec": spec.__dict__, "op": op.__dict__, "url": self.servers.url, "stream": self.stream,
                "root": str(self.root(op.pipe)), "boundaries": [b.isoformat() for b in self.boundaries],
@@ -312,6 +327,23 @@ class World:
             done.append(f"{src.broker} epoch {old}->{new}")
         self.needs_epoch.discard(pipe)
         return "new epoch: " + (", ".join(done) or "no history yet")
+
+    def skip_cli(self, pipe: int, src: SourceRef, start: int, end: int, spelling: str) -> str:
+        """``streamledger ledger skip`` in process, naming the broker in ``spelling``; its one line."""
+        from streamledger.cli import main
+
+        broker = spelled(src.broker, spelling) if "://" in src.broker else src.broker
+        argv = ["ledger", "skip", "--db", self.ledger_url, "--pipeline", self.scenario.pipelines[pipe].name,
+                "--stream", src.stream, "--broker", broker, "--start", str(start), "--end", str(end),
+                "--reason", "model: the scheduler does not catch up"]
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+        text = (out.getvalue() + err.getvalue()).strip().replace("\n", " ")
+        return f"exit {code}: {text[:300]}"
 
     def audit(self, pipe: int) -> Any:
         from streamledger.batch.proof import audit
