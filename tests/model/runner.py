@@ -8,13 +8,17 @@ audit`` runs it):
 * after every operation, the audit must not be CLEAN while the data shows an id twice in the
   outputs, an unreadable output, a file outside the output roots, or a record seen on the broker
   missing from the outputs at or below the broker's stored offset or below the ledger's watermark
-  (unless inside a range the ledger recorded ``lost`` or ``skipped``);
+  unless excused: inside a ``lost`` range and no longer on the broker, inside a deliberately
+  skipped range the model itself chose not to read, or taken by retention before an unpinned
+  pipeline first ran; a lost range holding records the broker still has, or a skipped one holding
+  records the model never chose to skip, is a problem of its own;
 * after the final drain (epochs started where the test re-created the stream, stale claims
   released first if the epoch is refused for them, failed runs cleared, batches run until idle; a
   pinned pipeline's scheduler does not catch up on intervals before the first it ever ran, as with
-  ``catchup=False``), every record the oracle saw on the
-  stream (still there, or taken by retention since) must be in the outputs exactly once or in
-  such a range, and the audit must be CLEAN exactly when that holds.
+  ``catchup=False``, and the operator records the span before it as skipped), a run that still
+  fails on every retry is a ``stall`` whatever the audit says; every record the oracle saw on the
+  stream (still there, or taken by retention since) must be in the outputs exactly once or so
+  excused, and the audit must be CLEAN exactly when that holds.
 """
 
 from __future__ import annotations
@@ -163,6 +167,11 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
             if gone:
                 problems["missing-below-done"] = (f"records below the ledger's watermark {done} not in the "
                                                   "outputs: " + _sample(gone))
+        stalled = sorted(run for pipe, run in w.unfinished if pipe == k)
+        if final and stalled:  # the drain retried until idle: a pipeline that cannot move is stalled
+            last = w.drain_errors.get(k, "?")
+            found.append(Disagreement("stall", k, at, f"run(s) {', '.join(stalled)} fail on every retry: "
+                                      f"{last[:200]}", _audit_text(w.audit(k))))
         if final:
             gone = missing(1 << 62)
             if gone:
@@ -203,6 +212,8 @@ def drain(w: World, log: Callable[[str], None]) -> list[str]:
 
     def do(op: Op) -> str:
         out = w.apply(op)
+        if isinstance(op, Batch) and not out.startswith(("ok", "interval not closed")):
+            w.drain_errors[op.pipe] = out
         done.append(f"{describe(op)} -> {out}")
         log(f"  drain {describe(op)} -> {out}")
         return out

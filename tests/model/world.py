@@ -127,6 +127,7 @@ class World:
         #: pipe -> the stream's first offset when an unpinned pipeline first ran on this incarnation of
         #: the stream: what retention took before that was never the pipeline's (it did not exist yet)
         self.born: dict[int, int] = {}
+        self.drain_errors: dict[int, str] = {}  # pipe -> the last failure of a drain retry
         self.running: set[tuple[str, str]] = set()
         self.last_attempt: dict[tuple[int, str], int] = {}
         self.unfinished: set[tuple[int, str]] = set()
