@@ -341,7 +341,8 @@ def shrink(servers: Servers, scenario: Scenario, target: Disagreement, base: Pat
 def report(outcome: Outcome, minimal: Scenario | None = None) -> str:
     f = outcome.figures
     lines = [f"model check seed={outcome.scenario.seed}: {f.ops} op(s), {f.batches} batch(es), "
-             f"{f.kills} kill(s) ({f.sigkills} SIGKILL), {f.failures} failed batch(es), "
+             f"{f.kills} kill(s) ({f.kills - f.sigkills} at a step, {f.sigkills} SIGKILL), "
+             f"{f.failures} failed batch(es) ({f.injected} injected at a step), "
              f"{f.published} record(s) published, "
              f"{f.checks} check(s), {f.records_checked} record check(s), {f.audits} audit(s), "
              f"{len(outcome.disagreements)} disagreement(s)"]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.model.generator import Options, draw
-from tests.model.ops import Batch, Pair, Publish
+from tests.model.ops import AuditCli, Batch, Pair, Publish
 from tests.model.runner import report, run_scenario
 from tests.model.world import Servers
 
@@ -71,7 +71,12 @@ def test_the_short_seeds_exercise_the_operations() -> None:
                     seen[f"{b.how}@"] += b.kill_at is not None
                     seen["pinned"] += b.interval is not None
             seen["retention"] += isinstance(op, Publish) and op.pad > 0
-    wanted = {"batch", "pair", "tick", "kill@", "fail@", "pinned", "retention", "release_stale"}
+            for b in (op.a, op.b) if isinstance(op, Pair) else (op,):
+                if isinstance(b, Batch | AuditCli):
+                    seen["spelling"] += b.spelling != "/"
+        seen["hostile"] += any(not p.name.replace("-", "").isalnum() for p in sc.pipelines)
+    wanted = {"batch", "pair", "tick", "kill@", "fail@", "pinned", "retention", "release_stale", "spelling",
+              "hostile"}
     assert wanted <= {k for k, n in seen.items() if n}, seen
     assert {"sink:iceberg", "sink:delta"} & set(seen), seen
 

@@ -92,6 +92,7 @@ class Figures:
     kills: int = 0
     sigkills: int = 0
     failures: int = 0
+    injected: int = 0  # of the failures, the ordinary exceptions the model raised at a step (fail@)
     published: int = 0
     checks: int = 0
     records_checked: int = 0
@@ -244,6 +245,7 @@ class World:
             return f"killed ({exc})"
         except Exception as exc:
             self.figures.failures += 1
+            self.figures.injected += str(exc).startswith("model: failure injected")
             self.unfinished.add((op.pipe, op.run))
             return f"error: {type(exc).__name__}: {str(exc)[:300]}"
         finally:
