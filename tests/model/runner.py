@@ -18,7 +18,9 @@ audit`` runs it):
   ``catchup=False``, and the operator records the span before it as skipped), a run that still
   fails on every retry is a ``stall`` whatever the audit says; every record the oracle saw on the
   stream (still there, or taken by retention since) must be in the outputs exactly once or so
-  excused, and the audit must be CLEAN exactly when that holds.
+  excused, a record of an incarnation a re-create deleted, in the outputs or lost in the retired
+  history of that epoch (incarnation n is epoch n: the drain starts one epoch per re-create), and
+  the audit must be CLEAN exactly when that holds.
 """
 
 from __future__ import annotations
@@ -55,6 +57,16 @@ def _excuses(w: World, name: str) -> Excuses:
             continue
         (skipped if r.skipped else lost).append((r.start, r.end))
     return Excuses(lost, skipped)
+
+
+def _retired_excuses(w: World, name: str) -> dict[int, list[tuple[int, int]]]:
+    """Epoch number -> the lost (or skipped) spans of the pipeline's retired histories on the stream."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for r in w.ledger.ranges(name):
+        head, sep, epoch = r.source.broker.rpartition("#epoch")
+        if sep and head and epoch.isdigit() and r.source.stream == w.stream and r.status.value == "lost":
+            out.setdefault(int(epoch), []).append((r.start, r.end))
+    return out
 
 
 def _seq(record_id: str) -> int:
@@ -172,7 +184,14 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
             last = w.drain_errors.get(k, "?")
             found.append(Disagreement("stall", k, at, f"run(s) {', '.join(stalled)} fail on every retry: "
                                       f"{last[:200]}", _audit_text(w.audit(k))))
-        if final:
+        if final:  # an earlier incarnation's records: read, or lost/skipped in its retired history
+            old = _retired_excuses(w, spec.name)
+            gone_before = [i for n, seen in enumerate(w.retired) for o, i in sorted(seen.items())
+                           if i not in read.ids and not any(s <= o < e for s, e in old.get(n, []))]
+            if gone_before:
+                problems["missing-before-recreate"] = (
+                    "records of the stream before it was re-created never in the outputs nor in a lost "
+                    "range of that epoch: " + _sample(gone_before))
             gone = missing(1 << 62)
             if gone:
                 problems["missing"] = ("records seen on the broker never in the outputs nor in a lost range: "

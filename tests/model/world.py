@@ -137,6 +137,8 @@ class World:
         #: offset -> id of every record the oracle ever saw on this incarnation of the stream (the
         #: records retention removed later are still known, so their loss can be told).
         self.seen: dict[int, str] = {}
+        #: ``seen`` of every earlier incarnation of the stream, oldest first (the one a re-create deleted)
+        self.retired: list[dict[int, str]] = []
         self.cli_verdict: tuple[int, bool] | None = None  # (pipe, CLEAN?) of this op's CLI audit
 
     # -- places ----------------------------------------------------------------------------------
@@ -184,6 +186,7 @@ class World:
             self.client.delete_stream(self.stream)
             self.client.create_stream(self.stream, **(RETENTION if self.scenario.retention else {}))
             self.needs_epoch = set(range(len(self.scenario.pipelines)))
+            self.retired.append(self.seen)
             self.seen = {}
             self.born = {}
             return "stream deleted and re-created"
