@@ -218,6 +218,7 @@ class World:
 
     def _first_run(self, pipe: int) -> None:
         if not self.scenario.pipelines[pipe].pinned and pipe not in self.born:  # a pinned one has its origin
+            assert threading.current_thread() is threading.main_thread(), "a pair asks before its threads"
             self.born[pipe] = self.client.first_offset(self.stream)
 
     def batch(self, op: Batch) -> str:
@@ -301,6 +302,9 @@ class World:
 
     def pair(self, op: Pair) -> str:
         results: list[str] = ["", ""]
+        for b in (op.a, op.b):  # the world's own client is not shared by the threads
+            if self._config(b) is not None:
+                self._first_run(b.pipe)
 
         def go(i: int, b: Batch) -> None:
             try:
