@@ -9,9 +9,10 @@ audit`` runs it):
   outputs, an unreadable output, a file outside the output roots, or a record seen on the broker
   missing from the outputs at or below the broker's stored offset or below the ledger's watermark
   unless excused: inside a ``lost`` range and no longer on the broker, inside a deliberately
-  skipped range the model itself chose not to read, or taken by retention before an unpinned
-  pipeline first ran; a lost range holding records the broker still has, or a skipped one holding
-  records the model never chose to skip, is a problem of its own;
+  skipped range the model itself chose not to read, or taken by retention before a pipeline
+  starting at ``first`` (not at its origin) first ran; a lost range holding records the broker
+  still has, or a skipped one holding records the model never chose to skip, is a problem of its
+  own;
 * after the final drain (epochs started where the test re-created the stream, stale claims
   released first if the epoch is refused for them, failed runs cleared, batches run until idle; a
   pinned pipeline's scheduler does not catch up on intervals before the first it ever ran, as with
@@ -140,8 +141,8 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
         born = w.born.get(k, 0)
 
         def excused(o: int, i: str, ex: Excuses = ex, skip_below: int = skip_below, born: int = born) -> bool:
-            """Taken by retention before an unpinned pipeline first ran, or inside a lost range; or
-            meant to be skipped inside a skipped one."""
+            """Taken by retention before a pipeline starting at ``first`` first ran, or inside a lost
+            range; or meant to be skipped inside a skipped one."""
             return (o not in present and (o < born or any(s <= o < e for s, e in ex.lost))) or (
                 _seq(i) < skip_below and any(s <= o < e for s, e in ex.skipped))
 

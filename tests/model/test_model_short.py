@@ -99,13 +99,15 @@ def test_model_seed(ledger_maker: Callable[[Path], str], seed: int, rabbitmq_url
 #: to the passing ones). Each is the shrunk operation list, replayable with ``python -m tests.model
 #: --replay``.
 KNOWN = {
-    # A pinned pipeline whose origin (the DAG's start) precedes its first run, which comes after
-    # retention removed the head of its first interval: the run resolves the interval from the chunks
-    # that are left, commits [78, 100) with on_data_loss="fail", never records the loss of what
-    # retention took after the origin, the broker offset passes it, audit CLEAN.
+    # A pinned pipeline whose history begins at its origin (initial_position="interval_start", the
+    # DAG's start) first runs after retention removed the head of its first interval: origin and
+    # span resolve to the first chunk left (78), it commits [78, 100) with on_data_loss="fail",
+    # the records stamped after the origin that retention took are never recorded lost, the broker
+    # offset passes them, audit CLEAN.
     "pinned-head-lost-before-first-run": (
         '{"seed":4,"retention":true,"pipelines":[{"name":"orders-1","sink":"directory","pinned":true,'
-        '"on_data_loss":"fail","max_offsets":null}],"ops":[{"kind":"publish","n":45,"pad":0},'
+        '"on_data_loss":"fail","max_offsets":null,"initial_position":"interval_start"}],'
+        '"ops":[{"kind":"publish","n":45,"pad":0},'
         '{"kind":"publish","n":55,"pad":1500},{"kind":"tick"},'
         '{"kind":"batch","pipe":0,"run":"iv0","attempt":1,"interval":0}]}'),
 }

@@ -75,7 +75,7 @@ def batch_config(spec: PipelineSpec, op: Batch, *, url: str, stream: str, root: 
         if i < 0 or i + 1 >= len(boundaries):
             return None
         kw.update(interval_start=boundaries[i], interval_end=boundaries[i + 1], bound_by_interval=True,
-                  interval_grace=0.0, origin=boundaries[0])
+                  interval_grace=0.0, origin=boundaries[0], initial_position=spec.initial_position)
     else:
         kw["max_offsets"] = spec.max_offsets
     return BatchConfig(**kw)
@@ -125,8 +125,8 @@ class World:
         self.tick_seq: list[int] = [0]
         #: pipe -> ids below this publish count the model deliberately does not read (``ledger skip``)
         self.skip_below: dict[int, int] = {}
-        #: pipe -> the stream's first offset when an unpinned pipeline first ran on this incarnation of
-        #: the stream: what retention took before that was never the pipeline's (it did not exist yet)
+        #: pipe -> the stream's first offset when a pipeline starting at ``first`` first ran on this
+        #: incarnation of the stream: what retention took before that was never the pipeline's
         self.born: dict[int, int] = {}
         self.drain_errors: dict[int, str] = {}  # pipe -> the last failure of a drain retry
         self.running: set[tuple[str, str]] = set()
@@ -217,7 +217,8 @@ class World:
                             root=str(self.root(op.pipe)), boundaries=self.boundaries)
 
     def _first_run(self, pipe: int) -> None:
-        if not self.scenario.pipelines[pipe].pinned and pipe not in self.born:  # a pinned one has its origin
+        spec = self.scenario.pipelines[pipe]
+        if spec.initial_position == "first" and pipe not in self.born:  # else its history has an origin
             assert threading.current_thread() is threading.main_thread(), "a pair asks before its threads"
             self.born[pipe] = self.client.first_offset(self.stream)
 
