@@ -181,8 +181,10 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
                 problems["missing-below-done"] = (f"records below the ledger's watermark {done} not in the "
                                                   "outputs: " + _sample(gone))
         stalled = sorted(run for pipe, run in w.unfinished if pipe == k)
-        if final and stalled:  # the drain retried until idle: a pipeline that cannot move is stalled
-            last = w.drain_errors.get(k, "?")
+        last = w.drain_errors.get(k, "?")
+        refused = spec.on_data_loss == "fail" and "retention removed everything below" in last
+        if final and stalled and not refused:  # drained until idle: a pipeline that cannot move is
+            # stalled, unless it is on_data_loss="fail" refusing a loss (documented: the operator acts)
             found.append(Disagreement("stall", k, at, f"run(s) {', '.join(stalled)} fail on every retry: "
                                       f"{last[:200]}", _audit_text(w.audit(k))))
         if final:  # an earlier incarnation's records: read, or lost/skipped in its retired history
