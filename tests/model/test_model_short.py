@@ -119,5 +119,6 @@ def test_known_disagreement(name: str, rabbitmq_url: str, spark: Any, tmp_path: 
     servers = Servers(rabbitmq_url, spark, lambda where: f"sqlite:///{where / 'ledger.sqlite'}", "model")
     outcome = run_scenario(servers, Scenario.from_json(KNOWN[name]), tmp_path / "world", log=lambda _m: None,
                            keep=True)
-    assert outcome.figures.batches > 0
+    if not outcome.figures.batches:  # not an AssertionError: a scenario that ran nothing is no XFAIL
+        raise RuntimeError("the known scenario ran no batch:\n" + "\n".join(outcome.lines))
     assert not outcome.disagreements, report(outcome)
