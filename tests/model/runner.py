@@ -19,8 +19,8 @@ audit`` runs it):
   ``catchup=False``, and the operator records the span before it as skipped), a run that still
   fails on every retry is a ``stall`` whatever the audit says; every record the oracle saw on the
   stream (still there, or taken by retention since) must be in the outputs exactly once or so
-  excused, a record of an incarnation a re-create deleted, in the outputs or lost in the retired
-  history of that epoch (incarnation n is epoch n: the drain starts one epoch per re-create), and
+  excused, a record of an incarnation a re-create deleted, below the end of the retired history of
+  that epoch, in the outputs or lost in it (incarnation n is epoch n: one epoch per re-create), and
   the audit must be CLEAN exactly when that holds.
 """
 
@@ -60,13 +60,20 @@ def _excuses(w: World, name: str) -> Excuses:
     return Excuses(lost, skipped)
 
 
-def _retired_excuses(w: World, name: str) -> dict[int, list[tuple[int, int]]]:
-    """Epoch number -> the lost (or skipped) spans of the pipeline's retired histories on the stream."""
-    out: dict[int, list[tuple[int, int]]] = {}
+def _retired_excuses(w: World, name: str) -> dict[int, tuple[int, list[tuple[int, int]]]]:
+    """Epoch number -> the end of the pipeline's retired history on the stream (the end of its live
+    ranges) and its lost (or skipped) spans."""
+    out: dict[int, tuple[int, list[tuple[int, int]]]] = {}
     for r in w.ledger.ranges(name):
         head, sep, epoch = r.source.broker.rpartition("#epoch")
-        if sep and head and epoch.isdigit() and r.source.stream == w.stream and r.status.value == "lost":
-            out.setdefault(int(epoch), []).append((r.start, r.end))
+        if not (sep and head and epoch.isdigit() and r.source.stream == w.stream):
+            continue
+        end, lost = out.get(int(epoch), (0, []))
+        if r.status.value in ("claimed", "committed", "lost"):
+            end = max(end, r.end)
+        if r.status.value == "lost":
+            lost.append((r.start, r.end))
+        out[int(epoch)] = (end, lost)
     return out
 
 
@@ -189,8 +196,11 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
                                       f"{last[:200]}", _audit_text(w.audit(k))))
         if final:  # an earlier incarnation's records: read, or lost/skipped in its retired history
             old = _retired_excuses(w, spec.name)
+            # owed: what the retired history claims to have covered (a record past its end was
+            # deleted with the stream before anyone read it: no pipeline can, nothing to record)
             gone_before = [i for n, seen in enumerate(w.retired) for o, i in sorted(seen.items())
-                           if i not in read.ids and not any(s <= o < e for s, e in old.get(n, []))]
+                           if i not in read.ids and o < old.get(n, (0, []))[0]
+                           and not any(s <= o < e for s, e in old.get(n, (0, []))[1])]
             if gone_before:
                 problems["missing-before-recreate"] = (
                     "records of the stream before it was re-created never in the outputs nor in a lost "
