@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
+from streamledger.errors import StreamledgerError
+
 ATOMIC_RENAME_SCHEMES = frozenset({"", "file", "hdfs", "viewfs"})
 """Schemes whose directory rename is atomic (a metadata operation): local file systems and HDFS."""
 
@@ -158,6 +160,79 @@ LOCAL = LocalFS()
 # -- pyarrow.fs (Spark Connect clients, spark-submit) ---------------------------------------------
 
 
+class LocationError(StreamledgerError):
+    """An output location no file system here can reach: an unknown scheme, a missing bucket,
+    missing credentials, an unreachable store."""
+
+
+def arrow_filesystem(uri: str, cache: dict[tuple[str, str], Any] | None = None) -> tuple[Any, str]:
+    """``(pyarrow.fs.FileSystem, path)`` for a location: the local file system for plain paths and
+    ``file://``; else from the URI (Hadoop connector schemes mapped to pyarrow's), one file system per
+    scheme and bucket in ``cache``. An unknown scheme is a :class:`LocationError`."""
+    import pyarrow.fs as pafs
+
+    kind = scheme(uri)
+    if kind in ("", "file"):
+        key: tuple[str, str] = ("file", "")
+        path = str(local_path(uri))
+    else:
+        parts = urlsplit(uri)
+        arrow = _ARROW_SCHEMES.get(kind, kind)
+        key = (arrow, parts.netloc)
+        if arrow in ("hdfs", "viewfs"):
+            path = unquote(parts.path)
+        else:  # object stores: bucket/key (abfs: container@account.../path -> container/path)
+            bucket = parts.netloc.split("@", 1)[0]
+            path = f"{bucket}{unquote(parts.path)}".rstrip("/")
+    fs = cache.get(key) if cache is not None else None
+    if fs is None:
+        if key[0] == "file":
+            fs = pafs.LocalFileSystem()
+        else:
+            try:
+                fs, _ = pafs.FileSystem.from_uri(f"{key[0]}://{parts.netloc}{parts.path}")
+            except (ValueError, OSError) as exc:  # ArrowInvalid is a ValueError
+                raise LocationError(f"output {redact(uri)}: no file system for it here "
+                                    f"({_first_line(exc)})") from None
+        if cache is not None:
+            cache[key] = fs
+    return fs, path
+
+
+def check_location(uri: str) -> None:
+    """Refuse, in one line naming the location, an output no task could write: an unknown scheme, a
+    bucket (container) that does not exist, credentials the store refuses, a store that does not
+    answer. Plain paths and ``file://`` pass (a directory is created on write). One metadata call."""
+    import pyarrow.fs as pafs
+
+    if scheme(uri) in ("", "file"):
+        return
+    fs, path = arrow_filesystem(uri)
+    if _ARROW_SCHEMES.get(scheme(uri), scheme(uri)) in ("hdfs", "viewfs"):
+        root, what = "/", "the file system"
+    else:
+        root, what = path.split("/", 1)[0], f"bucket {path.split('/', 1)[0]!r}"
+    try:
+        found = fs.get_file_info(root).type
+    except OSError as exc:
+        raise LocationError(f"output {redact(uri)}: {what} cannot be reached ({_first_line(exc)})") from None
+    if found == pafs.FileType.NotFound:
+        raise LocationError(f"output {redact(uri)}: {what} does not exist")
+
+
+def redact(uri: str) -> str:
+    """``uri`` without a user:password part (never in an error line)."""
+    parts = urlsplit(uri) if scheme(uri) else None
+    if parts is None or "@" not in parts.netloc or scheme(uri).startswith(("abfs", "wasb")):
+        return uri
+    return uri.replace(parts.netloc, "***@" + parts.netloc.rsplit("@", 1)[1], 1)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
 class ArrowFS:
     """``pyarrow.fs`` from the location's URI, for callers without a JVM (a Spark Connect client).
 
@@ -175,29 +250,7 @@ class ArrowFS:
         return scheme(uri) in ATOMIC_RENAME_SCHEMES if self._atomic is None else self._atomic
 
     def _path(self, uri: str) -> tuple[Any, str]:
-        import pyarrow.fs as pafs
-
-        kind = scheme(uri)
-        if kind in ("", "file"):
-            key: tuple[str, str] = ("file", "")
-            path = str(local_path(uri))
-        else:
-            parts = urlsplit(uri)
-            arrow = _ARROW_SCHEMES.get(kind, kind)
-            key = (arrow, parts.netloc)
-            if arrow in ("hdfs", "viewfs"):
-                path = unquote(parts.path)
-            else:  # object stores: bucket/key (abfs: container@account.../path -> container/path)
-                bucket = parts.netloc.split("@", 1)[0]
-                path = f"{bucket}{unquote(parts.path)}".rstrip("/")
-        fs = self._cache.get(key)
-        if fs is None:
-            if key[0] == "file":
-                fs = pafs.LocalFileSystem()
-            else:
-                fs, _ = pafs.FileSystem.from_uri(f"{key[0]}://{parts.netloc}{parts.path}")
-            self._cache[key] = fs
-        return fs, path
+        return arrow_filesystem(uri, self._cache)
 
     def _type(self, uri: str) -> Any:
         fs, path = self._path(uri)
