@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -165,10 +166,52 @@ class LocationError(StreamledgerError):
     missing credentials, an unreachable store."""
 
 
-def arrow_filesystem(uri: str, cache: dict[tuple[str, str], Any] | None = None) -> tuple[Any, str]:
+_S3_ENV = {"access_key": ("AWS_ACCESS_KEY_ID",), "secret_key": ("AWS_SECRET_ACCESS_KEY",),
+           "session_token": ("AWS_SESSION_TOKEN",), "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+           "endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")}
+
+
+@dataclass(frozen=True)
+class StoreAccess:
+    """How a process reaches an object store, resolved once where the job starts (from its
+    environment) and carried to the Spark tasks with their work: a task's Python worker does not see
+    the environment of the process that started the job (a JVM started earlier, a Connect server).
+    The secrets never show in a repr; the record travels pickled with the task, like the broker URL,
+    never on a command line or in a log. Empty fields: the task's own environment decides."""
+
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    region: str | None = None
+    endpoint: str | None = None
+
+    @classmethod
+    def from_environment(cls, uri: str, environ: Any = None) -> StoreAccess | None:
+        """The ``AWS_*`` settings for an ``s3``/``s3a`` location (None for other schemes, or when
+        none is set: then pyarrow's own chain, e.g. an instance role, applies in the task)."""
+        env = os.environ if environ is None else environ
+        if _ARROW_SCHEMES.get(scheme(uri), scheme(uri)) != "s3":
+            return None
+        found = {k: next((env[n] for n in names if env.get(n)), None) for k, names in _S3_ENV.items()}
+        return cls(**found) if any(found.values()) else None
+
+    def s3(self) -> Any:
+        import pyarrow.fs as pafs
+
+        kwargs: dict[str, Any] = {"access_key": self.access_key, "secret_key": self.secret_key,
+                                  "session_token": self.session_token, "region": self.region}
+        if self.endpoint:
+            parts = urlsplit(self.endpoint if "://" in self.endpoint else f"https://{self.endpoint}")
+            kwargs["scheme"], kwargs["endpoint_override"] = parts.scheme, parts.netloc
+        return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def arrow_filesystem(uri: str, cache: dict[tuple[str, str], Any] | None = None,
+                     access: StoreAccess | None = None) -> tuple[Any, str]:
     """``(pyarrow.fs.FileSystem, path)`` for a location: the local file system for plain paths and
     ``file://``; else from the URI (Hadoop connector schemes mapped to pyarrow's), one file system per
-    scheme and bucket in ``cache``. An unknown scheme is a :class:`LocationError`."""
+    scheme and bucket in ``cache``; an S3 location with ``access`` through exactly those settings.
+    An unknown scheme is a :class:`LocationError`."""
     import pyarrow.fs as pafs
 
     kind = scheme(uri)
@@ -188,6 +231,8 @@ def arrow_filesystem(uri: str, cache: dict[tuple[str, str], Any] | None = None) 
     if fs is None:
         if key[0] == "file":
             fs = pafs.LocalFileSystem()
+        elif key[0] == "s3" and access is not None:
+            fs = access.s3()
         else:
             try:
                 fs, _ = pafs.FileSystem.from_uri(f"{key[0]}://{parts.netloc}{parts.path}")
@@ -207,7 +252,7 @@ def check_location(uri: str) -> None:
 
     if scheme(uri) in ("", "file"):
         return
-    fs, path = arrow_filesystem(uri)
+    fs, path = arrow_filesystem(uri, access=StoreAccess.from_environment(uri))
     if _ARROW_SCHEMES.get(scheme(uri), scheme(uri)) in ("hdfs", "viewfs"):
         root, what = "/", "the file system"
     else:
@@ -250,7 +295,7 @@ class ArrowFS:
         return scheme(uri) in ATOMIC_RENAME_SCHEMES if self._atomic is None else self._atomic
 
     def _path(self, uri: str) -> tuple[Any, str]:
-        return arrow_filesystem(uri, self._cache)
+        return arrow_filesystem(uri, self._cache, StoreAccess.from_environment(uri))
 
     def _type(self, uri: str) -> Any:
         fs, path = self._path(uri)

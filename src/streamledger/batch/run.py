@@ -433,13 +433,19 @@ class BatchRun:
             raise BatchError(f"{where}: {exc}") from exc
         if not self.fs.is_dir(path):
             raise BatchError(f"{where}: the job wrote no directory at {path}")
+        found = outputs.data_file_names(path, self.fs)
+        if entry.files is not None and found != sorted(entry.files):
+            # A file no accepted task attempt wrote (a zombie attempt finishing late), or one gone.
+            extra, gone = sorted(set(found) - set(entry.files)), sorted(set(entry.files) - set(found))
+            raise BatchError(f"{where}: the data files at {path} differ from the job's manifest "
+                             f"(not listed: {extra or 'none'}; missing: {gone or 'none'})")
         r.records, r.first_offset, r.last_offset = records, first, last
         p.staging = path
         assert p.range is not None
         final = p.range.output or self._final(r.stream, r.start, r.end)
         outputs.write_manifest(path, manifest.for_range(
             r.stream, pipeline=self.config.pipeline, broker=self.identity, range_id=p.range.id,
-            output=final, files=outputs.data_file_names(path, self.fs)), self.fs)
+            output=final, files=found), self.fs)
 
     # -- commit + publish ------------------------------------------------------------------------
 

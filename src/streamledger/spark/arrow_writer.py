@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamledger.errors import StreamledgerError
-from streamledger.fs import arrow_filesystem
+from streamledger.fs import StoreAccess, arrow_filesystem
 
 FILE_SUMMARY_DDL = (
     "stream STRING, file STRING, records BIGINT, first_offset BIGINT, last_offset BIGINT, "
@@ -110,6 +110,16 @@ class _FileWriter:
         self.done: list[tuple[str, int, int, int, int]] = []  # (rel, records, first, last, bytes)
 
     def write(self, batch: pa.RecordBatch) -> None:
+        """Buffer ``batch`` (cut to row-group size when bigger), writing row groups as they fill."""
+        limit = self.options.row_group_bytes
+        if batch.nbytes <= limit or batch.num_rows < 2:
+            self._add(batch)
+            return
+        rows = max(1, batch.num_rows * limit // batch.nbytes)
+        for at in range(0, batch.num_rows, rows):
+            self._add(batch.slice(at, rows))
+
+    def _add(self, batch: pa.RecordBatch) -> None:
         bounds = pc.min_max(batch.column("offset"))
         lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
         self.first = lo if self.records == 0 else min(self.first, lo)
@@ -202,16 +212,16 @@ class _Tasks:
     options only, its URL among them, as the data source's own pickled reader does)."""
 
     def __init__(self, tasks: Sequence[Any], reader: Any, out_dir: str, dirs: Mapping[str, str],
-                 options: WriterOptions) -> None:
+                 options: WriterOptions, access: StoreAccess | None) -> None:
         self.tasks, self.reader, self.out_dir = list(tasks), reader, out_dir
-        self.dirs, self.options = dict(dirs), options
+        self.dirs, self.options, self.access = dict(dirs), options, access
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         attempt = int(context.taskAttemptId()) if context is not None else 0
-        fs, root = arrow_filesystem(self.out_dir)
+        fs, root = arrow_filesystem(self.out_dir, access=self.access)
         for batch in batches:
             for task in batch.column(0).to_pylist():
                 written = write_task(self.tasks[task], self.reader, fs=fs, root=root, dirs=self.dirs,
@@ -227,5 +237,6 @@ def write_files(spark: Any, *, tasks: Sequence[Any], reader: Any, out_dir: str, 
     if not tasks:
         return []
     n = len(tasks)
-    df = spark.range(0, n, 1, n).mapInArrow(_Tasks(tasks, reader, out_dir, dirs, options), FILE_SUMMARY_DDL)
+    work = _Tasks(tasks, reader, out_dir, dirs, options, StoreAccess.from_environment(out_dir))
+    df = spark.range(0, n, 1, n).mapInArrow(work, FILE_SUMMARY_DDL)
     return [FileSummary.from_row(row) for row in df.collect()]

@@ -259,16 +259,21 @@ def _write_arrow(spark: Any, *, kind: Any, url: str, planned: Sequence[PlannedRa
                            f.last_offset if last is None else max(last, f.last_offset))
         prefix = rel[f.stream]
         files[f.stream].append(f.file[len(prefix) + 1:] if prefix else f.file)
-    counted = {f.file for f in summaries}
-    for name in out_fs.files(out_dir):  # a failed attempt's files: named by no accepted summary
-        if name not in counted:
-            out_fs.delete(fs.join(out_dir, name))
+    keep_only(out_fs, out_dir, {f.file for f in summaries})
     for stream, path in paths.items():
         if not files[stream] and path != out_dir:
             out_fs.mkdirs(path)  # a stream without records still gets its (empty) directory
     if not summaries and len(order) == 1:
         out_fs.mkdirs(out_dir)
     return stats, paths, {s: sorted(v) for s, v in files.items()}
+
+
+def keep_only(out_fs: fs.OutputFS, out_dir: str, counted: set[str]) -> None:
+    """Delete every file under ``out_dir`` that no accepted attempt's summary names (a failed or
+    killed attempt's file: its name is its own, so it never replaced one that counts)."""
+    for name in out_fs.files(out_dir):
+        if name not in counted:
+            out_fs.delete(fs.join(out_dir, name))
 
 
 def _write_spark(spark: Any, *, kind: Any, url: str, read_ranges: Mapping[str, list[int]], decode: str,
