@@ -315,6 +315,8 @@ class BatchRun:
         refused), then claim all of them in one ledger transaction (the ledger's one claim rule
         per partition)."""
         cfg = self.config
+        if cfg.fmt == "parquet":  # the job's tasks write it through pyarrow.fs (the Arrow writer)
+            filesystems.check_location(cfg.output_root)  # an unknown scheme, no bucket: refused here
         self.sink.check()  # a table that cannot take the job's files: refused before any claim
         self.adopt_legacy_identity()
         seen = self.survey(self.streams())
