@@ -62,6 +62,21 @@ def read_back(bucket: Bucket, ledger: Ledger, pipeline: str) -> dict[str, list[b
     return {s: sorted(v) for s, v in out.items()}
 
 
+def listing_reader(bucket: Bucket, prefix: str) -> int:
+    """A reader that knows only the layout, not the ledger: it lists ``prefix`` and reads every range
+    prefix whose ``_manifest.json`` is there, the files it lists. Returns the rows it sees."""
+    store = bucket.filesystem()
+    rows = 0
+    for key in bucket.keys(prefix):
+        if key.endswith("/_manifest.json") and "/_staging/" not in f"/{key}":
+            with store.open_input_stream(f"{bucket.name}/{key}") as f:  # type: ignore[attr-defined]
+                manifest = json.loads(f.read())
+            where = key.rsplit("/", 1)[0]
+            rows += pq.read_table([f"{bucket.name}/{where}/{n}" for n in manifest["files"]],
+                                  filesystem=store).num_rows
+    return rows
+
+
 def crash_after(step: str) -> Any:
     def hook(name: str, batch: Any) -> None:
         if name == step:
@@ -133,6 +148,7 @@ def test_crash_rows_on_s3(
         assert r.status == RangeStatus.COMMITTED and r.output is not None and len(copies) == 1
         prefix = r.output[len(s3_bucket.uri()) + 1:]
         assert s3_bucket.keys(prefix) == [copies[0][len(s3_bucket.uri()) + 1:]], "a manifest before its files"
+        assert listing_reader(s3_bucket, "out") == 0, "a reader listing mid-publish saw a partial range"
     else:
         with pytest.raises(Killed):
             run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner,
@@ -148,6 +164,7 @@ def test_crash_rows_on_s3(
     assert runner.calls == (2 if step == "read" else 1), "the retry read the stream again"
     assert read_back(s3_bucket, ledger, "p-crash") == {s: sorted(body(s, i) for i in range(90))}
     assert client.query_offset(s, "p-crash") == 89
+    assert listing_reader(s3_bucket, "out") == 90
     report = audit(ledger, "p-crash", broker=client, deep=True)
     assert report.clean, report.to_text()
     out, err = capfd.readouterr()
