@@ -18,7 +18,7 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_EVENT_PIPELINE`` | ``<pipeline>-on-arrival`` | pipeline of the event-driven DAG |
 | ``STREAMLEDGER_MIN_BACKLOG`` | ``1`` | new offsets that start an event-driven run |
 | ``STREAMLEDGER_POLL_INTERVAL`` | ``30`` | seconds between the event trigger's checks |
-| ``STREAMLEDGER_MAX_RECORDS`` | ``1000000`` | cap per partition and batch (event-driven, mapped) |
+| ``STREAMLEDGER_MAX_OFFSETS`` | ``1000000`` | offsets per partition and batch (was ``..._MAX_RECORDS``) |
 | ``STREAMLEDGER_MAX_ACTIVE_RUNS`` | ``4`` | ``max_active_runs`` of the backfill DAG |
 | ``STREAMLEDGER_BOUND_BY_INTERVAL`` | ``1`` | pinned ranges in the backfill DAG (``0``: claim order) |
 | ``STREAMLEDGER_INTERVAL_GRACE`` | 60 | idle stream: seconds past an interval end until the tail is its end |
@@ -60,7 +60,8 @@ LEDGER_URL = os.environ.get("STREAMLEDGER_DAG_LEDGER_URL") or None
 EVENT_PIPELINE = os.environ.get("STREAMLEDGER_EVENT_PIPELINE") or f"{PIPELINE}-on-arrival"
 MIN_BACKLOG = int(os.environ.get("STREAMLEDGER_MIN_BACKLOG", "1"))
 POLL_INTERVAL = float(os.environ.get("STREAMLEDGER_POLL_INTERVAL", "30"))
-MAX_RECORDS = int(os.environ.get("STREAMLEDGER_MAX_RECORDS", "1000000"))
+MAX_OFFSETS = int(os.environ.get("STREAMLEDGER_MAX_OFFSETS") or os.environ.get("STREAMLEDGER_MAX_RECORDS")
+                  or "1000000")
 MAX_ACTIVE_RUNS = int(os.environ.get("STREAMLEDGER_MAX_ACTIVE_RUNS", "4"))
 RETRIES = int(os.environ.get("STREAMLEDGER_RETRIES", "1"))
 SINK = os.environ.get("STREAMLEDGER_SINK") or "directory"

@@ -5,7 +5,7 @@ common-messaging provider, which streamledger serves with its ``StreamDataEventT
 trigger runs in the triggerer and fires once per arrival of unannounced data (at least
 ``STREAMLEDGER_MIN_BACKLOG`` new offsets), keeping what it announced on the broker under the
 reference ``<pipeline>.announced``; every event makes one DAG run, whose single task reads one
-bounded batch up to the committed tail (capped by ``STREAMLEDGER_MAX_RECORDS`` offsets per
+bounded batch up to the committed tail (capped by ``STREAMLEDGER_MAX_OFFSETS`` offsets per
 partition) exactly once. Data that arrives while a run is busy is announced after it and picked up
 by the next run; the pipeline's own StoreOffset never counts as new data.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from _streamledger_settings import (
     EVENT_PIPELINE,
-    MAX_RECORDS,
+    MAX_OFFSETS,
     MIN_BACKLOG,
     OUTPUT_ROOT,
     POLL_INTERVAL,
@@ -63,7 +63,7 @@ with DAG(
         task_id="read_new_data",
         pipeline=EVENT_PIPELINE,
         super_stream=SUPER_STREAM,
-        max_records=MAX_RECORDS,
+        max_offsets=MAX_OFFSETS,
         spark_conn_id=SPARK_CONN_ID,
         spark_connect_conn_id=SPARK_CONNECT_CONN_ID,
         # each task is a fresh process under a real executor: trade peak JIT speed for JVM start-up

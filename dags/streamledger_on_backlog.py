@@ -3,7 +3,7 @@
 ``schedule="@continuous"`` starts the next run as soon as one ends (``max_active_runs=1``). Each run
 first waits in the triggerer (no worker slot held) until the pipeline has at least
 ``STREAMLEDGER_MIN_BACKLOG`` unprocessed offsets, then reads one batch up to the committed tail
-(capped by ``STREAMLEDGER_MAX_RECORDS`` offsets per partition). Prefer ``streamledger_event_driven``
+(capped by ``STREAMLEDGER_MAX_OFFSETS`` offsets per partition). Prefer ``streamledger_event_driven``
 (no run exists until data arrives); this form fits when each run should gather a minimum amount.
 Needs a running ``airflow triggerer``.
 """
@@ -11,7 +11,7 @@ Needs a running ``airflow triggerer``.
 from __future__ import annotations
 
 from _streamledger_settings import (
-    MAX_RECORDS,
+    MAX_OFFSETS,
     MIN_BACKLOG,
     OUTPUT_ROOT,
     PIPELINE,
@@ -47,7 +47,7 @@ with DAG(
         task_id="read_backlog",
         pipeline=f"{PIPELINE}-live",
         super_stream=SUPER_STREAM,
-        max_records=MAX_RECORDS,
+        max_offsets=MAX_OFFSETS,
         spark_conn_id=SPARK_CONN_ID,
         spark_connect_conn_id=SPARK_CONNECT_CONN_ID,
         output_root=OUTPUT_ROOT,

@@ -14,7 +14,7 @@ a super stream, so do not also read it with ``StreamBatchOperator(super_stream=.
 from __future__ import annotations
 
 from _streamledger_settings import (
-    MAX_RECORDS,
+    MAX_OFFSETS,
     OUTPUT_ROOT,
     PIPELINE,
     SPARK_CONN_ID,
@@ -46,7 +46,7 @@ with DAG(
     StreamBatchOperator.partial(
         task_id="read_partition",
         pipeline=f"{PIPELINE}-per-partition",
-        max_records=MAX_RECORDS,
+        max_offsets=MAX_OFFSETS,
         spark_conn_id=SPARK_CONN_ID,
         spark_connect_conn_id=SPARK_CONNECT_CONN_ID,
         output_root=OUTPUT_ROOT,

@@ -80,13 +80,13 @@ class BacklogAbove(AutomationCondition[AssetKey]):
     def measure(self) -> tuple[int, float]:
         """(user records waiting, counted up to ``min_backlog``; lag in seconds, 0 unless asked)."""
         from streamledger.dagster.sensors import backlog_of
-        from streamledger.protocol.rabbitmq import StreamClient
+        from streamledger.sources import connect_log
 
         url = os.environ.get(self.broker_url_env, "")
         if not url:
             raise StreamledgerError(f"pipeline {self.pipeline!r}: ${self.broker_url_env} is not set")
         source = PipelineSource(self.pipeline, url, stream=self.stream, super_stream=self.super_stream)
-        with StreamClient.connect(url) as client:
+        with connect_log(url) as client:  # any source the URL names, as the sensor
             waiting = backlog_of(client, self.ledger(), source, need=self.min_backlog or 0)
             lag = 0.0
             if self.max_lag_seconds is not None:

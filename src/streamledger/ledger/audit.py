@@ -23,6 +23,17 @@ from sqlalchemy import DateTime, String, bindparam, text
 from sqlalchemy.orm import Session
 
 from streamledger.errors import StreamledgerError
+from streamledger.ledger.statements import (
+    AUDIT_BEHIND,
+    AUDIT_FAILED,
+    AUDIT_GAPS_OVERLAPS,
+    AUDIT_PINNED_SINCE,
+    AUDIT_PIPELINE_SCOPE,
+    AUDIT_ROW_CHECKS_AND_COUNTS,
+    AUDIT_ROW_DETAILS,
+    AUDIT_SOURCES,
+    AUDIT_UNPUBLISHED,
+)
 from streamledger.ledger.types import Watermark, is_retired
 
 BrokerOffsetLookup = Callable[[str, str], int | None]
@@ -176,108 +187,6 @@ class AuditReport:
         return "\n".join(lines)
 
 
-# Restricting to one pipeline is a semi-join on its sources; without it, no join at all.
-_PIPELINE_SCOPE = """r.source_id IN (SELECT s.id FROM streamledger_source s
-  JOIN streamledger_pipeline p ON p.id = s.pipeline_id WHERE p.name = :pipeline)"""
-
-# Each live non-empty range against the greatest end of the live ranges before it (a running MAX
-# rather than a plain LAG, so a range hidden inside an earlier, longer one still counts as an
-# overlap). The rows come in the order of the partial unique index on (source_id, start_offset),
-# which on PostgreSQL also carries end_offset and id: an index-only scan feeding the window, no
-# sort. Empty ranges cannot open a gap or overlap anything. A gap that failed ranges fill is
-# reported as "failed, never retried" instead.
-_GAPS_OVERLAPS = """
-WITH live AS (
-  SELECT r.id, r.source_id, r.start_offset, r.end_offset,
-         MAX(r.end_offset) OVER (
-           PARTITION BY r.source_id ORDER BY r.start_offset
-           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-  FROM streamledger_range r
-  WHERE {scope} AND r.status <> 'failed' AND r.end_offset > r.start_offset
-)
-SELECT l.id, l.source_id, l.start_offset, l.end_offset, l.prev_end
-FROM live l
-WHERE l.prev_end IS NOT NULL AND l.start_offset <> l.prev_end
-  AND NOT (l.start_offset > l.prev_end AND EXISTS (
-      SELECT 1 FROM streamledger_range f
-      WHERE f.source_id = l.source_id AND f.status = 'failed'
-        AND f.start_offset < l.start_offset AND f.end_offset > l.prev_end))
-ORDER BY l.source_id, l.start_offset
-LIMIT :cap
-"""
-
-# One scan for the per-row checks and the status counts: rows that break a rule keep their id,
-# all others collapse into one group per status.
-_ROW_CHECKS_AND_COUNTS = """
-SELECT x.status, x.bad, COUNT(*) FROM (
-  SELECT r.status,
-         CASE WHEN (r.status = 'claimed' AND COALESCE(r.heartbeat_at, r.claimed_at) < :cutoff)
-                OR (r.status = 'committed' AND (
-                      r.records IS NULL
-                   OR (r.records = 0 AND (r.first_seen IS NOT NULL OR r.last_seen IS NOT NULL))
-                   OR (r.records > 0 AND (
-                         r.first_seen IS NULL OR r.last_seen IS NULL OR r.first_seen > r.last_seen
-                      OR r.first_seen < r.start_offset OR r.last_seen >= r.end_offset
-                      OR r.records > r.last_seen - r.first_seen + 1))))
-              THEN r.id END AS bad
-  FROM streamledger_range r
-  WHERE {scope}
-) x
-GROUP BY x.status, x.bad
-"""
-
-_ROW_DETAILS = """
-SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.status,
-       COALESCE(r.heartbeat_at, r.claimed_at), r.records, r.first_seen, r.last_seen,
-       r.dag_id, r.run_id, r.task_id, r.map_index
-FROM streamledger_range r
-WHERE r.id IN :ids
-ORDER BY r.source_id, r.start_offset
-"""
-
-# A failed range is retried once a live range overlaps it (a re-claim of the same span, or a lost
-# span recorded over it). The live range with the greatest start below its end decides.
-_FAILED = """
-SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.error, r.claimed_at
-FROM streamledger_range r
-WHERE {scope} AND r.status = 'failed' AND r.end_offset > r.start_offset
-  AND COALESCE((SELECT l.end_offset FROM streamledger_range l
-                WHERE l.source_id = r.source_id AND l.status <> 'failed' AND l.start_offset < r.end_offset
-                ORDER BY l.start_offset DESC, l.end_offset DESC LIMIT 1), -1) <= r.start_offset
-ORDER BY r.source_id, r.start_offset
-LIMIT :cap
-"""
-
-# Committed ranges with records whose output is not published: in flight while their publish lease
-# is renewed, stranded once it is not (the next run of the pipeline finishes them).
-_UNPUBLISHED = """
-SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.publisher, r.publish_beat, r.committed_at
-FROM streamledger_range r
-WHERE {scope} AND r.status = 'committed' AND r.records > 0 AND r.published_at IS NULL
-ORDER BY r.source_id, r.start_offset
-LIMIT :cap
-"""
-
-# Pinned ranges (bound_by_interval) among ``ids`` claimed after ``cutoff``.
-_PINNED_SINCE = """
-SELECT r.id FROM streamledger_range r WHERE r.id IN :ids AND r.pinned AND r.claimed_at >= :cutoff
-"""
-
-_SOURCES = """
-SELECT s.id, p.name, s.stream, s.broker
-FROM streamledger_source s JOIN streamledger_pipeline p ON p.id = s.pipeline_id
-WHERE (:pipeline IS NULL OR p.name = :pipeline)
-ORDER BY p.name, s.stream, s.broker
-"""
-
-# Committed ranges that wait behind an open claim (the watermark stops at the claim).
-_BEHIND = """
-SELECT COUNT(*), MIN(r.start_offset), MAX(r.end_offset) FROM streamledger_range r
-WHERE r.source_id = :source_id AND r.status = 'committed' AND r.start_offset >= :mark
-  AND r.end_offset > r.start_offset
-"""
-
-
 def _drift(stored: int | None, mark: Watermark) -> str | None:
     """Why the broker's stored offset disagrees with the watermark, or None when it agrees.
 
@@ -358,7 +267,7 @@ def run_audit(
     sources: dict[int, tuple[str, str, str]] = {
         int(sid): (str(name), str(stream), str(url))
         for sid, name, stream, url in session.execute(
-            text(_SOURCES).bindparams(pipeline_param), {"pipeline": pipeline}
+            text(AUDIT_SOURCES).bindparams(pipeline_param), {"pipeline": pipeline}
         )
     }
 
@@ -375,7 +284,7 @@ def run_audit(
         name, stream, url = where(source_id)
         findings.append(Violation(kind, name, stream, url, start, end, rid, why))
 
-    scope = "TRUE" if pipeline is None else _PIPELINE_SCOPE
+    scope = "TRUE" if pipeline is None else AUDIT_PIPELINE_SCOPE
 
     def query(template: str, **types: Any) -> Any:
         clause = text(template.format(scope=scope))
@@ -388,14 +297,14 @@ def run_audit(
         # The window and the grouping below stay in memory instead of spilling to disk.
         session.execute(text("SET LOCAL work_mem = '64MB'"))
 
-    rows: Sequence[Any] = session.execute(query(_GAPS_OVERLAPS), params).all()
+    rows: Sequence[Any] = session.execute(query(AUDIT_GAPS_OVERLAPS), params).all()
     truncated |= len(rows) >= MAX_FINDINGS_PER_CHECK
     # A gap before a pinned range (bound_by_interval) is an earlier interval whose run has not come
     # yet while runs go in parallel: work in flight until the pinned range is older than stale_after.
     gap_next = [int(r[0]) for r in rows if r[2] > r[4]]
     young_pinned: set[int] = set()
     if gap_next:
-        pinned_q = text(_PINNED_SINCE).bindparams(bindparam("ids", expanding=True),
+        pinned_q = text(AUDIT_PINNED_SINCE).bindparams(bindparam("ids", expanding=True),
                                                   bindparam("cutoff", type_=DateTime()))
         young_pinned = {int(i) for (i,) in session.execute(
             pinned_q, {"ids": gap_next, "cutoff": now - stale_after})}
@@ -422,13 +331,13 @@ def run_audit(
     by_status: dict[str, int] = {}
     bad_ids: list[int] = []
     for status, bad, count in session.execute(
-        query(_ROW_CHECKS_AND_COUNTS, cutoff=DateTime()), {**params, "cutoff": cutoff}
+        query(AUDIT_ROW_CHECKS_AND_COUNTS, cutoff=DateTime()), {**params, "cutoff": cutoff}
     ):
         by_status[str(status)] = by_status.get(str(status), 0) + int(count)
         if bad is not None:
             bad_ids.append(int(bad))
     truncated |= len(bad_ids) > MAX_FINDINGS_PER_CHECK
-    details = text(_ROW_DETAILS).bindparams(bindparam("ids", expanding=True))
+    details = text(AUDIT_ROW_DETAILS).bindparams(bindparam("ids", expanding=True))
     rows = (
         session.execute(details, {"ids": sorted(bad_ids)[:MAX_FINDINGS_PER_CHECK]}).all() if bad_ids else []
     )
@@ -455,7 +364,7 @@ def run_audit(
                 f"records={records} disagrees with first_seen={first} last_seen={last} in [{start}, {end})",
             )
 
-    rows = session.execute(query(_FAILED), params).all()
+    rows = session.execute(query(AUDIT_FAILED), params).all()
     truncated |= len(rows) >= MAX_FINDINGS_PER_CHECK
     for rid, sid, start, end, error, _claimed in rows:
         add(
@@ -467,7 +376,7 @@ def run_audit(
             f"failed ({error or 'no reason given'}) and no later range redid it",
         )
 
-    rows = session.execute(query(_UNPUBLISHED), params).all()
+    rows = session.execute(query(AUDIT_UNPUBLISHED), params).all()
     truncated |= len(rows) >= MAX_FINDINGS_PER_CHECK
     for rid, sid, start, end, publisher, beat, committed in rows:
         last = _as_utc(beat) or _as_utc(committed)
@@ -486,7 +395,7 @@ def run_audit(
         claim = mark.blocked_by
         if claim is None or mark.end is None:
             continue
-        count, low, high = session.execute(text(_BEHIND), {"source_id": sid, "mark": mark.end}).one()
+        count, low, high = session.execute(text(AUDIT_BEHIND), {"source_id": sid, "mark": mark.end}).one()
         if not count:
             continue
         beat = claim.heartbeat_at or claim.claimed_at

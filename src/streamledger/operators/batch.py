@@ -48,9 +48,8 @@ from streamledger.spark.runners import (
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-# The runners' former home: their names stay importable from here.
 __all__ = [
-    "CancellableLocalSparkRunner", "SparkConnectRunner", "SparkSubmitRunner", "StreamBatchOperator",
+    "SparkConnectRunner", "SparkSubmitRunner", "StreamBatchOperator",
     "connect_runner", "default_output_root", "local_runner", "run_identity",
 ]
 
@@ -59,10 +58,6 @@ _LOCAL_RUNNERS: dict[tuple[str, str], LocalSparkRunner] = {}
 
 def default_output_root() -> str:
     return os.path.join(state_dir(), "output")
-
-
-# The cancellable in-process runner is the library's own (job tags); the old name stays importable.
-CancellableLocalSparkRunner = LocalSparkRunner
 
 
 class SparkSubmitRunner(SubmitRunner):

@@ -19,7 +19,7 @@ from sqlalchemy import text
 
 import streamledger.batch.run as batch_run
 import streamledger.dagster.sensors as sensors
-import streamledger.ledger.store as store
+import streamledger.ledger.session as ledger_session
 from streamledger.batch import BatchConfig, RunId
 from streamledger.batch.run import BatchRun
 from streamledger.ledger import Ledger, RangeStatus
@@ -45,7 +45,7 @@ def host_clock(skew: timedelta, *modules: ModuleType) -> Iterator[None]:
             return real.now(tz) + skew  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as mp:
-        for module in (store, batch_run, *modules):
+        for module in (ledger_session, batch_run, *modules):
             mp.setattr(module, "datetime", Skewed)
         yield
 

@@ -238,3 +238,23 @@ def test_event_trigger_ack_mode_over_a_mewbase_channel(
         await runner.stop()
 
     asyncio.run(scenario())
+
+
+def test_dagster_backlog_condition_measures_a_mewbase_channel(
+    emulator: MewbaseServerEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31's second bug: ``BacklogAbove`` connected with the RabbitMQ client whatever the URL,
+    so a condition over a mewbase channel could never evaluate. It must use the source-neutral client."""
+    from streamledger.dagster.automation import BacklogAbove
+
+    positions = seed(emulator, "orders", range(4))
+    monkeypatch.setenv("SL_TEST_MB_URL", emulator.url())
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    condition = BacklogAbove(pipeline="mb-auto", stream="orders", min_backlog=1,
+                             broker_url_env="SL_TEST_MB_URL", ledger_url=ledger_url)
+    records, lag = condition.measure()
+    assert records >= 1  # counted at least up to min_backlog
+    assert lag == 0.0
+    everything = BacklogAbove(pipeline="mb-auto", stream="orders", min_backlog=10_000,
+                              broker_url_env="SL_TEST_MB_URL", ledger_url=ledger_url)
+    assert everything.measure()[0] == len(positions)  # all four events wait

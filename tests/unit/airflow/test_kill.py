@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from streamledger.operators.batch import (
-    CancellableLocalSparkRunner,
     SparkSubmitRunner,
     StreamBatchOperator,
     local_runner,
 )
 from streamledger.protocol.rabbitmq import StreamClient
+from streamledger.spark.runners import LocalSparkRunner
 
 pytestmark = [pytest.mark.spark]
 
@@ -48,7 +48,7 @@ def _slow_write(spark: Any) -> None:
 
 def test_on_kill_interrupts_the_local_spark_job(spark: Any) -> None:
     runner = local_runner("local[2]", None)
-    assert isinstance(runner, CancellableLocalSparkRunner)
+    assert isinstance(runner, LocalSparkRunner)
     assert runner.session() is spark
     op = StreamBatchOperator(task_id="read", pipeline="h14-kill", stream="s")
     outcome: dict[str, Any] = {}

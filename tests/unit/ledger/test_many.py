@@ -122,4 +122,5 @@ def test_positions_and_watermarks_of_many_sources_cost_a_few_statements(ledger: 
     assert marks_alone[0].last_record == 1 and together[0].stored == 1
     assert marks_alone[1].blocked_by is not None and marks_alone[3].unpublished is not None
     assert [len(p.holes) for p in together[:3]] == [0, 0, 1] and together[45].end is None
-    assert ledger.unpublished_many(PIPE, many) == [r for s in many for r in ledger.unpublished(PIPE, s)]
+    assert ledger.unpublished_many(PIPE, many) == [
+        r for s in many for r in ledger.unpublished_many(PIPE, [s])]

@@ -1,0 +1,402 @@
+"""Claims: the one claim rule, written for SQLite and for PostgreSQL side by side, and the claims'
+heartbeats, listing and abandonment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from streamledger.ledger.errors import LedgerError
+from streamledger.ledger.models import Range, Source
+from streamledger.ledger.rows import check_offset, check_pipeline, chunks, snapshot, utc
+from streamledger.ledger.sources import Sources
+from streamledger.ledger.statements import INSERT_RANGE, LIVE, PG_CLAIM, first_hole_of, tail_of
+from streamledger.ledger.types import ClaimRequest, OffsetRange, RangeStatus, RunIdentity, SourceRef
+
+_Pinned = tuple[tuple[int, int], tuple[datetime | None, datetime | None]]
+"""A pinned claim's span and its interval (naive UTC, as stored; None when not given)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One source's checked claim inside :meth:`Ledger._claim_sqlite`."""
+
+    what: str
+    source: SourceRef
+    end_limit: int
+    initial_start: int | None
+    pinned: _Pinned | None
+
+
+_ORIGIN = RunIdentity("streamledger", "origin", "ledger")
+"""Who holds the empty range that marks where a pinned history begins (``Ledger.claim``)."""
+
+
+def _check_span(span: object, interval: object, stream: str) -> _Pinned | None:
+    """A pinned claim's span and interval, checked before anything is claimed."""
+    if span is None:
+        if interval is not None:
+            raise LedgerError(f"an interval for stream {stream!r} needs the span it pins (span=(start, end))")
+        return None
+    if not isinstance(span, tuple) or len(span) != 2:
+        raise LedgerError(f"span for stream {stream!r} must be (start, end), got {span!r}")
+    start = check_offset("span start", span[0], stream)
+    end = check_offset("span end", span[1], stream)
+    if end < start:
+        raise LedgerError(f"span [{start}, {end}) of stream {stream!r} is reversed")
+    if interval is None:
+        return (start, end), (None, None)
+    if (not isinstance(interval, tuple) or len(interval) != 2
+            or not all(isinstance(t, datetime) for t in interval) or interval[1] < interval[0]):
+        raise LedgerError(
+            f"interval for stream {stream!r} must be (start, end) datetimes in order, got {interval!r}")
+    begin, until = (utc(t).replace(tzinfo=None) for t in interval)
+    return (start, end), (begin, until)
+
+
+def _pinned_answer(what: str, got: OffsetRange, run: RunIdentity, pinned: _Pinned | None) -> OffsetRange:
+    """A pinned span another run holds claimed is not processed twice: refused until it is done or
+    its holder is gone (abandoned, or failed by the batch's ``holder_alive`` check)."""
+    key = (run.dag_id, run.run_id, run.task_id, run.map_index)
+    held = got.run
+    if pinned is not None and got.status == RangeStatus.CLAIMED and (
+            held.dag_id, held.run_id, held.task_id, held.map_index) != key:
+        beat = got.heartbeat_at or got.claimed_at
+        raise LedgerError(
+            f"{what}: [{got.start}, {got.end}) is claimed by {got.run} (heard from at {beat.isoformat()}); "
+            "a pinned span is processed by one run at a time"
+        )
+    return got
+
+
+class Claims(Sources):
+    """Claiming ranges (both dialects), heartbeats and open claims."""
+
+    def claim(
+        self,
+        pipeline: str,
+        source: SourceRef,
+        end_limit: int,
+        run: RunIdentity,
+        *,
+        initial_start: int | None = None,
+        max_span: int | None = None,
+        abandon_after: timedelta | None = None,
+        span: tuple[int, int] | None = None,
+        interval: tuple[datetime, datetime] | None = None,
+    ) -> OffsetRange:
+        """The range ``run`` processes next for ``pipeline`` and ``source``: the one claim rule.
+
+        In one transaction, under the source's lock:
+
+        1. the range ``run``'s key already holds (claimed or committed), whatever ``end_limit``
+           says; a claimed one gets its ``try_number`` and heartbeat refreshed;
+        2. else, after failing every other claim not heard from for ``abandon_after`` (its holder
+           is gone), the oldest failed hole, redone with exactly its span;
+        3. else ``[tail, min(max(tail, end_limit), tail + max_span))``; ``initial_start`` is the
+           tail of a source without ranges (required then, ignored afterwards).
+
+        A *pinned* claim (``span=(start, end)``, a data interval's offsets; ``interval`` is recorded
+        with it) replaces 2 and 3: the live range with exactly this span if one exists (committed or
+        lost by any run: an idempotent rerun; claimed by another run: refused, it is processed once),
+        else exactly ``span``, wherever no live range covers it (overlaps are refused by the
+        database). Holes are never taken (a failed interval waits for its own retry) and
+        ``end_limit``/``max_span`` do not apply. On a source's first claim an ``initial_start``
+        before the span is recorded as the history's origin (an empty committed range), so offsets
+        from there to the first pinned range are a gap the watermark stops at, whichever interval
+        runs first.
+
+        An empty result is stored already committed with 0 records. Callers never re-derive this
+        rule: they ask here and process what they get.
+        """
+        check_pipeline(pipeline)
+        what, pinned = self._claim_checked(pipeline, source, end_limit, run, initial_start, max_span,
+                                           abandon_after, span, interval)
+        if self.dialect == "postgresql":
+            got = self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
+                                 abandon_after, pinned)
+            return _pinned_answer(what, got, run, pinned)
+        with self._tx(what) as session:
+            ask = _Ask(what, source, end_limit, initial_start, pinned)
+            return self._claim_sqlite(session, pipeline, [ask], run, max_span, abandon_after)[0]
+
+    @staticmethod
+    def _claim_checked(pipeline: str, source: SourceRef, end_limit: int, run: RunIdentity,
+                       initial_start: int | None, max_span: int | None, abandon_after: timedelta | None,
+                       span: tuple[int, int] | None, interval: tuple[datetime, datetime] | None,
+                       ) -> tuple[str, _Pinned | None]:
+        """A claim's arguments checked (before anything is written): its label and pinned span."""
+        check_offset("end_limit", end_limit, source.stream)
+        if initial_start is not None:
+            check_offset("initial_start", initial_start, source.stream)
+        if max_span is not None and (not isinstance(max_span, int) or max_span < 1):
+            raise LedgerError(
+                f"max_span for stream {source.stream!r} must be a positive integer, got {max_span!r}"
+            )
+        if abandon_after is not None and abandon_after < timedelta(0):
+            raise LedgerError(f"abandon_after must not be negative, got {abandon_after}")
+        pinned = _check_span(span, interval, source.stream)
+        return f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}", pinned
+
+    def _claim_sqlite(self, session: Session, pipeline: str, asks: Sequence[_Ask], run: RunIdentity,
+                      max_span: int | None, abandon_after: timedelta | None) -> list[OffsetRange]:
+        """The claim rule (see :meth:`claim`) on SQLite for one or many sources, in the caller's
+        transaction (``BEGIN IMMEDIATE`` holds the database's write lock): what it reads is read
+        for all sources at once (one statement per kind), then each source is decided by the same
+        code and its range inserted."""
+        found = self._find_sources(session, pipeline, [a.source for a in asks])
+        srcs = [src if src is not None else self._lock_source(session, pipeline, a.source)
+                for a, src in zip(asks, found, strict=True)]
+        ids = [s.id for s in srcs]
+        now = self._clock(session)
+        held: dict[int, Range] = {}
+        for chunk in chunks(ids):
+            for row in session.scalars(select(Range).where(
+                    Range.source_id.in_(chunk), Range.dag_id == run.dag_id, Range.run_id == run.run_id,
+                    Range.task_id == run.task_id, Range.map_index == run.map_index,
+                    Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
+            ).order_by(Range.id)):
+                held.setdefault(row.source_id, row)
+        fresh = [i for i in ids if i not in held]
+        if abandon_after is not None and fresh:
+            self._abandon(session, fresh, now - abandon_after, now)
+        free = [s.id for s, a in zip(srcs, asks, strict=True) if s.id not in held and a.pinned is None]
+        facts: dict[int, Any] = {}
+        for chunk in chunks(free):
+            facts.update((int(r.sid), r) for r in session.execute(select(
+                Source.id.label("sid"),
+                first_hole_of(Source.id).with_only_columns(Range.id).scalar_subquery().label("hole"),
+                tail_of(Source.id).scalar_subquery().label("tail"),
+            ).where(Source.id.in_(chunk))))
+        holes = {int(r.id): r for chunk in chunks([f.hole for f in facts.values() if f.hole is not None])
+                 for r in session.scalars(select(Range).where(Range.id.in_(chunk)))}
+        out: list[OffsetRange] = []
+        for ask, src in zip(asks, srcs, strict=True):
+            what, source, pinned = ask.what, ask.source, ask.pinned
+            mine = held.get(src.id)
+            if mine is not None:
+                if mine.status == RangeStatus.CLAIMED.value:
+                    mine.try_number = run.try_number
+                    mine.heartbeat_at = now
+                    mine.updated_at = now
+                    session.flush()
+                out.append(_pinned_answer(what, snapshot(mine, pipeline, src), run, pinned))
+                continue
+            if pinned is not None:
+                (start, end), _when = pinned
+                done = session.scalars(select(Range).where(
+                    Range.source_id == src.id, LIVE, Range.start_offset == start, Range.end_offset == end,
+                    Range.end_offset > Range.start_offset)).first()
+                if done is not None:
+                    out.append(_pinned_answer(what, snapshot(done, pipeline, src), run, pinned))
+                    continue
+                if ask.initial_start is not None and ask.initial_start < start and session.scalars(
+                        select(Range.id).where(Range.source_id == src.id).limit(1)).first() is None:
+                    first = ask.initial_start
+                    origin = self._new_row(src.id, first, first, RangeStatus.COMMITTED, _ORIGIN, now,
+                                           error="origin of pinned ranges")
+                    origin.records, origin.committed_at = 0, now
+                    session.add(origin)
+                    session.flush()
+            else:
+                f = facts[src.id]
+                hole = holes[f.hole] if f.hole is not None else None
+                if hole is not None:
+                    start, end = hole.start_offset, hole.end_offset
+                else:
+                    start_or_none = f.tail if f.tail is not None else ask.initial_start
+                    if start_or_none is None:
+                        raise LedgerError(
+                            f"{what}: the ledger has no range for this stream yet, so the first claim must "
+                            "give initial_start (the first offset to read)"
+                        )
+                    start = int(start_or_none)
+                    end = max(start, ask.end_limit)
+                    if max_span is not None:
+                        end = min(end, start + max_span)
+            empty = start == end
+            values: dict[str, Any] = {
+                "source_id": src.id,
+                "start_offset": start,
+                "end_offset": end,
+                # An empty range is nothing to process: stored already committed (0 records) so
+                # the run stays auditable and idempotent without a claim left open.
+                "status": RangeStatus.COMMITTED.value if empty else RangeStatus.CLAIMED.value,
+                "dag_id": run.dag_id,
+                "run_id": run.run_id,
+                "task_id": run.task_id,
+                "map_index": run.map_index,
+                "try_number": run.try_number,
+                "records": 0 if empty else None,
+                "first_seen": None,
+                "last_seen": None,
+                "output": None,
+                "offset_stored": False,
+                "offset_verified": False,
+                "error": None,
+                "claimed_at": now,
+                "committed_at": now if empty else None,
+                "updated_at": now,
+                "heartbeat_at": now,
+                "staging": None,
+                "pinned": pinned is not None,
+                "interval_start": None if pinned is None else pinned[1][0],
+                "interval_end": None if pinned is None else pinned[1][1],
+            }
+            values["id"] = session.execute(INSERT_RANGE, values).scalar_one()
+            made = SimpleNamespace(**values)
+            self._sources[src.id] = (pipeline, source)
+            out.append(_pinned_answer(what, snapshot(made, pipeline, src), run, pinned))
+        return out
+
+    @staticmethod
+    def _abandon(session: Session, source_ids: Sequence[int], before: datetime, now: datetime) -> None:
+        """Fail the sources' claims whose holder has not beaten since ``before`` (SQLite path)."""
+        seen = func.coalesce(Range.heartbeat_at, Range.claimed_at)
+        for chunk in chunks(list(source_ids)):
+            for row in session.scalars(
+                select(Range).where(
+                    Range.source_id.in_(chunk), Range.status == RangeStatus.CLAIMED.value, seen < before
+                )
+            ):
+                last = row.heartbeat_at or row.claimed_at
+                row.status = RangeStatus.FAILED.value
+                row.error = f"abandoned: no heartbeat since {last}"
+                row.updated_at = now
+        session.flush()
+
+    def _claim_pg(
+        self,
+        what: str,
+        pipeline: str,
+        source: SourceRef,
+        end_limit: int,
+        run: RunIdentity,
+        initial_start: int | None,
+        max_span: int | None,
+        abandon_after: timedelta | None,
+        pinned: _Pinned | None = None,
+    ) -> OffsetRange:
+        """PostgreSQL: the same rule in one server-side call (migration 0008), one round trip; its
+        ``now`` and abandonment cutoff are the server's clock (:meth:`_clock`)."""
+        span, when = pinned if pinned is not None else ((None, None), (None, None))
+        params = {
+            "pipeline": pipeline,
+            "broker": source.broker,
+            "stream": source.stream,
+            "super_stream": source.super_stream,
+            "end_limit": end_limit,
+            "dag_id": run.dag_id,
+            "run_id": run.run_id,
+            "task_id": run.task_id,
+            "map_index": run.map_index,
+            "try_number": run.try_number,
+            "initial": initial_start,
+            "max_span": max_span,
+            "abandon_secs": None if abandon_after is None else abandon_after.total_seconds(),
+            "span_start": span[0],
+            "span_end": span[1],
+            "interval_start": when[0],
+            "interval_end": when[1],
+        }
+        outer = self._outer()
+        if outer is not None:
+            with self._errors(what):
+                row = outer.execute(PG_CLAIM, params).first()
+        else:
+            with self._errors(what), self._engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT")  # the call is its own transaction
+                row = conn.execute(PG_CLAIM, params).first()
+        if row is None:
+            raise LedgerError(
+                f"{what}: the ledger has no range for this stream yet, so the first claim must give "
+                "initial_start (the first offset to read)"
+            )
+        self._sources[row.source_id] = (pipeline, source)
+        return snapshot(row, pipeline, source)
+
+    def claim_many(
+        self,
+        pipeline: str,
+        requests: Sequence[ClaimRequest],
+        run: RunIdentity,
+        *,
+        max_span: int | None = None,
+        abandon_after: timedelta | None = None,
+    ) -> list[OffsetRange]:
+        """:meth:`claim` for every source of a batch in one transaction (answers in request order).
+
+        Each source gets exactly what :meth:`claim` would give it (the same code decides); the
+        claims take effect together, or, when one is refused, none does. Sources that exist already
+        are locked first in id order (as every other multi-source locker does), so two batches over
+        the same sources never deadlock.
+        """
+        check_pipeline(pipeline)
+        if len({(r.source.broker, r.source.stream) for r in requests}) != len(requests):
+            raise LedgerError(f"claim_many for pipeline {pipeline!r}: a source is named twice")
+        if not requests:
+            return []
+        out: dict[int, OffsetRange] = {}
+        if self.dialect != "postgresql":
+            asks = []
+            for r in requests:
+                what, pinned = self._claim_checked(pipeline, r.source, r.end_limit, run, r.initial_start,
+                                                   max_span, abandon_after, r.span, r.interval)
+                asks.append(_Ask(what, r.source, r.end_limit, r.initial_start, pinned))
+            with self._tx(f"claims of pipeline {pipeline!r} by {run}") as session:
+                return self._claim_sqlite(session, pipeline, asks, run, max_span, abandon_after)
+        with self._joined(f"claims of pipeline {pipeline!r} by {run}") as session:
+            order = self._lock_named(session, pipeline, [r.source for r in requests])
+            for i in order:
+                req = requests[i]
+                out[i] = self.claim(pipeline, req.source, req.end_limit, run, initial_start=req.initial_start,
+                                    max_span=max_span, abandon_after=abandon_after, span=req.span,
+                                    interval=req.interval)
+        return [out[i] for i in range(len(requests))]
+
+    def heartbeat(self, range_ids: list[int], run: RunIdentity) -> list[int]:
+        """Refresh the heartbeat of ``run``'s claims; returns the ids it still holds.
+
+        A range missing from the answer was taken from ``run`` (abandoned and re-claimed, or
+        failed by an operator): the caller has lost it and its commit will be refused.
+        """
+        if not range_ids:
+            return []
+        now = self._clock_sql()
+        with self._tx(f"heartbeat of {run}") as session:
+            held = session.scalars(
+                update(Range)
+                .where(
+                    Range.id.in_(list(range_ids)),
+                    Range.status == RangeStatus.CLAIMED.value,
+                    Range.dag_id == run.dag_id,
+                    Range.run_id == run.run_id,
+                    Range.task_id == run.task_id,
+                    Range.map_index == run.map_index,
+                )
+                .values(heartbeat_at=now, updated_at=now)
+                .returning(Range.id)
+                .execution_options(synchronize_session=False)
+            ).all()
+            return sorted(int(i) for i in held)
+
+    def open_claims(self, pipeline: str, source: SourceRef) -> list[OffsetRange]:
+        """The source's claims that are not committed or failed yet (few: one per running batch)."""
+        check_pipeline(pipeline)
+        with self._tx(f"open claims of {pipeline!r} {source.stream!r}", write=False) as session:
+            src = self._find_source(session, pipeline, source)
+            if src is None:
+                return []
+            rows = session.scalars(
+                select(Range)
+                .where(Range.source_id == src.id, Range.status == RangeStatus.CLAIMED.value)
+                .order_by(Range.start_offset)
+            ).all()
+            return [snapshot(r, pipeline, src) for r in rows]

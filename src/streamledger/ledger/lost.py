@@ -1,0 +1,174 @@
+"""Lost and stale ranges: spans retention removed, claims whose holder is gone, and the ranges listing."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.orm import Session
+
+from streamledger.ledger.errors import LedgerError
+from streamledger.ledger.models import Pipeline, Range, Source
+from streamledger.ledger.rows import check_offset, check_pipeline, clip, snapshot
+from streamledger.ledger.sources import Sources
+from streamledger.ledger.statements import LIVE
+from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef
+
+
+class LostAndStale(Sources):
+    """Recording lost spans, releasing stale claims, listing ranges."""
+
+    @staticmethod
+    def _hole_at(session: Session, source_id: int, start: int) -> Range | None:
+        """The failed range starting at ``start`` that no live range overlaps, if any."""
+        for failed in session.scalars(
+            select(Range)
+            .where(
+                Range.source_id == source_id,
+                Range.status == RangeStatus.FAILED.value,
+                Range.start_offset == start,
+                Range.end_offset > Range.start_offset,
+            )
+            .order_by(Range.end_offset.desc())
+        ):
+            overlapping = session.scalars(
+                select(Range.id)
+                .where(
+                    Range.source_id == source_id,
+                    LIVE,
+                    Range.start_offset < failed.end_offset,
+                    Range.end_offset > failed.start_offset,
+                    Range.end_offset > Range.start_offset,
+                )
+                .limit(1)
+            ).first()
+            if overlapping is None:
+                return failed
+        return None
+
+    def record_lost(
+        self, pipeline: str, source: SourceRef, start: int, end: int, run: RunIdentity, reason: str
+    ) -> OffsetRange:
+        """Record ``[start, end)`` as lost (retention removed it) instead of failing the pipeline.
+
+        Allowed at the source's tail, at the start of a hole a failed range left, or at the start of
+        the range ``run`` holds claimed (that claim fails; whatever it covered beyond ``end`` is left
+        as a failed remainder, which the next claim redoes).
+        """
+        check_pipeline(pipeline)
+        check_offset("start", start, source.stream)
+        check_offset("end", end, source.stream)
+        if end <= start:
+            raise LedgerError(f"lost span [{start}, {end}) of stream {source.stream!r} is empty or reversed")
+        what = f"record lost [{start}, {end}) for pipeline {pipeline!r} stream {source.stream!r}"
+        with self._tx(what) as session:
+            src = self._lock_source(session, pipeline, source)
+            now = self._clock(session)
+            mine = session.scalars(
+                select(Range).where(
+                    Range.source_id == src.id,
+                    Range.dag_id == run.dag_id,
+                    Range.run_id == run.run_id,
+                    Range.task_id == run.task_id,
+                    Range.map_index == run.map_index,
+                    Range.status == RangeStatus.CLAIMED.value,
+                )
+            ).one_or_none()
+            split: Range | None = None
+            if mine is not None and mine.start_offset == start and end <= mine.end_offset:
+                mine.status = RangeStatus.FAILED.value
+                mine.error = clip(f"lost: {reason}")
+                mine.updated_at = now
+                session.flush()
+                split = mine
+            else:
+                hole = self._hole_at(session, src.id, start)
+                tail = self._tail(session, src.id)
+                if hole is not None and end <= hole.end_offset:
+                    split = hole
+                elif tail is not None and tail != start:
+                    raise LedgerError(
+                        f"{what}: a lost span must start at the ledger's tail {tail}, at a failed hole, "
+                        "or at the start of the claim this run holds"
+                    )
+            lost = self._new_row(src.id, start, end, RangeStatus.LOST, run, now, error=clip(reason))
+            session.add(lost)
+            if split is not None and end < split.end_offset:
+                remainder_run = RunIdentity(
+                    split.dag_id, split.run_id, split.task_id, split.map_index, split.try_number
+                )
+                session.add(
+                    self._new_row(
+                        src.id,
+                        end,
+                        split.end_offset,
+                        RangeStatus.FAILED,
+                        remainder_run,
+                        now,
+                        error=f"remainder of range {split.id} after lost span [{start}, {end})",
+                    )
+                )
+            session.flush()
+            return snapshot(lost, pipeline, src)
+
+    def release_stale(self, older_than: timedelta, *, pipeline: str | None = None) -> list[OffsetRange]:
+        """Fail every claim not heard from for ``older_than`` (its holder is gone), so its span is redone.
+
+        "Heard from" is the claim's heartbeat (a running batch refreshes it), so a long job is never
+        released just for being long; a claim that never beat counts from when it was claimed.
+        """
+        if older_than < timedelta(0):
+            raise LedgerError(f"older_than must not be negative, got {older_than}")
+        with self._tx("release stale claims") as session:
+            now = self._clock(session)
+            cutoff = now - older_than
+            query = (
+                select(Range, Source, Pipeline.name)
+                .join(Source, Source.id == Range.source_id)
+                .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                .where(
+                    Range.status == RangeStatus.CLAIMED.value,
+                    func.coalesce(Range.heartbeat_at, Range.claimed_at) < cutoff,
+                )
+                .order_by(Range.id)
+            )
+            if pipeline is not None:
+                query = query.where(Pipeline.name == pipeline)
+            candidates = session.execute(query).all()
+            if not candidates:
+                return []
+            self._lock_sources(session, sorted({src.id for _r, src, _n in candidates}))
+            rows = session.execute(query.with_for_update(of=Range)).all()
+            if not rows:
+                return []
+            ids = [r[0].id for r in rows]
+            session.execute(
+                update(Range)
+                .where(and_(Range.id.in_(ids), Range.status == RangeStatus.CLAIMED.value))
+                .values(
+                    status=RangeStatus.FAILED.value,
+                    error=f"released: no heartbeat for {older_than}",
+                    updated_at=now,
+                )
+                .execution_options(synchronize_session=False)
+            )
+            out = []
+            for row, src, name in rows:
+                session.refresh(row)
+                out.append(snapshot(row, name, src))
+            return out
+
+    def ranges(self, pipeline: str | None = None, *, stream: str | None = None) -> list[OffsetRange]:
+        """All ranges (optionally of one pipeline / stream) ordered by pipeline, stream, start, id."""
+        with self._tx("list ranges", write=False) as session:
+            query = (
+                select(Range, Source, Pipeline.name)
+                .join(Source, Source.id == Range.source_id)
+                .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                .order_by(Pipeline.name, Source.stream, Source.broker, Range.start_offset, Range.id)
+            )
+            if pipeline is not None:
+                query = query.where(Pipeline.name == pipeline)
+            if stream is not None:
+                query = query.where(Source.stream == stream)
+            return [snapshot(row, name, src) for row, src, name in session.execute(query)]

@@ -1,0 +1,249 @@
+"""Sources and epochs: find and lock a source row, where its history ends, range lookups, a new epoch for
+a re-created stream and a broker's new identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from streamledger.ledger.errors import LedgerError
+from streamledger.ledger.models import Pipeline, Range, Source
+from streamledger.ledger.rows import check_pipeline, chunks, clip, snapshot
+from streamledger.ledger.session import LedgerSession
+from streamledger.ledger.statements import LOAD, LOAD_LOCKED, LOCK_SOURCE_BY_NAME, SOURCE_BY_NAME, TAIL
+from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef, retired_broker
+
+
+class Sources(LedgerSession):
+    """Source rows: found, created and locked; ranges loaded by id; epochs and broker renames."""
+
+    def _insert(self) -> Callable[[Any], Any]:
+        return postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+
+    def _lock_source(self, session: Session, pipeline: str, src: SourceRef) -> Source:
+        """The source row, created on first use and locked for the rest of the transaction."""
+        names = {"pipeline": pipeline, "broker": src.broker, "stream": src.stream}
+        found = session.scalars(LOCK_SOURCE_BY_NAME, names).one_or_none()
+        if found is not None:
+            return found
+        now = self._clock(session)
+        insert = self._insert()
+        session.execute(
+            insert(Pipeline)
+            .values(name=pipeline, created_at=now)
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+        pipeline_id = session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)).one()
+        session.execute(
+            insert(Source)
+            .values(
+                pipeline_id=pipeline_id,
+                broker=src.broker,
+                stream=src.stream,
+                super_stream=src.super_stream,
+                created_at=now,
+            )
+            .on_conflict_do_nothing(index_elements=["pipeline_id", "broker", "stream"])
+        )
+        return session.scalars(LOCK_SOURCE_BY_NAME, names).one()
+
+    def _lock_sources(self, session: Session, source_ids: list[int]) -> None:
+        """Take the claim lock of these sources (in id order, so two lockers never deadlock)."""
+        if self.dialect != "postgresql" or not source_ids:
+            return  # SQLite: BEGIN IMMEDIATE already holds the database's single write lock
+        session.execute(
+            select(Source.id).where(Source.id.in_(source_ids)).order_by(Source.id).with_for_update()
+        ).all()
+
+    def _find_source(self, session: Session, pipeline: str, src: SourceRef) -> Source | None:
+        names = {"pipeline": pipeline, "broker": src.broker, "stream": src.stream}
+        return session.scalars(SOURCE_BY_NAME, names).one_or_none()
+
+    @staticmethod
+    def _tail(session: Session, source_id: int) -> int | None:
+        """Exclusive end of the source's live ranges (contiguous, so: the one with the greatest start)."""
+        return session.scalars(TAIL, {"source_id": source_id}).first()
+
+    def _lock_named(self, session: Session, pipeline: str, sources: Sequence[SourceRef]) -> list[int]:
+        """Lock the sources that exist (id order) and return the indexes of ``sources`` in the order
+        to work on them: existing ones by id, then new ones by name."""
+        brokers = sorted({s.broker for s in sources})
+        found: dict[tuple[str, str], int] = {}
+        for broker in brokers:
+            names = [s.stream for s in sources if s.broker == broker]
+            for chunk in range(0, len(names), 500):
+                rows = session.execute(
+                    select(Source.id, Source.stream)
+                    .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                    .where(Pipeline.name == pipeline, Source.broker == broker,
+                           Source.stream.in_(names[chunk:chunk + 500]))
+                ).all()
+                found.update({(broker, str(stream)): int(sid) for sid, stream in rows})
+        self._lock_sources(session, sorted(found.values()))
+
+        def order(i: int) -> tuple[int, int, str, str]:
+            name = (sources[i].broker, sources[i].stream)
+            return (0, found[name], "", "") if name in found else (1, 0, *name)
+
+        return sorted(range(len(sources)), key=order)
+
+    def _find_sources(self, session: Session, pipeline: str,
+                      sources: Sequence[SourceRef]) -> list[Source | None]:
+        """The source rows of ``sources`` (None where there is none yet), one query per broker."""
+        found: dict[tuple[str, str], Source] = {}
+        for broker in sorted({s.broker for s in sources}):
+            names = [s.stream for s in sources if s.broker == broker]
+            for chunk in chunks(names):
+                for src in session.scalars(
+                    select(Source).join(Pipeline, Pipeline.id == Source.pipeline_id)
+                    .where(Pipeline.name == pipeline, Source.broker == broker, Source.stream.in_(chunk))
+                ):
+                    found[(broker, src.stream)] = src
+        return [found.get((s.broker, s.stream)) for s in sources]
+
+    def rename_broker(self, old: str, new: str, *, pipeline: str | None = None) -> int:
+        """Move sources from broker identity ``old`` to ``new`` (one history per broker).
+
+        Used when a broker's identity changes form (0.1 named it by the URL's host and port; now by
+        the cluster name it reports): the first batch that reaches the broker adopts the old rows.
+        Refuses when ``new`` already has a history for the same pipeline and stream (two histories
+        cannot be merged blindly). Returns the number of sources moved.
+        """
+        if not old or not new:
+            raise LedgerError("rename_broker needs both the old and the new broker identity")
+        if old == new:
+            return 0
+        with self._tx(f"rename broker {old!r} to {new!r}") as session:
+            query = select(Source).where(Source.broker == old)
+            if pipeline is not None:
+                query = query.where(
+                    Source.pipeline_id.in_(select(Pipeline.id).where(Pipeline.name == pipeline))
+                )
+            moving = session.scalars(query.with_for_update()).all()
+            for src in moving:
+                clash = session.scalars(
+                    select(Source.id).where(
+                        Source.pipeline_id == src.pipeline_id,
+                        Source.broker == new,
+                        Source.stream == src.stream,
+                    )
+                ).first()
+                if clash is not None:
+                    raise LedgerError(
+                        f"stream {src.stream!r} already has a history under broker {new!r} and another "
+                        f"under {old!r}; merge them by hand"
+                    )
+                src.broker = new
+            self._sources.clear()
+            return len(moving)
+
+    def last_end(self, pipeline: str, source: SourceRef) -> int | None:
+        """Where the next new range would start (None before the first range of this source)."""
+        check_pipeline(pipeline)
+        with self._tx(f"last_end of {pipeline!r} {source.stream!r}", write=False) as session:
+            src = self._find_source(session, pipeline, source)
+            return None if src is None else self._tail(session, src.id)
+
+    def _load(self, session: Session, range_id: int, *, lock: bool) -> tuple[Range, str, Source]:
+        if not isinstance(range_id, int) or isinstance(range_id, bool):
+            raise LedgerError(f"range id must be an integer, got {range_id!r}")
+        found = session.execute(LOAD_LOCKED if lock else LOAD, {"range_id": range_id}).one_or_none()
+        if found is None:
+            raise LedgerError(f"range {range_id} does not exist in the ledger")
+        return found[0], found[2], found[1]
+
+    def get(self, range_id: int) -> OffsetRange:
+        """The current state of one range."""
+        with self._tx(f"read range {range_id}", write=False) as session:
+            row, pipeline, src = self._load(session, range_id, lock=False)
+            return snapshot(row, pipeline, src)
+
+    def _source_info(self, session: Session, source_id: int) -> tuple[str, SourceRef]:
+        """Pipeline name and source of a source id (sources never change, so cached per Ledger)."""
+        known = self._sources.get(source_id)
+        if known is None:
+            name, broker, stream, super_stream = session.execute(
+                select(Pipeline.name, Source.broker, Source.stream, Source.super_stream)
+                .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                .where(Source.id == source_id)
+            ).one()
+            known = (name, SourceRef(broker, stream, super_stream))
+            self._sources[source_id] = known
+        return known
+
+    def new_epoch(self, pipeline: str, source: SourceRef, *, reason: str = "") -> tuple[int, int]:
+        """Start a new history for a stream that was deleted and re-created (offsets from 0 again).
+
+        The old history is kept, under the broker identity ``<broker>#epoch<N>`` (so neither a
+        claim nor a broker check ever mixes the two streams; the audit still covers it), and the
+        new epoch begins with an empty committed range ``[0, 0)``: the next batch reads the new
+        stream from its first offset. Returns ``(old_epoch, new_epoch)``.
+        """
+        check_pipeline(pipeline)
+        what = f"new epoch for pipeline {pipeline!r} stream {source.stream!r}"
+        with self._tx(what) as session:
+            src = self._find_source(session, pipeline, source)
+            if src is None:
+                raise LedgerError(f"{what}: the ledger has no history for this stream on {source.broker}")
+            self._lock_sources(session, [src.id])
+            old = int(src.epoch)
+            retired = retired_broker(src.broker, old)
+            if session.scalars(select(Source.id).where(
+                    Source.pipeline_id == src.pipeline_id, Source.broker == retired,
+                    Source.stream == src.stream)).first() is not None:
+                raise LedgerError(f"{what}: a retired history {retired!r} already exists; refusing to merge")
+            open_claims = session.scalars(select(Range.id).where(
+                Range.source_id == src.id, Range.status == RangeStatus.CLAIMED.value)).all()
+            if open_claims:
+                raise LedgerError(
+                    f"{what}: claims {sorted(open_claims)} are still open; let them finish or fail them "
+                    "(`streamledger ledger release-stale`) first"
+                )
+            src.broker = retired
+            session.flush()
+            now = self._clock(session)
+            fresh = Source(pipeline_id=src.pipeline_id, broker=source.broker, stream=source.stream,
+                           super_stream=source.super_stream, created_at=now, epoch=old + 1)
+            session.add(fresh)
+            session.flush()
+            marker = RunIdentity("streamledger", f"new-epoch-{old + 1}", "ledger")
+            row = self._new_row(fresh.id, 0, 0, RangeStatus.COMMITTED, marker, now,
+                                error=clip(f"epoch {old + 1} begins: {reason}") if reason else None)
+            row.records, row.committed_at = 0, now
+            session.add(row)
+            self._sources.clear()
+            return old, old + 1
+
+    @staticmethod
+    def _new_row(
+        source_id: int,
+        start: int,
+        end: int,
+        status: RangeStatus,
+        run: RunIdentity,
+        now: datetime,
+        *,
+        error: str | None = None,
+    ) -> Range:
+        return Range(
+            source_id=source_id,
+            start_offset=start,
+            end_offset=end,
+            status=status.value,
+            dag_id=run.dag_id,
+            run_id=run.run_id,
+            task_id=run.task_id,
+            map_index=run.map_index,
+            try_number=run.try_number,
+            offset_stored=False,
+            offset_verified=False,
+            error=error,
+            claimed_at=now,
+            updated_at=now,
+        )

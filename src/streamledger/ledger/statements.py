@@ -1,0 +1,297 @@
+"""The ledger's SQL, built once.
+
+Constructing SQLAlchemy statements costs more Python time than running them, and a reused
+statement also reuses its compiled form (cache key memoised). Every room of the ledger reads its
+statements from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    Integer,
+    String,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal_column,
+    null,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.orm import aliased
+
+from streamledger.ledger.models import Pipeline, Range, Source
+from streamledger.ledger.types import RangeStatus
+
+LIVE = Range.status != RangeStatus.FAILED.value
+# PostgreSQL's clock as stored (naive UTC ``timestamp``): the ledger's one clock there (Ledger._clock).
+PG_NOW = "(now() AT TIME ZONE 'UTC')"
+DB_NOW = literal_column(PG_NOW, DateTime())
+
+SOURCE_BY_NAME = (
+    select(Source)
+    .join(Pipeline, Pipeline.id == Source.pipeline_id)
+    .where(
+        Pipeline.name == bindparam("pipeline"),
+        Source.broker == bindparam("broker"),
+        Source.stream == bindparam("stream"),
+    )
+)
+LOCK_SOURCE_BY_NAME = SOURCE_BY_NAME.with_for_update(of=Source)
+
+
+def tail_of(sid: Any) -> Any:
+    """The tail's statement for source ``sid``: a bind parameter (one source) or ``Source.id``
+    (correlated, one row per source: :meth:`Ledger._facts`). The same SQL either way."""
+    return (
+        select(Range.end_offset)
+        .where(Range.source_id == sid, LIVE)
+        .order_by(Range.start_offset.desc(), Range.end_offset.desc())
+        .limit(1)
+    )
+
+
+TAIL = tail_of(bindparam("source_id"))
+_LIVE_ALIAS = aliased(Range)
+_COVERING_END = (
+    select(_LIVE_ALIAS.end_offset)
+    .where(
+        _LIVE_ALIAS.source_id == Range.source_id,
+        _LIVE_ALIAS.status != RangeStatus.FAILED.value,
+        _LIVE_ALIAS.start_offset < Range.end_offset,
+    )
+    .order_by(_LIVE_ALIAS.start_offset.desc(), _LIVE_ALIAS.end_offset.desc())
+    .limit(1)
+    .scalar_subquery()
+)
+IS_HOLE = and_(
+    Range.status == RangeStatus.FAILED.value,
+    Range.end_offset > Range.start_offset,
+    func.coalesce(_COVERING_END, -1) <= Range.start_offset,
+)
+"""A failed range no live range overlaps: the next claim redoes it as-is."""
+
+
+def first_hole_of(sid: Any) -> Any:
+    return select(Range).where(Range.source_id == sid, IS_HOLE).order_by(Range.start_offset).limit(1)
+
+
+def any_pinned_of(sid: Any) -> Any:
+    return select(Range.id).where(Range.source_id == sid, Range.pinned).limit(1)
+
+ANY_PINNED = any_pinned_of(bindparam("source_id"))
+ORIGIN_START = select(func.min(Range.start_offset)).where(Range.source_id == bindparam("source_id"), LIVE)
+_NEXT = aliased(Range)
+STARTS_AT = select(_NEXT.id).where(
+    _NEXT.source_id == bindparam("source_id"),
+    _NEXT.status != RangeStatus.FAILED.value,
+    _NEXT.start_offset == bindparam("at", type_=BigInteger()),
+    _NEXT.end_offset > _NEXT.start_offset,
+).limit(1)
+# Walks the live ranges by end (the partial unique index on (source_id, end_offset)) to the first one
+# that no non-empty live range continues: for a contiguous history that is the tail, O(ranges).
+FIRST_UNCONTINUED = (
+    select(Range.end_offset)
+    .where(
+        Range.source_id == bindparam("source_id"),
+        LIVE,
+        Range.end_offset > Range.start_offset,
+        ~select(_NEXT.id).where(
+            _NEXT.source_id == Range.source_id,
+            _NEXT.status != RangeStatus.FAILED.value,
+            _NEXT.start_offset == Range.end_offset,
+            _NEXT.end_offset > _NEXT.start_offset,
+        ).exists(),
+    )
+    .order_by(Range.end_offset)
+    .limit(1)
+)
+
+_RANGES = Range.__table__
+assert isinstance(_RANGES, Table)
+INSERT_RANGE = insert(_RANGES).returning(_RANGES.c.id)
+# The common commit in one statement: a claimed range whose span holds the seen offsets.
+COMMIT_CLAIMED = (
+    update(_RANGES)
+    .where(
+        _RANGES.c.id == bindparam("range_id"),
+        _RANGES.c.status == RangeStatus.CLAIMED.value,
+        or_(
+            bindparam("empty_commit", type_=Boolean()),
+            and_(
+                _RANGES.c.start_offset <= bindparam("v_first", type_=BigInteger()),
+                _RANGES.c.end_offset > bindparam("v_last", type_=BigInteger()),
+            ),
+        ),
+    )
+    .values(
+        status=RangeStatus.COMMITTED.value,
+        records=bindparam("v_records"),
+        first_seen=bindparam("v_first", type_=BigInteger()),
+        last_seen=bindparam("v_last", type_=BigInteger()),
+        output=bindparam("v_output", type_=Text()),
+        staging=bindparam("v_staging", type_=Text()),
+        publisher=bindparam("v_publisher", type_=String()),
+        published_at=bindparam("v_published", type_=DateTime()),
+        publish_beat=bindparam("v_publish_beat", type_=DateTime()),
+        committed_at=bindparam("v_now", type_=DateTime()),
+        updated_at=bindparam("v_now", type_=DateTime()),
+    )
+    .returning(*_RANGES.c)
+)
+IS_UNPUBLISHED = and_(
+    Range.status == RangeStatus.COMMITTED.value,
+    Range.records > 0,
+    Range.published_at.is_(None),
+)
+
+COMMIT_CLAIMED_PG = COMMIT_CLAIMED.values(
+    published_at=case((bindparam("v_publish_now", type_=Boolean()), DB_NOW), else_=null()),
+    publish_beat=case((bindparam("v_publisher", type_=String()).is_not(None), DB_NOW), else_=null()),
+    committed_at=DB_NOW,
+    updated_at=DB_NOW,
+)
+PG_CLAIM = (
+    text(
+        "SELECT * FROM streamledger_claim(:pipeline, :broker, :stream, :super_stream, :end_limit, "
+        f":dag_id, :run_id, :task_id, :map_index, :try_number, :initial, {PG_NOW}, :max_span, "
+        f"{PG_NOW} - make_interval(secs => :abandon_secs), :span_start, :span_end, :interval_start, "
+        ":interval_end)"
+    )
+    .bindparams(
+        bindparam("super_stream", type_=String()),
+        bindparam("end_limit", type_=BigInteger()),
+        bindparam("map_index", type_=Integer()),
+        bindparam("try_number", type_=Integer()),
+        bindparam("initial", type_=BigInteger()),
+        bindparam("max_span", type_=BigInteger()),
+        bindparam("abandon_secs", type_=Float()),
+        bindparam("span_start", type_=BigInteger()),
+        bindparam("span_end", type_=BigInteger()),
+        bindparam("interval_start", type_=DateTime()),
+        bindparam("interval_end", type_=DateTime()),
+    )
+    .columns(*_RANGES.c)
+)
+LOAD = (
+    select(Range, Source, Pipeline.name)
+    .join(Source, Source.id == Range.source_id)
+    .join(Pipeline, Pipeline.id == Source.pipeline_id)
+    .where(Range.id == bindparam("range_id"))
+)
+LOAD_LOCKED = LOAD.with_for_update(of=Range)
+
+# -- the audit's checks: set-based SQL text (streamledger.ledger.audit names the findings) ----------
+
+# Restricting to one pipeline is a semi-join on its sources; without it, no join at all.
+AUDIT_PIPELINE_SCOPE = """r.source_id IN (SELECT s.id FROM streamledger_source s
+  JOIN streamledger_pipeline p ON p.id = s.pipeline_id WHERE p.name = :pipeline)"""
+
+# Each live non-empty range against the greatest end of the live ranges before it (a running MAX
+# rather than a plain LAG, so a range hidden inside an earlier, longer one still counts as an
+# overlap). The rows come in the order of the partial unique index on (source_id, start_offset),
+# which on PostgreSQL also carries end_offset and id: an index-only scan feeding the window, no
+# sort. Empty ranges cannot open a gap or overlap anything. A gap that failed ranges fill is
+# reported as "failed, never retried" instead.
+AUDIT_GAPS_OVERLAPS = """
+WITH live AS (
+  SELECT r.id, r.source_id, r.start_offset, r.end_offset,
+         MAX(r.end_offset) OVER (
+           PARTITION BY r.source_id ORDER BY r.start_offset
+           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+  FROM streamledger_range r
+  WHERE {scope} AND r.status <> 'failed' AND r.end_offset > r.start_offset
+)
+SELECT l.id, l.source_id, l.start_offset, l.end_offset, l.prev_end
+FROM live l
+WHERE l.prev_end IS NOT NULL AND l.start_offset <> l.prev_end
+  AND NOT (l.start_offset > l.prev_end AND EXISTS (
+      SELECT 1 FROM streamledger_range f
+      WHERE f.source_id = l.source_id AND f.status = 'failed'
+        AND f.start_offset < l.start_offset AND f.end_offset > l.prev_end))
+ORDER BY l.source_id, l.start_offset
+LIMIT :cap
+"""
+
+# One scan for the per-row checks and the status counts: rows that break a rule keep their id,
+# all others collapse into one group per status.
+AUDIT_ROW_CHECKS_AND_COUNTS = """
+SELECT x.status, x.bad, COUNT(*) FROM (
+  SELECT r.status,
+         CASE WHEN (r.status = 'claimed' AND COALESCE(r.heartbeat_at, r.claimed_at) < :cutoff)
+                OR (r.status = 'committed' AND (
+                      r.records IS NULL
+                   OR (r.records = 0 AND (r.first_seen IS NOT NULL OR r.last_seen IS NOT NULL))
+                   OR (r.records > 0 AND (
+                         r.first_seen IS NULL OR r.last_seen IS NULL OR r.first_seen > r.last_seen
+                      OR r.first_seen < r.start_offset OR r.last_seen >= r.end_offset
+                      OR r.records > r.last_seen - r.first_seen + 1))))
+              THEN r.id END AS bad
+  FROM streamledger_range r
+  WHERE {scope}
+) x
+GROUP BY x.status, x.bad
+"""
+
+AUDIT_ROW_DETAILS = """
+SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.status,
+       COALESCE(r.heartbeat_at, r.claimed_at), r.records, r.first_seen, r.last_seen,
+       r.dag_id, r.run_id, r.task_id, r.map_index
+FROM streamledger_range r
+WHERE r.id IN :ids
+ORDER BY r.source_id, r.start_offset
+"""
+
+# A failed range is retried once a live range overlaps it (a re-claim of the same span, or a lost
+# span recorded over it). The live range with the greatest start below its end decides.
+AUDIT_FAILED = """
+SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.error, r.claimed_at
+FROM streamledger_range r
+WHERE {scope} AND r.status = 'failed' AND r.end_offset > r.start_offset
+  AND COALESCE((SELECT l.end_offset FROM streamledger_range l
+                WHERE l.source_id = r.source_id AND l.status <> 'failed' AND l.start_offset < r.end_offset
+                ORDER BY l.start_offset DESC, l.end_offset DESC LIMIT 1), -1) <= r.start_offset
+ORDER BY r.source_id, r.start_offset
+LIMIT :cap
+"""
+
+# Committed ranges with records whose output is not published: in flight while their publish lease
+# is renewed, stranded once it is not (the next run of the pipeline finishes them).
+AUDIT_UNPUBLISHED = """
+SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.publisher, r.publish_beat, r.committed_at
+FROM streamledger_range r
+WHERE {scope} AND r.status = 'committed' AND r.records > 0 AND r.published_at IS NULL
+ORDER BY r.source_id, r.start_offset
+LIMIT :cap
+"""
+
+# Pinned ranges (bound_by_interval) among ``ids`` claimed after ``cutoff``.
+AUDIT_PINNED_SINCE = """
+SELECT r.id FROM streamledger_range r WHERE r.id IN :ids AND r.pinned AND r.claimed_at >= :cutoff
+"""
+
+AUDIT_SOURCES = """
+SELECT s.id, p.name, s.stream, s.broker
+FROM streamledger_source s JOIN streamledger_pipeline p ON p.id = s.pipeline_id
+WHERE (:pipeline IS NULL OR p.name = :pipeline)
+ORDER BY p.name, s.stream, s.broker
+"""
+
+# Committed ranges that wait behind an open claim (the watermark stops at the claim).
+AUDIT_BEHIND = """
+SELECT COUNT(*), MIN(r.start_offset), MAX(r.end_offset) FROM streamledger_range r
+WHERE r.source_id = :source_id AND r.status = 'committed' AND r.start_offset >= :mark
+  AND r.end_offset > r.start_offset
+"""
