@@ -205,7 +205,8 @@ def connect_bench(args: Any, parts: list[str], expected: int, t_base: float, wor
                 n = sum(e["records"] for e in json.loads(proc.stdout)["streams"].values())
                 assert n == expected, (n, expected)
                 print(f"connect job #{attempt} {writer:5s}: {n:,} msgs in {took:6.2f}s  -> "
-                      f"{n / took:>10,.0f} msg/s; ratio rstream time / job process time {t_base / took:.2f}x (issue 32: >= 6x)",
+                      f"{n / took:>10,.0f} msg/s; ratio rstream time / job process time "
+                      f"{t_base / took:.2f}x (issue 32: >= 6x)",
                       flush=True)
     finally:
         if args.remote is None:
