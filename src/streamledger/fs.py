@@ -234,11 +234,12 @@ def arrow_filesystem(uri: str, cache: dict[tuple[str, str], Any] | None = None,
         elif key[0] == "s3" and access is not None:
             fs = access.s3()
         else:
+            asked = f"{key[0]}://{parts.netloc}{parts.path}"
             try:
-                fs, _ = pafs.FileSystem.from_uri(f"{key[0]}://{parts.netloc}{parts.path}")
+                fs, _ = pafs.FileSystem.from_uri(asked)
             except (ValueError, OSError) as exc:  # ArrowInvalid is a ValueError
-                raise LocationError(f"output {redact(uri)}: no file system for it here "
-                                    f"({_first_line(exc)})") from None
+                said = _first_line(exc).replace(asked, redact(asked)).replace(uri, redact(uri))
+                raise LocationError(f"output {redact(uri)}: no file system for it here ({said})") from None
         if cache is not None:
             cache[key] = fs
     return fs, path
