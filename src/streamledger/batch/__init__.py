@@ -3,8 +3,9 @@ store offset.
 
 Framework-neutral (no Airflow or Dagster import): the Airflow operator and the Dagster assets are
 thin adapters over :func:`run_batch`. Modules: ``config`` (what to do), ``plan`` (pure names and
-numbers), ``run`` (the state machine), ``outputs`` (staging and publish), ``runners`` (the Spark
-layer's runners, re-exported: :mod:`streamledger.spark.runners`).
+numbers), ``run`` (the state machine), ``outputs`` (staging and publish), ``microbatch`` (the same
+bookkeeping for a streaming query's micro-batches), ``runners`` (the Spark layer's runners,
+re-exported: :mod:`streamledger.spark.runners`).
 
 Delivery semantics
 ==================

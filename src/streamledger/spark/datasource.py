@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -21,16 +21,18 @@ from pyspark.sql.types import StructType
 
 from streamledger.errors import StreamledgerError
 from streamledger.sources import find_kind, super_stream_partitions
-from streamledger.spark.arrow import ARROW_SCHEMA, MAP_COLUMNS, SPARK_SCHEMA_DDL, buffers_to_arrow
+from streamledger.spark.arrow import MAP_COLUMNS, buffers_to_arrow
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
     PlanningError,
     Selection,
     option_getter,
+    parse_bool,
     parse_positive_int,
     plan_ranges,
 )
+from streamledger.spark.pushdown import Projection, PushedFilters
 from streamledger.spark.summaries import with_summaries
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,14 @@ class ReadOptions(Selection):
     map_columns: tuple[str, ...] = MAP_COLUMNS
     #: Option ``packOffsets``: small slices share a task up to this many offsets (0: one task each).
     pack_offsets: int = PACK_OFFSETS
+    #: The columns built and shipped (option ``columns``, or a read schema naming a subset).
+    projection: Projection = field(default_factory=Projection)
+    #: The filters taken from Spark (``pushFilters``): they narrow the plan and are applied exactly.
+    pushed: PushedFilters = field(default_factory=PushedFilters)
+    #: Option ``filterPushdown``: whether the reader offers ``pushFilters`` at all (Spark 4.2 refuses
+    #: every read of a reader that has it while ``spark.sql.python.filterPushdown.enabled`` is false,
+    #: its default, and a source cannot see that setting).
+    filter_pushdown: bool = False
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -142,6 +152,8 @@ class ReadOptions(Selection):
             read_from=read_from_text,  # type: ignore[arg-type]
             map_columns=parse_map_columns(get("properties")),
             pack_offsets=_pack_option(get("packOffsets")),
+            projection=Projection.parse(get("columns"), source=DATA_SOURCE_NAME),
+            filter_pushdown=parse_bool(get("filterPushdown"), what="filterPushdown", default=False),
         )
 
     def bounds(self, client: Any) -> dict[str, tuple[OffsetBound, OffsetBound]]:
@@ -166,8 +178,12 @@ def plan(options: ReadOptions) -> list[PlannedRange]:
     """Connect once and resolve the options to one range per stream."""
     from streamledger.protocol.rabbitmq import StreamClient
 
+    pushed = options.pushed
     with StreamClient.connect(options.url) as client:
-        return plan_ranges(client, options.bounds(client), fail_on_data_loss=options.fail_on_data_loss)
+        bounds = {s: b for s, b in options.bounds(client).items() if pushed.keeps_stream(s)}
+        planned = plan_ranges(client, bounds, fail_on_data_loss=options.fail_on_data_loss,
+                              timestamp_strategy=options.times.strategy)
+        return pushed.narrow(client, planned) if pushed.narrows else planned
 
 
 def slices_for(planned: list[PlannedRange], options: ReadOptions) -> list[StreamSlice]:
@@ -242,13 +258,15 @@ def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None) -> I
     if start >= part.end:
         return
     after = start - 1  # the last offset handed out
+    project, keep = options.projection, options.pushed
+    maps = project.map_columns(options.map_columns)
     for batch in client.read_range(
         part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
-        prefer=options.read_from, layout="buffers", maps=bool(options.map_columns),
+        prefer=options.read_from, layout="buffers", maps=bool(maps),
     ):
         if len(batch):
             after = check_runs(part, after, batch.run_starts, batch.run_lengths)
-            yield buffers_to_arrow(batch, options.map_columns)
+            yield project.apply(keep.keep(buffers_to_arrow(batch, maps)))
 
 
 class SliceCheckError(StreamledgerError):
@@ -335,6 +353,18 @@ class RabbitMQStreamReader(SliceReader):
         return read_slices(self.options, parts)
 
 
+class FilteringReader(RabbitMQStreamReader):
+    """The reader with filter pushdown (option ``filterPushdown=true``; Spark's
+    ``spark.sql.python.filterPushdown.enabled`` must be true too)."""
+
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
+        """Take the filters on ``stream``, ``offset`` and ``chunk_timestamp`` (:mod:`.pushdown`);
+        the others stay with Spark."""
+        pushed, rest = PushedFilters.split(filters)
+        self.options = replace(self.options, pushed=pushed)
+        return iter(rest)
+
+
 class RabbitMQStreamDataSource(DataSource):
     """Bounded batch reads of RabbitMQ streams, registered as ``rabbitmq_stream``.
 
@@ -361,6 +391,10 @@ class RabbitMQStreamDataSource(DataSource):
     * ``properties``: which map columns to fill, ``all`` (default), ``none`` or a comma list of
       ``properties``, ``application_properties``, ``message_annotations``; the others are null.
 
+    * Kafka's ``startingTimestamp`` / ``endingTimestamp``, ``startingOffsetsByTimestamp`` /
+      ``endingOffsetsByTimestamp``, ``startingOffsetsByTimestampStrategy``; ``columns`` (projection)
+      and ``filterPushdown`` (:mod:`streamledger.spark.pushdown`): docs/spark.md, "Options at a glance".
+
     Schema: ``stream STRING, offset LONG, chunk_timestamp TIMESTAMP, body BINARY,
     properties / application_properties / message_annotations MAP<STRING,STRING>``.
 
@@ -383,24 +417,25 @@ class RabbitMQStreamDataSource(DataSource):
         return DATA_SOURCE_NAME
 
     def schema(self) -> str:
-        return SPARK_SCHEMA_DDL
+        return Projection.parse(self.options.get("columns"), source=DATA_SOURCE_NAME).ddl
 
     def reader(self, schema: StructType) -> RabbitMQStreamReader:
-        _check_schema(schema)
-        return RabbitMQStreamReader(ReadOptions.parse(self.options))
+        options = with_schema(ReadOptions.parse(self.options), schema)
+        return (FilteringReader if options.filter_pushdown else RabbitMQStreamReader)(options)
 
     def streamReader(self, schema: StructType) -> Any:
         """``spark.readStream``: see :mod:`streamledger.spark.streaming` (docs/spark.md, "Streaming")."""
         from streamledger.spark.streaming import RabbitMQStreamMicroBatchReader, StreamingOptions
 
-        _check_schema(schema)
-        return RabbitMQStreamMicroBatchReader(StreamingOptions.parse(self.options))
+        options = StreamingOptions.parse(self.options)
+        return RabbitMQStreamMicroBatchReader(replace(options, read=with_schema(options.read, schema)))
 
 
-def _check_schema(schema: StructType) -> None:
-    """A user-given schema must be the source's own: the Arrow batches are built for exactly that."""
-    names = [f.name for f in schema.fields]
-    if names != ARROW_SCHEMA.names:
-        raise PlanningError(
-            f"{DATA_SOURCE_NAME}: the schema is fixed ({SPARK_SCHEMA_DDL}); got columns {names}"
-        )
+def with_schema(options: ReadOptions, schema: StructType) -> ReadOptions:
+    """The read's schema decides the projection: the source's columns (or a subset of them, with
+    their types, in any order; ``.schema("offset LONG, body BINARY")``); the Arrow batches are built
+    for exactly that schema."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    fields = [(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in schema.fields]
+    return replace(options, projection=Projection.of_schema(fields, source=DATA_SOURCE_NAME))

@@ -44,8 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from streamledger import fs
-from streamledger.cli import OneLineParser
-from streamledger.errors import StreamledgerError
+from streamledger.errors import OneLineParser, StreamledgerError
 from streamledger.manifest import MANIFEST, Manifest, StreamEntry
 from streamledger.sources import connect_log, log_kind, require_feature, super_stream_partitions
 from streamledger.spark.arrow_writer import FILE_BYTES, ROW_GROUP_BYTES, WriterOptions, write_files

@@ -23,49 +23,45 @@ claims are committed (without staging, so published with the commit) once Spark 
 done, then the broker offset is stored at the ledger's watermark. Spark 4.2 calls ``commit(end)``
 of batch *n* only when it plans batch *n+1*, so the claims are also settled when
 ``latestOffset(start)`` is called (Spark asks for a new batch only after the previous one reached
-the commit log): the last batch of a run is recorded in that run.
+the commit log): the last batch of a run is recorded in that run. The recording is the batch layer's
+:class:`~streamledger.batch.microbatch.MicroBatchRecorder`: it records exactly the span each batch's
+checkpointed offsets name, or fails the query with one line.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from streamledger.errors import StreamledgerError
 from streamledger.sources import super_stream_partitions
+from streamledger.spark.admission import TriggerOptions, admit_bytes
 from streamledger.spark.datasource import DATA_SOURCE_NAME, ReadOptions, StreamSlice, read_slice
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
     PlanningError,
     option_getter,
-    parse_bounds,
-    parse_positive_int,
     resolve_bound,
 )
 
 if TYPE_CHECKING:
-    from streamledger.ledger import Ledger, RunIdentity, SourceRef
+    from streamledger.batch.microbatch import MicroBatchRecorder
 
 log = logging.getLogger(__name__)
 
-DAG_PREFIX = "spark-streaming:"
-
 
 class StreamingError(StreamledgerError):
-    """A streaming query cannot go on (bad offset, a ledger history that disagrees with the query)."""
+    """A streaming query cannot go on (an offset this source did not write, a batch without a start);
+    a ledger history that disagrees with the query raises
+    :class:`~streamledger.batch.microbatch.MicroBatchError`."""
 
 
 @dataclass(frozen=True)
@@ -73,12 +69,16 @@ class StreamingOptions:
     """The batch source's options plus the streaming ones, parsed once."""
 
     read: ReadOptions
-    max_offsets: int | None = None
+    trigger: TriggerOptions = field(default_factory=TriggerOptions)
     ledger_url: str | None = field(default=None, repr=False)  # may carry a password
     ledger_on: bool = False
     pipeline: str | None = None
     ledger_output: str | None = None
     broker_name: str | None = None
+
+    @property
+    def max_offsets(self) -> int | None:
+        return self.trigger.max_offsets
 
     @classmethod
     def parse(cls, options: Any) -> StreamingOptions:
@@ -88,14 +88,13 @@ class StreamingOptions:
                 raise PlanningError(
                     f"{DATA_SOURCE_NAME} (streaming): option {key!r} is for batch reads; {why}"
                 )
+        for key in ("endingTimestamp", "endingOffsetsByTimestamp"):
+            if get(key):
+                raise PlanningError(
+                    f"{DATA_SOURCE_NAME} (streaming): option {key!r} is for batch reads; a stream has no end"
+                )
         read = ReadOptions.parse(options)
-        offsets = parse_positive_int(get("maxOffsetsPerTrigger"), what="maxOffsetsPerTrigger")
-        records = parse_positive_int(get("maxRecordsPerTrigger"), what="maxRecordsPerTrigger")
-        if offsets is not None and records is not None and offsets != records:
-            raise PlanningError(
-                f"{DATA_SOURCE_NAME}: give maxOffsetsPerTrigger or maxRecordsPerTrigger, not both "
-                "(records are bounded by offsets: each record takes one offset)"
-            )
+        trigger = TriggerOptions.parse(get)
         ledger_text = (get("ledgerUrl") or get("ledger") or "").strip()
         ledger_on = bool(ledger_text) and ledger_text.lower() not in ("false", "none", "off")
         pipeline = (get("pipeline") or "").strip() or None
@@ -110,7 +109,7 @@ class StreamingOptions:
         url = None if not ledger_on or ledger_text.lower() in ("default", "true") else ledger_text
         return cls(
             read=read,
-            max_offsets=offsets if offsets is not None else records,
+            trigger=trigger,
             ledger_url=url,
             ledger_on=ledger_on,
             pipeline=pipeline,
@@ -174,120 +173,6 @@ def admit(starts: Mapping[str, int], tails: Mapping[str, int], max_offsets: int 
     return {s: starts[s] + share[s] for s in starts}
 
 
-def count_range(client: Any, stream: str, start: int, end: int) -> tuple[int, int | None, int | None]:
-    """``(records, first offset, last offset)`` of ``[start, end)``: a raw read of offsets only (no
-    body decode, no maps), what the ledger commits for a range the tasks read."""
-    records, first, last = 0, None, None
-    if start >= end:
-        return 0, None, None
-    for batch in client.read_range(stream, start, end, decode="raw", layout="buffers", maps=False):
-        for a, n in zip(batch.run_starts, batch.run_lengths, strict=True):
-            if n:
-                first = a if first is None else first
-                last = a + n - 1
-                records += n
-    return records, first, last
-
-
-class LedgerRecorder:
-    """Claims, commits and stores offsets for one query's micro-batches (driver side only)."""
-
-    def __init__(self, options: StreamingOptions, client: Any) -> None:
-        from streamledger.batch.plan import broker_identity
-        from streamledger.ledger import Ledger
-
-        assert options.pipeline is not None and options.ledger_output is not None
-        self.pipeline = options.pipeline
-        self.root = options.ledger_output
-        self.super_stream = options.read.super_stream
-        self.ledger: Ledger = Ledger(options.ledger_url, create=True)
-        self.broker = broker_identity(options.read.url, options.broker_name or client.cluster_name)
-
-    def source(self, stream: str) -> SourceRef:
-        from streamledger.ledger import SourceRef
-
-        return SourceRef(self.broker, stream, self.super_stream)
-
-    @staticmethod
-    def run(query: str, batch: int, stream: str) -> RunIdentity:
-        from streamledger.ledger import RunIdentity
-
-        return RunIdentity(f"{DAG_PREFIX}{query}", f"batch-{batch}", stream)
-
-    def resume_point(self, stream: str) -> int | None:
-        return self.ledger.last_end(self.pipeline, self.source(stream))
-
-    def claim(self, end: SourceOffset, planned: PlannedRange, lost_reason: str | None) -> None:
-        """Claim ``planned`` for batch ``end.batch`` (recording its lost head first, if any); a replayed
-        batch finds its own claim. A ledger history that does not end where the batch starts is an
-        error: the ledger would otherwise skip or repeat offsets."""
-        stream = planned.stream
-        src, run = self.source(stream), self.run(end.query, end.batch, stream)
-        for r in self.ledger.open_claims(self.pipeline, src):
-            if r.run.dag_id == run.dag_id and r.run.run_id == run.run_id:
-                return
-        last = self.ledger.last_end(self.pipeline, src)
-        begin = planned.requested_start
-        if last is not None and last != begin and not (planned.lost and begin < last <= planned.start):
-            raise StreamingError(
-                f"pipeline {self.pipeline!r}, stream {stream!r}: the ledger's ranges end at {last} but "
-                f"micro-batch {end.batch} starts at {begin}; start the query where the ledger ends "
-                "(leave startingOffsets unset) or use another pipeline"
-            )
-        if planned.lost and lost_reason is not None:
-            lost_from = begin if last is None else max(begin, last)
-            if lost_from < planned.start:
-                self.ledger.record_lost(self.pipeline, src, lost_from, planned.start, run, lost_reason)
-        if planned.empty:
-            return
-        got = self.ledger.claim(self.pipeline, src, planned.end, run, initial_start=planned.start,
-                                max_span=planned.end - planned.start)
-        if (got.start, got.end) != (planned.start, planned.end):
-            raise StreamingError(
-                f"pipeline {self.pipeline!r}, stream {stream!r}: the ledger handed micro-batch {end.batch} "
-                f"[{got.start}, {got.end}) (range {got.id}), not [{planned.start}, {planned.end})"
-            )
-
-    def settle(self, upto: SourceOffset, client: Any) -> set[str]:
-        """Commit this query's claims that end at or before ``upto`` (Spark finished them), then move
-        the broker's stored offsets up to the watermark; returns the streams whose offset it stored."""
-        from streamledger.batch import outputs
-        from streamledger.batch.plan import offset_to_store, output_dir
-        from streamledger.fs import filesystem_for
-        from streamledger.manifest import Manifest, StreamEntry
-
-        dag = f"{DAG_PREFIX}{upto.query}"
-        stored: set[str] = set()
-        fs = filesystem_for(self.root)
-        for stream, pos in upto.offsets.items():
-            src = self.source(stream)
-            mine = [r for r in self.ledger.open_claims(self.pipeline, src)
-                    if r.run.dag_id == dag and r.end <= pos]
-            for r in mine:
-                records, first, last = count_range(client, stream, r.start, r.end)
-                where = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end)
-                manifest = Manifest(
-                    streams={stream: StreamEntry(r.start, r.end, records, first, last)}, output=where,
-                    written_at=datetime.now(UTC).isoformat(), pipeline=self.pipeline, broker=self.broker,
-                    range_id=r.id, extra={"streaming": {"query": upto.query, "batch": r.run.run_id}},
-                )
-                outputs.write_manifest(where, manifest, fs)  # before the commit: a committed range has one
-                self.ledger.commit(r.id, records=records, first_seen=first, last_seen=last, output=where)
-            if not mine:
-                continue
-            mark = self.ledger.watermark(self.pipeline, src)
-            target = offset_to_store(mark, client.query_offset(stream, self.pipeline))
-            if target is not None:
-                client.store_offset_verified(stream, self.pipeline, target)
-                stored.add(stream)
-                if mark.last_record_range is not None:
-                    self.ledger.mark_offset_stored(mark.last_record_range, True)
-        return stored
-
-    def close(self) -> None:
-        self.ledger.close()
-
-
 class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The streaming reader. Spark keeps one instance per query run in a driver-side Python process
     (every method but ``read``) and pickles fresh ones to the executors for ``read``: the live
@@ -298,11 +183,14 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         self._query = str(uuid.uuid4())  # used only when the query has no checkpointed offset yet
         self._target: dict[str, int] | None = None
         self._client: Any = None
-        self._recorder: LedgerRecorder | None = None
+        self._recorder: MicroBatchRecorder | None = None
         #: stream -> (tail before, tail after) our own last StoreOffset, whose tracking entry takes an
         #: offset: a tail that moved only by it is no new data (else every batch is followed by an
         #: empty one, and an empty range in the ledger).
         self._own: dict[str, tuple[int, int]] = {}
+        #: When this run last admitted a batch (Kafka's maxTriggerDelay clock; 0: the first trigger
+        #: never waits).
+        self._last_trigger_ms = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_recorder": None}
@@ -334,9 +222,18 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                 pass
             self._client = None
 
-    def recorder(self) -> LedgerRecorder | None:
+    def recorder(self) -> MicroBatchRecorder | None:
+        """The ledger's recorder of this query's micro-batches (opt-in ``ledger`` + ``pipeline``)."""
         if self.options.ledger_on and self._recorder is None:
-            self._recorder = LedgerRecorder(self.options, self.client())
+            from streamledger.batch.microbatch import MicroBatchRecorder
+            from streamledger.batch.plan import broker_identity
+            from streamledger.ledger import Ledger
+
+            opts = self.options
+            assert opts.pipeline is not None and opts.ledger_output is not None
+            broker = broker_identity(opts.read.url, opts.broker_name or self.client().cluster_name)
+            self._recorder = MicroBatchRecorder(Ledger(opts.ledger_url, create=True), opts.pipeline,
+                                                opts.ledger_output, broker, opts.read.super_stream)
         return self._recorder
 
     def streams(self, client: Any) -> list[str]:
@@ -349,25 +246,26 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
     def initialOffset(self) -> dict[str, Any]:
         def initial(client: Any) -> dict[str, Any]:
             streams = self.streams(client)
-            bounds = parse_bounds(self.options.read.starting, streams, default=OffsetBound.latest(),
-                                  what="startingOffsets")
+            read = self.options.read
+            bounds = read.start_bounds(streams, default=OffsetBound.latest())
+            given = read.starting is not None or read.times.starting is not None or read.times.starting_by
             recorder = self.recorder()
             offsets: dict[str, int] = {}
             for s in streams:
-                resume = recorder.resume_point(s) if recorder and self.options.read.starting is None else None
+                resume = recorder.resume_point(s) if recorder and not given else None
                 if resume is not None:
                     offsets[s] = resume  # the pipeline's ledger history says where it stopped
                     continue
                 first, tail = int(client.first_offset(s)), int(client.committed_tail(s))
-                offsets[s] = resolve_bound(client, s, bounds[s], first=first, tail=tail)
+                offsets[s] = resolve_bound(client, s, bounds[s], first=first, tail=tail,
+                                           past_tail=read.times.strategy)
             return SourceOffset(self._query, -1, offsets).to_json()
 
         result: dict[str, Any] = self._call(initial)
         return result
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.options.max_offsets
-        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+        return self.options.trigger.default_limit()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._call(lambda c: {s: int(c.committed_tail(s)) for s in self.streams(c)})
@@ -384,27 +282,53 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                     new[s] = starts[s] = int(client.first_offset(s))
                     log.info("stream %r joined the query at offset %d", s, new[s])
             tails = {s: int(client.committed_tail(s)) for s in starts}
+            for s in sorted(starts):
+                if tails[s] < starts[s]:  # the stream lost offsets the query already passed
+                    new[s] = starts[s] = self._restart(client, s, starts[s], tails[s])
             for s, (before, after) in self._own.items():
                 if starts.get(s) == before and tails.get(s) == after:
                     tails[s] = before
             self._own = {}
             recorder = self.recorder()
             if recorder is not None:  # Spark asks for batch n+1 only after batch n committed
-                for s in recorder.settle(begin, client):
+                for s in recorder.settle(begin.query, begin.batch, begin.offsets, client):
                     after = int(client.committed_tail(s))
                     if after == tails[s] + 1:  # only our entry came in: else a record may hide there
                         self._own[s] = (tails[s], after)
             if self._target is not None:
                 tails = {s: max(starts[s], min(t, self._target.get(s, starts[s]))) for s, t in tails.items()}
-            cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-            ends = admit(starts, tails, cap)
+            budget = self.options.trigger.budget(limit, available_now=self._target is not None)
+            now = int(time.time() * 1000)
+            backlog = sum(max(0, tails[s] - starts[s]) for s in starts)
+            if (not new and backlog < budget.min_offsets
+                    and now - self._last_trigger_ms < self.options.trigger.max_trigger_delay_ms):
+                return start  # Kafka's minOffsetsPerTrigger: wait for more, up to maxTriggerDelay
+            ends = admit(starts, tails, budget.max_offsets)
+            if budget.max_bytes is not None:
+                sizes = {s: client.bytes_per_offset(s) or 0.0 for s in starts if ends[s] > starts[s]}
+                ends = admit_bytes(starts, ends, sizes, budget.max_bytes)
             if not new and ends == begin.offsets:
                 return start
+            self._last_trigger_ms = now
             from_ = dict(starts) if begin.batch < 0 else new
             return SourceOffset(begin.query, begin.batch + 1, ends, from_).to_json()
 
         result: dict[str, Any] = self._call(latest)
         return result
+
+    def _restart(self, client: Any, stream: str, start: int, tail: int) -> int:
+        """The stream's committed tail fell below the query's offset (deleted and recreated, or
+        truncated): Kafka's failOnDataLoss. An error by default; else read on from its first offset."""
+        if self.options.read.fail_on_data_loss:
+            raise StreamingError(
+                f"stream {stream!r}: the committed tail {tail} is below the query's offset {start} (the "
+                "stream was deleted and recreated, or truncated); set failOnDataLoss=false to read on "
+                "from its first offset"
+            )
+        first = int(client.first_offset(stream))
+        log.warning("stream %r: the committed tail %d is below the query's offset %d; reading on from "
+                    "offset %d (failOnDataLoss=false)", stream, tail, start, first)
+        return first
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         tails = self._call(lambda c: {s: int(c.committed_tail(s)) for s in self.streams(c)})
@@ -442,13 +366,14 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         if recorder is not None:
             for r in ranges:
                 reason = f"removed by retention before micro-batch {stop.batch} of query {stop.query}"
-                recorder.claim(stop, r, reason if r.lost else None)
+                recorder.claim(stop.query, stop.batch, r.stream, r.start, r.end,
+                               requested_start=r.requested_start, lost_reason=reason if r.lost else None)
         return [StreamSlice(*piece) for piece in self.options.read.slices(ranges)]
 
     def commit(self, end: dict[str, Any]) -> None:
         if self.options.ledger_on:
             upto = SourceOffset.from_json(end)
-            self._call(lambda c: self.recorder().settle(upto, c))  # type: ignore[union-attr]
+            self._call(lambda c: self.recorder().settle(upto.query, upto.batch, upto.offsets, c))  # type: ignore[union-attr]
 
     def stop(self) -> None:
         self._drop_client()

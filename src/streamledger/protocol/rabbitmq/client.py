@@ -399,6 +399,15 @@ class StreamClient:
                 )
             time.sleep(READ_BACK_INTERVAL)
 
+    def bytes_per_offset(self, name: str) -> float | None:
+        """Stored bytes per offset of the stream's newest user chunk (None when it has none): what a
+        reader estimates a range's size by without reading it (``maxBytesPerTrigger``)."""
+        _check_name("stream", name)
+        info = self._probe(name, OffsetSpec.last(), all_chunks=False)
+        if info is None or info.num_records <= 0:
+            return None
+        return info.data_length / info.num_records
+
     def _probe(self, name: str, spec: OffsetSpec, *, all_chunks: bool) -> ChunkHeader | None:
         return probe_chunk(self._conn, self._next_sub_id(), name, spec, all_chunks=all_chunks)
 

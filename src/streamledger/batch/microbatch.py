@@ -1,0 +1,202 @@
+"""The ledger's bookkeeping for an unbounded reader's micro-batches (Spark's Structured Streaming
+today): claim each batch's span per stream when the batch is planned, commit it once the engine says
+the batch is done, then store the broker offset at the ledger's watermark.
+
+It takes plain values (query, batch number, stream, offsets) so the streaming adapter only says what
+a micro-batch is; which ranges the ledger records stays here, beside the batch that records ranges
+the same way. A micro-batch's run identity is
+``RunIdentity("spark-streaming:<query id>", "batch-<n>", <stream>)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from streamledger.errors import StreamledgerError
+from streamledger.ledger import Ledger, OffsetRange, RangeStatus, RunIdentity, SourceRef
+
+DAG_PREFIX = "spark-streaming:"
+
+
+class MicroBatchError(StreamledgerError):
+    """The ledger's history disagrees with a micro-batch: recording it would skip or repeat offsets."""
+
+
+def count_range(client: Any, stream: str, start: int, end: int) -> tuple[int, int | None, int | None]:
+    """``(records, first offset, last offset)`` of ``[start, end)``: a raw read of offsets only (no
+    body decode, no maps), what the ledger commits for a range the tasks read."""
+    records, first, last = 0, None, None
+    if start >= end:
+        return 0, None, None
+    for batch in client.read_range(stream, start, end, decode="raw", layout="buffers", maps=False):
+        for a, n in zip(batch.run_starts, batch.run_lengths, strict=True):
+            if n:
+                first = a if first is None else first
+                last = a + n - 1
+                records += n
+    return records, first, last
+
+
+class MicroBatchRecorder:
+    """Claims, commits and stores offsets for one query's micro-batches (driver side only)."""
+
+    def __init__(self, ledger: Ledger, pipeline: str, output_root: str, broker: str,
+                 super_stream: str | None = None) -> None:
+        self.ledger = ledger
+        self.pipeline = pipeline
+        self.root = output_root
+        self.broker = broker
+        self.super_stream = super_stream
+        #: stream -> (query, batch) last settled: an idle query asks again and again
+        self._settled: dict[str, tuple[str, int]] = {}
+
+    def source(self, stream: str) -> SourceRef:
+        return SourceRef(self.broker, stream, self.super_stream)
+
+    @staticmethod
+    def run(query: str, batch: int, stream: str) -> RunIdentity:
+        return RunIdentity(f"{DAG_PREFIX}{query}", f"batch-{batch}", stream)
+
+    def resume_point(self, stream: str) -> int | None:
+        return self.ledger.last_end(self.pipeline, self.source(stream))
+
+    def _where(self, stream: str, query: str, batch: int) -> tuple[str, str]:
+        """How an error names the place and the batch (one line: pipeline, stream, batch, query)."""
+        return f"pipeline {self.pipeline!r}, stream {stream!r}", f"micro-batch {batch} of query {query}"
+
+    def _mine(self, src: SourceRef, run: RunIdentity) -> OffsetRange | None:
+        """The open claim ``run`` holds on ``src``, if any."""
+        return next((r for r in self.ledger.open_claims(self.pipeline, src) if r.run.key() == run.key()),
+                    None)
+
+    def _take(self, src: SourceRef, run: RunIdentity, where: tuple[str, str], start: int, end: int
+              ) -> OffsetRange:
+        """Claim exactly ``[start, end)`` for ``run``. The ledger may hand back another span (a failed
+        hole is redone whole, whoever asks): that claim is released at once, then one line says so."""
+        got = self.ledger.claim(self.pipeline, src, end, run, initial_start=start, max_span=end - start)
+        if (got.start, got.end) == (start, end):
+            return got
+        if got.status == RangeStatus.CLAIMED:
+            self.ledger.fail(got.id, f"released: {where[1]} reads [{start}, {end}), not this span")
+            raise MicroBatchError(
+                f"{where[0]}: the ledger hands {where[1]} the failed span [{got.start}, {got.end}) "
+                f"(range {got.id}), not the span it reads [{start}, {end}); nothing recorded (the query "
+                "whose checkpoint holds that span must read it first)"
+            )
+        raise MicroBatchError(
+            f"{where[0]}: {where[1]} reads [{start}, {end}) but its range in the ledger is "
+            f"[{got.start}, {got.end}) (range {got.id}, {got.status.value}); nothing recorded"
+        )
+
+    def claim(self, query: str, batch: int, stream: str, start: int, end: int, *,
+              requested_start: int | None = None, lost_reason: str | None = None) -> None:
+        """Claim exactly ``[start, end)`` of ``stream`` for micro-batch ``batch`` (recording its lost head
+        ``[requested_start, start)`` first, if any). A replayed batch finds its own claim, used only if
+        it holds exactly this span (or this span and the head retention took since: that head is
+        recorded lost); any other span is refused with nothing written, the claim left for the
+        operator (``ledger release-stale``). A ledger history that does not end where the batch starts
+        is an error too: the ledger would otherwise skip or repeat offsets."""
+        begin = start if requested_start is None else requested_start
+        lost = begin < start
+        src, run = self.source(stream), self.run(query, batch, stream)
+        where = self._where(stream, query, batch)
+        mine = self._mine(src, run)
+        if mine is not None:
+            if (mine.start, mine.end) == (start, end):
+                return
+            if not (lost and lost_reason is not None and (mine.start, mine.end) == (begin, end)):
+                raise MicroBatchError(
+                    f"{where[0]}: {where[1]} reads [{start}, {end}) but its claim in the ledger is "
+                    f"[{mine.start}, {mine.end}) (range {mine.id}): the checkpoint and the ledger "
+                    "disagree; nothing recorded (release the claim with `streamledger ledger "
+                    "release-stale` once no query holds it)"
+                )
+            # Retention took the head since this batch first claimed it: the ledger fails the claim,
+            # records the head lost and leaves the rest a hole, claimed again just below.
+            self.ledger.record_lost(self.pipeline, src, begin, start, run, lost_reason)
+            if start < end:
+                self._take(src, run, where, start, end)
+            return
+        last = self.ledger.last_end(self.pipeline, src)
+        if last is not None and last != begin and not (lost and begin < last <= start):
+            raise MicroBatchError(
+                f"pipeline {self.pipeline!r}, stream {stream!r}: the ledger's ranges end at {last} but "
+                f"micro-batch {batch} starts at {begin}; start the query where the ledger ends "
+                "(leave startingOffsets unset) or use another pipeline"
+            )
+        if lost and lost_reason is not None:
+            lost_from = begin if last is None else max(begin, last)
+            if lost_from < start:
+                self.ledger.record_lost(self.pipeline, src, lost_from, start, run, lost_reason)
+        if start < end:
+            self._take(src, run, where, start, end)
+
+    def _released(self, src: SourceRef, run: RunIdentity, where: tuple[str, str], end: int
+                  ) -> OffsetRange | None:
+        """Micro-batch ``run`` is done (the engine said so) but holds no claim: if the ledger does not
+        already end at ``end`` and its claim was released (``ledger release-stale`` while it ran), the
+        same span is claimed again, else one line (the batch read it; recording anything else would
+        be false)."""
+        if self.ledger.last_end(self.pipeline, src) == end:
+            return None  # recorded already (or nothing to record)
+        released = [r for r in self.ledger.ranges(self.pipeline, stream=src.stream)
+                    if r.source.broker == src.broker and r.run.key() == run.key()
+                    and r.status == RangeStatus.FAILED and r.end == end]
+        if not released:
+            return None  # nothing of this batch: the next claim checks where the ledger ends
+        span = max(released, key=lambda r: r.id)
+        return self._take(src, run, where, span.start, span.end)
+
+    def settle(self, query: str, batch: int, ends: Mapping[str, int], client: Any) -> set[str]:
+        """Commit micro-batch ``batch`` of ``query`` (the engine finished it; ``ends`` are its end
+        offsets, as checkpointed): per stream exactly the span its claim holds, claimed again if it
+        was released meanwhile; then move the broker's stored offsets up to the watermark. Returns
+        the streams whose offset it stored."""
+        from streamledger.batch import outputs
+        from streamledger.batch.plan import offset_to_store, output_dir
+        from streamledger.fs import filesystem_for
+        from streamledger.manifest import Manifest, StreamEntry
+
+        stored: set[str] = set()
+        if batch < 0:
+            return stored  # the initial offset: no batch ran yet
+        fs = filesystem_for(self.root)
+        for stream, pos in ends.items():
+            if self._settled.get(stream) == (query, batch):
+                continue
+            src, run = self.source(stream), self.run(query, batch, stream)
+            where = self._where(stream, query, batch)
+            r = self._mine(src, run)
+            if r is not None and r.end != pos:
+                raise MicroBatchError(
+                    f"{where[0]}: {where[1]} ended at {pos} but its claim in the ledger is "
+                    f"[{r.start}, {r.end}) (range {r.id}); nothing recorded"
+                )
+            if r is None:
+                r = self._released(src, run, where, pos)
+            if r is None:
+                self._settled[stream] = (query, batch)
+                continue
+            records, first, last = count_range(client, stream, r.start, r.end)
+            target_dir = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end)
+            manifest = Manifest(
+                streams={stream: StreamEntry(r.start, r.end, records, first, last)}, output=target_dir,
+                written_at=datetime.now(UTC).isoformat(), pipeline=self.pipeline, broker=self.broker,
+                range_id=r.id, extra={"streaming": {"query": query, "batch": r.run.run_id}},
+            )
+            outputs.write_manifest(target_dir, manifest, fs)  # before the commit: a committed range has one
+            self.ledger.commit(r.id, records=records, first_seen=first, last_seen=last, output=target_dir)
+            self._settled[stream] = (query, batch)
+            mark = self.ledger.watermark(self.pipeline, src)
+            target = offset_to_store(mark, client.query_offset(stream, self.pipeline))
+            if target is not None:
+                client.store_offset_verified(stream, self.pipeline, target)
+                stored.add(stream)
+                if mark.last_record_range is not None:
+                    self.ledger.mark_offset_stored(mark.last_record_range, True)
+        return stored
+
+    def close(self) -> None:
+        self.ledger.close()
