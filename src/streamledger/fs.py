@@ -84,6 +84,24 @@ def name(location: str) -> str:
     return location.rstrip("/").rsplit("/", 1)[-1]
 
 
+STORE_SCHEMES = frozenset({"s3", "gs", "abfs", "hdfs", "viewfs", *_ARROW_SCHEMES})
+"""URI schemes of the stores the batch reaches (through pyarrow, or the Spark session's Hadoop FS)."""
+
+
+def location_problem(location: str) -> str | None:
+    """Why no file system of the batch reaches ``location``, or None: a plain path, ``file://`` or
+    a store of :data:`STORE_SCHEMES` (an object store's URI must name its bucket)."""
+    kind = scheme(location)
+    if kind in ("", "file"):
+        return None
+    if kind not in STORE_SCHEMES:
+        return (f"no file system of the batch takes the scheme {kind!r} (a path, file:// or one of "
+                f"{', '.join(sorted(STORE_SCHEMES))})")
+    if kind not in ("hdfs", "viewfs") and not urlsplit(location).netloc:
+        return f"the {kind}:// URI names no bucket"
+    return None
+
+
 def local_path(location: str) -> Path:
     """A local (or shared POSIX) path from ``/x`` or ``file:///x``; other schemes are refused."""
     if location.startswith("file://"):

@@ -23,6 +23,12 @@ class IntervalNotReady(BatchError):
         self.ready_by = ready_by
 
 
+class StreamReplaced(BatchError):
+    """The broker no longer holds the stream a source's ledger history was read from (deleted and
+    re-created): nothing was claimed or stored; ``streamledger ledger new-epoch`` starts a new
+    history once the user confirms it is a new stream."""
+
+
 class InjectedCrash(BaseException):
     """For tests' step hooks: a BaseException, so none of the batch's clean-up code runs (a kill)."""
 
@@ -241,3 +247,14 @@ class BatchResult:
             "ranges": self.ranges(),
             "partitions": [p.to_dict() for p in self.partitions],
         }
+
+
+def summarize(result: BatchResult) -> str:
+    """One line per partition for task logs."""
+    lines = [f"pipeline {result.pipeline} on {result.broker}: {result.records} records"]
+    for p in result.partitions:
+        lines.append(
+            f"  {p.stream} [{p.start}, {p.end}) {p.status} records={p.records} "
+            f"offsets={p.first_offset}..{p.last_offset} stored={p.offset_stored} output={p.output}"
+        )
+    return "\n".join(lines)

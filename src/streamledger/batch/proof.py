@@ -3,7 +3,8 @@
 The ledger's audit (:meth:`streamledger.ledger.Ledger.audit`) proves the offset history is
 contiguous, committed and agrees with the broker. That proof is worth nothing to a reader if a
 committed range's directory was deleted, or holds another range's files. So for every committed
-range with records whose output is published, the output is checked here against the ledger:
+range with records whose output is published, the output is checked here against the ledger
+(rule 9 of the audit rules in docs/ledger.md; rules 1-8 are the ledger's own audit):
 
 * its ``_manifest.json`` exists and names the same ledger range and pipeline (else the directory
   is missing or foreign);

@@ -1,4 +1,4 @@
-"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|new-epoch`` commands.
+"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|new-epoch|skip`` commands.
 
 The database comes from ``--ledger URL`` (old name ``--db``; default ``$STREAMLEDGER_LEDGER_URL`` or
 the SQLite file under ``$STREAMLEDGER_HOME``); only ``upgrade`` creates one (docs/cli.md). ``audit``
@@ -32,7 +32,7 @@ from streamledger.cli.options import (
 from streamledger.cli.table import render, when
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
-    from streamledger.ledger import BrokerOffsetLookup, Ledger, OffsetRange
+    from streamledger.ledger import Ledger, OffsetQuerier, OffsetRange
 
 
 # -- argument types: bad input stops argparse (one line, exit 2) before a ledger is opened --------
@@ -113,15 +113,16 @@ def _downgrade(args: argparse.Namespace) -> int:
     return _migrate(args, "downgrade")
 
 
-def _broker_lookups(stack: contextlib.ExitStack, urls: list[str]) -> dict[str, BrokerOffsetLookup]:
-    """Connect to each server and map every ledger identity it answers for to its stored offsets."""
+def _broker_lookups(stack: contextlib.ExitStack, urls: list[str]) -> dict[str, OffsetQuerier]:
+    """Connect to each server and map every ledger identity it answers for to its client (stored
+    offsets, and the chunk headers a re-created stream is told apart by)."""
     from streamledger.sources import connect_log, server_identities
 
-    lookups: dict[str, BrokerOffsetLookup] = {}
+    lookups: dict[str, OffsetQuerier] = {}
     for url in urls:
         client = stack.enter_context(connect_log(url))
         for identity in server_identities(url, client):
-            lookups.setdefault(identity, client.query_offset)
+            lookups.setdefault(identity, client)
     return lookups
 
 
@@ -229,16 +230,45 @@ def _release_stale(args: argparse.Namespace) -> int:
 
 def _new_epoch(args: argparse.Namespace) -> int:
     from streamledger.ledger import SourceRef
+    from streamledger.sources import canonical_identity
 
+    broker = canonical_identity(args.broker)  # any spelling of the identity the batch named
     with _ledger(args) as ledger:
-        old, new = ledger.new_epoch(args.pipeline, SourceRef(broker=args.broker, stream=args.stream),
+        old, new = ledger.new_epoch(args.pipeline, SourceRef(broker=broker, stream=args.stream),
                                     reason=args.reason or "")
     if getattr(args, "json", False):
-        print(json.dumps({"pipeline": args.pipeline, "stream": args.stream, "broker": args.broker,
+        print(json.dumps({"pipeline": args.pipeline, "stream": args.stream, "broker": broker,
                           "retired_epoch": old, "epoch": new}))
         return 0
-    print(f"pipeline {args.pipeline} stream {args.stream} on {args.broker}: epoch {old} retired (kept under "
-          f"{args.broker}#epoch{old}); epoch {new} reads the stream from its first offset")
+    print(f"pipeline {args.pipeline} stream {args.stream} on {broker}: epoch {old} retired (kept under "
+          f"{broker}#epoch{old}); epoch {new} reads the stream from its first offset")
+    return 0
+
+
+def _offset(text: str) -> int:
+    """An offset: a non-negative integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an offset (an integer), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an offset is not negative, got {value}")
+    return value
+
+
+def _skip(args: argparse.Namespace) -> int:
+    from streamledger.ledger import SourceRef
+    from streamledger.sources import canonical_identity
+
+    broker = canonical_identity(args.broker)  # any spelling of the identity the batch named
+    with _ledger(args) as ledger:
+        rng = ledger.record_skipped(args.pipeline, SourceRef(broker=broker, stream=args.stream),
+                                   args.start, args.end, reason=args.reason)
+    if getattr(args, "json", False):
+        print(json.dumps(rng.to_dict(), default=str))
+        return 0
+    print(f"pipeline {args.pipeline} stream {args.stream} on {broker}: [{rng.start}, {rng.end}) "
+          f"recorded as deliberately skipped (range {rng.id}): {args.reason}")
     return 0
 
 
@@ -341,6 +371,17 @@ def register(sub: Any) -> None:
     p.add_argument("--reason", default=None, help="recorded with the new epoch")
     add_json(p)
     p.set_defaults(func=_new_epoch)
+
+    p = cmds.add_parser("skip", help="record a span nobody will read as deliberately skipped (audited)")
+    add_ledger(p)
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--stream", required=True, help="the stream (or super stream partition)")
+    p.add_argument("--broker", required=True, help="the broker identity as the ledger names it")
+    p.add_argument("--start", type=_offset, required=True, help="first offset skipped")
+    p.add_argument("--end", type=_offset, required=True, help="first offset after the span (exclusive)")
+    p.add_argument("--reason", required=True, help="why nobody reads it (recorded, shown by the audit)")
+    add_json(p)
+    p.set_defaults(func=_skip)
 
     p = cmds.add_parser("release-stale", help="fail claims not heard from for --older-than seconds")
     add_ledger(p)

@@ -231,9 +231,14 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
 
             opts = self.options
             assert opts.pipeline is not None and opts.ledger_output is not None
-            broker = broker_identity(opts.read.url, opts.broker_name or self.client().cluster_name)
-            self._recorder = MicroBatchRecorder(Ledger(opts.ledger_url, create=True), opts.pipeline,
-                                                opts.ledger_output, broker, opts.read.super_stream)
+            name = opts.broker_name or self.client().cluster_name
+            broker = broker_identity(opts.read.url, name)
+            ledger = Ledger(opts.ledger_url, create=True)
+            # Rows recorded under another spelling of this broker's identity are this query's history.
+            legacy = broker_identity(opts.read.url) if name else None
+            ledger.adopt_identity(opts.pipeline, broker, legacy=legacy)
+            self._recorder = MicroBatchRecorder(ledger, opts.pipeline, opts.ledger_output, broker,
+                                                opts.read.super_stream)
         return self._recorder
 
     def streams(self, client: Any) -> list[str]:

@@ -183,7 +183,8 @@ def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None
         return f"the delta sink takes a table location, not a catalog (table {table!r})"
     if table is not None and not table.strip():
         return "delta table location must not be empty"
-    return None
+    where = filesystems.location_problem(table) if table is not None else None
+    return None if where is None else f"delta table {table}: {where}"
 
 
 def _kind(t: Any) -> str:
@@ -200,12 +201,15 @@ def _kind(t: Any) -> str:
     return str(t)
 
 
-def schema_problem(schema: Any) -> str | None:
-    """Why a table's arrow ``schema`` is not the job's (``spark.arrow.ARROW_SCHEMA``: the columns of
-    every file the job writes), or None. The one rule both table sinks ask before claiming."""
-    from streamledger.spark.arrow import ARROW_SCHEMA
+def schema_problem(schema: Any, files_schema: Any = None) -> str | None:
+    """Why a table's arrow ``schema`` is not the job's (``files_schema``: the columns of every file
+    the job writes from the pipeline's kind of log, ``LogKind.files_schema``; RabbitMQ's
+    ``spark.arrow.ARROW_SCHEMA`` when not given), or None. The one rule both table sinks ask before
+    claiming."""
+    if files_schema is None:
+        from streamledger.spark.arrow import ARROW_SCHEMA as files_schema
 
-    want = {f.name: _kind(f.type) for f in ARROW_SCHEMA}
+    want = {f.name: _kind(f.type) for f in files_schema}
     have = {f.name: _kind(f.type) for f in schema}
     if set(have) != set(want):
         return f"its columns ({', '.join(have)}) are not the job's ({', '.join(want)})"
@@ -217,16 +221,20 @@ def schema_problem(schema: Any) -> str | None:
 
 def make_sink(config: BatchConfig, ledger: Ledger) -> Sink:
     """The sink a batch's configuration names (the table sinks import their library here)."""
+    from streamledger.sources import RABBITMQ, find_kind
+
     if config.sink == "iceberg":
         from streamledger.batch.sinks.iceberg import IcebergSink
 
         return IcebergSink(pipeline=config.pipeline, output_root=config.output_root,
                            table=config.table or default_iceberg_table(config.pipeline),
-                           catalog=config.catalog, ledger_url=ledger.url)
+                           catalog=config.catalog, ledger_url=ledger.url,
+                           files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
     if config.sink == "delta":
         from streamledger.batch.sinks.delta import DeltaSink
 
-        return DeltaSink(pipeline=config.pipeline, output_root=config.output_root, table=config.table)
+        return DeltaSink(pipeline=config.pipeline, output_root=config.output_root, table=config.table,
+                         files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
     return DirectorySink(config.output_root, config.pipeline)
 
 
@@ -268,6 +276,22 @@ def parse_summary(props: Mapping[str, Any], pipeline: str, commit: int) -> Table
     except ValueError:
         ranges = []
     return TableCommit(commit, tuple(r for r in ranges if isinstance(r, dict)), str(props.get(KEY_RUN, "")))
+
+
+def whole_table_missing(table: str, pipeline: str, ranges: list[OffsetRange],
+                        problem: str) -> list[Violation]:
+    """The finding when a table cannot be opened or its rows cannot be read (files deleted, the store
+    unreachable): every range the ledger recorded in it is missing, named in one line each."""
+    from streamledger.ledger.audit import Violation, ViolationKind
+
+    return [Violation(ViolationKind.OUTPUT_MISSING, pipeline, r.source.stream, r.source.broker, r.start,
+                      r.end, r.id, problem) for r in ranges if r.sink_table == table]
+
+
+def line(exc: BaseException) -> str:
+    """A library's error as one line (its first)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: list[TableCommit] | None,

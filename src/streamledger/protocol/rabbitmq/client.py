@@ -411,6 +411,15 @@ class StreamClient:
     def _probe(self, name: str, spec: OffsetSpec, *, all_chunks: bool) -> ChunkHeader | None:
         return probe_chunk(self._conn, self._next_sub_id(), name, spec, all_chunks=all_chunks)
 
+    def chunk_at(self, name: str, offset: int) -> ChunkHeader | None:
+        """The header of the user chunk holding ``offset`` (one chunk delivered, its data unread);
+        None when no retained user chunk holds it (below retention, past the tail, a tracking offset).
+        Its first offset, timestamp and CRC tell one incarnation of a stream from another."""
+        _check_name("stream", name)
+        _check_offset(offset)
+        head = self._probe(name, OffsetSpec.offset(offset), all_chunks=False)
+        return head if head is not None and head.first_offset <= offset < head.next_offset else None
+
     def first_offset(self, name: str) -> int:
         """Lowest offset still retained (0 for an empty stream).
 
