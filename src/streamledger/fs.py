@@ -8,7 +8,7 @@ Three implementations, chosen by :func:`filesystem_for` (the batch) and
 * :class:`streamledger.spark.fs.HadoopFS`, Spark's own Hadoop ``FileSystem`` reached through a
   classic session's JVM, so every scheme Spark is configured for works with Spark's configuration and
   credentials (``file://``, ``hdfs://``, ``s3a://``, ``gs://``, ``abfs://``). It lives in the Spark
-  layer (this module reaches no JVM); ``streamledger.fs.HadoopFS`` / ``for_session`` still resolve;
+  layer (this module reaches no JVM and imports nothing of Spark's);
 * :class:`ArrowFS`, ``pyarrow.fs`` from the same URI, for a Spark Connect client (it has no JVM to
   reach Hadoop through) and for runners without a session (spark-submit). It needs the caller's
   own access to the store (pyarrow reads the usual ``AWS_*`` / Google / Azure environment).
@@ -419,13 +419,3 @@ def filesystem_for(location: str, runner: Any = None) -> OutputFS:
     if scheme(location) == "file":
         return LOCAL
     return ArrowFS()
-
-
-def __getattr__(name: str) -> Any:
-    """The Spark-only names this module used to hold, from :mod:`streamledger.spark.fs` (imported
-    only when asked for, so the batch core and the CLI load no Spark code)."""
-    if name in ("HadoopFS", "for_session", "is_connect"):
-        from streamledger.spark import fs as spark_fs
-
-        return getattr(spark_fs, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
