@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from streamledger.batch.rules import sink_problem, source_problem
 from streamledger.errors import BatchError as BatchError  # its home moved below the layers
 from streamledger.ledger.types import RunIdentity
 
@@ -121,8 +122,6 @@ class BatchConfig:
     origin: datetime | None = None
 
     def __post_init__(self) -> None:
-        from streamledger.batch.position import source_problem
-
         problem = source_problem(self.pipeline, self.stream, self.super_stream, self.url)
         if problem is not None:
             raise BatchError(problem)
@@ -173,9 +172,7 @@ class BatchConfig:
                 raise BatchError(f"{name}: interval_grace must be >= 0 seconds, got {self.interval_grace}")
 
     def _check_sink(self, name: str) -> None:
-        """The sink's settings, refused before anything is claimed (the one rule: ``sinks``)."""
-        from streamledger.batch.sinks import sink_problem
-
+        """The sink's settings, refused before anything is claimed (the one rule: ``rules``)."""
         problem = sink_problem(self.sink, self.table, self.catalog, self.fmt)
         if problem is not None:
             raise BatchError(f"{name}: {problem}")

@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from streamledger import fs as filesystems
 from streamledger.batch import plan
+from streamledger.batch.rules import SINKS as SINKS
+from streamledger.batch.rules import default_iceberg_table as default_iceberg_table
+from streamledger.batch.rules import sink_problem as sink_problem
 
 if TYPE_CHECKING:
     from streamledger.batch.config import BatchConfig, RunId
@@ -48,8 +50,6 @@ __all__ = [
     "SINKS", "DirectorySink", "Sink", "SinkBatch", "SinkRange", "SinkReceipt", "data_files",
     "default_iceberg_table", "make_sink", "schema_problem", "sink_problem", "summary",
 ]
-
-SINKS = ("directory", "iceberg", "delta")
 
 #: Keys of a table commit's summary (Iceberg snapshot summary / Delta commit info).
 KEY_PIPELINE = "streamledger.pipeline"
@@ -66,9 +66,6 @@ def backoff(attempt: int) -> float:
     """Seconds to wait after the ``attempt``-th (0-based) lost commit: exponential from 50 ms,
     at most 2 s, with full jitter so writers that collided do not collide again in step."""
     return random.uniform(0, min(2.0, 0.05 * 2 ** attempt))
-
-
-_IDENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*\.[A-Za-z0-9_][A-Za-z0-9_-]*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,36 +152,6 @@ class DirectorySink:
 
     def describe(self) -> dict[str, Any] | None:
         return None
-
-
-def default_iceberg_table(pipeline: str) -> str:
-    """``streamledger.<pipeline>`` with every character outside ``[A-Za-z0-9_]`` as ``_``."""
-    return "streamledger." + re.sub(r"[^A-Za-z0-9_]", "_", pipeline)
-
-
-def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None, fmt: str) -> str | None:
-    """Why a sink's settings cannot work, or None (the one rule: config, CLI and operators ask it)."""
-    if sink not in SINKS:
-        return f"sink must be one of {', '.join(SINKS)}, got {sink!r}"
-    if sink == "directory":
-        if table is not None or catalog:
-            return "table and catalog are for the iceberg and delta sinks; the directory sink takes neither"
-        return None
-    if fmt != "parquet":
-        return (f"the {sink} sink adds the job's Parquet files to the table: fmt must be 'parquet', "
-                f"got {fmt!r}")
-    if sink == "iceberg":
-        if table is not None and not _IDENT.match(table):
-            return f"iceberg table {table!r} is not 'namespace.name'"
-        if catalog is not None and not isinstance(catalog, Mapping):
-            return "catalog must be a mapping of pyiceberg catalog properties"
-        return None
-    if catalog:
-        return f"the delta sink takes a table location, not a catalog (table {table!r})"
-    if table is not None and not table.strip():
-        return "delta table location must not be empty"
-    where = filesystems.location_problem(table) if table is not None else None
-    return None if where is None else f"delta table {table}: {where}"
 
 
 def _kind(t: Any) -> str:
