@@ -38,6 +38,7 @@ from streamledger.batch.position import (
     measure,
     user_records,
 )
+from streamledger.batch.sinks import choose
 from streamledger.manifest import Manifest, ManifestError
 from streamledger.offsets import ChunkPrint, same_stream, take_print
 
@@ -170,7 +171,7 @@ class BatchRun:
     def sink(self) -> sinks.Sink:
         """What publishing means for this batch (``BatchConfig.sink``); built on first use."""
         if self._sink is None:
-            self._sink = sinks.make_sink(self.config, self.ledger)
+            self._sink = choose.make_sink(self.config, self.ledger)
         return self._sink
 
     def _step(self, name: str) -> None:

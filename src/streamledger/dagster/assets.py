@@ -46,7 +46,7 @@ from dagster import (
 
 from streamledger.batch import BatchConfig, BatchResult, run_batch
 from streamledger.batch.position import PipelineSource
-from streamledger.batch.sinks import make_sink
+from streamledger.batch.sinks.choose import make_sink
 from streamledger.dagster.freshness import lag_by_stream
 from streamledger.dagster.identity import holder_alive, run_id_for
 from streamledger.errors import StreamledgerError

@@ -29,7 +29,8 @@ from streamledger.batch import (
     summarize,
 )
 from streamledger.batch.position import source_problem
-from streamledger.batch.sinks import SINKS, make_sink, sink_problem
+from streamledger.batch.sinks import SINKS, sink_problem
+from streamledger.batch.sinks.choose import make_sink
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls, mask_url

@@ -42,13 +42,13 @@ from streamledger.batch.rules import default_iceberg_table as default_iceberg_ta
 from streamledger.batch.rules import sink_problem as sink_problem
 
 if TYPE_CHECKING:
-    from streamledger.batch.config import BatchConfig, RunId
+    from streamledger.batch.config import RunId
     from streamledger.ledger import Ledger, OffsetRange
     from streamledger.ledger.audit import Violation
 
 __all__ = [
     "SINKS", "DirectorySink", "Sink", "SinkBatch", "SinkRange", "SinkReceipt", "data_files",
-    "default_iceberg_table", "make_sink", "schema_problem", "sink_problem", "summary",
+    "default_iceberg_table", "schema_problem", "sink_problem", "summary",
 ]
 
 #: Keys of a table commit's summary (Iceberg snapshot summary / Delta commit info).
@@ -184,25 +184,6 @@ def schema_problem(schema: Any, files_schema: Any = None) -> str | None:
     if wrong:
         return "its column types are not the job's: " + "; ".join(wrong)
     return None
-
-
-def make_sink(config: BatchConfig, ledger: Ledger) -> Sink:
-    """The sink a batch's configuration names (the table sinks import their library here)."""
-    from streamledger.sources import RABBITMQ, find_kind
-
-    if config.sink == "iceberg":
-        from streamledger.batch.sinks.iceberg import IcebergSink
-
-        return IcebergSink(pipeline=config.pipeline, output_root=config.output_root,
-                           table=config.table or default_iceberg_table(config.pipeline),
-                           catalog=config.catalog, ledger_url=ledger.url,
-                           files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
-    if config.sink == "delta":
-        from streamledger.batch.sinks.delta import DeltaSink
-
-        return DeltaSink(pipeline=config.pipeline, output_root=config.output_root, table=config.table,
-                         files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
-    return DirectorySink(config.output_root, config.pipeline)
 
 
 def data_files(location: str, fs: filesystems.OutputFS = filesystems.LOCAL) -> list[str]:
