@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import enum
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -186,32 +187,56 @@ the same ranges back. ``map_index`` -1 means "not mapped"; 0 is the first mapped
 """
 
 
+class StartFrom(enum.StrEnum):
+    """Where a partition's range came from: ``held`` (this run's own range from an earlier attempt, a
+    retry), ``new`` (claimed by this attempt: a failed or abandoned hole, else new data at the tail),
+    ``reread`` (a committed range read again because both copies of its files were gone)."""
+
+    HELD = "held"
+    NEW = "new"
+    REREAD = "reread"
+
+
+class PartitionStatus(enum.StrEnum):
+    """Where a partition is in this batch: ``planned``, ``empty`` (nothing new), ``claimed``,
+    ``committed`` (this run's range is done), ``failed``, ``lost`` (recorded lost), ``unknown`` (the
+    commit's outcome is unknown: the staging copy is kept, the ledger may point at it)."""
+
+    PLANNED = "planned"
+    EMPTY = "empty"
+    CLAIMED = "claimed"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    LOST = "lost"
+    UNKNOWN = "unknown"
+
+
 @dataclass(slots=True)
 class PartitionResult:
     """The outcome for one partition; ``to_dict`` is the XCom / Asset-event form.
 
-    ``status``: ``empty`` (nothing new), ``claimed``, ``committed`` (this run's range is done; with
-    ``records`` 0 when it held no user record), ``failed``. ``start_from`` says where the range
-    came from: ``held`` (this run's own range, a retry), ``hole`` (redoing a failed or abandoned
-    span), ``tail`` (new data).
+    ``status`` is a :class:`PartitionStatus` (``committed`` with ``records`` 0 when the range held
+    no user record); ``start_from`` a :class:`StartFrom`. ``to_dict`` gives both as their strings.
     """
 
     stream: str
     start: int
     end: int
-    start_from: str
+    start_from: StartFrom
     range_id: int | None = None
     records: int = 0
     first_offset: int | None = None
     last_offset: int | None = None
     output: str | None = None
-    status: str = "planned"
+    status: PartitionStatus = PartitionStatus.PLANNED
     offset_stored: int | None = None
     lost: tuple[int, int] | None = None
     read: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["start_from"], out["status"] = str(self.start_from), str(self.status)
+        return out
 
 
 @dataclass(slots=True)
