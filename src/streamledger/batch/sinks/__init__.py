@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from streamledger.ledger.audit import Violation
 
 __all__ = [
-    "SINKS", "DirectorySink", "Sink", "SinkBatch", "SinkRange", "SinkReceipt", "data_files",
-    "default_iceberg_table", "schema_problem", "sink_problem", "summary",
+    "SINKS", "DirectorySink", "Sink", "SinkBatch", "SinkRange", "SinkReceipt", "TableCommit", "TableRange",
+    "data_files", "default_iceberg_table", "schema_problem", "sink_problem", "summary",
 ]
 
 #: Keys of a table commit's summary (Iceberg snapshot summary / Delta commit info).
@@ -207,11 +207,33 @@ def summary(batch: SinkBatch, ranges: list[SinkRange]) -> dict[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class TableRange:
+    """One range a table commit names, as :func:`summary` wrote it. The summary is read back from a
+    table anyone can write to, so a field missing or of the wrong type is None (the audit reports it)."""
+
+    id: int | None
+    stream: str | None
+    start: int | None
+    end: int | None
+    records: int | None
+
+    @classmethod
+    def parse(cls, entry: Mapping[str, Any]) -> TableRange:
+        def num(key: str) -> int | None:
+            value = entry.get(key)
+            return value if isinstance(value, int) else None
+
+        stream = entry.get("stream")
+        return cls(num("id"), stream if isinstance(stream, str) else None, num("start"), num("end"),
+                   num("records"))
+
+
+@dataclass(frozen=True, slots=True)
 class TableCommit:
     """One commit of a pipeline found in a table: its id and the ranges it names."""
 
     commit: int
-    ranges: tuple[dict[str, Any], ...]
+    ranges: tuple[TableRange, ...]
     run: str
 
 
@@ -223,7 +245,8 @@ def parse_summary(props: Mapping[str, Any], pipeline: str, commit: int) -> Table
         ranges = json.loads(str(props[KEY_RANGES]))
     except ValueError:
         ranges = []
-    return TableCommit(commit, tuple(r for r in ranges if isinstance(r, dict)), str(props.get(KEY_RUN, "")))
+    return TableCommit(commit, tuple(TableRange.parse(r) for r in ranges if isinstance(r, dict)),
+                       str(props.get(KEY_RUN, "")))
 
 
 def whole_table_missing(table: str, pipeline: str, ranges: list[OffsetRange],
@@ -271,15 +294,13 @@ def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: l
     holders: dict[int, list[int]] = {}
     for c in commits or []:
         for entry in c.ranges:
-            rid = entry.get("id")
-            r = by_id.get(rid) if isinstance(rid, int) else None
-            if r is None or (entry.get("stream"), entry.get("start"), entry.get("end")) != (
-                    r.source.stream, r.start, r.end):
+            rid = entry.id
+            r = by_id.get(rid) if rid is not None else None
+            if r is None or (entry.stream, entry.start, entry.end) != (r.source.stream, r.start, r.end):
                 found.append(Violation(
-                    ViolationKind.OUTPUT_MISMATCH, pipeline, str(entry.get("stream")), "",
-                    entry.get("start"), entry.get("end"), rid if isinstance(rid, int) else None,
-                    f"table {table}: commit {c.commit} (by {c.run or 'unknown'}) holds range {rid} "
-                    f"[{entry.get('start')}, {entry.get('end')}), which the ledger did not commit"))
+                    ViolationKind.OUTPUT_MISMATCH, pipeline, str(entry.stream), "", entry.start, entry.end,
+                    rid, f"table {table}: commit {c.commit} (by {c.run or 'unknown'}) holds range {rid} "
+                    f"[{entry.start}, {entry.end}), which the ledger did not commit"))
                 continue
             holders.setdefault(r.id, []).append(c.commit)
     if commits is not None:
