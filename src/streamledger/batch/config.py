@@ -10,7 +10,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from streamledger.batch.rules import sink_problem, source_problem
+from streamledger.batch.rules import (
+    initial_position_problem,
+    on_data_loss_problem,
+    sink_problem,
+    source_problem,
+    splits_problem,
+)
 from streamledger.errors import BatchError as BatchError  # its home moved below the layers
 from streamledger.ledger.types import RunIdentity
 
@@ -139,23 +145,17 @@ class BatchConfig:
             object.__setattr__(self, "max_offsets", self.max_records)
         if self.max_offsets is not None and self.max_offsets < 1:
             raise BatchError(f"{name}: max_offsets must be >= 1, got {self.max_offsets}")
-        if self.splits < 1:
-            raise BatchError(f"{name}: splits must be >= 1, got {self.splits}")
-        if self.on_data_loss not in ("fail", "record"):
-            raise BatchError(f"{name}: on_data_loss must be 'fail' or 'record'")
+        problem = splits_problem(self.splits) or on_data_loss_problem(self.on_data_loss)
+        if problem is not None:
+            raise BatchError(f"{name}: {problem}")
         if self.heartbeat_interval <= 0 or self.claim_timeout <= self.heartbeat_interval:
             raise BatchError(
                 f"{name}: need 0 < heartbeat_interval ({self.heartbeat_interval}) < claim_timeout "
                 f"({self.claim_timeout})"
             )
-        if isinstance(self.initial_position, int):
-            if self.initial_position < 0:
-                raise BatchError(f"{name}: initial offset must be >= 0")
-        elif self.initial_position not in ("first", "tail", "interval_start"):
-            raise BatchError(
-                f"{name}: initial_position {self.initial_position!r} is not 'first', 'tail', "
-                "'interval_start' or an offset"
-            )
+        problem = initial_position_problem(self.initial_position)
+        if problem is not None:
+            raise BatchError(f"{name}: {problem}")
         self._check_sink(name)
         if self.initial_position == "interval_start" and self.interval_start is None:
             raise BatchError(f"{name}: initial_position 'interval_start' needs an interval")

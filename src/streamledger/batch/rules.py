@@ -14,9 +14,14 @@ from streamledger import fs as filesystems
 from streamledger.ledger.types import pipeline_name_problem
 from streamledger.paths import name_problem
 
-__all__ = ["SINKS", "default_iceberg_table", "sink_problem", "source_problem"]
+__all__ = [
+    "INITIAL_POSITIONS", "ON_DATA_LOSS", "SINKS", "catalog_problem", "default_iceberg_table",
+    "initial_position_problem", "on_data_loss_problem", "sink_problem", "source_problem", "splits_problem",
+]
 
 SINKS = ("directory", "iceberg", "delta")
+INITIAL_POSITIONS = ("first", "tail", "interval_start")
+ON_DATA_LOSS = ("fail", "record")
 
 _IDENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*\.[A-Za-z0-9_][A-Za-z0-9_-]*$")
 
@@ -74,3 +79,29 @@ def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None
         return "delta table location must not be empty"
     where = filesystems.location_problem(table) if table is not None else None
     return None if where is None else f"delta table {table}: {where}"
+
+
+def initial_position_problem(position: object) -> str | None:
+    """Why ``position`` cannot say where a partition without history starts, or None."""
+    if isinstance(position, int):
+        return None if position >= 0 else "initial offset must be >= 0"
+    if position in INITIAL_POSITIONS:
+        return None
+    return f"initial_position {position!r} is not 'first', 'tail', 'interval_start' or an offset"
+
+
+def splits_problem(splits: int) -> str | None:
+    """Why ``splits`` (Spark partitions per range) cannot work, or None."""
+    return None if splits >= 1 else f"splits must be >= 1, got {splits}"
+
+
+def on_data_loss_problem(value: object) -> str | None:
+    """Why ``value`` is not an answer to "retention removed offsets the pipeline has not read", or None."""
+    return None if value in ON_DATA_LOSS else f"on_data_loss must be 'fail' or 'record', got {value!r}"
+
+
+def catalog_problem(sink: str, given: str, *, iceberg: str = "the iceberg sink") -> str | None:
+    """A catalog is for the iceberg sink only: why ``given`` (the front door's catalog setting, with its
+    verb: "catalog_conn_id is") cannot be used with ``sink``, or None. ``iceberg`` names that sink as
+    the front door spells it."""
+    return None if sink == "iceberg" else f"{given} for {iceberg}, not {sink!r}"
