@@ -17,6 +17,7 @@ $(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh $(wildcard src/streamledger/
 lint: venv
 	$(VENV)/bin/ruff check src tests bench dags scripts
 	$(VENV)/bin/mypy
+	$(PY) scripts/import_graph.py
 
 # pytest exit 5 ("no tests collected") must fail the build, which it does because it is non-zero;
 # --strict-markers and the collection count check below keep an empty suite from looking green.
