@@ -242,9 +242,21 @@ def airflow_env(lay: Layout, extra: Mapping[str, str] | None = None) -> dict[str
         "PYSPARK_PYTHON": sys.executable,
         "STREAMLEDGER_HOME": str(lay.root / "home"),
         **dag_settings(lay),
+        **_dag_overrides(lay),
     }
     env.update(extra or {})
     return env
+
+
+def write_dag_settings(lay: Layout, settings: Mapping[str, str]) -> None:
+    """DAG settings (``STREAMLEDGER_*``) every component and worker gets from the next ``up`` on."""
+    lay.root.mkdir(parents=True, exist_ok=True)
+    (lay.root / "dag-settings.json").write_text(json.dumps(dict(settings), indent=1))
+
+
+def _dag_overrides(lay: Layout) -> dict[str, str]:
+    path = lay.root / "dag-settings.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def worker_env(lay: Layout, name: str) -> dict[str, str]:
@@ -386,8 +398,8 @@ def start_spark(lay: Layout) -> None:
                            "--webui-port", str(ui), "--cores", "2", "--memory", "2g",
                            "--work-dir", str(work / "work"), lay.spark_master], env, work)
     for name in SPARK_WORKERS:
-        _wait_for(f"{name} registered", lambda n=name: _log_has(lay, n, "Successfully registered with master"),
-                  180, name, lay)
+        _wait_for(f"{name} registered",
+                  lambda n=name: _log_has(lay, n, "Successfully registered with master"), 180, name, lay)
 
 
 def _airflow_health() -> dict[str, dict[str, object]] | None:
