@@ -118,6 +118,20 @@ class TopologyChaos(ChaosRun):
         self.event(f"{DAG_ID} unpaused: {self.super_stream} x{len(self.streams)}, interval {interval}s, "
                    "4 intervals at once, retries 2")
 
+    # -- the supervisor ----------------------------------------------------------------------
+
+    def clear_failed(self) -> None:
+        """Each look of the operator is also a look of the process supervisor."""
+        try:
+            revived = stack.revive(self.lay)
+        except stack.TopologyError as exc:
+            self.event(f"supervisor could not restart a component: {exc}".splitlines()[0])
+            revived = []
+        for name in revived:
+            self.kinds[f"supervisor restart of {name}"] += 1
+            self.event(f"supervisor restarted {name} (it had exited)")
+        super().clear_failed()
+
     # -- faults ----------------------------------------------------------------------------
 
     def _workers(self) -> list[int]:
@@ -207,8 +221,6 @@ class TopologyChaos(ChaosRun):
             except Exception as exc:  # a fault that cannot be injected is a failed run
                 self.violation(f"fault {fault.__name__} failed: {exc}".splitlines()[0])
             self.clear_failed()
-        self.fig.kills = sum(v for k, v in self.kinds.items() if "restart" not in k)
-        self.fig.kills_by_target = Counter({k: v for k, v in self.kinds.items() if "restart" not in k})
         self._pause(max(0.0, began + self.opts.duration - time.monotonic()), self.clear_failed)
 
     # -- the end ---------------------------------------------------------------------------
@@ -224,6 +236,8 @@ class TopologyChaos(ChaosRun):
             self.fig.offset_samples = self.monitor.samples
 
     def verify(self) -> None:
+        self.fig.kills = sum(v for k, v in self.kinds.items() if "restart" not in k)
+        self.fig.kills_by_target = Counter({k: v for k, v in self.kinds.items() if "restart" not in k})
         super().verify()
         if self.plant_missing and not self.violations:
             files = sorted(self.output_root.rglob("*.parquet"))

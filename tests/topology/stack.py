@@ -441,6 +441,21 @@ def start_worker(lay: Layout, name: str) -> int:
                    "--concurrency", "2"], worker_env(lay, name), d)
 
 
+def revive(lay: Layout) -> list[str]:
+    """What a process supervisor (systemd ``Restart=always``, a container runtime) does: start
+    again every Airflow component and Celery worker that exited. Airflow's scheduler, dag-processor
+    and triggerer exit when their metadata database restarts under them."""
+    dead = [n for n in AIRFLOW_COMPONENTS if not lay.pid(n)]
+    env = airflow_env(lay)
+    for name in dead:
+        _spawn(lay, name, [str(BIN / "airflow"), name], env, lay.airflow_home)
+    for w in WORKERS:
+        if not lay.pid(f"celery-{w}"):
+            start_worker(lay, w)
+            dead.append(f"celery-{w}")
+    return dead
+
+
 # ---------------------------------------------------------------------------------------------
 # up / down / status
 # ---------------------------------------------------------------------------------------------
