@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(VENV))/bin/python
 export STREAMLEDGER_HOME ?= /var/tmp/streamledger
 
-.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench bench-sinks clean chaos chaos-parallel chaos-topology topology-up topology-down cluster-test install-test
+.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench bench-sinks clean chaos chaos-parallel chaos-topology topology-up topology-down cluster-test install-test soak
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh $(wildcard src/streamledger/protocol/*/*.c)
@@ -75,6 +75,18 @@ topology-down:
 TOPOLOGY_ARGS ?=
 chaos-topology: venv
 	$(PY) -m tests.topology.chaos $(TOPOLOGY_ARGS)
+
+# The independent model checker's long form (tests/model, issue 30): SEEDS seeds from SEED, OPS operations
+# each (batches on every sink killed at random steps, real SIGKILLs, retention, re-created streams,
+# URL spellings...), judged by the data; the first disagreement of a seed is shrunk and printed as a
+# replayable operation list. Example: make soak SEED=1 SEEDS=10 OPS=200 LEDGER=postgresql
+SEED ?= 1
+SEEDS ?= 1
+OPS ?= 100
+LEDGER ?= sqlite
+SOAK_ARGS ?=
+soak: venv
+	$(PY) -m tests.model --seed $(SEED) --seeds $(SEEDS) --ops $(OPS) --ledger $(LEDGER) $(SOAK_ARGS)
 
 # The 3-node RabbitMQ 4.3 cluster tests (docs/servers.md): boots the cluster (~10 s), runs them (~20 s)
 # and stops it again; not part of `make test`.

@@ -3,7 +3,8 @@
 # Fails when pytest collects nothing (exit 5) in any lane, or anything else goes wrong.
 #
 # Two lanes run at the same time, because much of the suite's wall time is spent waiting, not computing:
-# * lane "core": tests/unit and tests/integration but the Dagster integration tests in one process (one
+# * lane "core": tests/unit, tests/integration (but the Dagster integration tests) and the model checker's
+#   short form (tests/model) in one process (one
 #   shared classic SparkSession), then tests/install, then, in a process of its own, the tests that
 #   open Spark Connect sessions in-process (tests/integration/spark/test_connect.py): PySpark refuses
 #   a Connect session in a process that already runs a classic session;
@@ -47,7 +48,7 @@ airflow_lane() {
 
 core_lane() {
   local rc=0
-  run tests/unit tests/integration --ignore="$CONNECT_TESTS" --ignore="$DAGSTER_TESTS" || rc=$?
+  run tests/unit tests/integration tests/model --ignore="$CONNECT_TESTS" --ignore="$DAGSTER_TESTS" || rc=$?
   run "$INSTALL_TESTS" || rc=$?
   run "$CONNECT_TESTS" || rc=$?
   return "$rc"
@@ -70,7 +71,7 @@ trap 'rm -rf "$logs"' EXIT
   echo "$arc" > "$logs/airflow.rc"; echo $((SECONDS - began)) > "$logs/airflow.s" ) &
 lane=$!
 core_lane || rc=$?
-echo "== lane core (tests/unit tests/integration, then $INSTALL_TESTS, then $CONNECT_TESTS): $((SECONDS - began)) s (exit $rc)"
+echo "== lane core (tests/unit tests/integration tests/model, then $INSTALL_TESTS, then $CONNECT_TESTS): $((SECONDS - began)) s (exit $rc)"
 wait "$lane" || true
 airflow_rc=$(cat "$logs/airflow.rc" 2>/dev/null || echo 1)
 echo "== lane airflow (${AIRFLOW_LANE[*]}): $(cat "$logs/airflow.s" 2>/dev/null || echo '?') s (exit $airflow_rc)"

@@ -4,6 +4,9 @@ Catching :class:`StreamledgerError` separates "the input, the broker or the ledg
 user-facing message) from programming errors, which the CLI lets through with a traceback.
 """
 
+import argparse
+from typing import NoReturn
+
 
 class StreamledgerError(Exception):
     """Base class of all deliberate streamledger errors; ``str(err)`` is a one-line user message."""
@@ -14,3 +17,14 @@ class BatchError(StreamledgerError):
 
     Defined here, below every layer, because the runners (:mod:`streamledger.spark.runners`) raise
     it too; :mod:`streamledger.batch` exports it."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr (the house rule for every error) and exit status 2;
+    the usage lines are left to ``--help``. Subcommand parsers inherit the class.
+
+    Here, beside the errors, because every layer that parses a command line (the CLI, the Spark job's
+    ``spark-submit`` entry point) says no the same way."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")

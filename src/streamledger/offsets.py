@@ -13,18 +13,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 from streamledger.errors import StreamledgerError
 
 __all__ = [
     "READ_BACK_INTERVAL",
+    "ChunkPrint",
     "DataLossError",
     "OffsetKind",
     "OffsetNotVerified",
     "OffsetSpec",
     "OffsetSpecError",
+    "same_stream",
     "store_verified",
+    "take_print",
 ]
 
 OffsetKind = Literal["first", "last", "next", "offset", "timestamp"]
@@ -143,3 +146,42 @@ def store_verified(
         if time.monotonic() >= deadline:
             raise error(describe(stored))
         time.sleep(READ_BACK_INTERVAL)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPrint:
+    """A fingerprint of one committed chunk of a log: its first offset, timestamp and CRC, as its
+    header gives them. The ledger records one when a range with records is committed; a log whose
+    chunk at that offset differs is another incarnation of the stream (deleted and re-created),
+    whatever its length or stored offsets say."""
+
+    offset: int
+    timestamp: int
+    crc: int
+
+    @classmethod
+    def of(cls, header: Any) -> ChunkPrint:
+        """From a chunk header (``first_offset``, ``timestamp``, ``crc``)."""
+        return cls(int(header.first_offset), int(header.timestamp), int(header.crc))
+
+
+def take_print(log: Any, stream: str, offset: int) -> ChunkPrint | None:
+    """The fingerprint of the chunk holding ``offset`` (a committed record); None when the log
+    cannot be probed (no ``chunk_at``: a log without chunk headers) or holds no such chunk."""
+    chunk_at = getattr(log, "chunk_at", None)
+    head = chunk_at(stream, offset) if chunk_at is not None else None
+    return None if head is None else ChunkPrint.of(head)
+
+
+def same_stream(log: Any, stream: str, fingerprint: ChunkPrint) -> bool | None:
+    """Whether ``log`` still holds the chunk ``fingerprint`` was taken of: True; False when the
+    chunk holding its offset is another (or no user chunk holds it, yet the offset is retained):
+    the stream was re-created; None when it cannot tell (retention removed the offset, or the log
+    cannot be probed). One small read: one chunk header."""
+    chunk_at = getattr(log, "chunk_at", None)
+    if chunk_at is None:
+        return None
+    head = chunk_at(stream, fingerprint.offset)
+    if head is not None:
+        return ChunkPrint.of(head) == fingerprint
+    return None if fingerprint.offset < int(log.first_offset(stream)) else False

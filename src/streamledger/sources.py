@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from streamledger.errors import StreamledgerError
 
@@ -23,6 +23,7 @@ __all__ = [
     "LogKind",
     "OffsetLog",
     "UnsupportedSource",
+    "canonical_identity",
     "conn_kind",
     "connect_log",
     "find_kind",
@@ -74,6 +75,9 @@ class LogKind:
     decodes: tuple[str, ...]  #: the Spark source's ``decode`` values; the first is the default
     super_streams: bool  #: whether a name can stand for several partitions
     airflow_hook: str  #: ``module:Class`` of the Airflow hook serving a connection of this kind
+    files_schema_ref: str = "streamledger.spark.arrow:ARROW_SCHEMA"
+    """``module:NAME`` of the pyarrow schema of the files the job writes from this kind of log (what
+    a table sink's table must have), imported on first use."""
 
     @property
     def conn_type(self) -> str:
@@ -84,6 +88,11 @@ class LogKind:
     @property
     def default_decode(self) -> str:
         return self.decodes[0]
+
+    def files_schema(self) -> Any:
+        """The pyarrow schema of the job's files for this kind (see :attr:`files_schema_ref`)."""
+        module, _, attr = self.files_schema_ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
     def connect(self, url: str, *, timeout: float = 10.0) -> OffsetLog:
         module, _, attr = self.client.partition(":")
@@ -96,13 +105,13 @@ class LogKind:
         parts = urlsplit(url)
         if self.name == "mewbase":  # a mewbase server has no vhost
             where = quote(name, safe="@._-") if name else f"{parts.hostname or 'localhost'}:{parts.port}"
-            return f"mewbase://{where}"
-        vhost = parts.path.lstrip("/") or "%2F"
+            return canonical_identity(f"mewbase://{where}")
+        vhost = parts.path[1:]  # as the client reads it: percent-encoded, empty for the default
         if name:
-            return f"rabbitmq://{quote(name, safe='@._-')}/{vhost}"
+            return canonical_identity(f"rabbitmq://{quote(name, safe='@._-')}/{vhost}")
         host = parts.hostname or "localhost"
         port = parts.port or (5551 if parts.scheme.endswith("+tls") else 5552)
-        return f"rabbitmq://{host}:{port}/{vhost}"
+        return canonical_identity(f"rabbitmq://{host}:{port}/{vhost}")
 
 
 RABBITMQ = LogKind(
@@ -124,6 +133,7 @@ MEWBASE = LogKind(
     decodes=("bson", "raw"),
     super_streams=False,
     airflow_hook="streamledger.hooks.mewbase:MewbaseHook",
+    files_schema_ref="streamledger.spark.mewbase_source:MEWBASE_ARROW_SCHEMA",
 )
 KINDS: tuple[LogKind, ...] = (RABBITMQ, MEWBASE)
 _BY_SCHEME = {scheme: kind for kind in KINDS for scheme in kind.schemes}
@@ -173,6 +183,36 @@ def source_identity(url: str, name: str | None = None) -> str:
     in (a batch that learns the name later adopts such rows, see ``Ledger.rename_broker``).
     """
     return log_kind(url).identity(url, name)
+
+
+def _canonical_where(where: str) -> str:
+    """A server's part of an identity: a quoted name stays; ``host:port`` (an unquoted ``:``, which a
+    quoted name never has) gets its host lower-cased and an IPv6 address bracketed."""
+    host, colon, port = where.rpartition(":")
+    if not colon or not port.isdigit():
+        return where
+    host = host.strip("[]").lower()
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
+
+
+def canonical_identity(identity: str) -> str:
+    """The one spelling of a ledger identity (``rabbitmq://<where>/<vhost>``, ``mewbase://<where>``,
+    either with a retired epoch's ``#epoch<N>`` suffix): the vhost percent-decoded and encoded again
+    (every byte but letters, digits and ``-._~`` as upper-case ``%XX``; empty is the default vhost
+    ``/``, so ``%2F``), a ``host:port`` server lower-cased with IPv6 in brackets. So ``…/%2F``,
+    ``…/%2f`` and ``…/`` (how URLs spell the default vhost) are one broker, as the broker sees it.
+    Identities of other forms are returned unchanged. Every identity the ledger records goes through
+    here (:meth:`LogKind.identity`), and recorded ones in other spellings are adopted by the next
+    batch or streaming query of their pipeline (``Ledger.adopt_identity``)."""
+    base, hash_, suffix = identity.partition("#")  # a quoted identity holds no raw '#'
+    scheme, sep, rest = base.partition("://")
+    if not sep or scheme not in {k.name for k in KINDS}:
+        return identity
+    where, slash, vhost = rest.partition("/")
+    out = f"{scheme}://{_canonical_where(where)}"
+    if scheme == RABBITMQ.name:
+        out += "/" + quote(unquote(vhost) if slash and vhost else "/", safe="")
+    return out + hash_ + suffix
 
 
 def server_name(log: object) -> str | None:

@@ -27,8 +27,9 @@ def _admin_dsn(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> str:
+def start_server() -> str:
+    """Start the private cluster unless it runs (under a lock); return its admin URL. Outside pytest
+    too (the model checker's soak)."""
     SL_HOME.mkdir(parents=True, exist_ok=True)
     with open(SL_HOME / ".pg-fixture.lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
@@ -45,6 +46,11 @@ def postgres_server() -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"scripts/postgres.sh start failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    return start_server()
 
 
 def create_database(server_url: str, name: str) -> str:

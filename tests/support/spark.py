@@ -71,9 +71,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """A shared local[2] SparkSession with the ``rabbitmq_stream`` source registered."""
+def local_session() -> Any:
+    """The suite's local[2] SparkSession with the ``rabbitmq_stream`` source registered (outside pytest
+    too: the model checker's soak)."""
     for key, value in SPARK_ENV.items():
         os.environ.setdefault(key, value)
     from streamledger.spark.session import build_session
@@ -91,6 +91,13 @@ def spark() -> Iterator[Any]:
         },
     )
     session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A shared local[2] SparkSession with the ``rabbitmq_stream`` source registered."""
+    session = local_session()
     try:
         yield session
     finally:

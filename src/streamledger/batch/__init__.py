@@ -4,8 +4,10 @@ store offset.
 Framework-neutral (no Airflow or Dagster import): the Airflow operator and the Dagster assets are
 thin adapters over :func:`run_batch`. Modules: ``config`` (what to do), ``plan`` (pure names and
 numbers), ``run`` (the state machine), ``outputs`` (staging and publish), ``microbatch`` (the same
-bookkeeping for a streaming query's micro-batches), ``runners`` (the Spark layer's runners,
-re-exported: :mod:`streamledger.spark.runners`).
+bookkeeping for a streaming query's micro-batches). The batch names its runner by a protocol
+(``JobRunner``) and never imports Spark; this package face offers the Spark layer's runners
+(:mod:`streamledger.spark.runners`) by name, resolved only when asked for, so importing the batch
+does not import the Spark layer.
 
 Delivery semantics
 ==================
@@ -92,6 +94,8 @@ in production reads a crash switch from the environment.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from streamledger.batch.config import (
     BatchConfig,
     BatchError,
@@ -104,10 +108,27 @@ from streamledger.batch.config import (
     PartitionResult,
     RunId,
     StepHook,
+    StreamReplaced,
+    summarize,
 )
 from streamledger.batch.plan import broker_identity, offset_to_store, output_dir, staging_dir
 from streamledger.batch.run import BatchRun, Heartbeat, backlog, run_batch
-from streamledger.batch.runners import LocalSparkRunner, SparkConnectRunner, read_manifest, summarize
+
+if TYPE_CHECKING:
+    from streamledger.spark.runners import LocalSparkRunner, SparkConnectRunner, read_manifest
+
+_SPARK_NAMES = ("LocalSparkRunner", "SparkConnectRunner", "read_manifest")
+
+
+def __getattr__(name: str) -> Any:
+    """The Spark layer's runners by their public names here (``from streamledger.batch import
+    LocalSparkRunner``), imported on first use."""
+    if name in _SPARK_NAMES:
+        from streamledger.spark import runners
+
+        return getattr(runners, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 STEPS = ("claimed", "read", "committed", "published", "stored")
 
@@ -128,6 +149,7 @@ __all__ = [
     "RunId",
     "SparkConnectRunner",
     "StepHook",
+    "StreamReplaced",
     "backlog",
     "broker_identity",
     "offset_to_store",

@@ -25,17 +25,30 @@ def broker_identity(url: str, name: str | None = None) -> str:
     return source_identity(url, name)
 
 
+def pipeline_dir(root: str, pipeline: str) -> str:
+    """``<root>/<pipeline>``: the directory of a pipeline's published ranges (and a Delta sink's
+    default table), its name one encoded component, so no pipeline name leaves ``root``."""
+    return join(root, encode_component(pipeline))
+
+
+def range_dir(base: str, broker: str, stream: str, start: int, end: int, *, epoch: int = 0) -> str:
+    """``<base>/<broker>/<stream>/<start>-<end>``: a range's directory under a pipeline's directory
+    (or a Delta table's root), each name one encoded component. Ranges of a re-created stream
+    (``epoch`` > 0, see ``Ledger.new_epoch``) are named ``e<epoch>-<start>-<end>`` so they never
+    meet the old stream's ranges of the same span."""
+    span = f"{start:012d}-{end:012d}"
+    leaf = f"e{epoch}-{span}" if epoch else span
+    return join(base, encode_component(broker), encode_component(stream), leaf)
+
+
 def output_dir(root: str, pipeline: str, broker: str, stream: str, start: int, end: int, *,
                epoch: int = 0) -> str:
     """A range's published directory, ``<root>/<pipeline>/<broker>/<stream>/<start>-<end>``: a pure
     function of its inputs (one per committed range). Each name is one component
     (:func:`streamledger.paths.encode_component`): nothing leaves the root, distinct pipelines,
-    brokers (identities as :func:`broker_identity` gives them) or streams never share a directory.
-    Ranges of a re-created stream (``epoch`` > 0, see ``Ledger.new_epoch``) are named
-    ``e<epoch>-<start>-<end>`` so they never meet the old stream's ranges of the same span."""
-    names = (encode_component(pipeline), encode_component(broker), encode_component(stream))
-    span = f"{start:012d}-{end:012d}"
-    return join(root, *names, f"e{epoch}-{span}" if epoch else span)
+    brokers (identities as :func:`broker_identity` gives them) or streams never share a directory
+    (:func:`pipeline_dir`, then :func:`range_dir`)."""
+    return range_dir(pipeline_dir(root, pipeline), broker, stream, start, end, epoch=epoch)
 
 
 def staging_dir(root: str, pipeline: str, broker: str, run: RunId, token: str) -> str:

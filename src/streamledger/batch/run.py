@@ -26,8 +26,11 @@ from streamledger.batch.config import (
     Broker,
     JobRunner,
     PartitionResult,
+    PartitionStatus,
     RunId,
+    StartFrom,
     StepHook,
+    StreamReplaced,
 )
 from streamledger.batch.position import (
     PipelineSource,
@@ -37,7 +40,10 @@ from streamledger.batch.position import (
     measure,
     user_records,
 )
+from streamledger.batch.sinks import choose
+from streamledger.ledger.types import RangeStatus
 from streamledger.manifest import Manifest, ManifestError
+from streamledger.offsets import ChunkPrint, same_stream, take_print
 
 if TYPE_CHECKING:
     from streamledger.ledger import ClaimRequest, Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
@@ -141,6 +147,7 @@ class BatchRun:
         name = config.broker_name or cluster_name(broker)
         self.identity = self.source.identity(broker)
         self._legacy = plan.broker_identity(config.url) if name else None
+        self._reprint: set[str] = set()  # streams whose ledger holds no fingerprint still retained
         self.result = BatchResult(pipeline=config.pipeline, broker=self.identity,
                                   super_stream=config.super_stream)
         self.parts: list[_Part] = []
@@ -151,6 +158,7 @@ class BatchRun:
         self.token = run.attempt_token(uuid.uuid4().hex[:8])
         """This attempt as a publish-lease holder."""
         self.epochs: dict[str, int] = {}
+        self._reread = True  # False once the broker holds another stream: never read it for the old
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -166,7 +174,7 @@ class BatchRun:
     def sink(self) -> sinks.Sink:
         """What publishing means for this batch (``BatchConfig.sink``); built on first use."""
         if self._sink is None:
-            self._sink = sinks.make_sink(self.config, self.ledger)
+            self._sink = choose.make_sink(self.config, self.ledger)
         return self._sink
 
     def _step(self, name: str) -> None:
@@ -183,13 +191,13 @@ class BatchRun:
 
     # -- claim -----------------------------------------------------------------------------------
 
-    def adopt_legacy_identity(self) -> None:
-        """Move this pipeline's 0.1 rows (named by the URL's host:port) under the broker's name."""
-        if self._legacy and self._legacy != self.identity:
-            moved = self.ledger.rename_broker(self._legacy, self.identity, pipeline=self.config.pipeline)
-            if moved:
-                log.warning("ledger: %d source(s) of %s moved from %s to %s", moved, self.config.pipeline,
-                            self._legacy, self.identity)
+    def adopt_identities(self) -> None:
+        """Move this pipeline's sources recorded under another identity of this broker to its own:
+        0.1 rows (named by the URL's host:port) and rows in another spelling of this identity
+        (``…/%2f`` for ``…/%2F``), see ``Ledger.adopt_identity``."""
+        moved = self.ledger.adopt_identity(self.config.pipeline, self.identity, legacy=self._legacy)
+        if moved:
+            log.warning("ledger: %d source(s) of %s moved to %s", moved, self.config.pipeline, self.identity)
 
     def release_gone_holders(self, open_claims: Sequence[OffsetRange]) -> None:
         """Fail other runs' claims whose holder the scheduler says is gone (``holder_alive``)."""
@@ -204,15 +212,17 @@ class BatchRun:
             self.ledger.fail(held.id, f"released by {self.run.dag_id}/{self.run.run_id}: holder gone")
 
     def check_same_stream(self, stream: str, tail: int, stored: int | None,
-                          pos: SourcePosition) -> SourcePosition:
+                          pos: SourcePosition, same: bool | None = None) -> SourcePosition:
         """Refuse a source whose broker no longer holds the stream the ledger read.
 
         A stream deleted and re-created starts at offset 0 again: claims would come back empty
         (the ledger's end lies past the new tail) or start in the middle of the new stream, and the
-        old watermark would be stored on it. Two signs, both cheap: the committed tail is below the
-        ledger's end (a tail never shrinks), or the broker lost the offset the ledger stored on it.
-        ``pos`` is the ledger's position, read *before* the broker's tail and stored offset (so a
-        range another run claims meanwhile never looks like a shrunken tail).
+        old watermark would be stored on it. Three signs: the committed tail is below the ledger's
+        end (a tail never shrinks), the broker lost the offset the ledger stored on it, or (from the
+        data itself, whatever was stored) the chunk the ledger fingerprinted at a commit is not the
+        broker's (``same`` False, see :func:`streamledger.offsets.same_stream`). ``pos`` is the
+        ledger's position, read *before* the broker's tail and stored offset (so a range another
+        run claims meanwhile never looks like a shrunken tail).
         """
         cfg = self.config
         self.epochs[stream] = pos.epoch
@@ -221,9 +231,15 @@ class BatchRun:
         elif pos.stored is not None and stored is None:
             why = (f"the broker has no stored offset for {cfg.pipeline!r} although the ledger stored "
                    f"{pos.stored} there (ledger end {pos.end}, broker tail {tail})")
+        elif same is False and pos.chunk is not None:
+            why = (f"the broker's chunk at offset {pos.chunk.offset} is not the one the ledger committed "
+                   f"(timestamp {pos.chunk.timestamp}, CRC {pos.chunk.crc:#010x}; ledger end {pos.end}, "
+                   f"broker tail {tail})")
         else:
+            if same is None:  # no fingerprint, or retention took its chunk: the next commit takes one
+                self._reprint.add(stream)
             return pos
-        raise BatchError(
+        raise StreamReplaced(
             f"stream {stream!r}: {why}: this is not the stream pipeline {cfg.pipeline!r} read (deleted and "
             f"re-created?); nothing was claimed or stored. If it is a new stream, `streamledger ledger "
             f"new-epoch --pipeline {cfg.pipeline} --stream {stream} --broker {self.identity}` keeps the old "
@@ -257,7 +273,7 @@ class BatchRun:
         src, span = req.source, req.span
         lost: tuple[int, int] | None = None
         for _ in range(100):
-            if rng.status.value != "claimed":
+            if rng.status != RangeStatus.CLAIMED:
                 break
             if first is None:
                 first = int(self.broker.first_offset(stream))
@@ -282,10 +298,10 @@ class BatchRun:
             raise BatchError(f"stream {stream!r}: could not claim past retention's losses")
         # A range claimed before this batch began claiming is this run's own from an earlier attempt.
         assert self._started is not None
-        came = "held" if rng.claimed_at < self._started else "new"
-        result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id, lost=lost,
-                                 status="empty" if rng.empty else rng.status.value)
-        if rng.status.value == "committed" and not rng.empty:
+        came = StartFrom.HELD if rng.claimed_at < self._started else StartFrom.NEW
+        status = PartitionStatus.EMPTY if rng.empty else PartitionStatus(rng.status.value)
+        result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id, lost=lost, status=status)
+        if rng.status == RangeStatus.COMMITTED and not rng.empty:
             result.records = int(rng.records or 0)
             result.first_offset, result.last_offset = rng.first_seen, rng.last_seen
             result.output = rng.output
@@ -303,20 +319,53 @@ class BatchRun:
 
     def survey(self, streams: list[str]) -> list[tuple[str, int, int | None, SourcePosition]]:
         """Every partition's ledger position (one transaction), then its broker tail and stored
-        offset (asked all at once), each checked against the other (:meth:`check_same_stream`)."""
+        offset (asked all at once) and its fingerprinted chunk, each checked against the other
+        (:meth:`check_same_stream`). A refused partition stops the batch before any claim, once
+        the old stream's committed but unpublished ranges are published (:meth:`publish_stranded`)."""
         cfg = self.config
         found = self.ledger.positions(cfg.pipeline, [self._source(s) for s in streams])
         tails, stored = log_offsets(self.broker, streams, cfg.pipeline)
-        return [(s, tails[s], stored[s], self.check_same_stream(s, tails[s], stored[s], pos))
-                for s, pos in zip(streams, found, strict=True)]
+        prints = [(s, pos.chunk) for s, pos in zip(streams, found, strict=True) if pos.chunk is not None]
+        pooled = getattr(self.broker, "pooled_reads", None)
+        with pooled() if pooled is not None and len(prints) > 1 else contextlib.nullcontext():
+            same = {s: same_stream(self.broker, s, chunk) for s, chunk in prints}
+        seen: list[tuple[str, int, int | None, SourcePosition]] = []
+        refused: list[tuple[str, StreamReplaced]] = []
+        for s, pos in zip(streams, found, strict=True):
+            try:
+                seen.append((s, tails[s], stored[s], self.check_same_stream(s, tails[s], stored[s], pos,
+                                                                            same.get(s))))
+            except StreamReplaced as exc:
+                refused.append((s, exc))
+        if refused:
+            self.publish_stranded([self._source(s) for s, _exc in refused])
+            raise refused[0][1]
+        return seen
+
+    def publish_stranded(self, sources: Sequence[SourceRef]) -> None:
+        """Publish the committed, unpublished ranges of streams this batch refuses as re-created,
+        from their verified staging copies only (the broker holds another stream now: nothing is
+        read again). Without it `ledger new-epoch`, which refuses to retire a history with such
+        ranges, could never go ahead. Best effort: the refusal is the batch's error."""
+        todo = [(rng, None, False) for rng in self.ledger.unpublished_many(self.config.pipeline, sources)]
+        if not todo:
+            return
+        self._reread = False
+        try:
+            self.publish_to_table(self.publish_ranges(todo))
+        except Exception as exc:  # reported; new-epoch names what is still unpublished
+            log.error("could not publish the committed ranges of the re-created stream(s) %s: %s",
+                      [s.stream for s in sources], exc)
 
     def claim(self) -> None:
         """Check the sink and every partition first (nothing is claimed when one of them is
         refused), then claim all of them in one ledger transaction (the ledger's one claim rule
         per partition)."""
         cfg = self.config
+        if cfg.fmt == "parquet":  # the job's tasks write it through pyarrow.fs (the Arrow writer)
+            filesystems.check_location(cfg.output_root)  # an unknown scheme, no bucket: refused here
         self.sink.check()  # a table that cannot take the job's files: refused before any claim
-        self.adopt_legacy_identity()
+        self.adopt_identities()
         seen = self.survey(self.streams())
         self._step("planned")
         if self._started is None:  # the ledger's clock, as claimed_at is: the host's may be minutes off
@@ -346,7 +395,7 @@ class BatchRun:
     # -- read + verify ---------------------------------------------------------------------------
 
     def to_read(self) -> list[_Part]:
-        return [p for p in self.parts if p.result.status == "claimed"]
+        return [p for p in self.parts if p.result.status == PartitionStatus.CLAIMED]
 
     def skip_ranges_without_records(self) -> None:
         """Commit claimed ranges that hold no user record (only tracking offsets) without a job,
@@ -364,7 +413,7 @@ class BatchRun:
         for p, rng in zip(empty, done, strict=True):
             r = p.result
             p.range = rng
-            r.status = "committed"
+            r.status = PartitionStatus.COMMITTED
             log.info("stream %s: [%d, %d) holds no user record (tracking only): committed, no job",
                      r.stream, r.start, r.end)
         self._step("probed")
@@ -433,13 +482,19 @@ class BatchRun:
             raise BatchError(f"{where}: {exc}") from exc
         if not self.fs.is_dir(path):
             raise BatchError(f"{where}: the job wrote no directory at {path}")
+        found = outputs.data_file_names(path, self.fs)
+        if entry.files is not None and found != sorted(entry.files):
+            # A file no accepted task attempt wrote (a zombie attempt finishing late), or one gone.
+            extra, gone = sorted(set(found) - set(entry.files)), sorted(set(entry.files) - set(found))
+            raise BatchError(f"{where}: the data files at {path} differ from the job's manifest "
+                             f"(not listed: {extra or 'none'}; missing: {gone or 'none'})")
         r.records, r.first_offset, r.last_offset = records, first, last
         p.staging = path
         assert p.range is not None
         final = p.range.output or self._final(r.stream, r.start, r.end)
         outputs.write_manifest(path, manifest.for_range(
             r.stream, pipeline=self.config.pipeline, broker=self.identity, range_id=p.range.id,
-            output=final, files=outputs.data_file_names(path, self.fs)), self.fs)
+            output=final, files=found), self.fs)
 
     # -- commit + publish ------------------------------------------------------------------------
 
@@ -449,21 +504,34 @@ class BatchRun:
 
         todo = [p for p in self.parts if p.result.read]
         finals = [self._final(p.result.stream, p.result.start, p.result.end) for p in todo]
+        prints = self.fingerprints(todo)
         asks = []
         for p, final in zip(todo, finals, strict=True):
             r = p.result
             assert p.range is not None
             asks.append(CommitRequest(p.range.id, r.records, r.first_offset, r.last_offset, final,
-                                      staging=p.staging, publisher=self.token))
+                                      staging=p.staging, publisher=self.token, chunk=prints.get(r.stream)))
         try:
             done = self.ledger.commit_many(asks) if asks else []
         except Exception as exc:
             done = [self._commit_outcome(p, exc) for p in todo]
         for p, rng, final in zip(todo, done, finals, strict=True):
             p.range = rng
-            p.result.status = "committed"
+            p.result.status = PartitionStatus.COMMITTED
             p.result.output = final
         self._step("committed")
+
+    def fingerprints(self, todo: Sequence[_Part]) -> dict[str, ChunkPrint]:
+        """Fingerprints of the chunks holding the last records read, for the streams whose ledger
+        holds none the broker still retains (so a source costs one chunk header per batch, for the
+        check, once it has one)."""
+        wanted = [p.result for p in todo if p.result.stream in self._reprint and p.result.records
+                  and p.result.last_offset is not None]
+        pooled = getattr(self.broker, "pooled_reads", None)
+        with pooled() if pooled is not None and len(wanted) > 1 else contextlib.nullcontext():
+            prints = {r.stream: take_print(self.broker, r.stream, int(r.last_offset))  # type: ignore[arg-type]
+                      for r in wanted}
+        return {s: c for s, c in prints.items() if c is not None}
 
     def _commit_outcome(self, p: _Part, exc: Exception) -> OffsetRange:
         """A commit that raised may still have happened (its reply lost with the connection): read
@@ -473,7 +541,7 @@ class BatchRun:
         try:
             now = self.ledger.get(p.range.id)
         except Exception as again:
-            p.result.status = "unknown"  # keeps the staging copy: the ledger may point at it
+            p.result.status = PartitionStatus.UNKNOWN  # keeps the staging copy: the ledger may point at it
             raise BatchError(f"stream {r.stream!r} range [{r.start}, {r.end}): the commit failed ({exc}) and "
                              f"its outcome cannot be read back ({again}); the staging copy is kept") from exc
         if now.status.value == "committed" and (now.records, now.first_seen, now.last_seen) == (
@@ -495,8 +563,8 @@ class BatchRun:
                 continue
             if rng.needs_publish:
                 todo.append((rng, p.staging, True))
-            elif p.result.start_from == "held" and rng.output and not outputs.published(rng.output, rng.id,
-                                                                                        self.fs):
+            elif p.result.start_from == StartFrom.HELD and rng.output and not outputs.published(
+                    rng.output, rng.id, self.fs):
                 # A retry finds its published output deleted by hand: restore it if the broker still
                 # holds exactly the committed records (the audit reports it missing meanwhile).
                 self.reread_committed(rng, rng.output, lambda: None)
@@ -587,6 +655,9 @@ class BatchRun:
             copy = staging or held.staging
             if copy and outputs.load_manifest(copy, self.fs) is not None:
                 outputs.publish(copy, final, rng.id, self.fs, guard=guard)
+            elif not self._reread:
+                raise BatchError(f"{what}: its staging copy is gone and the broker holds another stream "
+                                 "now, so it cannot be read again")
             else:
                 self.reread_committed(held, final, guard)
             log.info("published %s -> %s%s", what, final, "" if own else " (stranded by an earlier run)")
@@ -618,7 +689,7 @@ class BatchRun:
         """After a failed publish, hand this attempt's leases back at once (best effort), so the
         next run finishes the publish without waiting for the lease to expire."""
         for p in self.parts:
-            if p.range is not None and p.result.status == "committed":
+            if p.range is not None and p.result.status == PartitionStatus.COMMITTED:
                 try:
                     self.ledger.release_publish(p.range.id, self.token)
                 except Exception:  # reported, never masks the original error
@@ -654,7 +725,8 @@ class BatchRun:
                 f"{seen} but the ledger committed {(rng.records, rng.first_seen, rng.last_seen)}; the "
                 "broker no longer holds the same data (retention?)"
             )
-        part = _Part(PartitionResult(stream, rng.start, rng.end, "reread", range_id=rng.id), rng.source, rng)
+        reread = PartitionResult(stream, rng.start, rng.end, StartFrom.REREAD, range_id=rng.id)
+        part = _Part(reread, rng.source, rng)
         self.verify(part, manifest, staging)
         assert part.staging is not None
         outputs.publish(part.staging, final, rng.id, self.fs, guard=guard)
@@ -714,17 +786,17 @@ class BatchRun:
         """
         keep = False
         for p in self.parts:
-            if p.result.status not in ("claimed", "unknown") or p.range is None:
-                keep |= p.result.status == "committed" and p.result.read
+            if p.result.status not in (PartitionStatus.CLAIMED, PartitionStatus.UNKNOWN) or p.range is None:
+                keep |= p.result.status == PartitionStatus.COMMITTED and p.result.read
                 continue
             try:
                 now = self.ledger.get(p.range.id)
                 if now.status.value == "committed":
-                    p.range, p.result.status = now, "committed"
+                    p.range, p.result.status = now, PartitionStatus.COMMITTED
                     keep |= p.result.read
                     continue
                 self.ledger.fail(p.range.id, reason[:500])
-                p.result.status = "failed"
+                p.result.status = PartitionStatus.FAILED
             except Exception:  # reported, never masks the original error
                 log.exception("could not mark range %s failed (its staging copy is kept)", p.range.id)
                 keep = True

@@ -2,7 +2,7 @@
 
 Each command group lives in its own module (``rabbitmq``, ``ledger``, ``tubemq``) and exposes
 ``register(subparsers)``; this module only wires them together and turns deliberate errors into
-one clear line on stderr and a non-zero exit status.
+one line on stderr and the exit status docs/cli.md documents (:mod:`streamledger.cli.exits`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
-from typing import NoReturn
 
-from streamledger.errors import StreamledgerError
+from streamledger.cli.exits import CLOSED_PIPE, INTERRUPTED, message_of, status_of
+from streamledger.errors import OneLineParser
+
+__all__ = ["OneLineParser", "build_parser", "main"]
 
 _GROUPS = (
     "streamledger.cli.rabbitmq",
@@ -24,26 +27,28 @@ _GROUPS = (
     "streamledger.cli.amqp",
     "streamledger.cli.spark",
     "streamledger.cli.batch",
+    "streamledger.cli.status",
+    "streamledger.cli.check",
 )
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """Bad arguments are one line on stderr (the house rule for every error) and exit status 2;
-    the usage lines are left to ``--help``. Subcommand parsers inherit the class."""
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+    try:
+        return version("streamledger")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from streamledger.cli.options import add_broker, add_json, add_ledger
+
     parser = OneLineParser(prog="streamledger", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("STREAMLEDGER_RABBITMQ_URL", "rabbitmq-stream://guest:guest@127.0.0.1:5552/"),
-        help="broker URL, rabbitmq-stream[+tls]://user:pass@host:port/vhost "
-        "(default: $STREAMLEDGER_RABBITMQ_URL or the local broker)",
-    )
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument("--version", action="version", version=f"streamledger {_version()}")
+    add_broker(parser, top=True)
+    add_ledger(parser, top=True)
+    add_json(parser, top=True)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     import importlib
@@ -52,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(name)
         module.register(sub)
     return parser
+
+
+def _closed_pipe() -> int:
+    """stdout's reader went away (``| head``): not an error. Point stdout at /dev/null so the
+    interpreter's own flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return CLOSED_PIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,12 +76,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         rc = args.func(args)
-    except StreamledgerError as exc:
-        print(f"streamledger: error: {exc}", file=sys.stderr)
-        return 1
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _closed_pipe()
     except KeyboardInterrupt:
         print("streamledger: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+    except Exception as exc:  # every failure is one line and a documented status (docs/cli.md)
+        if args.verbose:
+            traceback.print_exc()
+        print(f"streamledger: error: {message_of(exc)}", file=sys.stderr)
+        return status_of(exc)
     return int(rc or 0)
 
 

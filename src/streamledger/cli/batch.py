@@ -1,9 +1,10 @@
 """``streamledger batch run``: one batch from the command line (cron, Kubernetes jobs, any scheduler).
 
 The same ``--run-id`` is a retry of the same run identity (it gets its claim back, and its try
-number is one past the ledger's last try of it); without one, each call is a new run. Exit status
-0 when the batch is done, 1 when it failed (one line on stderr), 2 for bad arguments. Progress
-lines go to stderr; ``--json`` prints the batch result (and, for a table sink, the table) on stdout.
+number is one past the ledger's last try of it); without one, each call is a new run. A new SQLite
+ledger is created and migrated (this command writes). Exit status as docs/cli.md says: 0 done, 1 the
+batch failed, 2 bad arguments (refused before anything is claimed), 3 broker or ledger unreachable.
+Progress lines go to stderr; ``--json`` prints the batch result (and, for a table sink, the table).
 """
 
 from __future__ import annotations
@@ -13,22 +14,81 @@ import json
 import logging
 import sys
 import uuid
-from typing import Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from streamledger.cli.exits import BadInput
+from streamledger.cli.options import (
+    add_broker,
+    add_json,
+    add_ledger,
+    broker_url,
+    key_value_arg,
+    open_ledger,
+    position_arg,
+)
+from streamledger.cli.progress import JobProgress
+
+if TYPE_CHECKING:
+    from streamledger.batch import BatchConfig
+    from streamledger.batch.config import InitialPosition
 
 TASK = "batch"
 DAG = "streamledger-cli"
 
 
 def _catalog(items: list[str]) -> dict[str, str] | None:
-    if not items:
-        return None
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise argparse.ArgumentTypeError(f"--catalog wants KEY=VALUE, got {item.split('=')[0]!r}")
-        out[key] = value
-    return out
+    return dict(item.split("=", 1) for item in items) or None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
+def _initial_position(text: str) -> InitialPosition:
+    """Where a new pipeline starts: first, next (new records only), an offset, or interval-start."""
+    if text.strip().lower() in ("interval-start", "interval_start"):
+        return "interval_start"
+    position = position_arg(text)
+    if position.offset is not None:
+        return position.offset
+    if position.word in ("first", "next"):
+        return "first" if position.word == "first" else "tail"
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: a new pipeline starts at first, next, an offset or interval-start")
+
+
+def _when(text: str) -> datetime:
+    """An ISO 8601 moment; without a zone it is UTC."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 time (e.g. 2026-01-02T00:00:00Z)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _remote(text: str) -> str:
+    if not text.startswith("sc://"):
+        shown = text.split("@")[-1]
+        raise argparse.ArgumentTypeError(f"a Spark Connect URL looks like sc://host:port, got {shown!r}")
+    return text
 
 
 def _try_number(ledger: Any, pipeline: str, run_id: str) -> int:
@@ -38,40 +98,67 @@ def _try_number(ledger: Any, pipeline: str, run_id: str) -> int:
     return max(tries, default=0) + 1
 
 
+def _config(args: argparse.Namespace, url: str) -> BatchConfig:
+    """The batch's config from the flags; what it refuses is bad input (exit 2), nothing opened yet."""
+    from streamledger.batch import BatchConfig, BatchError
+
+    try:
+        return BatchConfig(
+            pipeline=args.pipeline, url=url, output_root=args.output_root, stream=args.stream,
+            super_stream=args.super_stream, max_offsets=args.max_offsets, sink=args.sink, table=args.table,
+            catalog=_catalog(args.catalog), initial_position=args.initial_position, splits=args.splits,
+            on_data_loss=args.on_data_loss, interval_start=args.interval_start,
+            interval_end=args.interval_end,
+            bound_by_interval=args.bound_by_interval, interval_grace=args.interval_grace,
+            store_offset=args.store_offset,
+        )
+    except BatchError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _runner(args: argparse.Namespace) -> Any:
+    from importlib.util import find_spec
+
+    if find_spec("pyspark") is None:  # found now, not after the claim
+        raise BadInput('pyspark is not installed: pip install "streamledger[spark]"')
+    from streamledger.batch import LocalSparkRunner, SparkConnectRunner
+
+    if args.remote:
+        if args.conf or args.master:
+            raise BadInput("--master and --conf configure local Spark; a Spark Connect server (--remote) "
+                           "has its own")
+        return SparkConnectRunner(args.remote)
+    conf = dict(item.split("=", 1) for item in args.conf)
+    return LocalSparkRunner(master=args.master or "local[2]", conf=conf)
+
+
 def _run(args: argparse.Namespace) -> int:
-    from streamledger.batch import BatchConfig, BatchRun, LocalSparkRunner, RunId, SparkConnectRunner
-    from streamledger.ledger import Ledger
+    from streamledger.batch import BatchRun, RunId
     from streamledger.sources import connect_log
 
-    url = args.batch_url or args.url
-    from streamledger.batch.sinks import sink_problem
-
-    try:
-        catalog = _catalog(args.catalog)
-        problem = sink_problem(args.sink, args.table, catalog, "parquet")
-        if problem is not None:
-            raise argparse.ArgumentTypeError(problem)
-    except argparse.ArgumentTypeError as exc:
-        print(f"streamledger batch run: error: {exc} (see --help)", file=sys.stderr)
-        return 2
-    config = BatchConfig(pipeline=args.pipeline, url=url, output_root=args.output_root, stream=args.stream,
-                         super_stream=args.super_stream, max_offsets=args.max_offsets, sink=args.sink,
-                         table=args.table, catalog=catalog)
-    progress = logging.StreamHandler(sys.stderr)
-    progress.setFormatter(logging.Formatter("streamledger: %(message)s"))
+    url = broker_url(args)
+    config = _config(args, url)
+    runner = _runner(args)
+    log_lines = logging.StreamHandler(sys.stderr)
+    log_lines.setFormatter(logging.Formatter("streamledger: %(message)s"))
     batch_log = logging.getLogger("streamledger.batch")
-    batch_log.addHandler(progress)
+    batch_log.addHandler(log_lines)
     batch_log.setLevel(logging.INFO)
-    runner = SparkConnectRunner(args.remote) if args.remote else LocalSparkRunner()
+    batch_log.propagate = False  # one line per step: not again through the root logger's handler
+    watch = JobProgress(config.pipeline, runner)
     try:
-        with Ledger(args.ledger) as ledger, connect_log(url) as log:
+        with open_ledger(args, write=True) as ledger, connect_log(url) as log:
             run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
             run = RunId(DAG, run_id, TASK, try_number=_try_number(ledger, args.pipeline, run_id))
-            batch = BatchRun(config, run=run, ledger=ledger, broker=log, runner=runner)
-            result = batch.execute()
+            batch = BatchRun(config, run=run, ledger=ledger, broker=log, runner=runner, on_step=watch.step)
+            try:
+                result = batch.execute()
+            finally:
+                watch.stop()
             table = batch.sink.describe()
     finally:
-        batch_log.removeHandler(progress)
+        batch_log.removeHandler(log_lines)
+        batch_log.propagate = True
     if getattr(args, "json", False):
         out = result.to_dict()
         out["run_id"] = run_id
@@ -93,23 +180,43 @@ def register(sub: Any) -> None:
     group = sub.add_parser("batch", help="run one exactly-once batch (claim, read, commit, publish, store)")
     cmds = group.add_subparsers(dest="batch_command", required=True, metavar="SUBCOMMAND")
     p = cmds.add_parser("run", help="one batch of a pipeline: every partition, one Spark job")
-    p.add_argument("--url", dest="batch_url", default=None, metavar="URL",
-                   help="the log's URL (rabbitmq-stream://... or mewbase://...; default: the global --url)")
+    add_broker(p)
+    add_ledger(p)
+    add_json(p)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--stream", default=None, help="one stream")
     which.add_argument("--super-stream", default=None, help="every partition of a super stream")
     p.add_argument("--pipeline", required=True, help="the pipeline (the broker's offset reference)")
-    p.add_argument("--ledger", required=True, metavar="URL", help="the ledger database URL")
     p.add_argument("--output-root", required=True, metavar="ROOT", help="where outputs (and tables) live")
+    p.add_argument("--initial-position", type=_initial_position, default="first", metavar="POSITION",
+                   help="where a new pipeline starts: first (default), next (only new records), an "
+                   "offset, or interval-start (with --interval-start)")
+    p.add_argument("--max-offsets", type=_positive, default=None, metavar="N", help="cap a new range's span")
+    p.add_argument("--splits", type=_positive, default=1, metavar="N",
+                   help="Spark read tasks per partition (default 1)")
+    p.add_argument("--on-data-loss", choices=("fail", "record"), default="fail",
+                   help="offsets retention removed before they were read: fail the batch (default) or "
+                   "record them as lost and go on")
+    p.add_argument("--interval-start", type=_when, default=None, metavar="TIME",
+                   help="the data interval's start, ISO 8601 (UTC without a zone)")
+    p.add_argument("--interval-end", type=_when, default=None, metavar="TIME", help="the data interval's end")
+    p.add_argument("--bound-by-interval", action="store_true",
+                   help="pin each range to the records stamped in the interval (the same on every rerun)")
+    p.add_argument("--interval-grace", type=_seconds, default=60.0, metavar="SECONDS",
+                   help="an idle stream's interval ends this long after its end time (default 60)")
+    p.add_argument("--no-store-offset", dest="store_offset", action="store_false",
+                   help="do not store the pipeline's offset on the broker")
     p.add_argument("--sink", choices=("directory", "iceberg", "delta"), default="directory",
                    help="what publishing means (default: a directory per range)")
     p.add_argument("--table", default=None,
                    help="iceberg: NAMESPACE.NAME (default streamledger.<pipeline>); "
                    "delta: the table's location")
-    p.add_argument("--catalog", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--catalog", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
                    help="a pyiceberg catalog property (repeatable; default: a SQL catalog in the ledger)")
-    p.add_argument("--max-offsets", type=int, default=None, metavar="N", help="cap a new range's span")
     p.add_argument("--run-id", default=None, help="the run identity: the same id is a retry of that run")
-    p.add_argument("--remote", default=None, metavar="sc://HOST:PORT", help="a Spark Connect server")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the result as JSON")
+    p.add_argument("--master", default=None, help="local Spark's master (default local[2])")
+    p.add_argument("--conf", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
+                   help="a Spark setting, e.g. spark.jars.packages=... for s3a:// (repeatable)")
+    p.add_argument("--remote", type=_remote, default=None, metavar="sc://HOST:PORT",
+                   help="run the job on a Spark Connect server instead of local Spark")
     p.set_defaults(func=_run)

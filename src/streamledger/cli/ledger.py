@@ -1,7 +1,8 @@
-"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|new-epoch`` commands.
+"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|new-epoch|skip`` commands.
 
-The database comes from ``--db URL`` (default ``$STREAMLEDGER_LEDGER_URL`` or the SQLite file under
-``$STREAMLEDGER_HOME``). ``audit`` exits 0 when the ledger is clean and 1 on any violation, so it
+The database comes from ``--ledger URL`` (old name ``--db``; default ``$STREAMLEDGER_LEDGER_URL`` or
+the SQLite file under ``$STREAMLEDGER_HOME``); only ``upgrade`` creates one (docs/cli.md). ``audit``
+exits 0 when the ledger is clean, 1 on any violation and 3 when the database cannot be reached, so it
 can gate a pipeline; with ``--broker-url`` (repeatable) it also compares the stored offsets of each
 source on its own log server, a RabbitMQ stream broker or a mewbase server, recognised by the identity
 the batch records (the cluster name it reports, see :func:`streamledger.sources.server_identities`);
@@ -16,12 +17,22 @@ import json
 import math
 import os
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from streamledger.cli.exits import BadInput
+from streamledger.cli.options import (
+    add_json,
+    add_ledger,
+    key_value_arg,
+    ledger_url,
+    open_ledger,
+)
+from streamledger.cli.table import render, when
+
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
-    from streamledger.ledger import BrokerOffsetLookup, Ledger, OffsetRange
+    from streamledger.ledger import Ledger, OffsetQuerier, OffsetRange
 
 
 # -- argument types: bad input stops argparse (one line, exit 2) before a ledger is opened --------
@@ -39,18 +50,6 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"seconds must be in 0..{MAX_SECONDS} (100 years), got {text}")
     return value
-
-
-def _db_url(text: str) -> str:
-    """A ledger URL the engine accepts (checked without connecting; the password never shown)."""
-    from streamledger.ledger.engine import parse_url
-    from streamledger.ledger.errors import LedgerError
-
-    try:
-        parse_url(text)
-    except LedgerError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def _broker_url(text: str) -> str:
@@ -77,46 +76,17 @@ def _report_file(text: str) -> Path:
     return path
 
 
-def _key_value(text: str) -> str:
-    if "=" not in text or text.startswith("="):
-        raise argparse.ArgumentTypeError(f"want KEY=VALUE, got {text.split('=')[0]!r}")
-    return text
-
-
-def _db_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--db",
-        type=_db_url,
-        default=None,
-        metavar="URL",
-        help="ledger database: sqlite:///FILE or postgresql+psycopg://user@host:port/db "
-        "(default: $STREAMLEDGER_LEDGER_URL or $STREAMLEDGER_HOME/ledger.sqlite)",
-    )
-
-
-def _json_option(parser: argparse.ArgumentParser) -> None:
-    # SUPPRESS keeps a top-level `streamledger --json ledger ...` from being reset to False.
-    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-
-
-def _url(args: argparse.Namespace) -> str:
-    from streamledger.ledger.engine import default_url
-
-    return str(args.db or default_url())
-
-
 def _ledger(args: argparse.Namespace) -> Ledger:
-    from streamledger.ledger import Ledger
-
-    return Ledger(_url(args))
+    """The existing ledger (every command here but ``upgrade`` reads or changes one; none creates it)."""
+    return open_ledger(args)
 
 
 def _migrate(args: argparse.Namespace, action: str) -> int:
     from streamledger.ledger import migrate
     from streamledger.ledger.engine import make_engine
 
-    url = _url(args)
-    engine = make_engine(url)
+    url = ledger_url(args)
+    engine = make_engine(url, create=action == "upgrade")  # a downgrade of nothing creates nothing
     try:
         before = migrate.current(engine)
         if action == "upgrade":
@@ -128,7 +98,10 @@ def _migrate(args: argparse.Namespace, action: str) -> int:
         engine.dispose()
     from streamledger.ledger.engine import safe_url
 
-    print(f"ledger at {safe_url(url)}: {before or 'empty'} -> {after or 'empty'}")
+    if getattr(args, "json", False):
+        print(json.dumps({"ledger": safe_url(url), "before": before, "after": after}))
+    else:
+        print(f"ledger at {safe_url(url)}: {before or 'empty'} -> {after or 'empty'}")
     return 0
 
 
@@ -140,15 +113,16 @@ def _downgrade(args: argparse.Namespace) -> int:
     return _migrate(args, "downgrade")
 
 
-def _broker_lookups(stack: contextlib.ExitStack, urls: list[str]) -> dict[str, BrokerOffsetLookup]:
-    """Connect to each server and map every ledger identity it answers for to its stored offsets."""
+def _broker_lookups(stack: contextlib.ExitStack, urls: list[str]) -> dict[str, OffsetQuerier]:
+    """Connect to each server and map every ledger identity it answers for to its client (stored
+    offsets, and the chunk headers a re-created stream is told apart by)."""
     from streamledger.sources import connect_log, server_identities
 
-    lookups: dict[str, BrokerOffsetLookup] = {}
+    lookups: dict[str, OffsetQuerier] = {}
     for url in urls:
         client = stack.enter_context(connect_log(url))
         for identity in server_identities(url, client):
-            lookups.setdefault(identity, client.query_offset)
+            lookups.setdefault(identity, client)
     return lookups
 
 
@@ -159,15 +133,20 @@ def _audit(args: argparse.Namespace) -> int:
         stale = timedelta(seconds=args.stale_after)
         check: dict[str, Any] = {"outputs_too": args.outputs, "deep": args.deep,
                                  "catalog": dict(i.split("=", 1) for i in args.catalog) or None}
-        if args.broker_url:
-            brokers = _broker_lookups(stack, args.broker_url)
+        urls = getattr(args, "broker_url", None) or []
+        if urls:
+            brokers = _broker_lookups(stack, [urls] if isinstance(urls, str) else urls)
             report = audit(ledger, args.pipeline, broker=brokers, stale_after=stale, **check)
         else:
             report = audit(ledger, args.pipeline, stale_after=stale, **check)
         if args.html:
             from streamledger.ledger.html import render_html
 
-            args.html.write_text(render_html(ledger, report, pipeline=args.pipeline), encoding="utf-8")
+            page = render_html(ledger, report, pipeline=args.pipeline)
+            try:
+                args.html.write_text(page, encoding="utf-8")
+            except OSError as exc:
+                raise BadInput(f"--html {args.html}: cannot write it: {exc.strerror or exc}") from None
     print(report.to_json() if getattr(args, "json", False) else report.to_text())
     if args.html:
         print(f"HTML report written to {args.html}", file=sys.stderr)
@@ -185,14 +164,54 @@ def _range_line(r: OffsetRange) -> str:
     )
 
 
+RANGE_HEADER = ("ID", "PIPELINE", "STREAM", "RANGE STATUS", "RECORDS", "WHEN", "PUBLISHED", "OFFSET", "RUN",
+                "OUTPUT")
+
+
+def _range_row(r: OffsetRange) -> tuple[object, ...]:
+    """One range as ``ledger ranges`` shows it: WHEN is when it was committed (else claimed)."""
+    stored = ("verified" if r.offset_verified else "stored") if r.offset_stored else "-"
+    output = r.sink_table or r.output or (f"error: {r.error}" if r.error else None)
+    return (r.id, r.pipeline, r.source.stream, f"[{r.start}, {r.end}) {r.status.value}", r.records,
+            when(r.committed_at or r.claimed_at), when(r.published_at), stored, r.run, output)
+
+
+def _since(text: str) -> datetime:
+    """``--since``: an ISO 8601 time (UTC without a zone) or a span back from now (90s, 30m, 12h, 7d)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    stripped = text.strip().lower()
+    if stripped[-1:] in units and stripped[:-1].replace(".", "", 1).isdigit():
+        back = timedelta(seconds=float(stripped[:-1]) * units[stripped[-1]])
+        return datetime.now(UTC).replace(tzinfo=None) - back
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an ISO 8601 time nor a span like 30m, 12h or 7d") from None
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def _ranges(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         rows = ledger.ranges(args.pipeline, stream=args.stream)
+    if args.status:
+        rows = [r for r in rows if r.status.value in args.status]
+    if args.since is not None:
+        rows = [r for r in rows if (r.committed_at or r.claimed_at) >= args.since]
+    if args.limit is not None:  # the newest N, listed in the usual order
+        newest = set(sorted(r.id for r in rows)[-args.limit:])
+        rows = [r for r in rows if r.id in newest]
     if getattr(args, "json", False):
         print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
-        for r in rows:
-            print(_range_line(r))
+        if rows:
+            print(render(RANGE_HEADER, [_range_row(r) for r in rows], right=("ID", "RECORDS")))
         print(f"{len(rows)} range(s)", file=sys.stderr)
     return 0
 
@@ -211,20 +230,66 @@ def _release_stale(args: argparse.Namespace) -> int:
 
 def _new_epoch(args: argparse.Namespace) -> int:
     from streamledger.ledger import SourceRef
+    from streamledger.sources import canonical_identity
 
+    broker = canonical_identity(args.broker)  # any spelling of the identity the batch named
     with _ledger(args) as ledger:
-        old, new = ledger.new_epoch(args.pipeline, SourceRef(broker=args.broker, stream=args.stream),
+        old, new = ledger.new_epoch(args.pipeline, SourceRef(broker=broker, stream=args.stream),
                                     reason=args.reason or "")
-    print(f"pipeline {args.pipeline} stream {args.stream} on {args.broker}: epoch {old} retired (kept under "
-          f"{args.broker}#epoch{old}); epoch {new} reads the stream from its first offset")
+    if getattr(args, "json", False):
+        print(json.dumps({"pipeline": args.pipeline, "stream": args.stream, "broker": broker,
+                          "retired_epoch": old, "epoch": new}))
+        return 0
+    print(f"pipeline {args.pipeline} stream {args.stream} on {broker}: epoch {old} retired (kept under "
+          f"{broker}#epoch{old}); epoch {new} reads the stream from its first offset")
+    return 0
+
+
+def _offset(text: str) -> int:
+    """An offset: a non-negative integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an offset (an integer), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an offset is not negative, got {value}")
+    return value
+
+
+def _skip(args: argparse.Namespace) -> int:
+    from streamledger.ledger import SourceRef
+    from streamledger.sources import canonical_identity
+
+    broker = canonical_identity(args.broker)  # any spelling of the identity the batch named
+    with _ledger(args) as ledger:
+        rng = ledger.record_skipped(args.pipeline, SourceRef(broker=broker, stream=args.stream),
+                                   args.start, args.end, reason=args.reason)
+    if getattr(args, "json", False):
+        print(json.dumps(rng.to_dict(), default=str))
+        return 0
+    print(f"pipeline {args.pipeline} stream {args.stream} on {broker}: [{rng.start}, {rng.end}) "
+          f"recorded as deliberately skipped (range {rng.id}): {args.reason}")
     return 0
 
 
 def _rename_broker(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         moved = ledger.rename_broker(args.old, args.new, pipeline=args.pipeline)
-    print(f"{moved} source(s) moved from {args.old} to {args.new}")
+    if getattr(args, "json", False):
+        print(json.dumps({"old": args.old, "new": args.new, "moved": moved}))
+    else:
+        print(f"{moved} source(s) moved from {args.old} to {args.new}")
     return 0
+
+
+def _status(text: str) -> str:
+    """A range status (checked when given: the ledger's types are not imported to build the parser)."""
+    from streamledger.ledger.types import RangeStatus
+
+    known = [s.value for s in RangeStatus]
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a range status: {', '.join(known)}")
+    return text
 
 
 def register(sub: Any) -> None:
@@ -233,23 +298,25 @@ def register(sub: Any) -> None:
     cmds = group.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND")
 
     p = cmds.add_parser("upgrade", help="create or migrate the ledger schema (Alembic, own version table)")
-    _db_option(p)
+    add_ledger(p)
     p.add_argument("--revision", default="head", help="target revision (default: head)")
+    add_json(p)
     p.set_defaults(func=_upgrade)
 
     p = cmds.add_parser("downgrade", help="migrate the ledger schema back (`base` drops the ledger tables)")
-    _db_option(p)
+    add_ledger(p)
     p.add_argument("--revision", required=True, help="target revision, or base")
+    add_json(p)
     p.set_defaults(func=_downgrade)
 
     p = cmds.add_parser("audit", help="check gaps, overlaps, stuck claims, failures, counts, broker drift")
-    _db_option(p)
+    add_ledger(p)
     p.add_argument("--pipeline", default=None, help="audit only this pipeline")
     p.add_argument(
         "--broker-url",
         action="append",
         type=_broker_url,
-        default=[],
+        default=argparse.SUPPRESS,
         metavar="URL",
         help="also compare the stored offsets of the sources on this log server "
         "(rabbitmq-stream[+tls]://... or mewbase://host:port; repeatable: each source is compared on "
@@ -269,38 +336,56 @@ def register(sub: Any) -> None:
                    help="do not check the published outputs against the ledger (checked by default)")
     p.add_argument("--deep", action="store_true",
                    help="also count the rows in every published range's data files")
-    p.add_argument("--catalog", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
+    p.add_argument("--catalog", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
                    help="pyiceberg catalog property of the pipeline's Iceberg table (repeatable; default: "
                    "the SQL catalog in the ledger's database)")
-    _json_option(p)
+    add_json(p)
     p.set_defaults(func=_audit)
 
-    p = cmds.add_parser("ranges", help="list the ranges")
-    _db_option(p)
-    p.add_argument("--pipeline", default=None)
-    p.add_argument("--stream", default=None)
-    _json_option(p)
+    p = cmds.add_parser("ranges", help="list the ranges: what was read, when, where it went")
+    add_ledger(p)
+    p.add_argument("--pipeline", default=None, help="only this pipeline")
+    p.add_argument("--stream", default=None, help="only this stream (or super stream partition)")
+    p.add_argument("--status", action="append", default=[], type=_status, metavar="STATUS",
+                   help="only ranges in this status (repeatable)")
+    p.add_argument("--since", type=_since, default=None, metavar="TIME",
+                   help="only ranges committed (or claimed) since TIME: ISO 8601 or a span like 12h, 7d")
+    p.add_argument("--limit", type=_limit, default=None, metavar="N", help="only the newest N ranges")
+    add_json(p)
     p.set_defaults(func=_ranges)
 
     p = cmds.add_parser("rename-broker", help="move histories to another broker identity (one per cluster)")
-    _db_option(p)
+    add_ledger(p)
     p.add_argument("old", help="e.g. rabbitmq://127.0.0.1:5552/%%2F (the 0.1 host:port form)")
     p.add_argument("new", help="e.g. rabbitmq://rabbit@node1/%%2F (the broker's cluster name)")
     p.add_argument("--pipeline", default=None)
+    add_json(p)
     p.set_defaults(func=_rename_broker)
 
     p = cmds.add_parser("new-epoch", help="a stream was deleted and re-created: keep its history, start anew")
-    _db_option(p)
+    add_ledger(p)
     p.add_argument("--pipeline", required=True)
     p.add_argument("--stream", required=True, help="the stream (or super stream partition)")
     p.add_argument("--broker", required=True,
                    help="the broker identity as the ledger names it (the batch's refusal prints it)")
     p.add_argument("--reason", default=None, help="recorded with the new epoch")
+    add_json(p)
     p.set_defaults(func=_new_epoch)
 
+    p = cmds.add_parser("skip", help="record a span nobody will read as deliberately skipped (audited)")
+    add_ledger(p)
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--stream", required=True, help="the stream (or super stream partition)")
+    p.add_argument("--broker", required=True, help="the broker identity as the ledger names it")
+    p.add_argument("--start", type=_offset, required=True, help="first offset skipped")
+    p.add_argument("--end", type=_offset, required=True, help="first offset after the span (exclusive)")
+    p.add_argument("--reason", required=True, help="why nobody reads it (recorded, shown by the audit)")
+    add_json(p)
+    p.set_defaults(func=_skip)
+
     p = cmds.add_parser("release-stale", help="fail claims not heard from for --older-than seconds")
-    _db_option(p)
+    add_ledger(p)
     p.add_argument("--older-than", type=_seconds, required=True, metavar="SECONDS")
     p.add_argument("--pipeline", default=None)
-    _json_option(p)
+    add_json(p)
     p.set_defaults(func=_release_stale)

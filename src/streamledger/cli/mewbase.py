@@ -1,7 +1,7 @@
 """`streamledger mewbase publish|read`: publish test events to a mewbase channel, or write an exact
 range of one to a file.
 
-The server comes from ``--mewbase-url mewbase://[user:pass@]host:port`` or
+The server comes from ``--broker-url mewbase://[user:pass@]host:port`` (old name ``--mewbase-url``) or
 ``$STREAMLEDGER_MEWBASE_URL``. Both commands print one JSON summary line; every deliberate failure is a
 ``StreamledgerError`` that the CLI main turns into one line on stderr (never with the password).
 """
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from streamledger.errors import StreamledgerError
+from streamledger.cli.options import Position, add_broker, add_json, broker_url, position_arg
 
 URL_ENV = "STREAMLEDGER_MEWBASE_URL"
 
@@ -36,19 +35,18 @@ def register(sub: Any) -> None:
 
     p = cmds.add_parser("read", help="write exactly the events of [START, END) to a file")
     p.add_argument("channel")
-    p.add_argument("--start", required=True, help="position, first, last, tail or timestamp:<ms>")
-    p.add_argument("--end", required=True, help="exclusive end: position, tail or timestamp:<ms>")
+    p.add_argument("--start", required=True, type=position_arg, metavar="POSITION",
+                   help="first, last, next, a position or timestamp:MS (docs/cli.md)")
+    p.add_argument("--end", required=True, type=position_arg, metavar="POSITION",
+                   help="exclusive end: next (the tail), a position or timestamp:MS")
     p.add_argument("--output", required=True, help="FILE.jsonl or FILE.parquet")
     _common(p)
     p.set_defaults(func=_read)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--mewbase-url",
-        default=os.environ.get(URL_ENV),
-        help=f"mewbase://[user:pass@]host:port (default: ${URL_ENV})",
-    )
+    add_broker(parser, help_extra=f"; here mewbase://[user:pass@]host:port, default ${URL_ENV}")
+    add_json(parser)  # both commands print one JSON line anyway
     parser.add_argument(
         "--timeout", type=float, default=10.0, help="seconds per request and per silence (default 10)"
     )
@@ -57,9 +55,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def _connect(args: argparse.Namespace) -> Any:
     from streamledger.protocol.mewbase import MewbaseLog
 
-    if not args.mewbase_url:
-        raise StreamledgerError(f"no mewbase server: pass --mewbase-url or set ${URL_ENV}")
-    return MewbaseLog.connect(args.mewbase_url, timeout=args.timeout)
+    url = broker_url(args, env=(URL_ENV,), default=None)
+    return MewbaseLog.connect(url, timeout=args.timeout)
 
 
 def _events(count: int, size: int) -> Iterator[dict[str, Any]]:
@@ -92,8 +89,8 @@ def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bound(log: Any, channel: str, text: str) -> int:
-    return int(log.resolve_offset(channel, text))
+def _bound(log: Any, channel: str, position: Position) -> int:
+    return int(log.resolve_offset(channel, str(position)))
 
 
 def _write_jsonl(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, int | None]:

@@ -16,16 +16,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
+from streamledger.cli.options import Position, add_broker, add_json, broker_url, position_arg
+from streamledger.cli.progress import Progress
 from streamledger.cli.topology import add_stream_commands, add_super_stream_commands
 from streamledger.protocol.rabbitmq import InvalidRequest, OffsetSpec, StreamClient
 
 
 def _client(args: argparse.Namespace) -> StreamClient:
-    return StreamClient.connect(args.url, timeout=args.timeout)
+    return StreamClient.connect(broker_url(args), timeout=args.timeout)
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
-    print(json.dumps(data, sort_keys=True) if args.json else text)
+    print(json.dumps(data, sort_keys=True) if getattr(args, "json", False) else text)
 
 
 # -- stream ---------------------------------------------------------------------------------------
@@ -81,9 +83,17 @@ def _bodies(count: int, size: int) -> Iterator[bytes]:
         yield (head + pad)[:size] if size >= len(head) else head
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
 def _publish(args: argparse.Namespace) -> int:
-    if args.count < 0 or args.size < 0:
-        raise InvalidRequest("--count and --size must not be negative")
     with _client(args) as client:
         started = time.perf_counter()
         result = client.publish(args.stream, _bodies(args.count, args.size), amqp=not args.raw,
@@ -96,11 +106,18 @@ def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bound(client: StreamClient, stream: str, text: str, *, is_end: bool) -> int:
-    lowered = text.strip().lower()
-    if is_end and lowered in ("tail", "latest", "next", "end"):
+def _bound(client: StreamClient, stream: str, position: Position) -> int:
+    """The offset a position names on ``stream`` (docs/cli.md, "Offsets")."""
+    if position.offset is not None:
+        return position.offset
+    if position.word == "next":
         return client.committed_tail(stream)
-    return client.resolve_offset(stream, OffsetSpec.parse(text)) if not lowered.isdigit() else int(lowered)
+    if position.word == "first":
+        return client.resolve_offset(stream, OffsetSpec.first())
+    if position.word == "last":
+        return client.resolve_offset(stream, OffsetSpec.last())
+    assert position.timestamp_ms is not None
+    return client.resolve_offset(stream, OffsetSpec.timestamp(position.timestamp_ms))
 
 
 def _write_jsonl(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, int | None]:
@@ -172,25 +189,39 @@ def _read(args: argparse.Namespace) -> int:
     output = checked_output(args.output, InvalidRequest)
     suffix = output.suffix.lower()
     with _client(args) as client:
-        start = _bound(client, args.stream, args.start, is_end=False)
-        end = _bound(client, args.stream, args.end, is_end=True)
+        start = _bound(client, args.stream, args.start)
+        end = _bound(client, args.stream, args.end)
         decode: Literal["amqp", "raw"] = "raw" if args.raw else "amqp"
         batches: Iterator[Any]
         if suffix == ".parquet":
             batches = client.read_range(args.stream, start, end, decode=decode, layout="buffers")
         else:
             batches = client.read_range(args.stream, start, end, decode=decode)
+        progress = Progress(f"read {args.stream} [{start}, {end})", total=max(0, end - start), unit="offsets")
+        counted = progress.track(batches, size=_span)
         writer = _write_parquet if suffix == ".parquet" else _write_jsonl
-        records, first, last = write_atomically(output, lambda tmp: writer(tmp, batches))
+        records, first, last = write_atomically(output, lambda tmp: writer(tmp, counted))
+        progress.done(records)
     print(json.dumps({"stream": args.stream, "start": start, "end": end, "records": records,
                       "first_offset": first, "last_offset": last, "output": str(output)}))
     return 0
+
+
+def _span(batch: Any) -> int:
+    """Offsets a batch covers (what the planned range counts; tracking chunks take offsets too)."""
+    if not len(batch):
+        return 0
+    if getattr(batch, "run_starts", None):
+        return int(batch.run_starts[-1] + batch.run_lengths[-1] - batch.run_starts[0])
+    return int(batch.offsets[-1] - batch.offsets[0] + 1)
 
 
 # -- wiring ---------------------------------------------------------------------------------------
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
+    add_broker(parser)
+    add_json(parser)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
 
 
@@ -224,8 +255,8 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("publish", help="publish N test messages of B bytes and print msgs/s")
     p.add_argument("stream")
-    p.add_argument("--count", type=int, required=True)
-    p.add_argument("--size", type=int, default=100)
+    p.add_argument("--count", type=_count, required=True)
+    p.add_argument("--size", type=_count, default=100)
     p.add_argument("--raw", action="store_true", help="raw records instead of AMQP 1.0 messages")
     p.add_argument("--batch-size", type=int, default=500)
     _common(p)
@@ -233,8 +264,10 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("read", help="write exactly the records of [START, END) to a file")
     p.add_argument("stream")
-    p.add_argument("--start", required=True, help="offset, first, last, next or timestamp:<ms>")
-    p.add_argument("--end", required=True, help="exclusive end: offset, tail, or timestamp:<ms>")
+    p.add_argument("--start", required=True, type=position_arg, metavar="POSITION",
+                   help="first, last, next, an offset or timestamp:MS (docs/cli.md)")
+    p.add_argument("--end", required=True, type=position_arg, metavar="POSITION",
+                   help="exclusive end: next (the tail), an offset or timestamp:MS")
     p.add_argument("--output", required=True, help="FILE.parquet or FILE.jsonl")
     p.add_argument("--raw", action="store_true", help="do not decode AMQP (bodies as stored)")
     _common(p)

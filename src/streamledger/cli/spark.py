@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from streamledger.cli.options import add_json, key_value_arg
+
 
 def _start(args: argparse.Namespace) -> int:
     from streamledger.spark import connect
@@ -30,7 +32,10 @@ def _stop(args: argparse.Namespace) -> int:
     from streamledger.spark import connect
 
     state = connect.stop()
-    print(f"stopped pid {state.pid} ({state.url})" if state else "no Spark Connect server was running")
+    if getattr(args, "json", False):
+        print(json.dumps({"stopped": asdict(state) if state else None}))
+    else:
+        print(f"stopped pid {state.pid} ({state.url})" if state else "no Spark Connect server was running")
     return 0
 
 
@@ -55,8 +60,14 @@ def register(sub: Any) -> None:
     start = cmds.add_parser("start", help="start (or reuse) the server; prints its sc:// URL last")
     start.add_argument("--port", type=int, default=None, help="gRPC port on 127.0.0.1 (default: a free one)")
     start.add_argument("--master", default="local[2]", help="the server's Spark master (default local[2])")
-    start.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf")
+    start.add_argument("--conf", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
+                       help="extra Spark conf")
     start.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for it to listen")
+    add_json(start)
     start.set_defaults(func=_start)
-    cmds.add_parser("stop", help="stop the recorded server").set_defaults(func=_stop)
-    cmds.add_parser("status", help="print the server's URL; exit 3 when none runs").set_defaults(func=_status)
+    stop = cmds.add_parser("stop", help="stop the recorded server")
+    add_json(stop)
+    stop.set_defaults(func=_stop)
+    status = cmds.add_parser("status", help="print the server's URL; exit 3 when none runs")
+    add_json(status)
+    status.set_defaults(func=_status)

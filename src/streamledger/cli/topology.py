@@ -12,7 +12,9 @@ import json
 import os
 from typing import Any
 
-from streamledger.topology import TRANSPORTS, StreamSettings, TopologyError, open_topology
+from streamledger.cli.exits import BadInput
+from streamledger.cli.options import add_broker, add_json, broker_url
+from streamledger.topology import TRANSPORTS, StreamSettings, open_topology
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -26,7 +28,7 @@ def emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
 
 
 def _topology(args: argparse.Namespace) -> Any:
-    return open_topology(args.transport, url=args.url, amqp_url=amqp_url(args), timeout=args.timeout)
+    return open_topology(args.transport, url=broker_url(args), amqp_url=amqp_url(args), timeout=args.timeout)
 
 
 def _settings(args: argparse.Namespace) -> StreamSettings:
@@ -65,8 +67,8 @@ def _stream_delete(args: argparse.Namespace) -> int:
 def _super_create(args: argparse.Namespace) -> int:
     keys = _keys(args)
     if (args.partitions is None) == (keys is None):
-        raise TopologyError(f"{args.prefix}superstream create needs exactly one of --partitions N or "
-                            "--binding-keys a,b")
+        raise BadInput(f"{args.prefix}superstream create needs exactly one of --partitions N or "
+                       "--binding-keys a,b")
     with _topology(args) as topology:
         parts, created = topology.create_super_stream(
             args.name, partitions=args.partitions, binding_keys=keys, settings=_settings(args),
@@ -98,12 +100,13 @@ def common(parser: argparse.ArgumentParser, transport: str) -> None:
     """Options of every topology command: the transport and how to reach it."""
     parser.add_argument("--transport", choices=TRANSPORTS, default=transport,
                         help=f"stream protocol or AMQP 1.0 /management (default {transport})")
+    add_broker(parser)
     parser.add_argument(
         "--amqp-url", default=argparse.SUPPRESS,
         help="amqp[s]://user:pass@host:port/vhost for --transport amqp10 "
         "(default: $STREAMLEDGER_AMQP_URL or the local broker)",
     )
-    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    add_json(parser)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
 
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 def default_ledger_url() -> str:
     """``STREAMLEDGER_LEDGER_URL`` or the SQLite file under ``$STREAMLEDGER_HOME``: the library's one
-    default, so the CLI's ``ledger audit`` without ``--db`` audits what the DAGs wrote."""
+    default, so the CLI's ``ledger audit`` without ``--ledger`` audits what the DAGs wrote."""
     from streamledger.ledger.engine import default_url
 
     return default_url()

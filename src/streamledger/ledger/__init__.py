@@ -56,7 +56,7 @@ from streamledger.ledger.audit import (
     Violation,
     ViolationKind,
 )
-from streamledger.ledger.errors import LedgerError
+from streamledger.ledger.errors import LedgerError, LedgerNotFound
 from streamledger.ledger.store import Ledger
 from streamledger.ledger.types import (
     ClaimRequest,
@@ -76,6 +76,7 @@ __all__ = [
     "CommitRequest",
     "Ledger",
     "LedgerError",
+    "LedgerNotFound",
     "OffsetQuerier",
     "OffsetRange",
     "RangeStatus",

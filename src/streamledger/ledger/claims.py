@@ -17,7 +17,7 @@ from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Range, Source
 from streamledger.ledger.rows import check_offset, check_pipeline, chunks, snapshot, utc
 from streamledger.ledger.sources import Sources
-from streamledger.ledger.statements import INSERT_RANGE, LIVE, PG_CLAIM, first_hole_of, tail_of
+from streamledger.ledger.statements import INSERT_RANGE, LIVE, OWN_HOLES, PG_CLAIM, first_hole_of, tail_of
 from streamledger.ledger.types import ClaimRequest, OffsetRange, RangeStatus, RunIdentity, SourceRef
 
 _Pinned = tuple[tuple[int, int], tuple[datetime | None, datetime | None]]
@@ -107,11 +107,12 @@ class Claims(Sources):
         with it) replaces 2 and 3: the live range with exactly this span if one exists (committed or
         lost by any run: an idempotent rerun; claimed by another run: refused, it is processed once),
         else exactly ``span``, wherever no live range covers it (overlaps are refused by the
-        database). Holes are never taken (a failed interval waits for its own retry) and
-        ``end_limit``/``max_span`` do not apply. On a source's first claim an ``initial_start``
-        before the span is recorded as the history's origin (an empty committed range), so offsets
-        from there to the first pinned range are a gap the watermark stops at, whichever interval
-        runs first.
+        database). Holes are never taken (a failed interval waits for its own retry), and that
+        retry gets back exactly the span its failed claim held (:meth:`_own_retry_spans`), whatever
+        span it asks for; ``end_limit``/``max_span`` do not apply. On a source's first claim an
+        ``initial_start`` before the span is recorded as the history's origin (an empty committed
+        range), so offsets from there to the first pinned range are a gap the watermark stops at,
+        whichever interval runs first.
 
         An empty result is stored already committed with 0 records. Callers never re-derive this
         rule: they ask here and process what they get.
@@ -120,6 +121,7 @@ class Claims(Sources):
         what, pinned = self._claim_checked(pipeline, source, end_limit, run, initial_start, max_span,
                                            abandon_after, span, interval)
         if self.dialect == "postgresql":
+            pinned = self._retry_pinned(pipeline, source, run, pinned)
             got = self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
                                  abandon_after, pinned)
             return _pinned_answer(what, got, run, pinned)
@@ -145,6 +147,37 @@ class Claims(Sources):
         pinned = _check_span(span, interval, source.stream)
         return f"claim for pipeline {pipeline!r} stream {source.stream!r} by {run}", pinned
 
+    @staticmethod
+    def _own_retry_spans(session: Session, source_ids: Sequence[int],
+                         run: RunIdentity) -> dict[int, tuple[int, int]]:
+        """Per source, the span a failed pinned claim of ``run``'s key held where no live range
+        overlaps it (the lowest such): the run's retry claims exactly it, whatever span it asks for.
+        It may ask for less (retention dropped the head, the schedule changed); reading the narrower
+        span would leave the head neither read nor recorded lost (issue 30, defect 1)."""
+        out: dict[int, tuple[int, int]] = {}
+        for chunk in chunks(list(source_ids)):
+            for sid, start, end in session.execute(
+                select(Range.source_id, Range.start_offset, Range.end_offset)
+                .where(Range.source_id.in_(chunk), Range.dag_id == run.dag_id, Range.run_id == run.run_id,
+                       Range.task_id == run.task_id, Range.map_index == run.map_index, OWN_HOLES)
+                .order_by(Range.start_offset, Range.id)
+            ):
+                out.setdefault(int(sid), (int(start), int(end)))
+        return out
+
+    def _retry_pinned(self, pipeline: str, source: SourceRef, run: RunIdentity,
+                      pinned: _Pinned | None) -> _Pinned | None:
+        """PostgreSQL: a pinned claim's span, replaced by the span its failed claim held
+        (:meth:`_own_retry_spans`), read just before the server-side claim (in the caller's
+        transaction when there is one). Only this run's key claims that span, so nothing takes it
+        in between (another run's overlapping claim is refused by the database)."""
+        if pinned is None:
+            return None
+        with self._tx(f"retry span of {run} for {source.stream!r}", write=False) as session:
+            src = self._find_source(session, pipeline, source)
+            spans = {} if src is None else self._own_retry_spans(session, [src.id], run)
+        return pinned if src is None or src.id not in spans else (spans[src.id], pinned[1])
+
     def _claim_sqlite(self, session: Session, pipeline: str, asks: Sequence[_Ask], run: RunIdentity,
                       max_span: int | None, abandon_after: timedelta | None) -> list[OffsetRange]:
         """The claim rule (see :meth:`claim`) on SQLite for one or many sources, in the caller's
@@ -165,6 +198,8 @@ class Claims(Sources):
             ).order_by(Range.id)):
                 held.setdefault(row.source_id, row)
         fresh = [i for i in ids if i not in held]
+        pinned_ids = [s.id for s, a in zip(srcs, asks, strict=True) if a.pinned is not None and s.id in fresh]
+        retry = self._own_retry_spans(session, pinned_ids, run)
         if abandon_after is not None and fresh:
             self._abandon(session, fresh, now - abandon_after, now)
         free = [s.id for s, a in zip(srcs, asks, strict=True) if s.id not in held and a.pinned is None]
@@ -190,6 +225,8 @@ class Claims(Sources):
                 out.append(_pinned_answer(what, snapshot(mine, pipeline, src), run, pinned))
                 continue
             if pinned is not None:
+                if src.id in retry:
+                    pinned = (retry[src.id], pinned[1])
                 (start, end), _when = pinned
                 done = session.scalars(select(Range).where(
                     Range.source_id == src.id, LIVE, Range.start_offset == start, Range.end_offset == end,

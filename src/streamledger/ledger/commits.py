@@ -14,6 +14,7 @@ from streamledger.ledger.rows import clip, snapshot
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import COMMIT_CLAIMED, COMMIT_CLAIMED_PG
 from streamledger.ledger.types import CommitRequest, OffsetRange, RangeStatus
+from streamledger.offsets import ChunkPrint
 
 
 class Commits(Sources):
@@ -26,7 +27,8 @@ class Commits(Sources):
             return []
         with self._joined(f"commit of ranges {[c.range_id for c in commits]}"[:200]):
             return [self.commit(c.range_id, records=c.records, first_seen=c.first_seen, last_seen=c.last_seen,
-                                output=c.output, staging=c.staging, publisher=c.publisher) for c in commits]
+                                output=c.output, staging=c.staging, publisher=c.publisher, chunk=c.chunk)
+                    for c in commits]
 
     def mark_offsets_stored(self, range_ids: Sequence[int], verified: bool) -> None:
         """:meth:`mark_offset_stored` for several ranges in one transaction."""
@@ -45,6 +47,7 @@ class Commits(Sources):
         output: str | None,
         staging: str | None = None,
         publisher: str | None = None,
+        chunk: ChunkPrint | None = None,
     ) -> OffsetRange:
         """Mark a claimed range processed; repeating an identical commit returns it unchanged.
 
@@ -55,7 +58,9 @@ class Commits(Sources):
         attempt: it receives the publish lease in the same statement, so no other run starts
         publishing between this commit and the committer's own publish. Only
         the holder of the claim can commit (a claim taken from it is failed), which fences a
-        worker that lost its claim out of both the commit and the publish.
+        worker that lost its claim out of both the commit and the publish. ``chunk`` is the
+        fingerprint of the chunk holding a committed record (``SourcePosition.chunk``), recorded with
+        a range that has records.
         """
         what = f"commit range {range_id}"
         try:
@@ -77,6 +82,9 @@ class Commits(Sources):
             "v_publisher": publisher if records else None,
             # Without a staging copy the output is already where it belongs: nothing left to publish.
             "v_publish_now": bool(records and staging is None),
+            "v_chunk_offset": chunk.offset if chunk is not None and records else None,
+            "v_chunk_timestamp": chunk.timestamp if chunk is not None and records else None,
+            "v_chunk_crc": chunk.crc if chunk is not None and records else None,
         }
         joined = self._outer() is not None
         if self.dialect == "postgresql" and not joined:
@@ -128,6 +136,9 @@ class Commits(Sources):
                 row.publisher, row.publish_beat = publisher, now
             if records and staging is None:
                 row.published_at = now
+            if records and chunk is not None:
+                row.chunk_offset, row.chunk_timestamp = chunk.offset, chunk.timestamp
+                row.chunk_crc = chunk.crc
             row.committed_at = now
             row.updated_at = now
             session.flush()

@@ -18,7 +18,7 @@ from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError
 
 from streamledger.home import state_dir
-from streamledger.ledger.errors import LedgerError
+from streamledger.ledger.errors import LedgerError, LedgerNotFound
 
 IMMEDIATE = "streamledger_immediate"
 """Execution option: a connection carrying it opens its SQLite transactions with BEGIN IMMEDIATE."""
@@ -35,8 +35,24 @@ def default_url() -> str:
     return f"sqlite:///{state_dir() / 'ledger.sqlite'}"
 
 
+def _extra_at(url: str) -> tuple[str, str] | None:
+    """``(user, host_and_rest)`` when the URL's user info holds more than one ``@`` (an unescaped ``@``
+    in the password), which parsers split at the wrong one and so would show part of the password."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or rest.startswith("/"):
+        return None
+    authority_end = rest.find("/", rest.rfind("@") + 1)
+    authority = rest if authority_end < 0 else rest[:authority_end]
+    if authority.count("@") < 2:
+        return None
+    user = authority.partition(":")[0]
+    return f"{scheme}://{user}", rest[rest.rfind("@", 0, len(authority)) + 1:]
+
+
 def safe_url(url: str | URL) -> str:
-    """The URL with any password masked, fit for messages and logs."""
+    """The URL with any password masked (all of it, even with an ``@`` in it), fit for messages and logs."""
+    if isinstance(url, str) and (split := _extra_at(url)) is not None:
+        return f"{split[0]}:***@{split[1]}"
     try:
         return make_url(url).render_as_string(hide_password=True)
     except (ArgumentError, ValueError):  # ValueError: a port that is not a number
@@ -45,6 +61,8 @@ def safe_url(url: str | URL) -> str:
 
 def parse_url(url: str) -> URL:
     """Validate a ledger URL and normalise PostgreSQL URLs to the psycopg 3 driver."""
+    if _extra_at(url) is not None:
+        raise LedgerError(f"ledger database URL {safe_url(url)}: an '@' in the password must be written %40")
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
@@ -88,11 +106,16 @@ def _sqlite_on_begin(conn: Any) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def make_engine(url: str | URL) -> Engine:
-    """An engine for the ledger at ``url`` with the dialect hooks described above."""
+def make_engine(url: str | URL, *, create: bool = True) -> Engine:
+    """An engine for the ledger at ``url`` with the dialect hooks described above. With ``create``
+    False a SQLite file that does not exist is :class:`LedgerNotFound`: SQLite would create it (and
+    this function its directory) on the first connection, and a reading open must create nothing."""
     parsed = parse_url(url) if isinstance(url, str) else url
     if parsed.get_backend_name() == "sqlite":
         database = Path(parsed.database or "")
+        if not create and not database.is_file():
+            raise LedgerNotFound(f"no ledger schema in {safe_url(parsed)}: the file does not exist; "
+                                 "`streamledger ledger upgrade --ledger URL` creates it")
         if not database.parent.exists():
             try:
                 database.parent.mkdir(parents=True, exist_ok=True)
@@ -106,4 +129,8 @@ def make_engine(url: str | URL) -> Engine:
         return engine
     # No pre-ping: it would add a round trip to every claim; connections are recycled instead and a
     # dropped one surfaces as a LedgerError for that call.
-    return create_engine(parsed, pool_recycle=1800, connect_args={"connect_timeout": 10})
+    try:
+        return create_engine(parsed, pool_recycle=1800, connect_args={"connect_timeout": 10})
+    except ModuleNotFoundError as exc:  # the driver is an extra (docs/install.md)
+        raise LedgerError(
+            f"a PostgreSQL ledger needs {exc.name}: pip install \"streamledger[postgres]\"") from exc

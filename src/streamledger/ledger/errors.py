@@ -12,3 +12,7 @@ from streamledger.errors import StreamledgerError
 
 class LedgerError(StreamledgerError):
     """The ledger refused an operation or could not reach its database; ``str(err)`` says why."""
+
+
+class LedgerNotFound(LedgerError):
+    """A ledger opened for reading is not there (a SQLite file that does not exist); nothing was created."""

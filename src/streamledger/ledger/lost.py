@@ -1,4 +1,5 @@
-"""Lost and stale ranges: spans retention removed, claims whose holder is gone, and the ranges listing."""
+"""Lost and stale ranges: spans retention removed, spans deliberately skipped, claims whose holder is
+gone, and the ranges listing."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Pipeline, Range, Source
 from streamledger.ledger.rows import check_offset, check_pipeline, clip, snapshot
 from streamledger.ledger.sources import Sources
-from streamledger.ledger.statements import LIVE
-from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef
+from streamledger.ledger.statements import LIVE, ORIGIN_START
+from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef, skip_identity
 
 
 class LostAndStale(Sources):
-    """Recording lost spans, releasing stale claims, listing ranges."""
+    """Recording lost and skipped spans, releasing stale claims, listing ranges."""
 
     @staticmethod
     def _hole_at(session: Session, source_id: int, start: int) -> Range | None:
@@ -110,6 +111,54 @@ class LostAndStale(Sources):
                 )
             session.flush()
             return snapshot(lost, pipeline, src)
+
+    def record_skipped(self, pipeline: str, source: SourceRef, start: int, end: int, *,
+                       reason: str) -> OffsetRange:
+        """Record ``[start, end)`` as deliberately skipped: a span nobody will read (a DAG that does
+        not catch up, poison records replayed by hand), so it is audited as such (audit rule 6),
+        never left a silent gap. A ``lost`` range held by :func:`skip_identity`, pinned (it may lie
+        between pinned ranges); the watermark passes it like any lost span.
+
+        Refused unless no live range covers any of it and it starts where the covered history
+        stops (at the history's origin, or at the end of a live range), so a skip never opens a gap
+        before itself.
+        """
+        check_pipeline(pipeline)
+        check_offset("start", start, source.stream)
+        check_offset("end", end, source.stream)
+        what = f"skip [{start}, {end}) of pipeline {pipeline!r} stream {source.stream!r} on {source.broker}"
+        if end <= start:
+            raise LedgerError(f"{what}: the span is empty or reversed")
+        if not isinstance(reason, str) or not reason.strip():
+            raise LedgerError(f"{what}: give the reason nobody reads it")
+        with self._tx(what) as session:
+            src = self._find_source(session, pipeline, source)
+            if src is None:
+                raise LedgerError(f"{what}: the ledger has no history of this source (name the pipeline, "
+                                  "stream and broker identity as its ranges do)")
+            self._lock_sources(session, [src.id])
+            now = self._clock(session)
+            covering = session.scalars(select(Range).where(
+                Range.source_id == src.id, LIVE, Range.end_offset > Range.start_offset,
+                Range.start_offset < end, Range.end_offset > start,
+            ).order_by(Range.start_offset).limit(1)).first()
+            if covering is not None:
+                raise LedgerError(
+                    f"{what}: range {covering.id} [{covering.start_offset}, {covering.end_offset}) "
+                    f"({covering.status}) covers part of it; only offsets no live range covers are skipped")
+            origin = session.scalars(ORIGIN_START, {"source_id": src.id}).first()
+            stops_here = session.scalars(select(Range.id).where(
+                Range.source_id == src.id, LIVE, Range.end_offset == start).limit(1)).first()
+            if start != origin and stops_here is None:
+                raise LedgerError(
+                    f"{what}: a skip must start where the covered history stops (its origin {origin} or the "
+                    "end of a live range); skipping from here would leave the offsets before it uncovered")
+            row = self._new_row(src.id, start, end, RangeStatus.LOST, skip_identity(start, end), now,
+                                error=clip(reason.strip()))
+            row.pinned = True
+            session.add(row)
+            session.flush()
+            return snapshot(row, pipeline, src)
 
     def release_stale(self, older_than: timedelta, *, pipeline: str | None = None) -> list[OffsetRange]:
         """Fail every claim not heard from for ``older_than`` (its holder is gone), so its span is redone.

@@ -118,6 +118,10 @@ class Range(LedgerBase):
         # 0008: only sources with pinned ranges can have gaps; the watermark asks this first.
         Index("ix_streamledger_range_pinned", "source_id", postgresql_where=text("pinned"),
               sqlite_where=text("pinned")),
+        # 0009: the few fingerprinted ranges of a source; the re-created-stream check reads the newest.
+        Index("ix_streamledger_range_chunk", "source_id", "chunk_offset",
+              postgresql_where=text("chunk_offset IS NOT NULL"),
+              sqlite_where=text("chunk_offset IS NOT NULL")),
         # Reruns are idempotent: one live (claimed/committed) range per run identity and source.
         Index(
             "uq_streamledger_range_run",
@@ -190,3 +194,9 @@ class Range(LedgerBase):
     pinned: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
     interval_start: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
     interval_end: Mapped[datetime | None] = mapped_column(DateTime(), nullable=True)
+    # 0009: the header of the chunk holding the last record (first offset, timestamp, CRC), taken
+    # at commit when the source had no fingerprint still retained: a different chunk there is
+    # another stream (deleted and re-created), whatever the stored offsets say.
+    chunk_offset: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    chunk_timestamp: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    chunk_crc: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -25,6 +25,7 @@ from streamledger.ledger.statements import (
     tail_of,
 )
 from streamledger.ledger.types import RangeStatus, SourcePosition, SourceRef, Watermark
+from streamledger.offsets import ChunkPrint
 
 
 class Positions(Sources):
@@ -32,11 +33,12 @@ class Positions(Sources):
 
     @staticmethod
     def _first_gap(session: Session, source_id: int, *, pinned: bool | None = None) -> int | None:
-        """The first offset from the history's origin (its lowest live range) that no live range
-        covers: the origin itself when no non-empty range starts there, else the earliest end of a
-        non-empty live range that no non-empty live range continues (the tail, when none is
-        missing). Only pinned claims leave such gaps (offsets of intervals not claimed yet); for a
-        source with pinned ranges this walks its ranges (O(ranges), an index-only walk)."""
+        """The first offset from the history's origin (the lowest start of any of its ranges, a
+        failed first claim included: audit rule 1) that no live range covers: the origin itself
+        when no non-empty range starts there, else the earliest end of a non-empty live range that
+        no non-empty live range continues (the tail, when none is missing). Only pinned claims
+        leave such gaps (offsets of intervals not claimed yet); for a source with pinned ranges
+        this walks its ranges (O(ranges), an index-only walk)."""
         if pinned is None:
             pinned = session.scalars(ANY_PINNED, {"source_id": source_id}).first() is not None
         if not pinned:
@@ -185,6 +187,7 @@ class Positions(Sources):
             for row in session.scalars(select(Range).where(Range.source_id.in_(chunk), IS_HOLE)
                                        .order_by(Range.source_id, Range.start_offset)):
                 holes[row.source_id].append(row)
+        prints = self._chunk_prints(session, ids)
         cutoff = (self._clock(session) - stale_after if stale_after is not None and any(claims.values())
                   else None)
         out: list[SourcePosition] = []
@@ -207,5 +210,21 @@ class Positions(Sources):
                 open_claims=tuple(snapshot(r, pipeline, src) for r in mine),
                 stale=stale,
                 holes=tuple(snapshot(r, pipeline, src) for r in holes[src.id]),
+                chunk=prints.get(src.id),
             ))
+        return out
+
+    @staticmethod
+    def _chunk_prints(session: Session, source_ids: Sequence[int]) -> dict[int, ChunkPrint]:
+        """The newest fingerprint of a committed chunk per source (by its offset): what the
+        re-created-stream check reads the broker's chunk header against."""
+        out: dict[int, ChunkPrint] = {}
+        for part in chunks(sorted(source_ids)):
+            for sid, off, ts, crc in session.execute(
+                select(Range.source_id, Range.chunk_offset, Range.chunk_timestamp, Range.chunk_crc)
+                .where(Range.source_id.in_(part), Range.chunk_offset.is_not(None),
+                       Range.status == RangeStatus.COMMITTED.value)
+                .order_by(Range.source_id, Range.chunk_offset)
+            ):
+                out[int(sid)] = ChunkPrint(int(off or 0), int(ts or 0), int(crc or 0))  # newest wins
         return out

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Range
@@ -39,15 +40,26 @@ class PublishLeases(Sources):
         answers in request order, each decided exactly as :meth:`take_publish` decides it."""
         if not requests:
             return []
-        with self._joined(f"take the publish leases of {publisher}"):
+        with self._joined(f"take the publish leases of {publisher}") as session:
+            self._lock_ranges(session, [i for i, _r in requests])
             return [self.take_publish(i, publisher, lease=lease, replace=r) for i, r in requests]
 
     def mark_published_many(self, range_ids: Sequence[int], publisher: str) -> list[OffsetRange]:
         """:meth:`mark_published` of several ranges in one transaction (all or none)."""
         if not range_ids:
             return []
-        with self._joined(f"mark ranges published by {publisher}"):
+        with self._joined(f"mark ranges published by {publisher}") as session:
+            self._lock_ranges(session, list(range_ids))
             return [self.mark_published(i, publisher) for i in range_ids]
+
+    @staticmethod
+    def _lock_ranges(session: Session, range_ids: Sequence[int]) -> None:
+        """Lock ranges in one global order (by id) before working on them in the caller's order:
+        two batches publishing each other's stranded ranges (each its own first) would otherwise
+        each hold one row and wait for the other's (PostgreSQL: "deadlock detected"; issue 30,
+        defect 5). SQLite's write lock already serialises them."""
+        for chunk in chunks(sorted(set(range_ids))):
+            session.execute(select(Range.id).where(Range.id.in_(chunk)).order_by(Range.id).with_for_update())
 
     def take_publish(self, range_id: int, publisher: str, *, lease: timedelta,
                      replace: str | None = None) -> OffsetRange | None:

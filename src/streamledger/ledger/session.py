@@ -47,7 +47,7 @@ class LedgerSession:
 
     def __init__(self, url: str | None = None, *, create: bool = False) -> None:
         self.url = url or default_url()
-        self._engine: Engine = make_engine(self.url)
+        self._engine: Engine = make_engine(self.url, create=create)
         self._sources: dict[int, tuple[str, SourceRef]] = {}
         self._local = threading.local()  # the session of a transaction many calls join (_joined)
         if create:
@@ -77,13 +77,13 @@ class LedgerSession:
         rev = migrate.current(self._engine)
         if rev is None:
             raise LedgerError(
-                f"no ledger schema in {safe_url(self.url)}: run `streamledger ledger upgrade --db URL` "
-                "or open it with Ledger(url, create=True)"
+                f"no ledger schema in {safe_url(self.url)}: run `streamledger ledger upgrade --ledger URL` "
+                "(in Python: Ledger(url, create=True))"
             )
         if rev != _head():
             raise LedgerError(
                 f"the ledger schema in {safe_url(self.url)} is at revision {rev}, this streamledger expects "
-                f"{_head()}: run `streamledger ledger upgrade --db URL`"
+                f"{_head()}: run `streamledger ledger upgrade --ledger URL`"
             )
 
     @contextlib.contextmanager

@@ -16,8 +16,16 @@ from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Pipeline, Range, Source
 from streamledger.ledger.rows import check_pipeline, chunks, clip, snapshot
 from streamledger.ledger.session import LedgerSession
-from streamledger.ledger.statements import LOAD, LOAD_LOCKED, LOCK_SOURCE_BY_NAME, SOURCE_BY_NAME, TAIL
+from streamledger.ledger.statements import (
+    IS_UNPUBLISHED,
+    LOAD,
+    LOAD_LOCKED,
+    LOCK_SOURCE_BY_NAME,
+    SOURCE_BY_NAME,
+    TAIL,
+)
 from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef, retired_broker
+from streamledger.sources import canonical_identity
 
 
 class Sources(LedgerSession):
@@ -143,6 +151,27 @@ class Sources(LedgerSession):
             self._sources.clear()
             return len(moving)
 
+    def adopt_identity(self, pipeline: str, identity: str, *, legacy: str | None = None) -> int:
+        """Move the pipeline's sources recorded under another spelling of broker ``identity`` to it
+        (the one rule, :func:`streamledger.sources.canonical_identity`: ``…/%2f`` and ``…/`` are
+        ``…/%2F``), and those under ``legacy`` (0.1 named a broker by the URL's host and port);
+        a retired epoch's keep their ``#epoch<N>``. One read when there is nothing to move; a
+        stream with a history under two spellings is refused (:meth:`rename_broker`: histories are
+        never merged blindly). Every writer of a pipeline's history (the batch, ledger-recorded
+        streaming) calls it before it reads its position. Returns the number of sources moved."""
+        check_pipeline(pipeline)
+        with self._tx(f"broker identities of {pipeline!r}", write=False) as session:
+            recorded = sorted(session.scalars(
+                select(Source.broker).distinct().join(Pipeline, Pipeline.id == Source.pipeline_id)
+                .where(Pipeline.name == pipeline)))
+        moved = 0
+        for old in recorded:
+            base, hash_, suffix = old.partition("#")  # a quoted identity holds no raw '#'
+            new = identity + hash_ + suffix
+            if old != new and (base == legacy or canonical_identity(base) == identity):
+                moved += self.rename_broker(old, new, pipeline=pipeline)
+        return moved
+
     def last_end(self, pipeline: str, source: SourceRef) -> int | None:
         """Where the next new range would start (None before the first range of this source)."""
         check_pipeline(pipeline)
@@ -184,6 +213,14 @@ class Sources(LedgerSession):
         claim nor a broker check ever mixes the two streams; the audit still covers it), and the
         new epoch begins with an empty committed range ``[0, 0)``: the next batch reads the new
         stream from its first offset. Returns ``(old_epoch, new_epoch)``.
+
+        Refused while the history has open claims, or committed ranges whose output is not
+        published: once retired, no run publishes them (a batch publishes its current sources'
+        ranges only) and they would stay "unpublished" for ever. Refused rather than published
+        here because publishing needs the pipeline's sink, output file system and publish lease,
+        which only the batch has; the batch that refuses a re-created stream publishes them from
+        their staging copies first, so the usual order (a batch refuses, then a new epoch) goes
+        through without a step in between.
         """
         check_pipeline(pipeline)
         what = f"new epoch for pipeline {pipeline!r} stream {source.stream!r}"
@@ -204,6 +241,16 @@ class Sources(LedgerSession):
                 raise LedgerError(
                     f"{what}: claims {sorted(open_claims)} are still open; let them finish or fail them "
                     "(`streamledger ledger release-stale`) first"
+                )
+            unpublished = session.scalars(select(Range).where(Range.source_id == src.id, IS_UNPUBLISHED)
+                                          .order_by(Range.start_offset)).all()
+            if unpublished:
+                spans = ", ".join(f"[{r.start_offset}, {r.end_offset})" for r in unpublished[:10])
+                more = f" and {len(unpublished) - 10} more" if len(unpublished) > 10 else ""
+                raise LedgerError(
+                    f"{what}: committed ranges {spans}{more} are not published yet and no run would "
+                    f"publish them once this history is retired; run a batch of {pipeline!r} first (it "
+                    "publishes them from their staging copies before refusing the re-created stream)"
                 )
             src.broker = retired
             session.flush()

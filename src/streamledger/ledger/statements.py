@@ -84,6 +84,10 @@ IS_HOLE = and_(
 """A failed range no live range overlaps: the next claim redoes it as-is."""
 
 
+OWN_HOLES = and_(IS_HOLE, Range.pinned)
+"""A pinned range that failed and that no live range overlaps: its run's retry claims exactly it."""
+
+
 def first_hole_of(sid: Any) -> Any:
     return select(Range).where(Range.source_id == sid, IS_HOLE).order_by(Range.start_offset).limit(1)
 
@@ -92,7 +96,9 @@ def any_pinned_of(sid: Any) -> Any:
     return select(Range.id).where(Range.source_id == sid, Range.pinned).limit(1)
 
 ANY_PINNED = any_pinned_of(bindparam("source_id"))
-ORIGIN_START = select(func.min(Range.start_offset)).where(Range.source_id == bindparam("source_id"), LIVE)
+# A history starts at the lowest start of any of its ranges (audit rule 1): a failed first claim
+# counts, or the span it held and nobody redid would lie before the "origin".
+ORIGIN_START = select(func.min(Range.start_offset)).where(Range.source_id == bindparam("source_id"))
 _NEXT = aliased(Range)
 STARTS_AT = select(_NEXT.id).where(
     _NEXT.source_id == bindparam("source_id"),
@@ -146,6 +152,9 @@ COMMIT_CLAIMED = (
         publisher=bindparam("v_publisher", type_=String()),
         published_at=bindparam("v_published", type_=DateTime()),
         publish_beat=bindparam("v_publish_beat", type_=DateTime()),
+        chunk_offset=bindparam("v_chunk_offset", type_=BigInteger()),
+        chunk_timestamp=bindparam("v_chunk_timestamp", type_=BigInteger()),
+        chunk_crc=bindparam("v_chunk_crc", type_=BigInteger()),
         committed_at=bindparam("v_now", type_=DateTime()),
         updated_at=bindparam("v_now", type_=DateTime()),
     )
@@ -203,8 +212,9 @@ AUDIT_PIPELINE_SCOPE = """r.source_id IN (SELECT s.id FROM streamledger_source s
 # rather than a plain LAG, so a range hidden inside an earlier, longer one still counts as an
 # overlap). The rows come in the order of the partial unique index on (source_id, start_offset),
 # which on PostgreSQL also carries end_offset and id: an index-only scan feeding the window, no
-# sort. Empty ranges cannot open a gap or overlap anything. A gap that failed ranges fill is
-# reported as "failed, never retried" instead.
+# sort. Empty ranges cannot open a gap or overlap anything (the gap before the first range read is
+# AUDIT_HEAD_GAPS'). A failed range excuses no gap (audit rule 2): only the parts of a gap that are
+# failed holes are left to AUDIT_FAILED (rule 4.1), in Python.
 AUDIT_GAPS_OVERLAPS = """
 WITH live AS (
   SELECT r.id, r.source_id, r.start_offset, r.end_offset,
@@ -217,11 +227,48 @@ WITH live AS (
 SELECT l.id, l.source_id, l.start_offset, l.end_offset, l.prev_end
 FROM live l
 WHERE l.prev_end IS NOT NULL AND l.start_offset <> l.prev_end
-  AND NOT (l.start_offset > l.prev_end AND EXISTS (
-      SELECT 1 FROM streamledger_range f
-      WHERE f.source_id = l.source_id AND f.status = 'failed'
-        AND f.start_offset < l.start_offset AND f.end_offset > l.prev_end))
 ORDER BY l.source_id, l.start_offset
+LIMIT :cap
+"""
+
+# Audit rule 1: a history starts at its origin, the lowest start of any of its ranges (the empty
+# marker of a pinned history, a failed first claim). Offsets from there to the first live range
+# with offsets are a gap (rule 4.2). Two index lookups per source on (source_id, start_offset).
+AUDIT_HEAD_GAPS = """
+SELECT x.sid, x.origin, x.first, (
+    SELECT l.id FROM streamledger_range l
+    WHERE l.source_id = x.sid AND l.status <> 'failed' AND l.start_offset = x.first
+      AND l.end_offset > l.start_offset
+    ORDER BY l.id LIMIT 1)
+FROM (
+  SELECT s.id AS sid,
+         (SELECT MIN(r.start_offset) FROM streamledger_range r WHERE r.source_id = s.id) AS origin,
+         (SELECT MIN(r.start_offset) FROM streamledger_range r
+          WHERE r.source_id = s.id AND r.status <> 'failed' AND r.end_offset > r.start_offset) AS first
+  FROM streamledger_source s
+  WHERE (:pipeline IS NULL OR s.pipeline_id IN (
+      SELECT p.id FROM streamledger_pipeline p WHERE p.name = :pipeline))
+) x
+WHERE x.first > x.origin
+ORDER BY x.sid
+LIMIT :cap
+"""
+
+# The failed ranges overlapping a gap (its finding names them: they held the span once and cover
+# nothing, audit rule 2).
+AUDIT_FAILED_IN = """
+SELECT r.id, r.start_offset, r.end_offset FROM streamledger_range r
+WHERE r.source_id = :source_id AND r.status = 'failed' AND r.start_offset < :high AND r.end_offset > :low
+ORDER BY r.start_offset, r.id
+LIMIT 3
+"""
+
+# Audit rule 6: spans recorded as deliberately skipped (``Ledger.record_skipped``). They are pinned,
+# so the partial index of pinned ranges finds them without a scan of the table.
+AUDIT_SKIPPED = """
+SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.error FROM streamledger_range r
+WHERE {scope} AND r.pinned AND r.status = 'lost' AND r.dag_id = :skip_dag AND r.task_id = :skip_task
+ORDER BY r.source_id, r.start_offset
 LIMIT :cap
 """
 
@@ -280,6 +327,13 @@ LIMIT :cap
 # Pinned ranges (bound_by_interval) among ``ids`` claimed after ``cutoff``.
 AUDIT_PINNED_SINCE = """
 SELECT r.id FROM streamledger_range r WHERE r.id IN :ids AND r.pinned AND r.claimed_at >= :cutoff
+"""
+
+# The fingerprinted committed chunks (few per source); the newest per source is checked.
+AUDIT_CHUNK_PRINTS = """
+SELECT r.source_id, r.chunk_offset, r.chunk_timestamp, r.chunk_crc FROM streamledger_range r
+WHERE {scope} AND r.chunk_offset IS NOT NULL AND r.status = 'committed'
+ORDER BY r.source_id, r.chunk_offset
 """
 
 AUDIT_SOURCES = """

@@ -32,7 +32,7 @@ class Ledger(Claims, Commits, PublishLeases, Positions, LostAndStale):
     """The offset ledger at one database URL (SQLite file or PostgreSQL), with its own engine.
 
     ``create=True`` runs the migrations to head first (safe to do from many processes at once);
-    otherwise the schema must already be at head (``streamledger ledger upgrade --db URL``).
+    otherwise the schema must already be at head (``streamledger ledger upgrade --ledger URL``).
     """
 
     def __enter__(self) -> Ledger:

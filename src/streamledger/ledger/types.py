@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from streamledger.offsets import ChunkPrint
 from streamledger.paths import name_problem
 
 MAX_PIPELINE_BYTES = 255
@@ -119,6 +120,17 @@ class RunIdentity:
             return None
 
 
+SKIP_RUN_DAG = "streamledger"
+SKIP_RUN_TASK = "skip"
+"""A span recorded as deliberately skipped (``Ledger.record_skipped``) is a ``lost`` range held by
+``streamledger/skip-<start>-<end>/skip``: what tells it from retention's losses (audit rule 6)."""
+
+
+def skip_identity(start: int, end: int) -> RunIdentity:
+    """Who holds a skipped span: one identity per span (one live range per identity and source)."""
+    return RunIdentity(SKIP_RUN_DAG, f"skip-{start}-{end}", SKIP_RUN_TASK)
+
+
 @dataclass(frozen=True, slots=True)
 class OffsetRange:
     """A snapshot of one ledger row: the half-open offset span ``[start, end)`` of one source."""
@@ -157,6 +169,12 @@ class OffsetRange:
     def needs_publish(self) -> bool:
         """A committed range with records whose output is not in its final place yet."""
         return self.status == RangeStatus.COMMITTED and bool(self.records) and self.published_at is None
+
+    @property
+    def skipped(self) -> bool:
+        """True for a span recorded as deliberately skipped (nobody reads it; see :func:`skip_identity`)."""
+        return (self.status == RangeStatus.LOST and self.run.dag_id == SKIP_RUN_DAG
+                and self.run.task_id == SKIP_RUN_TASK)
 
     @property
     def empty(self) -> bool:
@@ -244,7 +262,9 @@ class SourcePosition:
     ``frontier`` its end once the prefix holds a committed or lost range (None before: a claim
     alone is not done). ``open_claims`` are the claims in flight; ``stale`` the ids of those not
     heard from for the caller's ``stale_after`` by the ledger's clock (the abandonment rule, decided
-    here only); ``holes`` failed ranges no live range redid yet.
+    here only); ``holes`` failed ranges no live range redid yet. ``chunk`` is the newest
+    fingerprint of a committed chunk (None before one was taken): a broker whose chunk at its offset
+    differs holds another stream (``streamledger.offsets.same_stream``).
     """
 
     end: int | None
@@ -255,6 +275,7 @@ class SourcePosition:
     open_claims: tuple[OffsetRange, ...] = ()
     stale: frozenset[int] = frozenset()
     holes: tuple[OffsetRange, ...] = ()
+    chunk: ChunkPrint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,3 +302,4 @@ class CommitRequest:
     output: str | None
     staging: str | None = None
     publisher: str | None = None
+    chunk: ChunkPrint | None = None

@@ -116,7 +116,8 @@ class MewbaseReadOptions(Selection):
 def plan(options: MewbaseReadOptions) -> list[PlannedRange]:
     """Connect once and resolve the options to one range per channel."""
     with options.connect() as mlog:
-        return plan_ranges(mlog, options.bounds(), fail_on_data_loss=options.fail_on_data_loss)
+        return plan_ranges(mlog, options.bounds(), fail_on_data_loss=options.fail_on_data_loss,
+                           timestamp_strategy=options.times.strategy)
 
 
 def to_arrow(

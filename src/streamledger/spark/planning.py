@@ -262,8 +262,18 @@ def split_range(
     return [(s, min(e, s + max_records)) for a, e in pieces for s in range(a, e, max_records)]
 
 
-def resolve_bound(client: OffsetSource, stream: str, bound: OffsetBound, *, first: int, tail: int) -> int:
-    """A bound as a concrete offset of ``stream`` (``first``/``tail`` already fetched once)."""
+TimestampStrategy = Literal["error", "latest"]
+
+
+def resolve_bound(
+    client: OffsetSource, stream: str, bound: OffsetBound, *, first: int, tail: int,
+    past_tail: TimestampStrategy = "latest",
+) -> int:
+    """A bound as a concrete offset of ``stream`` (``first``/``tail`` already fetched once).
+
+    A timestamp no committed chunk reaches resolves to the tail, or is an error when ``past_tail`` is
+    ``error`` (option ``startingOffsetsByTimestampStrategy``, Kafka's: a start there would silently
+    wait for data the user did not ask for)."""
     if bound.kind == "earliest":
         return first
     if bound.kind == "latest":
@@ -274,7 +284,15 @@ def resolve_bound(client: OffsetSource, stream: str, bound: OffsetBound, *, firs
     from streamledger.offsets import OffsetSpec
 
     assert bound.value is not None
-    return int(client.resolve_offset(stream, OffsetSpec.timestamp(bound.value)))
+    offset = int(client.resolve_offset(stream, OffsetSpec.timestamp(bound.value)))
+    if offset >= tail:
+        if past_tail == "error":
+            raise PlanningError(
+                f"stream {stream!r}: no committed chunk is stamped at or after {bound.value} ms (tail "
+                f"{tail}); set startingOffsetsByTimestampStrategy=latest to start at the tail"
+            )
+        return tail
+    return offset
 
 
 def _how(bound: OffsetBound) -> str:
@@ -286,8 +304,10 @@ def plan_ranges(
     bounds: Mapping[str, tuple[OffsetBound, OffsetBound]],
     *,
     fail_on_data_loss: bool = True,
+    timestamp_strategy: TimestampStrategy = "latest",
 ) -> list[PlannedRange]:
-    """Resolve each stream's (start, end) bounds against the broker once, applying the rules above."""
+    """Resolve each stream's (start, end) bounds against the broker once, applying the rules above
+    (``timestamp_strategy``: a start timestamp past the tail, see :func:`resolve_bound`)."""
     planned: list[PlannedRange] = []
     names = list(bounds)
     # Asked for every stream at once where the client can (pipelined StreamStats), else per stream.
@@ -297,7 +317,8 @@ def plan_ranges(
     for stream, (start_bound, end_bound) in bounds.items():
         first = int(firsts[stream] if stream in firsts else client.first_offset(stream))
         tail = int(tails[stream] if stream in tails else client.committed_tail(stream))
-        start = resolve_bound(client, stream, start_bound, first=first, tail=tail)
+        start = resolve_bound(client, stream, start_bound, first=first, tail=tail,
+                              past_tail=timestamp_strategy)
         end = resolve_bound(client, stream, end_bound, first=first, tail=tail)
         if end > tail:
             raise PlanningError(
@@ -316,6 +337,65 @@ def plan_ranges(
             effective = min(first, end)
         planned.append(PlannedRange(stream, effective, end, start))
     return planned
+
+
+@dataclass(frozen=True)
+class TimestampOptions:
+    """Spark's Kafka-source timestamp options, parsed: one timestamp for every log, or one per log
+    (``{"log": ms}``), for each end; and what a start timestamp past the tail means."""
+
+    starting: int | None = None
+    starting_by: dict[str, int] | None = None
+    ending: int | None = None
+    ending_by: dict[str, int] | None = None
+    strategy: TimestampStrategy = "error"
+
+    @property
+    def given(self) -> bool:
+        return any(v is not None for v in (self.starting, self.starting_by, self.ending, self.ending_by))
+
+    @classmethod
+    def parse(cls, get: Callable[[str], str | None]) -> TimestampOptions:
+        strategy = (get("startingOffsetsByTimestampStrategy") or "error").strip().lower()
+        if strategy not in ("error", "latest"):
+            raise PlanningError(
+                f"startingOffsetsByTimestampStrategy: expected error or latest, got {strategy!r}"
+            )
+        return cls(
+            starting=_timestamp(get("startingTimestamp"), "startingTimestamp"),
+            starting_by=_per_log_timestamps(get("startingOffsetsByTimestamp"), "startingOffsetsByTimestamp"),
+            ending=_timestamp(get("endingTimestamp"), "endingTimestamp"),
+            ending_by=_per_log_timestamps(get("endingOffsetsByTimestamp"), "endingOffsetsByTimestamp"),
+            strategy=strategy,  # type: ignore[arg-type]
+        )
+
+    @staticmethod
+    def apply(
+        base: dict[str, OffsetBound], every: int | None, by: dict[str, int] | None, what: str
+    ) -> dict[str, OffsetBound]:
+        if every is not None:
+            return {s: OffsetBound.timestamp(every) for s in base}
+        if by is None:
+            return base
+        unknown = sorted(set(by) - set(base))
+        if unknown:
+            raise PlanningError(f"{what}: unknown stream(s) {unknown}; the read covers {list(base)}")
+        return {s: OffsetBound.timestamp(by[s]) if s in by else b for s, b in base.items()}
+
+
+def _timestamp(value: str | None, what: str) -> int | None:
+    if value is None or not value.strip():
+        return None
+    return _as_int(value, what)
+
+
+def _per_log_timestamps(value: str | None, what: str) -> dict[str, int] | None:
+    if value is None or not value.strip():
+        return None
+    obj = _json(value.strip(), what)
+    if not isinstance(obj, dict) or not obj:
+        raise PlanningError(f'{what}: expected a JSON object {{"stream": ms}}, got {value.strip()!r}')
+    return {str(k): _as_int(v, f"{what}[{k}]") for k, v in obj.items()}
 
 
 def option_getter(options: Any) -> Callable[[str], str | None]:
@@ -345,6 +425,8 @@ class Selection:
     batch_rows: int
     #: Option ``sliceSummaries`` (the job's, not for readers): see :mod:`streamledger.spark.summaries`.
     slice_summaries: bool
+    #: Kafka's timestamp options, which win over ``starting``/``ending`` (see :meth:`start_bounds`).
+    times: TimestampOptions
 
     @classmethod
     def parse_options(
@@ -365,9 +447,11 @@ class Selection:
         if names and group:
             raise PlanningError(f"{source}: give either '{names_key}' or '{group_key}', not both")
         starting, ending = get("startingOffsets"), get("endingOffsets")
-        if ranges is not None and (starting or ending):
+        times = TimestampOptions.parse(get)
+        if ranges is not None and (starting or ending or times.given):
             raise PlanningError(
-                f"{source}: 'ranges' fixes both ends; drop 'startingOffsets'/'endingOffsets'"
+                f"{source}: 'ranges' fixes both ends; drop 'startingOffsets'/'endingOffsets' and the "
+                "timestamp options"
             )
         return cls(
             names=tuple(names),
@@ -381,6 +465,7 @@ class Selection:
             fail_on_data_loss=parse_bool(get("failOnDataLoss"), what="failOnDataLoss", default=True),
             batch_rows=parse_positive_int(get("batchRows"), what="batchRows") or default_batch_rows,
             slice_summaries=parse_bool(get("sliceSummaries"), what="sliceSummaries", default=False),
+            times=times,
         )
 
     def log_bounds(self, names: Sequence[str] | None = None) -> dict[str, tuple[OffsetBound, OffsetBound]]:
@@ -388,9 +473,22 @@ class Selection:
         if self.ranges is not None:
             return {s: (OffsetBound.offset(a), OffsetBound.offset(b)) for s, (a, b) in self.ranges.items()}
         logs = list(self.names if names is None else names)
-        starts = parse_bounds(self.starting, logs, default=OffsetBound.earliest(), what="startingOffsets")
-        ends = parse_bounds(self.ending, logs, default=OffsetBound.latest(), what="endingOffsets")
+        starts = self.start_bounds(logs, default=OffsetBound.earliest())
+        ends = self.end_bounds(logs)
         return {s: (starts[s], ends[s]) for s in logs}
+
+    def start_bounds(self, logs: Sequence[str], *, default: OffsetBound) -> dict[str, OffsetBound]:
+        """Where each log starts, Kafka's precedence: ``startingTimestamp`` over
+        ``startingOffsetsByTimestamp`` over ``startingOffsets`` (``default`` when none names a log:
+        ``earliest`` for batch reads, ``latest`` for a new streaming query)."""
+        base = parse_bounds(self.starting, logs, default=default, what="startingOffsets")
+        times = self.times
+        return times.apply(base, times.starting, times.starting_by, "startingOffsetsByTimestamp")
+
+    def end_bounds(self, logs: Sequence[str]) -> dict[str, OffsetBound]:
+        """Where each log ends (batch reads): the same precedence with the ``ending`` options."""
+        base = parse_bounds(self.ending, logs, default=OffsetBound.latest(), what="endingOffsets")
+        return self.times.apply(base, self.times.ending, self.times.ending_by, "endingOffsetsByTimestamp")
 
     def slices(self, planned: Sequence[PlannedRange]) -> list[tuple[str, int, int]]:
         """``(log, start, end)`` contiguous slices of every non-empty planned range."""

@@ -31,31 +31,26 @@ checkpointed offsets name, or fails the query with one line.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from streamledger.errors import StreamledgerError
 from streamledger.sources import super_stream_partitions
-from streamledger.spark.datasource import DATA_SOURCE_NAME, ReadOptions, StreamSlice, read_slice
+from streamledger.spark.admission import TriggerOptions, admit_bytes
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
     PlanningError,
     option_getter,
-    parse_bounds,
-    parse_positive_int,
     resolve_bound,
 )
+from streamledger.spark.reading import DATA_SOURCE_NAME, ReadOptions, StreamSlice, read_slice
 
 if TYPE_CHECKING:
     from streamledger.batch.microbatch import MicroBatchRecorder
@@ -74,12 +69,16 @@ class StreamingOptions:
     """The batch source's options plus the streaming ones, parsed once."""
 
     read: ReadOptions
-    max_offsets: int | None = None
+    trigger: TriggerOptions = field(default_factory=TriggerOptions)
     ledger_url: str | None = field(default=None, repr=False)  # may carry a password
     ledger_on: bool = False
     pipeline: str | None = None
     ledger_output: str | None = None
     broker_name: str | None = None
+
+    @property
+    def max_offsets(self) -> int | None:
+        return self.trigger.max_offsets
 
     @classmethod
     def parse(cls, options: Any) -> StreamingOptions:
@@ -89,14 +88,13 @@ class StreamingOptions:
                 raise PlanningError(
                     f"{DATA_SOURCE_NAME} (streaming): option {key!r} is for batch reads; {why}"
                 )
+        for key in ("endingTimestamp", "endingOffsetsByTimestamp"):
+            if get(key):
+                raise PlanningError(
+                    f"{DATA_SOURCE_NAME} (streaming): option {key!r} is for batch reads; a stream has no end"
+                )
         read = ReadOptions.parse(options)
-        offsets = parse_positive_int(get("maxOffsetsPerTrigger"), what="maxOffsetsPerTrigger")
-        records = parse_positive_int(get("maxRecordsPerTrigger"), what="maxRecordsPerTrigger")
-        if offsets is not None and records is not None and offsets != records:
-            raise PlanningError(
-                f"{DATA_SOURCE_NAME}: give maxOffsetsPerTrigger or maxRecordsPerTrigger, not both "
-                "(records are bounded by offsets: each record takes one offset)"
-            )
+        trigger = TriggerOptions.parse(get)
         ledger_text = (get("ledgerUrl") or get("ledger") or "").strip()
         ledger_on = bool(ledger_text) and ledger_text.lower() not in ("false", "none", "off")
         pipeline = (get("pipeline") or "").strip() or None
@@ -111,7 +109,7 @@ class StreamingOptions:
         url = None if not ledger_on or ledger_text.lower() in ("default", "true") else ledger_text
         return cls(
             read=read,
-            max_offsets=offsets if offsets is not None else records,
+            trigger=trigger,
             ledger_url=url,
             ledger_on=ledger_on,
             pipeline=pipeline,
@@ -190,6 +188,9 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         #: offset: a tail that moved only by it is no new data (else every batch is followed by an
         #: empty one, and an empty range in the ledger).
         self._own: dict[str, tuple[int, int]] = {}
+        #: When this run last admitted a batch (Kafka's maxTriggerDelay clock; 0: the first trigger
+        #: never waits).
+        self._last_trigger_ms = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_recorder": None}
@@ -230,9 +231,14 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
 
             opts = self.options
             assert opts.pipeline is not None and opts.ledger_output is not None
-            broker = broker_identity(opts.read.url, opts.broker_name or self.client().cluster_name)
-            self._recorder = MicroBatchRecorder(Ledger(opts.ledger_url, create=True), opts.pipeline,
-                                                opts.ledger_output, broker, opts.read.super_stream)
+            name = opts.broker_name or self.client().cluster_name
+            broker = broker_identity(opts.read.url, name)
+            ledger = Ledger(opts.ledger_url, create=True)
+            # Rows recorded under another spelling of this broker's identity are this query's history.
+            legacy = broker_identity(opts.read.url) if name else None
+            ledger.adopt_identity(opts.pipeline, broker, legacy=legacy)
+            self._recorder = MicroBatchRecorder(ledger, opts.pipeline, opts.ledger_output, broker,
+                                                opts.read.super_stream)
         return self._recorder
 
     def streams(self, client: Any) -> list[str]:
@@ -245,25 +251,26 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
     def initialOffset(self) -> dict[str, Any]:
         def initial(client: Any) -> dict[str, Any]:
             streams = self.streams(client)
-            bounds = parse_bounds(self.options.read.starting, streams, default=OffsetBound.latest(),
-                                  what="startingOffsets")
+            read = self.options.read
+            bounds = read.start_bounds(streams, default=OffsetBound.latest())
+            given = read.starting is not None or read.times.starting is not None or read.times.starting_by
             recorder = self.recorder()
             offsets: dict[str, int] = {}
             for s in streams:
-                resume = recorder.resume_point(s) if recorder and self.options.read.starting is None else None
+                resume = recorder.resume_point(s) if recorder and not given else None
                 if resume is not None:
                     offsets[s] = resume  # the pipeline's ledger history says where it stopped
                     continue
                 first, tail = int(client.first_offset(s)), int(client.committed_tail(s))
-                offsets[s] = resolve_bound(client, s, bounds[s], first=first, tail=tail)
+                offsets[s] = resolve_bound(client, s, bounds[s], first=first, tail=tail,
+                                           past_tail=read.times.strategy)
             return SourceOffset(self._query, -1, offsets).to_json()
 
         result: dict[str, Any] = self._call(initial)
         return result
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.options.max_offsets
-        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+        return self.options.trigger.default_limit()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._call(lambda c: {s: int(c.committed_tail(s)) for s in self.streams(c)})
@@ -280,6 +287,9 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                     new[s] = starts[s] = int(client.first_offset(s))
                     log.info("stream %r joined the query at offset %d", s, new[s])
             tails = {s: int(client.committed_tail(s)) for s in starts}
+            for s in sorted(starts):
+                if tails[s] < starts[s]:  # the stream lost offsets the query already passed
+                    new[s] = starts[s] = self._restart(client, s, starts[s], tails[s])
             for s, (before, after) in self._own.items():
                 if starts.get(s) == before and tails.get(s) == after:
                     tails[s] = before
@@ -292,15 +302,38 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                         self._own[s] = (tails[s], after)
             if self._target is not None:
                 tails = {s: max(starts[s], min(t, self._target.get(s, starts[s]))) for s, t in tails.items()}
-            cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-            ends = admit(starts, tails, cap)
+            budget = self.options.trigger.budget(limit, available_now=self._target is not None)
+            now = int(time.time() * 1000)
+            backlog = sum(max(0, tails[s] - starts[s]) for s in starts)
+            if (not new and backlog < budget.min_offsets
+                    and now - self._last_trigger_ms < self.options.trigger.max_trigger_delay_ms):
+                return start  # Kafka's minOffsetsPerTrigger: wait for more, up to maxTriggerDelay
+            ends = admit(starts, tails, budget.max_offsets)
+            if budget.max_bytes is not None:
+                sizes = {s: client.bytes_per_offset(s) or 0.0 for s in starts if ends[s] > starts[s]}
+                ends = admit_bytes(starts, ends, sizes, budget.max_bytes)
             if not new and ends == begin.offsets:
                 return start
+            self._last_trigger_ms = now
             from_ = dict(starts) if begin.batch < 0 else new
             return SourceOffset(begin.query, begin.batch + 1, ends, from_).to_json()
 
         result: dict[str, Any] = self._call(latest)
         return result
+
+    def _restart(self, client: Any, stream: str, start: int, tail: int) -> int:
+        """The stream's committed tail fell below the query's offset (deleted and recreated, or
+        truncated): Kafka's failOnDataLoss. An error by default; else read on from its first offset."""
+        if self.options.read.fail_on_data_loss:
+            raise StreamingError(
+                f"stream {stream!r}: the committed tail {tail} is below the query's offset {start} (the "
+                "stream was deleted and recreated, or truncated); set failOnDataLoss=false to read on "
+                "from its first offset"
+            )
+        first = int(client.first_offset(stream))
+        log.warning("stream %r: the committed tail %d is below the query's offset %d; reading on from "
+                    "offset %d (failOnDataLoss=false)", stream, tail, start, first)
+        return first
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         tails = self._call(lambda c: {s: int(c.committed_tail(s)) for s in self.streams(c)})

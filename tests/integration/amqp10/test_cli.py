@@ -185,13 +185,13 @@ def test_cli_errors_are_one_line_without_password(broker_43: Broker) -> None:
         "(outcome auth; check user, password and vhost access)\n"
     )
     r = cli("superstream", "create", "x", url=amqp_url(broker_43))
-    assert r.returncode == 1
+    assert r.returncode == 2  # docs/cli.md: bad usage
     assert r.stderr == (
         "streamledger: error: amqp superstream create needs exactly one of --partitions N "
         "or --binding-keys a,b\n"
     )
     r = cli("stream", "create", "x", "--max-age", "7 days", url=amqp_url(broker_43))
-    assert r.returncode == 1 and "not a RabbitMQ duration" in r.stderr and r.stderr.count("\n") == 1
+    assert r.returncode == 2 and "not a RabbitMQ duration" in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_cli_on_310_says_why_in_one_line(broker_310: Broker) -> None:

@@ -150,3 +150,60 @@ def test_a_super_stream_partition_with_a_nul_is_refused_before_any_partition_is_
         run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner)
     assert ledger.ranges("p-nul-part") == []
     assert not (tmp_path / "out").exists()
+
+
+# -- every sink, one encoding (issue 30, defect 4) -------------------------------------------------
+
+def hostile_pipelines(tmp_path: Path) -> list[str]:
+    """Pipeline names that escape or break a path written unchanged (the absolute one points into the
+    test's own directory, so a sink that writes there is caught without touching the machine)."""
+    return [str(tmp_path / "evil"), "../../escape", "orders v2", "team:orders"]
+
+
+def rows_read_back(r: OffsetRange, ledger: Ledger, root: Path) -> Any:
+    """What a reader of the range's sink sees: the range directory, or the table (pyiceberg / deltalake)."""
+    if r.sink_table is None:
+        assert r.output is not None
+        return pq.read_table(r.output)
+    kind, _, where = r.sink_table.partition(":")
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        assert root.resolve() in Path(where).resolve().parents, f"delta table {where} lies outside {root}"
+        return DeltaTable(where).to_pyarrow_table()
+    from streamledger.batch.sinks.iceberg import catalog_properties, load_catalog
+
+    catalog = load_catalog(catalog_properties(None, ledger_url=ledger.url, output_root=str(root)))
+    table = catalog.load_table(where)
+    assert root.resolve() in Path(table.location().removeprefix("file://")).resolve().parents
+    return table.scan().to_arrow()
+
+
+@pytest.mark.parametrize("sink", ["directory", "iceberg", "delta"])
+def test_hostile_pipeline_names_publish_inside_the_output_root_with_every_sink(
+    sink: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
+    stream_name: Any, odd_streams: list[str], tmp_path: Path,
+) -> None:
+    """Issue 30, defect 4: pipelines ``/abs/evil``, ``../../escape``, ``orders v2``, ``team:orders``
+    reading a stream ``../../x`` into each sink: every batch publishes (no "files are not under the
+    table" after the ledger commit), the table and every file stay under the output root, the rows
+    read back with deltalake / pyiceberg / pyarrow are the stream's, and the audit is clean."""
+    from streamledger.batch.proof import audit
+
+    s = f"../../{stream_name(f'hostile-{sink}')}"
+    odd_streams.append(s)
+    create_stream(rabbitmq_url, s, 20)
+    root = tmp_path / "deep" / "out"
+    for i, pipeline in enumerate(hostile_pipelines(tmp_path)):
+        cfg = BatchConfig(pipeline=pipeline, url=rabbitmq_url, output_root=str(root), stream=s, sink=sink,
+                          store_offset=False)
+        run_batch(cfg, run=RunId("dag", f"r{i}", "t"), ledger=ledger, broker=client, runner=runner)
+        (r,) = committed(ledger, pipeline)
+        assert r.published_at is not None, f"{pipeline!r}: range {r.id} never published"
+        assert r.output is not None and root.resolve() in Path(r.output).resolve().parents, r.output
+        rows = rows_read_back(r, ledger, root).sort_by("offset")
+        assert rows.column("offset").to_pylist() == list(range(20)), pipeline
+        assert rows.column("body").to_pylist() == [body(s, k) for k in range(20)], pipeline
+        report = audit(ledger, pipeline)
+        assert report.clean, report.to_text()
+        assert files_outside(tmp_path, root) == [], pipeline

@@ -19,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict, str]:
-    rc = main(list(argv))
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:  # argparse refused the input (exit 2)
+        rc = int(exc.code or 0)
     captured = capsys.readouterr()
     out = json.loads(captured.out) if rc == 0 else {}
     return rc, out, captured.err
@@ -132,18 +135,20 @@ def test_cli_subprocess_with_the_url_from_the_environment(make_emulator, tmp_pat
 
 
 @pytest.mark.parametrize(
-    ("argv", "needle"),
-    [
-        (["read", "c", "--start", "0", "--end", "5", "--output", "x.csv"], "must end in .parquet or .jsonl"),
-        (["read", "c", "--start", "soon", "--end", "5", "--output", "x.jsonl"], "invalid position 'soon'"),
-        (["publish", "c", "--count", "-1"], "must not be negative"),
+    ("argv", "needle", "status"),
+    [  # docs/cli.md: bad input 2, a refusal by the server 1
+        (["read", "c", "--start", "0", "--end", "5", "--output", "x.csv"], "must end in .parquet or .jsonl",
+         2),
+        (["read", "c", "--start", "soon", "--end", "5", "--output", "x.jsonl"], "'soon' is not a position",
+         2),
+        (["publish", "c", "--count", "-1"], "must not be negative", 2),
         (
             ["read", "missing", "--start", "0", "--end", "tail", "--output", "x.jsonl"],
-            "'missing' does not exist",
+            "'missing' does not exist", 1,
         ),
         (
             ["read", "c", "--start", "0", "--end", "999999", "--output", "x.jsonl", "--timeout", "0.3"],
-            "end 999999 lies beyond what the server holds",
+            "end 999999 lies beyond what the server holds", 1,
         ),
     ],
 )
@@ -154,12 +159,13 @@ def test_cli_errors_are_one_line(
     monkeypatch: pytest.MonkeyPatch,
     argv: list[str],
     needle: str,
+    status: int,
 ) -> None:
     emulator.append("c", {"n": 1}, pos=3)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("STREAMLEDGER_MEWBASE_URL", emulator.url("u", "pw-secret"))
     rc, _, err = run(capsys, "mewbase", *argv)
-    assert rc == 1 and err.startswith("streamledger: error: ") and err.count("\n") == 1
+    assert rc == status and err.startswith("streamledger") and "error: " in err and err.count("\n") == 1
     assert needle in err and "pw-secret" not in err
     assert list(tmp_path.iterdir()) == []  # no partial output left behind
 
@@ -169,4 +175,4 @@ def test_cli_without_a_server_url(
 ) -> None:
     monkeypatch.delenv("STREAMLEDGER_MEWBASE_URL", raising=False)
     rc, _, err = run(capsys, "mewbase", "publish", "c", "--count", "1")
-    assert rc == 1 and "pass --mewbase-url or set $STREAMLEDGER_MEWBASE_URL" in err
+    assert rc == 2 and "pass --broker-url or set $STREAMLEDGER_MEWBASE_URL" in err

@@ -220,3 +220,28 @@ def test_run_job_in_every_format(spark: Any, emulator: MewbaseServerEmulator, tm
         assert manifest["streams"]["audit"]["records"] == 0 and manifest["decode"] == "raw"
     with pytest.raises(Exception, match="decode must be bson or raw for a mewbase source"):
         job.run_job(spark, url=emulator.url(), ranges=ranges, output=str(tmp_path / "x"), decode="amqp")
+
+
+@pytest.mark.parametrize("sink", ["iceberg", "delta"])
+def test_a_mewbase_pipeline_with_a_table_sink_takes_its_second_batch(
+    sink: str, spark: Any, emulator: MewbaseServerEmulator, tmp_path: Path,
+) -> None:
+    """Issue 30 defect 7 / issue 31: the table's schema is checked against the schema of the files the
+    pipeline's own source writes (mewbase: ``stream, offset, timestamp, body, event_json``), not
+    RabbitMQ's; so the second batch into the table the first one created is not refused."""
+    from streamledger.batch.proof import audit
+
+    seed(emulator, "orders", 0, 20)
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.sqlite", create=True)
+    cfg = BatchConfig(pipeline="billing", url=emulator.url(), output_root=str(tmp_path / "out"),
+                      stream="orders", initial_position="first", sink=sink)
+    runner = LocalSparkRunner()
+    runner._spark = spark
+    with MewbaseLog.connect(emulator.url(), timeout=5) as log:
+        first = run_batch(cfg, run=RunId("dag", "run-1", "task"), ledger=ledger, broker=log, runner=runner)
+        seed(emulator, "orders", 20, 5)
+        second = run_batch(cfg, run=RunId("dag", "run-2", "task"), ledger=ledger, broker=log, runner=runner)
+    assert (first.records, second.records) == (20, 5)
+    assert all(r.sink_commit is not None for r in ledger.ranges("billing") if r.records)
+    report = audit(ledger, "billing")
+    assert report.clean, report.to_text()

@@ -57,7 +57,7 @@ def test_register_consumer_text_with_global_json_flag_position(
 def test_cli_errors_are_one_line(
     auth_master: TubeMQMasterEmulator, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert main(["tubemq", "register-producer", "--masters", "nohostport", "--topic", "demo"]) == 1
+    assert main(["tubemq", "register-producer", "--masters", "nohostport", "--topic", "demo"]) == 2  # input
     assert "master address 'nohostport' is not host:port" in capsys.readouterr().err
     monkeypatch.setenv("STREAMLEDGER_TUBEMQ_PASSWORD", "wrong-password")
     argv = ["tubemq", "register-producer", "--masters", auth_master.address_str, "--topic", "demo"]

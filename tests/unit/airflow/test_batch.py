@@ -372,8 +372,8 @@ def test_retention_loss_fails_or_is_recorded(tmp_path: Path, ledger: Ledger, bro
 
 def test_operator_runs_on_the_spark_connect_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     """``spark_connect_conn_id`` picks the warm Connect runner with the provider's sc:// URL."""
-    from streamledger.batch.runners import SparkConnectRunner
     from streamledger.operators.batch import StreamBatchOperator
+    from streamledger.spark.runners import SparkConnectRunner
 
     monkeypatch.setenv(
         "AIRFLOW_CONN_SL_CONNECT",

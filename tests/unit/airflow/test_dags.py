@@ -94,7 +94,7 @@ def test_event_driven_dag_is_scheduled_by_a_stream_watcher(dagbag) -> None:  # t
         "ev", "events-backfill-on-arrival", 1)
     read = dag.get_task("read_new_data")
     assert read.pipeline == kwargs["pipeline"] and read.super_stream == "ev"
-    assert read.max_records == 1_000_000
+    assert read.max_offsets == 1_000_000
 
 
 def test_on_backlog_dag_really_runs_continuously(dagbag) -> None:  # type: ignore[no-untyped-def]

@@ -96,13 +96,14 @@ def test_default_ledger_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.delenv("STREAMLEDGER_LEDGER_URL", raising=False)
     monkeypatch.setenv("STREAMLEDGER_HOME", str(tmp_path / "sl"))  # created 0700 on first use
     # One default for the hook, the library and the CLI (issue 10, item 7): the audit without
-    # --db reads what the DAGs wrote.
+    # --ledger reads what the DAGs wrote.
     import argparse
 
-    from streamledger.cli.ledger import _url
+    from streamledger.cli.options import ledger_url
 
     assert default_ledger_url() == f"sqlite:///{tmp_path}/sl/ledger.sqlite"
-    assert _url(argparse.Namespace(db=None)) == default_ledger_url()
+    assert ledger_url(argparse.Namespace(ledger=None)) == default_ledger_url()
+    assert ledger_url(argparse.Namespace()) == default_ledger_url()
     monkeypatch.setenv("STREAMLEDGER_LEDGER_URL", "postgresql+psycopg://h/db")
     assert OffsetLedgerHook().get_url() == "postgresql+psycopg://h/db"
     assert OffsetLedgerHook(ledger_url="sqlite:///a.db").get_url() == "sqlite:///a.db"

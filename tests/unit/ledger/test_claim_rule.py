@@ -101,6 +101,25 @@ def test_rename_broker_moves_a_history_and_refuses_to_merge_two(ledger: Ledger) 
         ledger.rename_broker(old.broker, new.broker)
 
 
+def test_adopt_identity_takes_over_other_spellings_and_never_merges_two(ledger: Ledger) -> None:
+    """Issue 30, defect 8: rows recorded under `…/%2f` (and a retired epoch of them, and a 0.1
+    host:port row) belong to `…/%2F`; a stream with histories under two spellings is refused."""
+    own = "rabbitmq://rabbit@c1/%2F"
+    lower = SourceRef("rabbitmq://rabbit@c1/%2f", "s-0")
+    ledger.claim("p", lower, 50, run(1), initial_start=0)
+    ledger.claim("p", SourceRef("rabbitmq://rabbit@c1/%2f#epoch0", "s-1"), 5, run(1), initial_start=0)
+    ledger.claim("p", SourceRef("rabbitmq://10.0.0.1:5552/%2F", "s-2"), 5, run(1), initial_start=0)
+    ledger.claim("q", SourceRef("rabbitmq://rabbit@c2/%2f", "s-0"), 5, run(1), initial_start=0)
+    assert ledger.adopt_identity("p", own, legacy="rabbitmq://10.0.0.1:5552/%2F") == 3
+    assert {(r.source.broker, r.source.stream) for r in ledger.ranges("p")} == {
+        (own, "s-0"), (own + "#epoch0", "s-1"), (own, "s-2")}
+    assert ledger.adopt_identity("p", own) == 0  # nothing left: one read, no write
+    assert {r.source.broker for r in ledger.ranges("q")} == {"rabbitmq://rabbit@c2/%2f"}
+    ledger.claim("p", lower, 10, run(2), initial_start=0)  # a fork written by an older version
+    with pytest.raises(LedgerError, match="already has a history under broker"):
+        ledger.adopt_identity("p", own)
+
+
 def test_audit_names_ranges_behind_an_open_claim_and_drift_both_ways(ledger: Ledger) -> None:
     from streamledger.ledger import ViolationKind
 

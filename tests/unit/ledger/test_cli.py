@@ -33,9 +33,9 @@ def test_upgrade_audit_ranges_release(
     capsys: pytest.CaptureFixture[str], sqlite_url: str, tmp_path: Path
 ) -> None:
     rc, out, _ = cli(capsys, "upgrade", "--db", sqlite_url)
-    assert rc == 0 and "empty -> 0008_pinned_interval_claims" in out
+    assert rc == 0 and "empty -> 0009_chunk_fingerprint" in out
     rc, out, _ = cli(capsys, "upgrade", "--db", sqlite_url)
-    assert rc == 0 and "0008_pinned_interval_claims -> 0008_pinned_interval_claims" in out
+    assert rc == 0 and "0009_chunk_fingerprint -> 0009_chunk_fingerprint" in out
     ledger = make_history(sqlite_url)
 
     rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--no-outputs")
@@ -73,10 +73,14 @@ def test_upgrade_audit_ranges_release(
 
 
 def test_errors_are_one_line_without_secrets(capsys: pytest.CaptureFixture[str], sqlite_url: str) -> None:
+    # docs/cli.md: a missing file or an unreachable server is exit 3, an empty database exit 1
+    rc, _out, err = cli(capsys, "audit", "--db", sqlite_url)
+    assert rc == 3 and "does not exist" in err and err.count("\n") == 1
+    Path(sqlite_url.removeprefix("sqlite:///")).touch()
     rc, _out, err = cli(capsys, "audit", "--db", sqlite_url)
     assert rc == 1 and err.startswith("streamledger: error: no ledger schema") and err.count("\n") == 1
     rc, _out, err = cli(capsys, "audit", "--db", "postgresql://alice:s3cret@127.0.0.1:1/x")
-    assert rc == 1 and "s3cret" not in err and "***" in err
+    assert rc == 3 and "s3cret" not in err and "***" in err and err.count("\n") == 1
 
 
 def test_installed_entry_point(sqlite_url: str) -> None:
@@ -100,4 +104,4 @@ def test_unreachable_broker_is_a_clear_error(capsys: pytest.CaptureFixture[str],
     rc, _out, err = cli(
         capsys, "audit", "--db", sqlite_url, "--broker-url", "rabbitmq-stream://u:pw1234@127.0.0.1:1/"
     )
-    assert rc == 1 and err.startswith("streamledger: error:") and "pw1234" not in err
+    assert rc == 3 and err.startswith("streamledger: error:") and "pw1234" not in err

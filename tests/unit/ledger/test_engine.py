@@ -49,3 +49,15 @@ def test_creates_the_directory_of_a_new_file(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'a' / 'b' / 'l.sqlite'}"
     Ledger(url, create=True).close()
     assert (tmp_path / "a" / "b" / "l.sqlite").exists()
+
+
+def test_opening_a_missing_sqlite_ledger_creates_nothing(tmp_path: Path) -> None:
+    """Only a writing open (``create=True``) makes the file and its directory (issue 30 defect 10)."""
+    from streamledger.ledger.errors import LedgerNotFound
+
+    missing = tmp_path / "nowhere" / "x.db"
+    with pytest.raises(LedgerNotFound, match=r"no ledger schema .* does not exist"):
+        Ledger(f"sqlite:///{missing}")
+    assert list(tmp_path.iterdir()) == []
+    Ledger(f"sqlite:///{missing}", create=True).close()
+    assert missing.is_file()

@@ -11,6 +11,7 @@ from streamledger.batch import broker_identity
 from streamledger.sources import (
     KINDS,
     UnsupportedSource,
+    canonical_identity,
     log_kind,
     require_feature,
     source_identity,
@@ -51,6 +52,29 @@ def test_identity_per_kind_without_credentials() -> None:
     for url in ("mewbase://a:b@h:1", "rabbitmq-stream://u:p@h:5552/v"):
         assert broker_identity(url) == source_identity(url)
         assert broker_identity(url, "c") == source_identity(url, "c")
+
+
+@pytest.mark.parametrize("vhost", ["/", "", "/%2F", "/%2f", "//"])
+@pytest.mark.parametrize("name", [None, "rabbit@node1"])
+def test_every_spelling_of_a_vhost_is_one_identity(vhost: str, name: str | None) -> None:
+    """Issue 30, defect 8: the vhost is the broker's, not the URL's spelling of it."""
+    where = "rabbit@node1" if name else "h:5552"
+    assert source_identity(f"rabbitmq-stream://u:p@H:5552{vhost}", name) == f"rabbitmq://{where}/%2F"
+
+
+def test_canonical_identity_decodes_the_vhost_and_normalises_host_and_port() -> None:
+    assert source_identity("rabbitmq-stream://u:p@h:5552/pr%6Fd") == "rabbitmq://h:5552/prod"
+    assert source_identity("rabbitmq-stream://u:p@h:5552/a%2fb") == "rabbitmq://h:5552/a%2Fb"
+    assert source_identity("rabbitmq-stream://u:p@[::1]/") == "rabbitmq://[::1]:5552/%2F"
+    # identities an earlier version recorded map to the one spelling (adopted by the next batch)
+    assert canonical_identity("rabbitmq://::1:5552/%2F") == "rabbitmq://[::1]:5552/%2F"
+    assert canonical_identity("rabbitmq://rabbit@c1/%2f") == "rabbitmq://rabbit@c1/%2F"
+    assert canonical_identity("rabbitmq://rabbit@c1/%2f#epoch0") == "rabbitmq://rabbit@c1/%2F#epoch0"
+    assert canonical_identity("rabbitmq://broker:5552/") == "rabbitmq://broker:5552/%2F"
+    assert canonical_identity("mewbase://10.0.0.7:7451") == "mewbase://10.0.0.7:7451"
+    for same in ("rabbitmq://rabbit@c1/%2F", "mewbase://events-prod", "s3://b/k", "x"):
+        assert canonical_identity(same) == same
+        assert canonical_identity(canonical_identity(same)) == same
 
 
 def test_unknown_scheme_is_one_line_without_the_url() -> None:

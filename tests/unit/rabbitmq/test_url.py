@@ -39,7 +39,7 @@ def test_tls_query_parameters() -> None:
         ("rabbitmq-stream+tls://u:p@h/?auth=kerberos", "use plain or external"),
         ("rabbitmq-stream+tls://u:p@h/?verify=maybe", "not a boolean"),
         ("rabbitmq-stream://u:p@h/?colour=red", "unknown broker URL query parameter"),
-        ("rabbitmq-stream://u:s3cret@h:notaport/", "bad host or port"),
+        ("rabbitmq-stream://u:s3cret@h:notaport/", "its port is not a number in 0..65535"),
         ("rabbitmq-stream+tls://u:p@h/?key_file=/k", "needs cert_file"),
     ],
 )

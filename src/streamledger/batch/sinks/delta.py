@@ -1,8 +1,10 @@
 """The Delta sink: one Delta commit per batch adding the job's Parquet files (delta-rs).
 
-The table lives at ``table`` (a path or URI; default ``<output_root>/<pipeline>``), and each
-range's files are published under it (``<table>/<stream>/<start>-<end>/``), since a Delta add
-action names a file relative to the table root. The table is created on first use with the job's
+The table lives at ``table`` (a path or URI; default ``<output_root>/<pipeline>``, the pipeline's
+name encoded as every sink encodes it: :func:`streamledger.batch.plan.pipeline_dir`), and each
+range's files are published under it (``<table>/<broker>/<stream>/<start>-<end>/``,
+:func:`streamledger.batch.plan.range_dir`), since a Delta add action names a file relative to the
+table root. The table is created on first use with the job's
 schema, not partitioned (every file holds one stream; the add actions carry per-file
 ``stream``/``offset`` min/max statistics, so readers skip files by stream anyway).
 
@@ -17,48 +19,44 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from streamledger import fs as filesystems
-from streamledger.batch import plan, sinks
+from streamledger.batch import plan
 from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
     SinkBatch,
     SinkRange,
-    SinkReceipt,
     TableCommit,
-    check_table,
-    data_files,
+    line,
     parse_summary,
     schema_problem,
     summary,
 )
-
-if TYPE_CHECKING:
-    from streamledger.ledger import Ledger, OffsetRange
-    from streamledger.ledger.audit import Violation
+from streamledger.batch.sinks.table import LostCommit, TableSink
 
 log = logging.getLogger(__name__)
+
 
 def app_id(pipeline: str) -> str:
     """The Delta app transaction id of a pipeline."""
     return f"streamledger:{pipeline}"
 
 
-class DeltaSink:
+class DeltaSink(TableSink):
     name = "delta"
+    log = log
 
-    def __init__(self, *, pipeline: str, output_root: str, table: str | None) -> None:
-        self.pipeline, self.output_root = pipeline, output_root
-        self.location = (table or filesystems.join(output_root, pipeline)).rstrip("/")
+    def __init__(self, *, pipeline: str, output_root: str, table: str | None,
+                 files_schema: Any = None) -> None:
+        self.pipeline, self.output_root, self.files_schema = pipeline, output_root, files_schema
+        self.location = (table or plan.pipeline_dir(output_root, pipeline)).rstrip("/")
         self.table_name = f"delta:{self.location}"
+        self.label = f"delta table {self.location}"
 
     def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
-        loc = self.location
-        return plan.output_dir(filesystems.parent(loc), filesystems.name(loc), broker, stream, start, end,
-                               epoch=epoch)
+        return plan.range_dir(self.location, broker, stream, start, end, epoch=epoch)
 
     # -- the table --------------------------------------------------------------------------------
 
@@ -69,11 +67,10 @@ class DeltaSink:
             if DeltaTable.is_deltatable(self.location):
                 return DeltaTable(self.location)
         except Exception as exc:
-            raise BatchError(f"delta table {self.location}: cannot be opened: {_line(exc)}") from exc
+            raise BatchError(f"delta table {self.location}: cannot be opened: {line(exc)}") from exc
         if schema_of is None:
             return None
-        if filesystems.LOCAL.exists(filesystems.join(self.location, "_delta_log")):
-            raise BatchError(f"delta table {self.location}: its _delta_log is not a Delta table's log")
+        self._refuse_foreign_log()
         import pyarrow.parquet as pq
 
         schema = pq.read_schema(_local(schema_of)).remove_metadata()
@@ -82,8 +79,19 @@ class DeltaSink:
             log.info("created delta table %s", self.location)
         except Exception as exc:  # a concurrent create: open what the winner made
             if not DeltaTable.is_deltatable(self.location):
-                raise BatchError(f"delta table {self.location}: cannot be created: {_line(exc)}") from exc
+                raise BatchError(f"delta table {self.location}: cannot be created: {line(exc)}") from exc
         return DeltaTable(self.location)
+
+    def _refuse_foreign_log(self) -> None:
+        """No Delta table here: refuse a ``_delta_log`` that is not one's, asking the location's own
+        file system (the local one only for a path or ``file://``)."""
+        log_dir = filesystems.join(self.location, "_delta_log")
+        try:
+            there = filesystems.filesystem_for(self.location).exists(log_dir)
+        except Exception as exc:  # an object store's credentials, network, an unknown bucket
+            raise BatchError(f"delta table {self.location}: cannot be reached: {line(exc)}") from exc
+        if there:
+            raise BatchError(f"delta table {self.location}: its _delta_log is not a Delta table's log")
 
     def commits(self, dt: Any) -> list[TableCommit]:
         """The pipeline's commits in the table's log, newest first."""
@@ -93,14 +101,6 @@ class DeltaSink:
             if found is not None:
                 out.append(found)
         return out
-
-    def _held(self, dt: Any, ids: set[int]) -> dict[int, SinkReceipt]:
-        held: dict[int, SinkReceipt] = {}
-        for c in self.commits(dt):
-            for entry in c.ranges:
-                if entry.get("id") in ids:
-                    held.setdefault(int(entry["id"]), SinkReceipt(self.table_name, c.commit))
-        return held
 
     def _add_action(self, path: str) -> Any:
         import pyarrow.parquet as pq
@@ -154,64 +154,42 @@ class DeltaSink:
                                      f"{', ...' if len(plain) > 3 else ''})")
         dt = self._open(None)
         if dt is None:
-            if filesystems.LOCAL.exists(filesystems.join(self.location, "_delta_log")):
-                raise BatchError(f"delta table {self.location}: its _delta_log is not a Delta table's log")
+            self._refuse_foreign_log()
             return
-        problem = schema_problem(_arrow_schema(dt))
+        problem = schema_problem(_arrow_schema(dt), self.files_schema)
         if problem is not None:
             raise BatchError(f"delta table {self.location}: {problem}")
 
-    def published(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
-        dt = self._open(None)
-        return {} if dt is None else self._held(dt, {r.range.id for r in batch.ranges})
-
-    def publish(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
-        from deltalake import CommitProperties, Transaction
-        from deltalake.exceptions import CommitFailedError
-
-        files = {r.range.id: data_files(r.location) for r in batch.ranges}
+    def _check_files(self, files: dict[int, list[str]]) -> None:
+        """A Delta add action names a file relative to the table root: every file must be under it."""
         for rid, names in files.items():
             outside = [f for f in names if not f.startswith(self.location + "/")]
             if outside:
                 raise BatchError(f"delta table {self.location}: range {rid}'s files are not under the table "
                                  f"(first: {outside[0]})")
-        first = next((f[0] for f in files.values() if f), None)
-        ids = set(files)
-        for attempt in range(sinks.COMMIT_ATTEMPTS):
-            dt = self._open(first)
-            held = self._held(dt, ids)
-            todo: list[SinkRange] = [r for r in batch.ranges if r.range.id not in held]
-            if not todo:
-                return held
-            what = ", ".join(f"{r.range.source.stream} [{r.range.start}, {r.range.end})" for r in todo)
-            schema = dt.schema()
-            problem = schema_problem(_arrow_schema(dt))
-            if problem is not None:  # a table made or changed by someone else since the check
-                raise BatchError(f"delta table {self.location}: {problem}; nothing of {what} was added")
-            version = (dt.transaction_version(app_id(self.pipeline)) or 0) + 1
-            props = CommitProperties(custom_metadata=summary(batch, todo), max_commit_retries=0,
-                                     app_transactions=[Transaction(app_id(self.pipeline), version)])
-            actions = [self._add_action(p) for r in todo for p in files[r.range.id]]
-            try:
-                dt.create_write_transaction(actions, "append", schema, commit_properties=props)
-            except CommitFailedError as exc:
-                log.warning("delta table %s changed while committing %s (%s): looking again", self.location,
-                            what, _line(exc))
-                time.sleep(sinks.backoff(attempt))
-                continue
-            except BatchError:
-                raise
-            except Exception as exc:
-                raise BatchError(f"delta table {self.location}: the job's files for {what} cannot be added: "
-                                 f"{_line(exc)}") from exc
-            log.info("delta table %s: a commit (app transaction %s) adds %d file(s) of %s", self.location,
-                     version, len(actions), what)
-        dt = self._open(None)
-        held = self._held(dt, ids) if dt is not None else {}
-        if set(held) == ids:
-            return held
-        raise BatchError(f"delta table {self.location}: {sinks.COMMIT_ATTEMPTS} commits lost to concurrent "
-                         f"writers; {what} stay committed and unpublished for the next run")
+
+    def _commit(self, dt: Any, batch: SinkBatch, todo: list[SinkRange], files: dict[int, list[str]],
+                what: str) -> None:
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        schema = dt.schema()
+        problem = schema_problem(_arrow_schema(dt), self.files_schema)
+        if problem is not None:  # a table made or changed by someone else since the check
+            raise BatchError(f"delta table {self.location}: {problem}; nothing of {what} was added")
+        version = (dt.transaction_version(app_id(self.pipeline)) or 0) + 1
+        props = CommitProperties(custom_metadata=summary(batch, todo), max_commit_retries=0,
+                                 app_transactions=[Transaction(app_id(self.pipeline), version)])
+        actions = [self._add_action(p) for r in todo for p in files[r.range.id]]
+        try:
+            dt.create_write_transaction(actions, "append", schema, commit_properties=props)
+        except CommitFailedError as exc:
+            raise LostCommit(line(exc)) from exc
+        except Exception as exc:
+            raise BatchError(f"delta table {self.location}: the job's files for {what} cannot be added: "
+                             f"{line(exc)}") from exc
+        log.info("delta table %s: a commit (app transaction %s) adds %d file(s) of %s", self.location,
+                 version, len(actions), what)
 
     def describe(self) -> dict[str, Any] | None:
         dt = self._open(None)
@@ -219,23 +197,12 @@ class DeltaSink:
                 "location": dt.table_uri if dt is not None else self.location,
                 "version": dt.version() if dt is not None else None}
 
-    def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
-        from streamledger.ledger.audit import Violation, ViolationKind
+    def _rows(self, dt: Any) -> Any:
+        return dt.to_pyarrow_table(columns=["stream", "offset"])
 
-        try:
-            dt = self._open(None)
-            problem = f"delta table {self.location} does not exist"
-        except BatchError as exc:
-            dt, problem = None, str(exc)
-        if dt is None:
-            return [Violation(ViolationKind.OUTPUT_MISSING, pipeline, r.source.stream, r.source.broker,
-                              r.start, r.end, r.id, problem)
-                    for r in ranges if r.sink_table == self.table_name]
-        rows = dt.to_pyarrow_table(columns=["stream", "offset"])
-        commits = self.commits(dt)
+    def _known_commits(self, dt: Any) -> set[int]:
         oldest = min((int(c["version"]) for c in dt.history()), default=0)
-        known = set(range(oldest, dt.version() + 1))
-        return check_table(self.table_name, pipeline, ranges, commits, rows, known)
+        return set(range(oldest, dt.version() + 1))
 
 
 def _arrow_schema(dt: Any) -> Any:
@@ -246,8 +213,3 @@ def _arrow_schema(dt: Any) -> Any:
 
 def _local(location: str) -> str:
     return str(filesystems.local_path(location)) if filesystems.scheme(location) in ("", "file") else location
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

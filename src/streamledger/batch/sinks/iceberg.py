@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from streamledger import fs as filesystems
 from streamledger.batch import plan, sinks
@@ -27,18 +27,13 @@ from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
     SinkBatch,
     SinkRange,
-    SinkReceipt,
     TableCommit,
-    check_table,
-    data_files,
+    line,
     parse_summary,
     schema_problem,
     summary,
 )
-
-if TYPE_CHECKING:
-    from streamledger.ledger import Ledger, OffsetRange
-    from streamledger.ledger.audit import Violation
+from streamledger.batch.sinks.table import LostCommit, TableSink
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +61,17 @@ def load_catalog(props: Mapping[str, str]) -> Any:
     return _load(name, **props)
 
 
-class IcebergSink:
+class IcebergSink(TableSink):
     name = "iceberg"
+    log = log
 
     def __init__(self, *, pipeline: str, output_root: str, table: str, catalog: Mapping[str, str] | None,
-                 ledger_url: str) -> None:
+                 ledger_url: str, files_schema: Any = None) -> None:
         self.pipeline, self.output_root, self.identifier = pipeline, output_root, table
+        self.files_schema = files_schema  # the job's files' schema (LogKind.files_schema; None: RabbitMQ's)
         self.props = catalog_properties(catalog, ledger_url=ledger_url, output_root=output_root)
         self.table_name = f"iceberg:{table}"
+        self.label = f"iceberg table {table}"
         self._catalog: Any = None
 
     @property
@@ -90,7 +88,7 @@ class IcebergSink:
                         time.sleep(sinks.backoff(attempt + 2))
                         continue
                     raise BatchError(f"iceberg table {self.identifier}: the catalog cannot be reached: "
-                                     f"{_line(exc)}") from exc
+                                     f"{line(exc)}") from exc
         return self._catalog
 
     def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
@@ -99,7 +97,7 @@ class IcebergSink:
 
     # -- the table --------------------------------------------------------------------------------
 
-    def _load(self, schema_of: str | None) -> Any:
+    def _open(self, schema_of: str | None) -> Any:
         """The table; created (partitioned by stream) from the first data file's schema if missing."""
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
 
@@ -111,13 +109,13 @@ class IcebergSink:
         except BatchError:
             raise
         except Exception as exc:
-            raise BatchError(f"iceberg table {self.identifier}: cannot be loaded: {_line(exc)}") from exc
+            raise BatchError(f"iceberg table {self.identifier}: cannot be loaded: {line(exc)}") from exc
         import pyarrow.parquet as pq
 
         schema = pq.read_schema(_local(schema_of)).remove_metadata()
         namespace = self.identifier.split(".", 1)[0]
         try:
-            self.catalog.create_namespace_if_not_exists(namespace)
+            self._create_namespace(namespace)
             with self.catalog.create_table_transaction(self.identifier, schema=schema) as tx, \
                     tx.update_spec() as spec:
                 spec.add_identity("stream")
@@ -125,8 +123,20 @@ class IcebergSink:
         except TableAlreadyExistsError:
             pass  # another batch created it meanwhile
         except Exception as exc:
-            raise BatchError(f"iceberg table {self.identifier}: cannot be created: {_line(exc)}") from exc
+            raise BatchError(f"iceberg table {self.identifier}: cannot be created: {line(exc)}") from exc
         return self.catalog.load_table(self.identifier)
+
+    def _create_namespace(self, namespace: str) -> None:
+        """The namespace, created unless there: two batches creating it at once both see it missing
+        and the second insert fails (a UNIQUE constraint in the SQL catalog); then it exists."""
+        try:
+            self.catalog.create_namespace_if_not_exists(namespace)
+        except Exception as exc:
+            try:
+                self.catalog.load_namespace_properties(namespace)
+            except Exception:
+                raise exc from None  # the namespace is not there: the create's own error
+            log.info("iceberg namespace %s was created by another batch meanwhile", namespace)
 
     def commits(self, table: Any) -> list[TableCommit]:
         """The pipeline's commits in the current lineage of ``main``, newest first."""
@@ -142,67 +152,37 @@ class IcebergSink:
             snap = meta.snapshot_by_id(parent) if parent is not None else None
         return out
 
-    def _held(self, table: Any, ids: set[int]) -> dict[int, SinkReceipt]:
-        held: dict[int, SinkReceipt] = {}
-        for c in self.commits(table):
-            for entry in c.ranges:
-                if entry.get("id") in ids:
-                    held.setdefault(int(entry["id"]), SinkReceipt(self.table_name, c.commit))
-        return held
-
     # -- the sink ---------------------------------------------------------------------------------
 
     def check(self) -> None:
         """The catalog answers and the table, if it exists, has the job's columns."""
-        table = self._load(None)
+        table = self._open(None)
         if table is None:
             return  # created on first use, with the job's schema
-        problem = schema_problem(table.schema().as_arrow())
+        problem = schema_problem(table.schema().as_arrow(), self.files_schema)
         if problem is not None:
             raise BatchError(f"iceberg table {self.identifier}: {problem}")
 
-    def published(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
-        table = self._load(None)
-        return {} if table is None else self._held(table, {r.range.id for r in batch.ranges})
-
-    def publish(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
+    def _commit(self, table: Any, batch: SinkBatch, todo: list[SinkRange], files: dict[int, list[str]],
+                what: str) -> None:
         from pyiceberg.exceptions import CommitFailedException
 
-        files = {r.range.id: data_files(r.location) for r in batch.ranges}
-        first = next((f[0] for f in files.values() if f), None)
-        ids = set(files)
-        for attempt in range(sinks.COMMIT_ATTEMPTS):
-            table = self._load(first)
-            held = self._held(table, ids) if table is not None else {}
-            todo: list[SinkRange] = [r for r in batch.ranges if r.range.id not in held]
-            if not todo:
-                return held
-            paths = [_uri(p) for r in todo for p in files[r.range.id]]
-            what = ", ".join(f"{r.range.source.stream} [{r.range.start}, {r.range.end})" for r in todo)
-            # No blind rebase on a concurrent commit (in memory only: the table's properties stay).
-            table.metadata = table.metadata.model_copy(update={"properties": {
-                **table.metadata.properties, "commit.retry.num-retries": "0"}})
-            try:
-                table.add_files(paths, snapshot_properties=summary(batch, todo), check_duplicate_files=False)
-            except CommitFailedException as exc:
-                log.warning("iceberg table %s changed while committing %s (%s): looking again",
-                            self.identifier, what, _line(exc))
-                time.sleep(sinks.backoff(attempt))
-                continue
-            except (ValueError, TypeError) as exc:  # pyiceberg's schema / file checks
-                raise BatchError(f"iceberg table {self.identifier}: the job's files for {what} cannot be "
-                                 f"added: {_line(exc)}") from exc
-            log.info("iceberg table %s: snapshot %s appends %d file(s) of %s", self.identifier,
-                     table.current_snapshot().snapshot_id, len(paths), what)
-        table = self._load(None)
-        held = self._held(table, ids) if table is not None else {}
-        if set(held) == ids:
-            return held
-        raise BatchError(f"iceberg table {self.identifier}: {sinks.COMMIT_ATTEMPTS} commits lost to "
-                         f"concurrent writers; {what} stay committed and unpublished for the next run")
+        paths = [_uri(p) for r in todo for p in files[r.range.id]]
+        # No blind rebase on a concurrent commit (in memory only: the table's properties stay).
+        table.metadata = table.metadata.model_copy(update={"properties": {
+            **table.metadata.properties, "commit.retry.num-retries": "0"}})
+        try:
+            table.add_files(paths, snapshot_properties=summary(batch, todo), check_duplicate_files=False)
+        except CommitFailedException as exc:
+            raise LostCommit(line(exc)) from exc
+        except (ValueError, TypeError) as exc:  # pyiceberg's schema / file checks
+            raise BatchError(f"iceberg table {self.identifier}: the job's files for {what} cannot be "
+                             f"added: {line(exc)}") from exc
+        log.info("iceberg table %s: snapshot %s appends %d file(s) of %s", self.identifier,
+                 table.current_snapshot().snapshot_id, len(paths), what)
 
     def describe(self) -> dict[str, Any] | None:
-        table = self._load(None)
+        table = self._open(None)
         if table is None:
             return {"format": "iceberg", "identifier": self.identifier, "location": None,
                     "metadata_location": None, "snapshot_id": None}
@@ -211,29 +191,12 @@ class IcebergSink:
                 "metadata_location": table.metadata_location,
                 "snapshot_id": snap.snapshot_id if snap is not None else None}
 
-    def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
-        from streamledger.ledger.audit import Violation, ViolationKind
+    def _rows(self, table: Any) -> Any:
+        return table.scan(selected_fields=("stream", "offset")).to_arrow()
 
-        table = None
-        try:
-            table = self._load(None)
-        except BatchError as exc:
-            problem = str(exc)
-        else:
-            problem = f"iceberg table {self.identifier} does not exist"
-        if table is None:
-            return [Violation(ViolationKind.OUTPUT_MISSING, pipeline, r.source.stream, r.source.broker,
-                              r.start, r.end, r.id, problem)
-                    for r in ranges if r.sink_table == self.table_name]
-        rows = table.scan(selected_fields=("stream", "offset")).to_arrow()
-        known = {s.snapshot_id for s in table.metadata.snapshots}
-        return check_table(self.table_name, pipeline, ranges, self.commits(table), rows, known)
+    def _known_commits(self, table: Any) -> set[int]:
+        return {s.snapshot_id for s in table.metadata.snapshots}
 
 
 def _local(location: str) -> str:
     return str(filesystems.local_path(location)) if filesystems.scheme(location) in ("", "file") else location
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

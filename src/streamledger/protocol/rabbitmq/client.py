@@ -399,8 +399,26 @@ class StreamClient:
                 )
             time.sleep(READ_BACK_INTERVAL)
 
+    def bytes_per_offset(self, name: str) -> float | None:
+        """Stored bytes per offset of the stream's newest user chunk (None when it has none): what a
+        reader estimates a range's size by without reading it (``maxBytesPerTrigger``)."""
+        _check_name("stream", name)
+        info = self._probe(name, OffsetSpec.last(), all_chunks=False)
+        if info is None or info.num_records <= 0:
+            return None
+        return info.data_length / info.num_records
+
     def _probe(self, name: str, spec: OffsetSpec, *, all_chunks: bool) -> ChunkHeader | None:
         return probe_chunk(self._conn, self._next_sub_id(), name, spec, all_chunks=all_chunks)
+
+    def chunk_at(self, name: str, offset: int) -> ChunkHeader | None:
+        """The header of the user chunk holding ``offset`` (one chunk delivered, its data unread);
+        None when no retained user chunk holds it (below retention, past the tail, a tracking offset).
+        Its first offset, timestamp and CRC tell one incarnation of a stream from another."""
+        _check_name("stream", name)
+        _check_offset(offset)
+        head = self._probe(name, OffsetSpec.offset(offset), all_chunks=False)
+        return head if head is not None and head.first_offset <= offset < head.next_offset else None
 
     def first_offset(self, name: str) -> int:
         """Lowest offset still retained (0 for an empty stream).

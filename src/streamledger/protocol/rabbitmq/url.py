@@ -91,7 +91,8 @@ def parse_url(url: str) -> ConnectionParams:
         port_value = parts.port
     except ValueError as exc:
         # urlsplit messages can echo the netloc, which holds the password: keep them out.
-        raise InvalidRequest(f"invalid broker URL (bad host or port): {type(exc).__name__}") from None
+        raise InvalidRequest("invalid broker URL: its port is not a number in 0..65535 or its host is "
+                             "malformed") from exc
     if parts.scheme not in (SCHEME, TLS_SCHEME):
         raise InvalidRequest(
             f"unsupported URL scheme {parts.scheme!r}: use {SCHEME}://user:pass@host:port/vhost "

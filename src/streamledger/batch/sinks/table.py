@@ -1,0 +1,138 @@
+"""What the Iceberg and Delta sinks share: finding a batch's ranges in the table's commits, the
+look-commit-retry loop of a publish, and the table's side of the audit.
+
+A table sink keeps only what differs between the formats (:class:`TableSink`'s hooks): opening
+(or creating) the table, listing the pipeline's commits, making one commit of a batch's files,
+reading the rows the audit counts, and describing the table. The loop is the exactly-once rule of
+:mod:`streamledger.batch.sinks`: look for the ranges in the table's commits, commit the rest as one
+compare-and-swap (no blind rebase), and on a lost commit look again, at most
+:data:`~streamledger.batch.sinks.COMMIT_ATTEMPTS` times.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from streamledger.batch import sinks
+from streamledger.batch.config import BatchError
+from streamledger.batch.sinks import (
+    SinkBatch,
+    SinkRange,
+    SinkReceipt,
+    TableCommit,
+    check_table,
+    data_files,
+    whole_table_missing,
+)
+
+if TYPE_CHECKING:
+    from streamledger.ledger import Ledger, OffsetRange
+    from streamledger.ledger.audit import Violation
+
+__all__ = ["LostCommit", "TableSink"]
+
+
+class LostCommit(Exception):
+    """The table changed between the look and the commit (its optimistic concurrency refused ours)."""
+
+
+class TableSink:
+    """The shared half of a table sink; subclasses set :attr:`name`, :attr:`table_name`,
+    :attr:`label`, :attr:`log` and implement the hooks below."""
+
+    name: str
+    pipeline: str
+    table_name: str  # as recorded on a range in the ledger: "iceberg:<ns>.<name>" / "delta:<uri>"
+    label: str  # how one-line errors name the table: "iceberg table <ns>.<name>" / "delta table <uri>"
+    log: logging.Logger
+    files_schema: Any  # the pyarrow schema of the job's files (LogKind.files_schema); None: RabbitMQ's
+
+    # -- hooks ------------------------------------------------------------------------------------
+
+    def _open(self, schema_of: str | None) -> Any:
+        """The table; None when missing and ``schema_of`` is None, else created with the schema of
+        that data file. One-line ``BatchError`` when it cannot be opened or created."""
+        raise NotImplementedError
+
+    def commits(self, table: Any) -> list[TableCommit]:
+        """The pipeline's commits in the table's current lineage, newest first."""
+        raise NotImplementedError
+
+    def _check_files(self, files: dict[int, list[str]]) -> None:
+        """Refuse, before any look, files the table cannot reference (none by default)."""
+
+    def _commit(self, table: Any, batch: SinkBatch, todo: list[SinkRange], files: dict[int, list[str]],
+                what: str) -> None:
+        """One commit adding the files of ``todo`` on the state ``table`` was opened in; raises
+        :class:`LostCommit` when another writer committed first."""
+        raise NotImplementedError
+
+    def _rows(self, table: Any) -> Any:
+        """A pyarrow table of the ``stream`` and ``offset`` of every row."""
+        raise NotImplementedError
+
+    def _known_commits(self, table: Any) -> set[int]:
+        """Every commit id the table still knows (expired ones are missing)."""
+        raise NotImplementedError
+
+    # -- shared -----------------------------------------------------------------------------------
+
+    def _held(self, table: Any, ids: set[int]) -> dict[int, SinkReceipt]:
+        """Which of the ranges ``ids`` a commit of the pipeline already holds (the first found)."""
+        held: dict[int, SinkReceipt] = {}
+        for c in self.commits(table):
+            for entry in c.ranges:
+                if entry.id is not None and entry.id in ids:
+                    held.setdefault(entry.id, SinkReceipt(self.table_name, c.commit))
+        return held
+
+    def published(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
+        table = self._open(None)
+        return {} if table is None else self._held(table, {r.range.id for r in batch.ranges})
+
+    def publish(self, batch: SinkBatch) -> dict[int, SinkReceipt]:
+        files = {r.range.id: data_files(r.location) for r in batch.ranges}
+        self._check_files(files)
+        first = next((f[0] for f in files.values() if f), None)
+        ids = set(files)
+        what = ""
+        for attempt in range(sinks.COMMIT_ATTEMPTS):
+            table = self._open(first)
+            held = self._held(table, ids) if table is not None else {}
+            todo = [r for r in batch.ranges if r.range.id not in held]
+            if not todo:
+                return held
+            what = ", ".join(f"{r.range.source.stream} [{r.range.start}, {r.range.end})" for r in todo)
+            try:
+                self._commit(table, batch, todo, files, what)
+            except LostCommit as exc:
+                self.log.warning("%s changed while committing %s (%s): looking again", self.label, what,
+                                 exc)
+                time.sleep(sinks.backoff(attempt))
+        table = self._open(None)
+        held = self._held(table, ids) if table is not None else {}
+        if set(held) == ids:
+            return held
+        raise BatchError(f"{self.label}: {sinks.COMMIT_ATTEMPTS} commits lost to concurrent writers; {what} "
+                         "stay committed and unpublished for the next run")
+
+    def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
+        """The table's side of the proof (:func:`~streamledger.batch.sinks.check_table`); a table
+        that cannot be opened or read is a finding for every range recorded in it."""
+        try:
+            table = self._open(None)
+            problem = f"{self.label} does not exist"
+        except BatchError as exc:
+            table, problem = None, str(exc)
+        if table is None:
+            return whole_table_missing(self.table_name, pipeline, ranges, problem)
+        try:
+            rows = self._rows(table)
+            commits = self.commits(table)
+            known = self._known_commits(table)
+        except Exception as exc:  # data files deleted, the store gone: a finding, not a traceback
+            return whole_table_missing(self.table_name, pipeline, ranges,
+                                       f"{self.label}: its rows cannot be read: {sinks.line(exc)}")
+        return check_table(self.table_name, pipeline, ranges, commits, rows, known)

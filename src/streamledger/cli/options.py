@@ -1,0 +1,151 @@
+"""The flags every command shares (docs/cli.md, "Common flags" and "Offsets"), defined once.
+
+Each common flag is accepted on the top-level parser and again after the command; the copy after the
+command defaults to "not given" (``SUPPRESS``) so it never resets one given before it. Old spellings are
+the same flag under another name, hidden from ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from streamledger.cli.exits import BadInput
+
+if TYPE_CHECKING:
+    from streamledger.ledger import Ledger
+
+BROKER_ENV = "STREAMLEDGER_BROKER_URL"
+OLD_BROKER_ENV = "STREAMLEDGER_RABBITMQ_URL"
+LEDGER_ENV = "STREAMLEDGER_LEDGER_URL"
+LOCAL_BROKER = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
+
+
+# -- argument types: bad input stops argparse (one line, exit 2) before anything is contacted ------
+
+
+def broker_url_arg(text: str) -> str:
+    """A log server URL that parses (the message never shows the URL: it may hold a password)."""
+    from streamledger.sources import UnsupportedSource, log_kind
+
+    try:
+        kind = log_kind(text)
+        if kind.name == "rabbitmq":
+            from streamledger.protocol.rabbitmq.url import parse_url
+
+            parse_url(text)
+        elif kind.name == "mewbase":
+            from streamledger.protocol.mewbase.url import parse_url as parse_mewbase
+
+            parse_mewbase(text)
+    except (UnsupportedSource, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def ledger_url_arg(text: str) -> str:
+    """A ledger URL the engine accepts (checked without connecting; the password never shown)."""
+    from streamledger.ledger.engine import parse_url
+    from streamledger.ledger.errors import LedgerError
+
+    try:
+        parse_url(text)
+    except LedgerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def key_value_arg(text: str) -> str:
+    if "=" not in text or text.startswith("="):
+        raise argparse.ArgumentTypeError(f"want KEY=VALUE, got {text.split('=')[0]!r}")
+    return text
+
+
+# -- positions: one vocabulary -----------------------------------------------------------------------
+
+Word = Literal["first", "last", "next"]
+_WORDS: dict[str, Word] = {"first": "first", "earliest": "first", "last": "last", "next": "next",
+                           "tail": "next", "latest": "next", "end": "next"}
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A position in a stream as the command line names it: a word, an offset or a timestamp."""
+
+    word: Word | None = None
+    offset: int | None = None
+    timestamp_ms: int | None = None
+
+    def __str__(self) -> str:
+        if self.word is not None:
+            return self.word
+        return str(self.offset) if self.offset is not None else f"timestamp:{self.timestamp_ms}"
+
+
+def position_arg(text: str) -> Position:
+    """``first``, ``last``, ``next`` (and their aliases), an offset ``N >= 0`` or ``timestamp:MS``."""
+    lowered = text.strip().lower()
+    if lowered in _WORDS:
+        return Position(word=_WORDS[lowered])
+    number = lowered.split(":", 1)[1] if lowered.startswith("timestamp:") else lowered
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a position: use first, last, next, an offset N >= 0 or timestamp:MS")
+    if lowered.startswith("timestamp:"):
+        return Position(timestamp_ms=int(number))
+    return Position(offset=int(number))
+
+
+# -- the flags ---------------------------------------------------------------------------------------
+
+
+def add_broker(parser: argparse.ArgumentParser, *, top: bool = False, help_extra: str = "") -> None:
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--broker-url", type=broker_url_arg, default=default, metavar="URL",
+                        help="the log server: rabbitmq-stream[+tls]://user:pass@host:5552/vhost or "
+                        f"mewbase://host:port (default: ${BROKER_ENV}){help_extra}")
+    for old in ("--url", "--mewbase-url"):
+        parser.add_argument(old, dest="broker_url", type=broker_url_arg, default=argparse.SUPPRESS,
+                            help=argparse.SUPPRESS)
+
+
+def add_ledger(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--ledger", type=ledger_url_arg, default=default, metavar="URL",
+                        help="the ledger database: sqlite:///FILE or postgresql+psycopg://user@host:5432/db "
+                        f"(default: ${LEDGER_ENV} or $STREAMLEDGER_HOME/ledger.sqlite)")
+    parser.add_argument("--db", dest="ledger", type=ledger_url_arg, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+
+
+def add_json(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    parser.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="print the command's data as JSON on stdout")
+
+
+def broker_url(args: argparse.Namespace, *, env: tuple[str, ...] = (BROKER_ENV, OLD_BROKER_ENV),
+               default: str | None = LOCAL_BROKER) -> str:
+    """The broker URL: the flag, else the first environment variable set, else ``default``."""
+    given = getattr(args, "broker_url", None)
+    if isinstance(given, list):  # `ledger audit` repeats it
+        given = given[0] if given else None
+    url = given or next((os.environ[name] for name in env if os.environ.get(name)), None) or default
+    if url is None:
+        raise BadInput(f"no broker: pass --broker-url or set ${env[0]}")
+    return url
+
+
+def ledger_url(args: argparse.Namespace) -> str:
+    from streamledger.ledger.engine import default_url
+
+    return str(getattr(args, "ledger", None) or default_url())
+
+
+def open_ledger(args: argparse.Namespace, *, write: bool = False) -> Ledger:
+    """The ledger of ``--ledger``. A reading command (``write=False``) never creates one (a SQLite file
+    that does not exist is ``LedgerNotFound``, exit 3); a writing command creates and migrates it."""
+    from streamledger.ledger import Ledger
+
+    return Ledger(ledger_url(args), create=write)

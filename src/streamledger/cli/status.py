@@ -1,0 +1,126 @@
+"""``streamledger status``: a pipeline at a glance, one row per stream it reads.
+
+From the ledger: its ranges by status, where it is provably done (the watermark: the end of the
+contiguous committed prefix, and the last record in it), open claims, the last run and when, and the
+newest output. With a broker (``--broker-url`` or its environment variable) also the broker's stored
+offset for the pipeline and the lag from the watermark to the stream's committed tail; sources of
+other brokers show ``-`` there. Read-only: it creates nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from streamledger.cli.options import BROKER_ENV, OLD_BROKER_ENV, add_broker, add_json, add_ledger, open_ledger
+from streamledger.cli.table import render, when
+
+HEADER = ("PIPELINE", "STREAM", "COMMITTED", "OPEN", "FAILED", "DONE TO", "LAST RECORD", "STORED", "TAIL",
+          "LAG", "LAST RUN", "WHEN", "OUTPUT")
+
+
+@dataclass(slots=True)
+class StreamStatus:
+    """One stream of one pipeline, as ``status`` shows it (``--json``: these fields)."""
+
+    pipeline: str
+    broker: str
+    stream: str
+    committed: int
+    open_claims: int
+    failed: int
+    lost: int
+    done_to: int | None
+    last_record: int | None
+    stored: int | None = None
+    tail: int | None = None
+    lag: int | None = None
+    last_run: str | None = None
+    last_when: str | None = None
+    output: str | None = None
+    broker_note: str | None = None
+
+    def row(self) -> tuple[object, ...]:
+        return (self.pipeline, self.stream, self.committed + self.lost, self.open_claims, self.failed,
+                self.done_to, self.last_record, self.stored, self.tail, self.lag, self.last_run,
+                self.last_when, self.output)
+
+
+def _streams(ledger: Any, pipeline: str | None) -> list[StreamStatus]:
+    from streamledger.ledger.types import RangeStatus
+
+    by_source: dict[tuple[str, Any], list[Any]] = {}
+    for r in ledger.ranges(pipeline):
+        by_source.setdefault((r.pipeline, r.source), []).append(r)
+    out: list[StreamStatus] = []
+    for (name, source), rows in by_source.items():
+        mark = ledger.watermark(name, source)
+        counts = {s: sum(1 for r in rows if r.status == s) for s in RangeStatus}
+        newest = max(rows, key=lambda r: (r.committed_at or r.claimed_at, r.id))
+        published = [r for r in rows if r.published_at is not None and (r.output or r.sink_table)]
+        latest = max(published, key=lambda r: (r.published_at, r.id)) if published else None
+        out.append(StreamStatus(
+            pipeline=name, broker=source.broker, stream=source.stream,
+            committed=counts[RangeStatus.COMMITTED], open_claims=counts[RangeStatus.CLAIMED],
+            failed=counts[RangeStatus.FAILED], lost=counts[RangeStatus.LOST], done_to=mark.end,
+            last_record=mark.last_record, last_run=str(newest.run),
+            last_when=when(newest.committed_at or newest.claimed_at),
+            output=(latest.sink_table or latest.output) if latest is not None else None,
+        ))
+    return out
+
+
+def _compare(streams: list[StreamStatus], url: str) -> None:
+    """The broker's stored offset and committed tail for the streams recorded under its identities."""
+    from streamledger.errors import StreamledgerError
+    from streamledger.sources import connect_log, server_identities
+
+    with connect_log(url) as log:
+        identities = set(server_identities(url, log))
+        for s in streams:
+            if s.broker not in identities:
+                s.broker_note = "another broker"
+                continue
+            try:
+                s.stored = log.query_offset(s.stream, s.pipeline)
+                s.tail = log.committed_tail(s.stream)
+            except StreamledgerError as exc:  # a deleted stream: say so on its row, go on
+                s.broker_note = " ".join(str(exc).split())
+                continue
+            if s.done_to is not None:
+                s.lag = max(0, s.tail - s.done_to)
+
+
+def _status(args: argparse.Namespace) -> int:
+    with open_ledger(args) as ledger:
+        streams = _streams(ledger, args.pipeline)
+    given = getattr(args, "broker_url", None) or os.environ.get(BROKER_ENV) or os.environ.get(OLD_BROKER_ENV)
+    if given and streams:
+        _compare(streams, given)
+    if getattr(args, "json", False):
+        print(json.dumps([asdict(s) for s in streams], indent=2))
+        return 0
+    if streams:
+        print(render(HEADER, [s.row() for s in streams], right=HEADER[2:10]))
+    for s in streams:
+        if s.broker_note:
+            print(f"{s.pipeline} {s.stream}: broker not compared: {s.broker_note}", file=sys.stderr)
+    if not given:
+        print("no broker given (--broker-url or $STREAMLEDGER_BROKER_URL): stored offsets and lag not shown",
+              file=sys.stderr)
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``status`` to the top-level parser."""
+    p = sub.add_parser("status", help="each pipeline's streams: done to, stored offset, lag, last run, "
+                       "output")
+    p.add_argument("--pipeline", default=None, help="only this pipeline")
+    add_broker(p)
+    add_ledger(p)
+    add_json(p)
+    p.set_defaults(func=_status)

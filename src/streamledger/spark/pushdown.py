@@ -1,0 +1,248 @@
+"""What a query needs from ``rabbitmq_stream``: the columns (projection) and the pushed filters.
+
+pyspark 4.2 tells a Python source its filters (``DataSourceReader.pushFilters``, batch reads) but not
+the columns a query uses (Spark's Python scan builder pushes filters only), so the projection comes
+from a user schema that is a subset of the source's columns, or option ``columns``.
+
+Filters on ``stream`` prune streams before planning; on ``offset`` and ``chunk_timestamp`` they narrow
+each stream's planned range before any chunk is read (a chunk timestamp resolves to an offset through
+the broker). Every pushed filter is then applied exactly to each Arrow batch (chunk timestamps need not
+be monotone across a stream), so the rows are always those Spark would keep: pushing only saves reading.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamledger.spark.arrow import ARROW_SCHEMA, SPARK_SCHEMA_DDL
+from streamledger.spark.planning import OffsetSource, PlannedRange, PlanningError
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_DDL = dict(part.split(" ", 1) for part in SPARK_SCHEMA_DDL.split(", "))
+
+
+@dataclass(frozen=True)
+class Projection:
+    """The source's columns a read builds and ships, in the order the read's schema names them."""
+
+    columns: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
+
+    @property
+    def full(self) -> bool:
+        return self.columns == tuple(ARROW_SCHEMA.names)
+
+    def map_columns(self, asked: Sequence[str]) -> tuple[str, ...]:
+        """The map columns to decode: those asked for (option ``properties``) that the read keeps."""
+        return tuple(c for c in asked if c in self.columns)
+
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return batch if self.full else batch.select(list(self.columns))
+
+    @property
+    def ddl(self) -> str:
+        """The Spark schema of the kept columns (what ``DataSource.schema()`` declares)."""
+        return ", ".join(f"{c} {_DDL[c]}" for c in self.columns)
+
+    @classmethod
+    def parse(cls, text: str | None, *, source: str) -> Projection:
+        """Option ``columns``: a comma list of the source's columns (default: all)."""
+        if text is None or not text.strip():
+            return cls()
+        names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+        unknown = [n for n in names if n not in ARROW_SCHEMA.names]
+        if unknown or not names:
+            raise PlanningError(
+                f"{source}: option 'columns' names unknown columns {unknown}; the source has "
+                f"{', '.join(ARROW_SCHEMA.names)}"
+            )
+        return cls(names)
+
+    @classmethod
+    def of_schema(cls, fields: Sequence[tuple[str, pa.DataType]], *, source: str) -> Projection:
+        """A read schema given as (name, Arrow type) pairs: each must be one of the source's columns
+        with its type (the batches are built for exactly those)."""
+        names = []
+        for name, kind in fields:
+            if name not in ARROW_SCHEMA.names or ARROW_SCHEMA.field(name).type != kind:
+                raise PlanningError(
+                    f"{source}: schema column {name} {kind} is not one of the source's columns "
+                    f"({', '.join(f'{f.name} {f.type}' for f in ARROW_SCHEMA)})"
+                )
+            names.append(name)
+        if len(set(names)) != len(names) or not names:
+            raise PlanningError(f"{source}: the schema must name distinct columns of the source, got {names}")
+        return cls(tuple(names))
+
+
+def _micros(value: Any) -> int | None:
+    """A filter literal on ``chunk_timestamp`` as microseconds since the epoch (naive = UTC)."""
+    if not isinstance(value, dt.datetime):
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return int((value - _EPOCH) // dt.timedelta(microseconds=1))
+
+
+def _ceil_ms(us: int) -> int:
+    return -((-us) // 1000)
+
+
+@dataclass(frozen=True)
+class PushedFilters:
+    """The filters the source took from Spark, as bounds: ``streams`` (None: all), offsets in
+    ``[offset_from, offset_to)`` (and in ``offsets`` when an IN or = named them), chunk timestamps in
+    ``[time_from, time_to)`` milliseconds. ``nothing``: a pushed filter no row can pass."""
+
+    streams: frozenset[str] | None = None
+    offset_from: int = 0
+    offset_to: int | None = None
+    offsets: frozenset[int] | None = None
+    time_from: int | None = None
+    time_to: int | None = None
+    nothing: bool = False
+
+    @property
+    def narrows(self) -> bool:
+        return self != PushedFilters()
+
+    def accept(self, f: Any) -> PushedFilters | None:
+        """This record with filter ``f`` added, or None when the source cannot take it (Spark keeps it)."""
+        from pyspark.sql.datasource import (
+            EqualNullSafe,
+            EqualTo,
+            GreaterThan,
+            GreaterThanOrEqual,
+            In,
+            IsNotNull,
+            IsNull,
+            LessThan,
+            LessThanOrEqual,
+        )
+
+        path = getattr(f, "attribute", None)  # Not(...) has a child instead: left to Spark
+        column = path[0] if path is not None and len(path) == 1 else None
+        if column not in ("stream", "offset", "chunk_timestamp"):
+            return None
+        if isinstance(f, IsNotNull):  # these columns are never null
+            return self
+        if isinstance(f, IsNull):
+            return replace(self, nothing=True)
+        value: Any = getattr(f, "value", None)
+        equal = isinstance(f, (EqualTo, EqualNullSafe))
+        if column == "stream":
+            if equal and isinstance(value, str):
+                return self._streams({value})
+            if isinstance(f, In) and all(isinstance(v, str) for v in value):
+                return self._streams(set(value))
+            return None
+        if column == "offset":
+            if equal or isinstance(f, In):
+                values = [value] if equal else list(value)
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                    return None
+                wanted = frozenset(values) if self.offsets is None else self.offsets & frozenset(values)
+                low, high = (min(wanted), max(wanted) + 1) if wanted else (0, 0)
+                return self._offsets(low, high, wanted)
+            if not isinstance(value, int) or isinstance(value, bool):
+                return None
+            bounds = {GreaterThan: (value + 1, None), GreaterThanOrEqual: (value, None),
+                      LessThan: (0, value), LessThanOrEqual: (0, value + 1)}.get(type(f))
+            return None if bounds is None else self._offsets(bounds[0], bounds[1], self.offsets)
+        us = _micros(value)
+        if us is None or isinstance(f, In):
+            return None
+        # chunk timestamps are whole milliseconds: ms*1000 >= us <=> ms >= ceil(us/1000), and so on
+        window = {GreaterThan: (us // 1000 + 1, None), GreaterThanOrEqual: (_ceil_ms(us), None),
+                  LessThan: (None, _ceil_ms(us)), LessThanOrEqual: (None, us // 1000 + 1),
+                  EqualTo: (_ceil_ms(us), us // 1000 + 1), EqualNullSafe: (_ceil_ms(us), us // 1000 + 1),
+                  }.get(type(f))
+        if window is None:
+            return None
+        low = window[0] if self.time_from is None or window[0] is None else max(self.time_from, window[0])
+        high = window[1] if self.time_to is None or window[1] is None else min(self.time_to, window[1])
+        return replace(self, time_from=low if low is not None else self.time_from,
+                       time_to=high if high is not None else self.time_to)
+
+    def _streams(self, names: set[str]) -> PushedFilters:
+        kept = frozenset(names) if self.streams is None else self.streams & names
+        return replace(self, streams=kept)
+
+    def _offsets(self, low: int, high: int | None, wanted: frozenset[int] | None) -> PushedFilters:
+        top = self.offset_to if high is None else high if self.offset_to is None else min(high,
+                                                                                           self.offset_to)
+        return replace(self, offset_from=max(self.offset_from, low), offset_to=top, offsets=wanted)
+
+    @classmethod
+    def split(cls, filters: Iterable[Any]) -> tuple[PushedFilters, list[Any]]:
+        """The filters the source takes, and the rest for Spark (the same objects, as pushFilters needs)."""
+        pushed, rest = cls(), []
+        for f in filters:
+            taken = pushed.accept(f)
+            if taken is None:
+                rest.append(f)
+            else:
+                pushed = taken
+        return pushed, rest
+
+    def keeps_stream(self, stream: str) -> bool:
+        return not self.nothing and (self.streams is None or stream in self.streams)
+
+    def narrow(self, client: OffsetSource, planned: Sequence[PlannedRange]) -> list[PlannedRange]:
+        """Each planned range cut to the pushed offsets and chunk timestamps (a timestamp bound is the
+        first offset of the first chunk stamped at or after it, asked of the broker); ranges of pruned
+        streams become empty. Retention bookkeeping (``requested_start``) is kept."""
+        from streamledger.offsets import OffsetSpec
+
+        out = []
+        for r in planned:
+            start, end = max(r.start, self.offset_from), r.end
+            if self.offset_to is not None:
+                end = min(end, self.offset_to)
+            if not self.keeps_stream(r.stream):
+                end = start
+            if start < end and self.time_from is not None:
+                start = max(start, int(client.resolve_offset(r.stream, OffsetSpec.timestamp(self.time_from))))
+            if start < end and self.time_to is not None:
+                end = min(end, int(client.resolve_offset(r.stream, OffsetSpec.timestamp(self.time_to))))
+            start = min(start, r.end)
+            # a start moved by a filter is no retention loss: only an unmoved start keeps its lost span
+            out.append(PlannedRange(r.stream, start, max(start, end), r.requested_start if start == r.start
+                                    else start))
+        return out
+
+    def keep(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Exactly the rows of a full-schema batch the pushed filters pass."""
+        if not self.narrows or batch.num_rows == 0:
+            return batch
+        mask = None
+
+        def both(m: Any) -> None:
+            nonlocal mask
+            mask = m if mask is None else pc.and_(mask, m)
+
+        offsets = batch.column("offset")
+        if self.nothing:
+            return batch.slice(0, 0)
+        if self.streams is not None:
+            both(pc.is_in(batch.column("stream"), value_set=pa.array(sorted(self.streams), pa.string())))
+        if self.offset_from:
+            both(pc.greater_equal(offsets, self.offset_from))
+        if self.offset_to is not None:
+            both(pc.less(offsets, self.offset_to))
+        if self.offsets is not None:
+            both(pc.is_in(offsets, value_set=pa.array(sorted(self.offsets), pa.int64())))
+        if self.time_from is not None or self.time_to is not None:
+            ms = pc.divide(batch.column("chunk_timestamp").cast(pa.int64()), 1000)
+            if self.time_from is not None:
+                both(pc.greater_equal(ms, self.time_from))
+            if self.time_to is not None:
+                both(pc.less(ms, self.time_to))
+        if mask is None:
+            return batch
+        return batch.filter(mask)

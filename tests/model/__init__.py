@@ -1,0 +1,13 @@
+"""The independent checker (issue 30): a model-based test that composes the features the way users do
+(publish, batches on every sink, pinned intervals, kills, retries, clears, concurrency, retention,
+re-created streams and new epochs, URL spellings, release-stale) and judges the result by the DATA:
+the ids the test published and the outputs read back with pyarrow / pyiceberg / deltalake.
+
+The project's audit is only ever the *suspect*: the checker reports a disagreement when the audit
+says CLEAN while the data shows a record doubled or missing, or (after the final drain) says
+something is wrong while the data is exactly once.
+
+Modules: ``ops`` (the operations, a replayable JSON list), ``generator`` (seeded draws),
+``oracle`` (reads the data, never the ledger's verdict), ``world`` (the servers and the driving of
+one scenario), ``runner`` (replay, checks, shrinking, the report). ``python -m tests.model`` soaks.
+"""

@@ -1,0 +1,296 @@
+"""Replay a scenario, judge after every operation and after the final drain, shrink the first
+disagreement to a minimal operation list, and report.
+
+The judgement, per pipeline (the oracle's side from :mod:`tests.model.oracle`, the audit's from
+``streamledger.batch.proof.audit`` with the broker and ``stale_after`` 0, as ``streamledger ledger
+audit`` runs it):
+
+* after every operation, the audit must not be CLEAN while the data shows an id twice in the
+  outputs, an unreadable output, a file outside the output roots, or a record seen on the broker
+  missing from the outputs at or below the broker's stored offset or below the ledger's watermark
+  (unless inside a range the ledger recorded ``lost`` or ``skipped``);
+* after the final drain (epochs started where the test re-created the stream, stale claims
+  released first if the epoch is refused for them, failed runs cleared, batches run until idle; a
+  pinned pipeline's scheduler does not catch up on intervals before the first it ever ran, as with
+  ``catchup=False``), every record the oracle saw on the
+  stream (still there, or taken by retention since) must be in the outputs exactly once or in
+  such a range, and the audit must be CLEAN exactly when that holds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.model.ops import Batch, NewEpoch, Op, Pair, ReleaseStale, Scenario, Tick, describe
+from tests.model.oracle import broker_records, read_outputs, stray_files
+from tests.model.world import Figures, Servers, World, world
+
+EXCUSED = ("lost", "skipped")
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """The oracle and the audit disagree: ``at`` is the operation's index (-1: after the final drain)."""
+
+    kind: str
+    pipe: int | None
+    at: int
+    oracle: str
+    audit: str
+
+    def same(self, other: Disagreement) -> bool:
+        return (self.kind, self.pipe) == (other.kind, other.pipe) and (self.at < 0) == (other.at < 0)
+
+    def line(self) -> str:
+        where = "after the final drain" if self.at < 0 else f"after op {self.at}"
+        who = "" if self.pipe is None else f" p{self.pipe}"
+        return f"{self.kind}{who} {where}: oracle: {self.oracle}; audit: {self.audit}"
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    disagreements: list[Disagreement] = field(default_factory=list)
+    figures: Figures = field(default_factory=Figures)
+    lines: list[str] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+
+
+def _sample(ids: list[str], n: int = 3) -> str:
+    return f"{len(ids)} (e.g. {', '.join(ids[:n])})"
+
+
+def _audit_text(report: Any) -> str:
+    if report is None:
+        return "raised"
+    if report.clean:
+        return "CLEAN"
+    kinds = sorted({str(getattr(v.kind, "value", v.kind)) for v in report.violations})
+    return f"{len(report.violations)} violation(s): {', '.join(kinds)}"
+
+
+def _excused(w: World, name: str) -> list[tuple[int, int]]:
+    return [(r.start, r.end) for r in w.ledger.ranges(name)
+            if r.status.value in EXCUSED and r.source.stream == w.stream and "#epoch" not in r.source.broker]
+
+
+def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
+    """The oracle against the audit, for every pipeline of the world, now."""
+    found: list[Disagreement] = []
+    w.figures.checks += 1
+    on_broker = broker_records(w.client, w.stream)
+    w.seen.update(on_broker)
+    known = sorted(w.seen.items())  # what is on the broker, and what retention took since it was seen
+    stray = stray_files(w.home, w.allowed())
+    if stray:
+        try:
+            everyone = w.ledger.audit(None)
+            clean = everyone.clean
+        except Exception:
+            clean = False
+        if clean or final:
+            found.append(Disagreement("outside-root", None, at, f"{len(stray)} file(s) outside the output "
+                                      f"roots: {', '.join(stray[:3])}", "CLEAN" if clean else "not clean"))
+    for k, spec in enumerate(w.scenario.pipelines):
+        read = read_outputs(spec, w.root(k), w.catalog(k))
+        w.figures.records_checked += len(known) + sum(read.ids.values())
+        excused = _excused(w, spec.name)
+
+        def missing(limit: int, read: Any = read, excused: Any = excused) -> list[str]:
+            """Ids seen on the broker at offsets below ``limit`` that no output holds and no range excuses."""
+            return [i for o, i in known if o < limit and i not in read.ids
+                    and not any(s <= o < e for s, e in excused)]
+
+        problems: dict[str, str] = {}
+        if read.doubled:
+            problems["doubled"] = "ids twice in the outputs: " + _sample(sorted(read.doubled))
+        if read.unreadable:
+            problems["unreadable"] = "outputs a reader cannot read: " + "; ".join(read.unreadable[:2])
+        stored = w.client.query_offset(w.stream, spec.name)
+        if stored is not None:
+            gone = missing(stored + 1)
+            if gone:
+                problems["missing-below-stored"] = (f"records at or below the stored offset {stored} not in "
+                                                    "the outputs: " + _sample(gone))
+        ends = [m.end for m in (w.ledger.watermark(spec.name, src) for src in w.current_sources(k))
+                if m.end is not None]
+        if ends and k not in w.needs_epoch:
+            done = max(ends)
+            gone = missing(done)
+            if gone:
+                problems["missing-below-done"] = (f"records below the ledger's watermark {done} not in the "
+                                                  "outputs: " + _sample(gone))
+        if final:
+            gone = missing(1 << 62)
+            if gone:
+                problems["missing"] = ("records seen on the broker never in the outputs nor in a lost range: "
+                                       + _sample(gone))
+        try:
+            report = w.audit(k)
+        except Exception as exc:
+            report = None
+            w.log(f"    audit of p{k} raised {type(exc).__name__}: {str(exc)[:200]}")
+        cli = w.cli_verdict
+        if cli is not None and cli == (k, True) and problems:
+            for kind, text in problems.items():
+                found.append(Disagreement(f"{kind} (CLI)", k, at, text, "streamledger ledger audit: CLEAN"))
+        clean = report is not None and report.clean
+        if clean and problems:
+            for kind, text in problems.items():
+                found.append(Disagreement(kind, k, at, text, "CLEAN"))
+        elif final and not problems and not clean:
+            detail = "raised" if report is None else "; ".join(
+                v.detail[:160] for v in report.violations[:2])
+            found.append(Disagreement("false-alarm", k, at, "every record exactly once",
+                                      f"{_audit_text(report)}: {detail}"))
+        if report is None and not final and not problems:
+            found.append(Disagreement("audit-raised", k, at, "no problem in the data", "raised"))
+    return found
+
+
+def _records(outcome: str) -> int:
+    if outcome.startswith("ok: "):
+        return int(outcome.split()[1])
+    return 0
+
+
+def drain(w: World, log: Callable[[str], None]) -> list[str]:
+    """What an operator does at the end: new epochs where asked, failed runs cleared, batches until idle."""
+    done: list[str] = []
+
+    def do(op: Op) -> str:
+        out = w.apply(op)
+        done.append(f"{describe(op)} -> {out}")
+        log(f"  drain {describe(op)} -> {out}")
+        return out
+
+    n = len(w.scenario.pipelines)
+    do(Tick())
+    for rnd in range(4):
+        for k in sorted(w.needs_epoch):
+            if do(NewEpoch(k)).startswith("refused"):  # open claims of killed runs: release, then again
+                do(ReleaseStale())
+                do(NewEpoch(k))
+        busy = False
+        for pipe, run in sorted(w.unfinished):
+            attempt = w.last_attempt.get((pipe, run), 0) + 1
+            interval = int(run[2:]) if run.startswith("iv") else None
+            out = do(Batch(pipe, run, attempt, interval=interval))
+            busy |= _records(out) > 0
+        for k in range(n):
+            spec = w.scenario.pipelines[k]
+            if spec.pinned:  # a scheduler without catch-up: from the first interval it ever ran on
+                ran = [int(r[2:]) for (pipe, r) in w.last_attempt if pipe == k and r.startswith("iv")]
+                last = len(w.boundaries) - 2
+                for i in range(min(ran) if ran else last, last + 1):
+                    run = f"iv{i}"
+                    out = do(Batch(k, run, w.last_attempt.get((k, run), 0) + 1, interval=i))
+                    busy |= _records(out) > 0
+            else:
+                out = do(Batch(k, f"drain{rnd}", 1))
+                busy |= _records(out) > 0
+        if not busy and not w.unfinished:
+            break
+    return done
+
+
+def run_scenario(servers: Servers, scenario: Scenario, home: Path, *, log: Callable[[str], None] = print,
+                 stop_at_first: bool = True, keep: bool = False) -> Outcome:
+    """Apply every operation, judging after each; then drain and judge the end state."""
+    result = Outcome(scenario)
+    with world(servers, scenario, home, log) as w:
+        result.figures = w.figures
+        for i, op in enumerate(scenario.ops):
+            try:
+                out = w.apply(op)
+            except Exception as exc:  # an operation the product refused by raising (kept going)
+                out = f"raised {type(exc).__name__}: {str(exc)[:300]}"
+            line = f"[{i}] {describe(op)} -> {out}"
+            result.lines.append(line)
+            log("  " + line)
+            found = judge(w, i, final=False)
+            for d in found:
+                log("  DISAGREEMENT " + d.line())
+            result.disagreements += found
+            if found and stop_at_first:
+                break
+        else:
+            result.drained = drain(w, log)
+            found = judge(w, -1, final=True)
+            for d in found:
+                log("  DISAGREEMENT " + d.line())
+            result.disagreements += found
+    if not keep and not result.disagreements:
+        shutil.rmtree(home, ignore_errors=True)
+    return result
+
+
+def shrink(servers: Servers, scenario: Scenario, target: Disagreement, base: Path, *, budget_s: float,
+           log: Callable[[str], None] = print) -> tuple[Scenario, int]:
+    """The smallest operation list found within ``budget_s`` that still shows ``target``'s kind of
+    disagreement: the failing prefix, then chunks of operations dropped (halves down to single
+    operations, last first, as in delta debugging), then pairs split into one of their batches."""
+    ops: list[Op] = list(scenario.ops[: target.at + 1] if target.at >= 0 else scenario.ops)
+    started, tries = time.monotonic(), 0
+
+    def fails(cand: list[Op]) -> bool:
+        nonlocal tries
+        tries += 1
+        where = base / f"shrink-{tries}"
+        res = run_scenario(servers, scenario.with_ops(cand), where, log=lambda _m: None)
+        shutil.rmtree(where, ignore_errors=True)
+        return any(d.same(target) for d in res.disagreements)
+
+    def left() -> bool:
+        return time.monotonic() - started < budget_s
+
+    size = max(1, len(ops) // 2)
+    while size >= 1 and left():
+        end = len(ops)
+        while end > 0 and left():
+            cand = ops[:max(0, end - size)] + ops[end:]
+            if cand != ops and fails(cand):
+                ops = cand
+                log(f"  shrink: {len(ops)} op(s) still disagree")
+            end -= size
+        size //= 2
+    for i in range(len(ops) - 1, -1, -1):
+        pair = ops[i]
+        if not isinstance(pair, Pair) or not left():
+            continue
+        for one in (pair.a, pair.b):
+            cand = [*ops[:i], one, *ops[i + 1:]]
+            if fails(cand):
+                ops = cand
+                log(f"  shrink: pair {i} split, still disagrees")
+                break
+    return scenario.with_ops(ops), tries
+
+
+def report(outcome: Outcome, minimal: Scenario | None = None) -> str:
+    f = outcome.figures
+    lines = [f"model check seed={outcome.scenario.seed}: {f.ops} op(s), {f.batches} batch(es), "
+             f"{f.kills} kill(s) ({f.sigkills} SIGKILL), {f.failures} failed batch(es), "
+             f"{f.published} record(s) published, "
+             f"{f.checks} check(s), {f.records_checked} record check(s), {f.audits} audit(s), "
+             f"{len(outcome.disagreements)} disagreement(s)"]
+    lines += [f"  pipeline p{k}: {p}" for k, p in enumerate(outcome.scenario.pipelines)]
+    for d in outcome.disagreements:
+        lines.append("  DISAGREEMENT " + d.line())
+    if minimal is not None:
+        lines.append(reproduction(minimal))
+    return "\n".join(lines)
+
+
+def reproduction(minimal: Scenario) -> str:
+    """The minimal operation list, readable and replayable."""
+    lines = [f"  minimal reproduction ({len(minimal.ops)} op(s), then the drain if it disagreed after it):"]
+    lines += [f"    p{k}: {p}" for k, p in enumerate(minimal.pipelines)]
+    lines += [f"    {describe(op)}" for op in minimal.ops]
+    lines.append("  replay: python -m tests.model --replay '" + minimal.to_json() + "'")
+    return "\n".join(lines)

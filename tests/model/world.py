@@ -1,0 +1,347 @@
+"""One scenario's world: a fresh stream, ledger and output roots, and the driving of each operation
+through the public API (``run_batch``, ``BatchConfig``, ``Ledger``, the CLI), as a user would."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from streamledger.batch import BatchConfig, InjectedCrash, LocalSparkRunner, RunId, run_batch
+from streamledger.ledger import Ledger, SourceRef
+from streamledger.protocol.rabbitmq import StreamClient
+from tests.model.ops import (
+    AuditCli,
+    Batch,
+    NewEpoch,
+    Op,
+    Pair,
+    PipelineSpec,
+    Publish,
+    Recreate,
+    ReleaseStale,
+    Scenario,
+    Tick,
+)
+from tests.model.oracle import make_body
+
+#: Retention small enough that a few padded publishes drop the oldest segments.
+RETENTION: dict[str, Any] = {"max_length_bytes": 60_000, "max_segment_size_bytes": 15_000}
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Servers:
+    """What every scenario shares: the broker (base URL ending in ``/``), local Spark, and a maker of
+    fresh ledger URLs (``ledger(dir)``: SQLite in ``dir`` or a new PostgreSQL database)."""
+
+    url: str
+    spark: Any
+    ledger: Callable[[Path], str]
+    ledger_kind: str
+
+
+def spelled(url: str, spelling: str) -> str:
+    """The broker URL with the default vhost written as ``spelling`` (``/``, ``/%2F`` or ``/%2f``)."""
+    base = url.rstrip("/")
+    head, _, tail = base.partition("://")
+    host, _, _vhost = tail.partition("/")
+    return f"{head}://{host}{spelling}"
+
+
+def batch_config(spec: PipelineSpec, op: Batch, *, url: str, stream: str, root: str,
+                 boundaries: list[datetime]) -> BatchConfig | None:
+    """The batch's configuration, or None when its interval is not closed yet (pinned pipelines)."""
+    kw: dict[str, Any] = {
+        "pipeline": spec.name, "url": spelled(url, op.spelling), "output_root": root, "stream": stream,
+        "sink": spec.sink, "on_data_loss": spec.on_data_loss, "store_offset": op.store_offset,
+        "heartbeat_interval": 1.0, "claim_timeout": 5.0,
+    }
+    if spec.pinned:
+        i = op.interval if op.interval is not None else -1
+        if i < 0 or i + 1 >= len(boundaries):
+            return None
+        kw.update(interval_start=boundaries[i], interval_end=boundaries[i + 1], bound_by_interval=True,
+                  interval_grace=0.0, origin=boundaries[0])
+    else:
+        kw["max_offsets"] = spec.max_offsets
+    return BatchConfig(**kw)
+
+
+def run_id(op: Batch) -> RunId:
+    return RunId("model", op.run, f"p{op.pipe}", try_number=op.attempt)
+
+
+@dataclass
+class Figures:
+    ops: int = 0
+    batches: int = 0
+    kills: int = 0
+    sigkills: int = 0
+    failures: int = 0
+    published: int = 0
+    checks: int = 0
+    records_checked: int = 0
+    audits: int = 0
+
+
+@dataclass
+class World:
+    """The live state of one scenario (everything under ``home``)."""
+
+    servers: Servers
+    scenario: Scenario
+    home: Path
+    log: Callable[[str], None] = print
+    figures: Figures = field(default_factory=Figures)
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    def __post_init__(self) -> None:
+        self.stream = f"model-{self.tag}"
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "ledger").mkdir(exist_ok=True)
+        self.ledger_url = self.servers.ledger(self.home / "ledger")
+        self.ledger = Ledger(self.ledger_url, create=True)
+        self.client = StreamClient.connect(self.servers.url)
+        self.client.create_stream(self.stream, **(RETENTION if self.scenario.retention else {}))
+        self.boundaries: list[datetime] = [datetime.now(UTC) - timedelta(milliseconds=5)]
+        time.sleep(0.02)
+        self.seq = 0
+        self.running: set[tuple[str, str]] = set()
+        self.last_attempt: dict[tuple[int, str], int] = {}
+        self.unfinished: set[tuple[int, str]] = set()
+        self.needs_epoch: set[int] = set()
+        self.outcomes: list[str] = []
+        #: offset -> id of every record the oracle ever saw on this incarnation of the stream (the
+        #: records retention removed later are still known, so their loss can be told).
+        self.seen: dict[int, str] = {}
+        self.cli_verdict: tuple[int, bool] | None = None  # (pipe, CLEAN?) of this op's CLI audit
+
+    # -- places ----------------------------------------------------------------------------------
+
+    def root(self, pipe: int) -> Path:
+        """Two levels below ``home``, so a name escaping by ``../..`` still lands inside ``home``."""
+        return self.home / "a" / "b" / f"out-{pipe}"
+
+    def allowed(self) -> list[Path]:
+        return [self.root(k) for k in range(len(self.scenario.pipelines))] + [self.home / "ledger"]
+
+    def catalog(self, pipe: int) -> dict[str, str]:
+        from streamledger.batch.sinks.iceberg import catalog_properties
+
+        return catalog_properties(None, ledger_url=self.ledger_url, output_root=str(self.root(pipe)))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.delete_stream(self.stream, missing_ok=True)
+        with contextlib.suppress(Exception):
+            self.client.close()
+        with contextlib.suppress(Exception):
+            self.ledger.close()
+
+    # -- operations ------------------------------------------------------------------------------
+
+    def apply(self, op: Op) -> str:
+        self.figures.ops += 1
+        self.cli_verdict = None
+        if isinstance(op, Publish):
+            return self.publish(op.n, op.pad)
+        if isinstance(op, Tick):
+            time.sleep(0.01)
+            self.boundaries.append(datetime.now(UTC))
+            time.sleep(0.01)
+            return f"interval {len(self.boundaries) - 2} closed"
+        if isinstance(op, Batch):
+            if op.how == "sigkill" and op.kill_at is None:
+                return self.batch_subprocess(op)
+            return self.batch(op)
+        if isinstance(op, Pair):
+            return self.pair(op)
+        if isinstance(op, Recreate):
+            self.client.delete_stream(self.stream)
+            self.client.create_stream(self.stream, **(RETENTION if self.scenario.retention else {}))
+            self.needs_epoch = set(range(len(self.scenario.pipelines)))
+            self.seen = {}
+            return "stream deleted and re-created"
+        if isinstance(op, NewEpoch):
+            return self.new_epoch(op.pipe)
+        if isinstance(op, ReleaseStale):
+            released = self.ledger.release_stale(timedelta(0))
+            return f"released {len(released)} claim(s)"
+        if isinstance(op, AuditCli):
+            clean = self.audit_cli(op.pipe, op.spelling)
+            self.cli_verdict = (op.pipe, clean)
+            return "CLI audit " + ("CLEAN" if clean else "not clean")
+        raise TypeError(f"unknown operation {op!r}")
+
+    def publish(self, n: int, pad: int) -> str:
+        ids = [f"{self.tag}-{self.seq + i:06d}" for i in range(n)]
+        self.seq += n
+        result = self.client.publish(self.stream, [make_body(i, pad) for i in ids], batch_size=50)
+        assert result.confirmed == n, result
+        self.figures.published += n
+        return f"published {ids[0]}..{ids[-1]}" if ids else "published nothing"
+
+    def holder_alive(self, run: RunId) -> bool:
+        return (run.run_id, run.task_id) in self.running
+
+    def _config(self, op: Batch) -> BatchConfig | None:
+        return batch_config(self.scenario.pipelines[op.pipe], op, url=self.servers.url, stream=self.stream,
+                            root=str(self.root(op.pipe)), boundaries=self.boundaries)
+
+    def batch(self, op: Batch) -> str:
+        cfg = self._config(op)
+        if cfg is None:
+            return "interval not closed: skipped"
+        runner = LocalSparkRunner()
+        runner._spark = self.servers.spark
+        key = (op.run, f"p{op.pipe}")
+
+        def hook(step: str, _batch: Any) -> None:
+            if step == op.kill_at:
+                if op.how == "fail":
+                    raise RuntimeError(f"model: failure injected after {step}")
+                raise InjectedCrash(f"model: killed after {step}")
+
+        self.figures.batches += 1
+        self.last_attempt[(op.pipe, op.run)] = max(op.attempt, self.last_attempt.get((op.pipe, op.run), 0))
+        self.running.add(key)
+        try:  # a connection of its own, as each task process has (a client is not shared by threads)
+            with StreamClient.connect(self.servers.url) as client:
+                res = run_batch(cfg, run=run_id(op), ledger=self.ledger, broker=client, runner=runner,
+                                holder_alive=self.holder_alive, on_step=hook)
+        except InjectedCrash as exc:
+            self.figures.kills += 1
+            self.unfinished.add((op.pipe, op.run))
+            return f"killed ({exc})"
+        except Exception as exc:
+            self.figures.failures += 1
+            self.unfinished.add((op.pipe, op.run))
+            return f"error: {type(exc).__name__}: {str(exc)[:300]}"
+        finally:
+            self.running.discard(key)
+        self.unfinished.discard((op.pipe, op.run))
+        return f"ok: {res.records} record(s) " + " ".join(
+            f"[{p.start},{p.end}){p.status}" for p in res.partitions)
+
+    def batch_subprocess(self, op: Batch) -> str:
+        """A real SIGKILL: the batch runs in a child process (its own Spark), killed ``op.delay`` s in."""
+        cfg = self._config(op)
+        if cfg is None:
+            return "interval not closed: skipped"
+        spec = self.scenario.pipelines[op.pipe]
+        job = {"spec": spec.__dict__, "op": op.__dict__, "url": self.servers.url, "stream": self.stream,
+               "root": str(self.root(op.pipe)), "boundaries": [b.isoformat() for b in self.boundaries],
+               "ledger": self.ledger_url}
+        self.figures.batches += 1
+        self.last_attempt[(op.pipe, op.run)] = max(op.attempt, self.last_attempt.get((op.pipe, op.run), 0))
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with tempfile.TemporaryDirectory(prefix="model-child-") as scratch, \
+                tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen([sys.executable, "-m", "tests.model.child"], stdin=subprocess.PIPE,
+                                    stdout=out, stderr=err, cwd=scratch, env=env, start_new_session=True)
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(job).encode())  # the URLs may hold passwords: never on argv
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=op.delay)
+                killed = False
+            except subprocess.TimeoutExpired:
+                killed = True
+                os.killpg(proc.pid, signal.SIGKILL)  # the child's session: it and its Spark JVM
+            proc.wait(timeout=120)
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        if killed:
+            self.figures.kills += 1
+            self.figures.sigkills += 1
+            self.unfinished.add((op.pipe, op.run))
+            return f"SIGKILLed after {op.delay:.1f} s"
+        if proc.returncode != 0:
+            self.figures.failures += 1
+            self.unfinished.add((op.pipe, op.run))
+            return f"child failed: {stderr.strip().splitlines()[-1:]}"
+        self.unfinished.discard((op.pipe, op.run))
+        return "ok (child): " + stdout.strip()[-200:]
+
+    def pair(self, op: Pair) -> str:
+        results: list[str] = ["", ""]
+
+        def go(i: int, b: Batch) -> None:
+            try:
+                results[i] = self.batch(b)
+            except BaseException as exc:  # reported as the op's outcome
+                results[i] = f"thread died: {type(exc).__name__}: {exc}"
+
+        threads = [threading.Thread(target=go, args=(i, b)) for i, b in enumerate((op.a, op.b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        return f"A: {results[0]} | B: {results[1]}"
+
+    def current_sources(self, pipe: int) -> list[SourceRef]:
+        """The pipeline's sources on this stream in the current history (not a retired epoch)."""
+        name = self.scenario.pipelines[pipe].name
+        found = {r.source for r in self.ledger.ranges(name)
+                 if r.source.stream == self.stream and "#epoch" not in r.source.broker}
+        return sorted(found, key=lambda s: s.broker)
+
+    def new_epoch(self, pipe: int) -> str:
+        name = self.scenario.pipelines[pipe].name
+        done: list[str] = []
+        for src in self.current_sources(pipe):
+            try:
+                old, new = self.ledger.new_epoch(name, src, reason="model: stream re-created")
+            except Exception as exc:
+                return f"refused: {type(exc).__name__}: {str(exc)[:300]}"
+            done.append(f"{src.broker} epoch {old}->{new}")
+        self.needs_epoch.discard(pipe)
+        return "new epoch: " + (", ".join(done) or "no history yet")
+
+    def audit(self, pipe: int) -> Any:
+        from streamledger.batch.proof import audit
+
+        self.figures.audits += 1
+        name = self.scenario.pipelines[pipe].name
+        return audit(self.ledger, name, broker=self.client, stale_after=timedelta(0), deep=True,
+                     catalog=None)
+
+    def audit_cli(self, pipe: int, spelling: str) -> bool:
+        """``streamledger ledger audit`` in process; True when it printed CLEAN (exit 0)."""
+        from streamledger.cli import main
+
+        self.figures.audits += 1
+        argv = ["ledger", "audit", "--db", self.ledger_url, "--pipeline", self.scenario.pipelines[pipe].name,
+                "--broker-url", spelled(self.servers.url, spelling), "--stale-after", "0", "--deep"]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                return main(argv) == 0
+            except SystemExit as exc:
+                return exc.code == 0
+            except Exception:
+                return False
+
+
+@contextlib.contextmanager
+def world(servers: Servers, scenario: Scenario, home: Path, log: Callable[[str], None] = print,
+          ) -> Iterator[World]:
+    w = World(servers, scenario, home, log)
+    try:
+        yield w
+    finally:
+        w.close()
