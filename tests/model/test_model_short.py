@@ -29,7 +29,7 @@ SHORT = Options(ops=12, pipelines=2, sigkill=False, hostile=True, spellings=SPEL
 #: Seeds (drawn with SHORT) that agree on main; together they compose every operation the coverage
 #: test asks for. Left out while a defect makes them disagree, each joining once its fix lands:
 #: 2 (issue 30 item 7: after a new epoch the Iceberg table audit counts the old epoch's rows as
-#: duplicates of the new one's); 4 (the first KNOWN scenario below); 12 on PostgreSQL, and every
+#: duplicates of the new one's); 4 (the FIXED scenario below, since its fix); 12 on PostgreSQL, and every
 #: seed whose padded publishes roll retention segments, now and then (retention removing the
 #: broker's stored offset is taken for a re-created stream: every batch refused, a stall; when its
 #: fix lands, put 12 back and "retention" into the coverage test's wanted set).
@@ -96,16 +96,15 @@ def test_model_seed(ledger_maker: Callable[[Path], str], seed: int, rabbitmq_url
     assert not outcome.disagreements, text + "\n" + "\n".join(outcome.lines)
 
 
-#: Minimal reproductions of disagreements the checker found that no fix has removed yet, replayed on
-#: SQLite and expected to disagree (strict: once a fix lands, the XPASS fails and the scenario moves
-#: to the passing ones). Each is the shrunk operation list, replayable with ``python -m tests.model
-#: --replay``.
-KNOWN = {
+#: Minimal reproductions of disagreements the checker found, replayed on SQLite after their fix (each
+#: disagreed before it: the shrunk operation list, replayable with ``python -m tests.model --replay``).
+FIXED = {
     # A pinned pipeline whose history begins at its origin (initial_position="interval_start", the
     # DAG's start) first runs after retention removed the head of its first interval: origin and
-    # span resolve to the first chunk left (78), it commits [78, 100) with on_data_loss="fail",
-    # the records stamped after the origin that retention took are never recorded lost, the broker
-    # offset passes them, audit CLEAN.
+    # span resolved to the first chunk left (78), it committed [78, 100) with on_data_loss="fail",
+    # the records stamped after the origin that retention took were never recorded lost, the broker
+    # offset passed them, audit CLEAN. Now the history begins at 0 and the first interval's claim
+    # reaches back to it (batch.plan.initial_start): the batch fails naming retention.
     "pinned-head-lost-before-first-run": (
         '{"seed":4,"retention":true,"pipelines":[{"name":"orders-1","sink":"directory","pinned":true,'
         '"on_data_loss":"fail","max_offsets":null,"initial_position":"interval_start"}],'
@@ -115,12 +114,11 @@ KNOWN = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(KNOWN))
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a known disagreement (see KNOWN)")
-def test_known_disagreement(name: str, rabbitmq_url: str, spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", sorted(FIXED))
+def test_fixed_disagreement_stays_fixed(name: str, rabbitmq_url: str, spark: Any, tmp_path: Path) -> None:
     servers = Servers(rabbitmq_url, spark, lambda where: f"sqlite:///{where / 'ledger.sqlite'}", "model")
-    outcome = run_scenario(servers, Scenario.from_json(KNOWN[name]), tmp_path / "world", log=lambda _m: None,
+    outcome = run_scenario(servers, Scenario.from_json(FIXED[name]), tmp_path / "world", log=lambda _m: None,
                            keep=True)
     if not outcome.figures.batches:  # not an AssertionError: a scenario that ran nothing is no XFAIL
-        raise RuntimeError("the known scenario ran no batch:\n" + "\n".join(outcome.lines))
+        raise RuntimeError("the scenario ran no batch:\n" + "\n".join(outcome.lines))
     assert not outcome.disagreements, report(outcome)

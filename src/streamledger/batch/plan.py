@@ -138,7 +138,27 @@ def initial_start(cfg: BatchConfig, broker: Broker, stream: str, tail: int,
         return tail, "tail"
     moment = cfg.origin if cfg.bound_by_interval and cfg.origin is not None else cfg.interval_start
     assert moment is not None
-    return min(tail, resolve_time(broker, stream, moment)), "interval_start"
+    start = min(tail, resolve_time(broker, stream, moment))
+    first = int(broker.first_offset(stream))
+    if start == first and first > 0:
+        # The oldest chunk left is stamped at or after the origin and retention took what came
+        # before it: records stamped after the origin may be among them, and nothing can tell. The
+        # history then begins before retention's cut, at offset 0, so the first interval's claim
+        # reaches back to it and retention's loss is failed or recorded (on_data_loss), never silent.
+        return 0, BEFORE_RETENTION
+    return start, "interval_start"
+
+
+#: ``initial_start``'s answer when a pinned history's origin lies before retention's cut.
+BEFORE_RETENTION = "interval_start (retention took the stream's head)"
+
+
+def opens_history(cfg: BatchConfig) -> bool:
+    """Whether this run's data interval is the first of a pinned history (its start at or before
+    the origin, or no origin: the history begins with the first interval that runs)."""
+    if cfg.interval_start is None:
+        return False
+    return cfg.origin is None or cfg.interval_start <= cfg.origin
 
 
 def offset_to_store(mark: Watermark, stored: int | None) -> int | None:

@@ -256,13 +256,18 @@ class BatchRun:
         self.release_gone_holders(pos.open_claims)
         limit = plan.claim_limit(cfg, self.broker, stream, tail)
         initial: int | None = None
+        how = ""
         if pos.end is None:  # the ledger ignores initial_start once the source has a range
-            initial, origin = plan.initial_start(cfg, _Firsts(self.broker, firsts), stream, tail, stored)
+            initial, how = plan.initial_start(cfg, _Firsts(self.broker, firsts), stream, tail, stored)
             if initial > tail:
                 raise BatchError(
-                    f"stream {stream!r}: pipeline {cfg.pipeline!r} would start at {initial} ({origin}) but "
+                    f"stream {stream!r}: pipeline {cfg.pipeline!r} would start at {initial} ({how}) but "
                     f"the committed tail is {tail}"
                 )
+        if span and initial is not None and how == plan.BEFORE_RETENTION and plan.opens_history(cfg):
+            # The first interval reads from the history's origin: an origin before retention's cut
+            # (plan.initial_start) is claimed, then failed or recorded lost by settle_claim.
+            span = (initial, span[1])
         interval = (cfg.interval_start, cfg.interval_end) if span is not None else None
         return ClaimRequest(self._source(stream), limit, initial, span, interval)  # type: ignore[arg-type]
 
