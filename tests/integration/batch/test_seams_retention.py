@@ -1,0 +1,76 @@
+"""Issue 30, what the model checker found where retention, stored offsets and re-created streams
+meet, against the real RabbitMQ broker, local Spark and both ledgers.
+
+A. retention removing the segment that held the broker's stored offset is not a re-created stream:
+   the batch goes on (the retention gap handled per ``on_data_loss``) and stores the offset again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamledger.batch import BatchError, run_batch
+from streamledger.ledger import Ledger, RangeStatus
+from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.batch.helpers import CountingRunner, committed_bodies, config, rid
+from tests.integration.spark.helpers import body, create_stream, publish
+
+pytestmark = pytest.mark.timeout(300)
+
+PIPELINE = "p-retention"
+PAD = b"." * 2_000
+
+
+def _padded(client: StreamClient, stream: str, start: int, count: int) -> None:
+    """``count`` records of about 2 kB each, bodies ``<stream>#<i>`` then padding."""
+    got = client.publish(stream, [body(stream, i) + PAD for i in range(start, start + count)], batch_size=10)
+    assert got.confirmed == count, got
+
+
+def _retain_past(client: StreamClient, stream: str, offset: int, sent: int) -> int:
+    """Publish padded records until retention dropped every offset up to ``offset``; the count sent."""
+    while client.first_offset(stream) <= offset and sent < 2_000:
+        _padded(client, stream, sent, 60)
+        sent += 60
+    assert client.first_offset(stream) > offset, client.first_offset(stream)
+    return sent
+
+
+@pytest.mark.parametrize("on_data_loss", ["record", "fail"])
+def test_retention_taking_the_stored_offset_is_not_a_re_created_stream(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path, on_data_loss: str,
+) -> None:
+    """A: r1 reads 40 records and stores 39; retention then drops every segment up to past the
+    ledger's end, the stored offset with them. r2 must not refuse the stream as re-created: with
+    on_data_loss='record' it records the gap lost, reads the rest and stores the offset again;
+    with 'fail' it fails naming retention, like any other retention gap."""
+    ledger = any_ledger
+    s = stream_name("ret-a")
+    create_stream(rabbitmq_url, s, 0, max_length_bytes=60_000, max_segment_size_bytes=15_000)
+    publish(rabbitmq_url, s, 40, batch_size=10)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=PIPELINE, on_data_loss=on_data_loss)
+    run_batch(cfg, run=rid("read", run="r1"), ledger=ledger, broker=client, runner=runner)
+    assert client.query_offset(s, PIPELINE) == 39
+    sent = _retain_past(client, s, 40, 40)
+    first = client.first_offset(s)
+
+    if on_data_loss == "fail":
+        with pytest.raises(BatchError, match=r"must read \[40, \d+\) but retention removed everything below \d+"):
+            run_batch(cfg, run=rid("read", run="r2"), ledger=ledger, broker=client, runner=runner)
+        return
+    run_batch(cfg, run=rid("read", run="r2"), ledger=ledger, broker=client, runner=runner)
+    live = [(r.start, r.end, r.status) for r in ledger.ranges(PIPELINE) if r.status != RangeStatus.FAILED]
+    # Retention deletes segments asynchronously: it may have gone on after ``first`` was read.
+    assert live[0][:2] == (0, 40) and live[1][0] == 40 and live[1][2] == RangeStatus.LOST, live
+    assert live[1][1] >= first and [r[2] for r in live[2:]] == [RangeStatus.COMMITTED], (live, first)
+    ids = sorted(int(b[: len(body(s, 0))].split(b"#")[1]) for b in committed_bodies(ledger, PIPELINE))
+    head, rest = ids[:40], ids[40:]
+    assert head == list(range(40)) and rest and rest == list(range(rest[0], sent)), ids
+    stored = client.query_offset(s, PIPELINE)
+    assert stored is not None and stored >= first, (stored, first)
+    report = ledger.audit(PIPELINE, broker=client)
+    assert report.clean, report.to_text()
