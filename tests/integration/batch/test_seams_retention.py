@@ -74,3 +74,45 @@ def test_retention_taking_the_stored_offset_is_not_a_re_created_stream(
     assert stored is not None and stored >= first, (stored, first)
     report = ledger.audit(PIPELINE, broker=client)
     assert report.clean, report.to_text()
+
+
+def test_a_delta_range_whose_publish_keeps_failing_is_a_finding_until_published(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """C: a Delta pipeline named ``orders v2`` whose table location turns into a plain file after
+    the ledger commit: the publish fails, and so does every later run. The committed range is never
+    published, so the audit is never CLEAN; once the location is usable the next run publishes the
+    range from its staging copy (no second read) and the audit is CLEAN."""
+    ledger = any_ledger
+    s = stream_name("ret-c")
+    create_stream(rabbitmq_url, s, 30)
+    name = "orders v2"
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=name, sink="delta")
+    spot: dict[str, Path] = {}
+
+    def spoil(step: str, batch: Any) -> None:
+        if step == "committed":
+            spot["table"] = Path(batch.sink.location)
+            spot["table"].parent.mkdir(parents=True, exist_ok=True)
+            spot["table"].write_text("not a table")
+
+    with pytest.raises(Exception):  # noqa: B017 - whatever the sink raises, the range stays committed
+        run_batch(cfg, run=rid("read", run="r1"), ledger=ledger, broker=client, runner=runner, on_step=spoil)
+    (rng,) = ledger.ranges(name)
+    assert rng.status == RangeStatus.COMMITTED and rng.published_at is None, rng
+    for attempt in (2, 3):
+        report = ledger.audit(name, broker=client)
+        assert not report.clean, report.to_text()
+        assert "unpublished" in report.to_text(), report.to_text()
+        with pytest.raises(Exception):  # noqa: B017
+            run_batch(cfg, run=rid("read", run=f"r{attempt}"), ledger=ledger, broker=client, runner=runner)
+    report = ledger.audit(name, broker=client)
+    assert not report.clean, report.to_text()
+    spot["table"].unlink()
+    reads = runner.calls
+    run_batch(cfg, run=rid("read", run="r4"), ledger=ledger, broker=client, runner=runner)
+    assert runner.calls == reads
+    assert client.query_offset(s, name) is not None
+    report = ledger.audit(name, broker=client)
+    assert report.clean, report.to_text()
