@@ -116,3 +116,40 @@ def test_a_delta_range_whose_publish_keeps_failing_is_a_finding_until_published(
     assert client.query_offset(s, name) is not None
     report = ledger.audit(name, broker=client)
     assert report.clean, report.to_text()
+
+
+def test_a_failed_range_of_a_retired_epoch_is_recorded_lost_by_the_new_epoch(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """B (model checker, seed 507): with on_data_loss='fail', a range [0, 40) fails (retention took
+    it) and is never redone; the stream is deleted and re-created, then `ledger new-epoch`. Nobody
+    can ever read the old stream's offsets again, yet the retired history kept the failed range, so
+    the audit reported `failed_not_retried` for ever on a pipeline whose every record on the new
+    stream is read once. The new epoch records what the old stream's history never read as lost
+    (never silent: the reason names the re-created stream)."""
+    ledger = any_ledger
+    s = stream_name("ret-b")
+    create_stream(rabbitmq_url, s, 0, max_length_bytes=60_000, max_segment_size_bytes=15_000)
+    publish(rabbitmq_url, s, 49, batch_size=10)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=PIPELINE, max_offsets=40, initial_position="first")
+    runner.die = RuntimeError("executor lost")
+    with pytest.raises(RuntimeError, match="executor lost"):
+        run_batch(cfg, run=rid("read", run="r1"), ledger=ledger, broker=client, runner=runner)
+    _retain_past(client, s, 40, 49)
+    with pytest.raises(BatchError, match=r"must read \[0, 40\) but retention removed everything below"):
+        run_batch(cfg, run=rid("read", run="r1", try_number=2), ledger=ledger, broker=client, runner=runner)
+    client.delete_stream(s)
+    create_stream(rabbitmq_url, s, 0, max_length_bytes=60_000, max_segment_size_bytes=15_000)
+    (old,) = {r.source for r in ledger.ranges(PIPELINE)}
+    ledger.new_epoch(PIPELINE, old, reason="re-created")
+    publish(rabbitmq_url, s, 60, batch_size=10)
+    for n in range(3):
+        run_batch(cfg, run=rid("read", run=f"d{n}"), ledger=ledger, broker=client, runner=runner)
+    ids = sorted(int(b.split(b"#")[1]) for b in committed_bodies(ledger, PIPELINE))
+    assert ids == list(range(60)), ids
+    report = ledger.audit(PIPELINE, broker=client)
+    assert report.clean, report.to_text()
+    retired = [(r.start, r.end, r.status) for r in ledger.ranges(PIPELINE)
+               if r.source.broker != old.broker and r.status != RangeStatus.FAILED]
+    assert retired == [(0, 40, RangeStatus.LOST)], retired
