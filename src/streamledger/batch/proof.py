@@ -57,9 +57,8 @@ def count_rows(location: str, fmt: str, fs: filesystems.OutputFS) -> int:
         local = filesystems.local_path(location)
         paths = [str(local / n) for n in names]
     else:
-        from pyarrow import fs as pafs
-
-        arrow_fs, root = pafs.FileSystem.from_uri(location)
+        arrow_fs, root = filesystems.arrow_filesystem(location,
+                                                      access=filesystems.StoreAccess.from_environment(location))
         paths = [f"{root.rstrip('/')}/{n}" for n in names]
     dataset = ds.dataset(paths, format=fmt, filesystem=arrow_fs)
     return int(dataset.count_rows())

@@ -374,6 +374,8 @@ class BatchRun:
         refused), then claim all of them in one ledger transaction (the ledger's one claim rule
         per partition)."""
         cfg = self.config
+        if cfg.fmt == "parquet":  # the job's tasks write it through pyarrow.fs (the Arrow writer)
+            filesystems.check_location(cfg.output_root)  # an unknown scheme, no bucket: refused here
         self.sink.check()  # a table that cannot take the job's files: refused before any claim
         self.adopt_identities()
         seen = self.survey(self.streams())
@@ -492,13 +494,19 @@ class BatchRun:
             raise BatchError(f"{where}: {exc}") from exc
         if not self.fs.is_dir(path):
             raise BatchError(f"{where}: the job wrote no directory at {path}")
+        found = outputs.data_file_names(path, self.fs)
+        if entry.files is not None and found != sorted(entry.files):
+            # A file no accepted task attempt wrote (a zombie attempt finishing late), or one gone.
+            extra, gone = sorted(set(found) - set(entry.files)), sorted(set(entry.files) - set(found))
+            raise BatchError(f"{where}: the data files at {path} differ from the job's manifest "
+                             f"(not listed: {extra or 'none'}; missing: {gone or 'none'})")
         r.records, r.first_offset, r.last_offset = records, first, last
         p.staging = path
         assert p.range is not None
         final = p.range.output or self._final(r.stream, r.start, r.end)
         outputs.write_manifest(path, manifest.for_range(
             r.stream, pipeline=self.config.pipeline, broker=self.identity, range_id=p.range.id,
-            output=final, files=outputs.data_file_names(path, self.fs)), self.fs)
+            output=final, files=found), self.fs)
 
     # -- commit + publish ------------------------------------------------------------------------
 

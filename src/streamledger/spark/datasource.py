@@ -321,6 +321,11 @@ class SliceReader(DataSourceReader):
                     "%s %r: offsets [%d, %d) were removed before the read; reading [%d, %d) "
                     "(failOnDataLoss=false)", self.noun, r.stream, r.lost[0], r.lost[1], r.start, r.end,
                 )
+        return self.tasks(planned)
+
+    def tasks(self, planned: Sequence[PlannedRange]) -> list[InputPartition]:
+        """The read tasks of ranges planned already: slices, small ones packed (the job's Arrow
+        writer hands these to its own Spark tasks without planning twice)."""
         slices = [StreamSlice(*piece) for piece in self.options.slices(planned)]
         return pack(slices, getattr(self.options, "pack_offsets", PACK_OFFSETS))
 
