@@ -214,24 +214,24 @@ class BatchRun:
         A stream deleted and re-created starts at offset 0 again: claims would come back empty
         (the ledger's end lies past the new tail) or start in the middle of the new stream, and the
         old watermark would be stored on it. Three signs: the committed tail is below the ledger's
-        end (a tail never shrinks), the chunk the ledger fingerprinted at a commit is not the
-        broker's (from the data itself, whatever was stored: ``same`` False, see
-        :func:`streamledger.offsets.same_stream`), or the broker lost the offset the ledger stored
-        on it and neither the fingerprint nor retention explains it (:meth:`stored_offset_retired`). ``pos`` is the
-        ledger's position, read *before* the broker's tail and stored offset (so a range another
-        run claims meanwhile never looks like a shrunken tail).
+        end (a tail never shrinks), the broker lost the offset the ledger stored on it and neither
+        the fingerprint nor retention explains it (:meth:`stored_offset_retired`), or (from the
+        data itself, whatever was stored) the chunk the ledger fingerprinted at a commit is not the
+        broker's (``same`` False, see :func:`streamledger.offsets.same_stream`).
+        ``pos`` is the ledger's position, read *before* the broker's tail and stored offset (so a
+        range another run claims meanwhile never looks like a shrunken tail).
         """
         cfg = self.config
         self.epochs[stream] = pos.epoch
         if pos.end is not None and tail < pos.end:
             why = f"the broker's committed tail {tail} is below the ledger's end {pos.end}"
+        elif pos.stored is not None and stored is None and not self.stored_offset_retired(stream, pos, same):
+            why = (f"the broker has no stored offset for {cfg.pipeline!r} although the ledger stored "
+                   f"{pos.stored} there (ledger end {pos.end}, broker tail {tail})")
         elif same is False and pos.chunk is not None:
             why = (f"the broker's chunk at offset {pos.chunk.offset} is not the one the ledger committed "
                    f"(timestamp {pos.chunk.timestamp}, CRC {pos.chunk.crc:#010x}; ledger end {pos.end}, "
                    f"broker tail {tail})")
-        elif pos.stored is not None and stored is None and not self.stored_offset_retired(stream, pos, same):
-            why = (f"the broker has no stored offset for {cfg.pipeline!r} although the ledger stored "
-                   f"{pos.stored} there (ledger end {pos.end}, broker tail {tail})")
         else:
             if same is None:  # no fingerprint, or retention took its chunk: the next commit takes one
                 self._reprint.add(stream)
@@ -245,11 +245,12 @@ class BatchRun:
 
     def stored_offset_retired(self, stream: str, pos: SourcePosition, same: bool | None) -> bool:
         """Whether the broker lost the offset the ledger stored on it to retention, not to a
-        re-created stream: the fingerprinted chunk is still the ledger's (``same``), or retention
-        removed everything up to past the stored offset (the tail checked at or beyond the
-        ledger's end already). The batch then goes on and stores the offset again."""
-        if same is True:
-            return True
+        re-created stream: the fingerprinted chunk is still the ledger's (``same``: its verdict
+        decides when there is one), or retention removed everything up to past the stored offset
+        (the tail checked at or beyond the ledger's end already). The batch then goes on and
+        stores the offset again."""
+        if same is not None:
+            return same
         assert pos.stored is not None
         first = int(self.broker.first_offset(stream))
         if first <= pos.stored:

@@ -265,7 +265,8 @@ class Sources(LedgerSession):
             for start, end in self._unread(session, src.id):
                 session.add(self._new_row(src.id, start, end, RangeStatus.LOST, marker, now, error=clip(
                     f"stream deleted and re-created (epoch {old + 1}) before [{start}, {end}) was read")))
-                log.warning("%s: [%d, %d) of the retired history was never read: recorded lost", what, start, end)
+                log.warning("%s: [%d, %d) of the retired history was never read: recorded lost",
+                            what, start, end)
             fresh = Source(pipeline_id=src.pipeline_id, broker=source.broker, stream=source.stream,
                            super_stream=source.super_stream, created_at=now, epoch=old + 1)
             session.add(fresh)

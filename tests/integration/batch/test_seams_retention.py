@@ -3,6 +3,9 @@ meet, against the real RabbitMQ broker, local Spark and both ledgers.
 
 A. retention removing the segment that held the broker's stored offset is not a re-created stream:
    the batch goes on (the retention gap handled per ``on_data_loss``) and stores the offset again.
+B. a failed range of a history retired by ``ledger new-epoch`` can never be redone: the new epoch
+   records what it left unread as lost instead of leaving a finding nothing can clear.
+C. a committed range whose publish keeps failing is an audit finding until it is published.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def test_retention_taking_the_stored_offset_is_not_a_re_created_stream(
     first = client.first_offset(s)
 
     if on_data_loss == "fail":
-        with pytest.raises(BatchError, match=r"must read \[40, \d+\) but retention removed everything below \d+"):
+        gap = r"must read \[40, \d+\) but retention removed everything below \d+"
+        with pytest.raises(BatchError, match=gap):
             run_batch(cfg, run=rid("read", run="r2"), ledger=ledger, broker=client, runner=runner)
         return
     run_batch(cfg, run=rid("read", run="r2"), ledger=ledger, broker=client, runner=runner)
