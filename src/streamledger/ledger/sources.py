@@ -4,6 +4,7 @@ a re-created stream and a broker's new identity.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -26,6 +27,8 @@ from streamledger.ledger.statements import (
 )
 from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef, retired_broker
 from streamledger.sources import canonical_identity
+
+log = logging.getLogger(__name__)
 
 
 class Sources(LedgerSession):
@@ -212,7 +215,10 @@ class Sources(LedgerSession):
         The old history is kept, under the broker identity ``<broker>#epoch<N>`` (so neither a
         claim nor a broker check ever mixes the two streams; the audit still covers it), and the
         new epoch begins with an empty committed range ``[0, 0)``: the next batch reads the new
-        stream from its first offset. Returns ``(old_epoch, new_epoch)``.
+        stream from its first offset. What failed ranges of the old history left unread (no live
+        range redid them) is recorded ``lost``, naming the re-created stream: nobody can read those
+        offsets any more, and a failure nothing can retry would be a finding for ever. Returns
+        ``(old_epoch, new_epoch)``.
 
         Refused while the history has open claims, or committed ranges whose output is not
         published: once retired, no run publishes them (a batch publishes its current sources'
@@ -255,17 +261,43 @@ class Sources(LedgerSession):
             src.broker = retired
             session.flush()
             now = self._clock(session)
+            marker = RunIdentity("streamledger", f"new-epoch-{old + 1}", "ledger")
+            for start, end in self._unread(session, src.id):
+                session.add(self._new_row(src.id, start, end, RangeStatus.LOST, marker, now, error=clip(
+                    f"stream deleted and re-created (epoch {old + 1}) before [{start}, {end}) was read")))
+                log.warning("%s: [%d, %d) of the retired history was never read: recorded lost",
+                            what, start, end)
             fresh = Source(pipeline_id=src.pipeline_id, broker=source.broker, stream=source.stream,
                            super_stream=source.super_stream, created_at=now, epoch=old + 1)
             session.add(fresh)
             session.flush()
-            marker = RunIdentity("streamledger", f"new-epoch-{old + 1}", "ledger")
             row = self._new_row(fresh.id, 0, 0, RangeStatus.COMMITTED, marker, now,
                                 error=clip(f"epoch {old + 1} begins: {reason}") if reason else None)
             row.records, row.committed_at = 0, now
             session.add(row)
             self._sources.clear()
             return old, old + 1
+
+    @staticmethod
+    def _unread(session: Session, source_id: int) -> list[tuple[int, int]]:
+        """The spans failed ranges of a source left that no live range covers (holes, and failed
+        ranges past its end): once the stream is deleted nobody can read them again."""
+        rows = session.execute(select(Range.start_offset, Range.end_offset, Range.status)
+                               .where(Range.source_id == source_id, Range.end_offset > Range.start_offset)
+                               .order_by(Range.start_offset)).all()
+        live = sorted((int(a), int(b)) for a, b, st in rows if st != RangeStatus.FAILED.value)
+        failed = sorted((int(a), int(b)) for a, b, st in rows if st == RangeStatus.FAILED.value)
+        spans: list[tuple[int, int]] = []
+        for a, b in failed:
+            pieces = [(a, b)]
+            for la, lb in live:
+                pieces = [p for x, y in pieces for p in ((x, min(y, la)), (max(x, lb), y)) if p[0] < p[1]]
+            for x, y in pieces:
+                if spans and x <= spans[-1][1]:
+                    spans[-1] = (spans[-1][0], max(spans[-1][1], y))
+                else:
+                    spans.append((x, y))
+        return spans
 
     @staticmethod
     def _new_row(
