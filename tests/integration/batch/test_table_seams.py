@@ -5,7 +5,7 @@ Spark, a real ledger, pyiceberg (SQL catalog in the ledger's database) and delta
   never a traceback;
 * a Delta table at a URI no file system of the batch reaches is refused in one line before anything
   is claimed, and the local file system is never asked about a URI;
-* (defect 7, reproduced, not fixed yet) a new epoch, or a second broker, into one table.
+* (defect 7) a new epoch, or a second broker, into one table: clean, and every row names both.
 """
 
 from __future__ import annotations
@@ -83,11 +83,9 @@ def test_a_delta_table_at_a_uri_no_file_system_reaches_is_refused_in_one_line_be
 
 
 # -- defect 7: what tells epochs and brokers apart ------------------------------------------------
-# Reproductions, written first; the fix (rows carrying the broker identity and the epoch, the table
-# audit matching by them) is not in yet, so they are strict expected failures until it lands.
+# Reproduced first (the audit found each new-epoch/second-broker row a duplicate); the table sinks
+# now stamp every row with its broker and epoch and the table audit matches rows by them.
 
-DEFECT_7 = pytest.mark.xfail(strict=True, reason="issue 30 defect 7: table rows are matched by (stream, "
-                             "offset) only; rows do not carry the broker identity and the epoch yet")
 
 
 def rows_of(sink: str, ledger: Ledger, root: Path) -> Any:
@@ -104,7 +102,6 @@ def rows_of(sink: str, ledger: Ledger, root: Path) -> Any:
     return cat.load_table(where).scan().to_arrow()
 
 
-@DEFECT_7
 @pytest.mark.parametrize("sink", ["iceberg", "delta"])
 def test_a_new_epoch_into_the_same_table_audits_clean_and_its_rows_are_told_apart(
     sink: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
@@ -133,7 +130,6 @@ def test_a_new_epoch_into_the_same_table_audits_clean_and_its_rows_are_told_apar
     assert epochs == sorted([(0, i) for i in range(40)] + [(1, i) for i in range(25)])
 
 
-@DEFECT_7
 @pytest.mark.parametrize("sink", ["iceberg", "delta"])
 def test_two_brokers_writing_one_table_audit_clean_and_their_rows_are_told_apart(
     sink: str, ledger: Ledger, runner: CountingRunner, broker_43: Any, broker_40: Any, stream_name: Any,
