@@ -154,3 +154,41 @@ def test_two_brokers_writing_one_table_audit_clean_and_their_rows_are_told_apart
     rows = rows_of(sink, ledger, tmp_path)
     by_broker = {b: rows.column("broker").to_pylist().count(b) for b in identities.values()}
     assert by_broker == {identities[30]: 30, identities[20]: 20}
+
+
+@pytest.mark.parametrize("sink", ["iceberg", "delta"])
+def test_a_table_made_before_the_broker_and_epoch_columns_gets_them_and_audits_clean(
+    sink: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
+    stream_name: Any, tmp_path: Path,
+) -> None:
+    """A table with only the job's columns (as the sinks made them before): the next commit adds
+    ``broker`` and ``epoch`` as nullable columns, the batch's rows carry them, the audit is clean."""
+    import pyarrow as pa
+
+    from streamledger.batch.proof import audit
+    from streamledger.batch.sinks.iceberg import catalog_properties, load_catalog
+    from streamledger.spark.arrow import ARROW_SCHEMA
+
+    s = stream_name(f"old-{sink}")
+    create_stream(rabbitmq_url, s, 12)
+    if sink == "delta":
+        from deltalake import DeltaTable
+
+        table = str(tmp_path / "old-delta")
+        DeltaTable.create(table, ARROW_SCHEMA)
+    else:
+        table = "old.events"
+        cat = load_catalog(catalog_properties(None, ledger_url=ledger.url, output_root=str(tmp_path)))
+        cat.create_namespace_if_not_exists("old")
+        cat.create_table(table, schema=ARROW_SCHEMA)
+    cfg = config(rabbitmq_url, tmp_path, s, sink=sink, table=table, pipeline=PIPE)
+    run_batch(cfg, run=rid("t"), ledger=ledger, broker=client, runner=runner)
+    report = audit(ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
+    rows = rows_of(sink, ledger, tmp_path)
+    assert rows.schema.field("broker").type == pa.string()
+    assert pa.types.is_int64(rows.schema.field("epoch").type)
+    (r,) = [r for r in ledger.ranges(PIPE) if r.records]
+    assert set(zip(rows.column("broker").to_pylist(), rows.column("epoch").to_pylist(), strict=True)) == {
+        (r.source.broker, 0)}
+    assert sorted(rows.column("offset").to_pylist()) == list(range(12))
