@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from streamledger.batch import BatchConfig, LocalSparkRunner, RunId, run_batch, sinks
+from streamledger.batch.sinks import choose
 from streamledger.ledger import Ledger
 from streamledger.protocol.rabbitmq import StreamClient
 
@@ -56,7 +57,7 @@ class CommitTimer:
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
-        self._make = sinks.make_sink
+        self._make = choose.make_sink
 
     def __enter__(self) -> CommitTimer:
         timer = self
@@ -75,11 +76,11 @@ class CommitTimer:
             sink.publish = timed  # type: ignore[method-assign]
             return sink
 
-        sinks.make_sink = make
+        choose.make_sink = make
         return self
 
     def __exit__(self, *exc: object) -> None:
-        sinks.make_sink = self._make
+        choose.make_sink = self._make
 
 
 def fill(client: StreamClient, name: str, records: int, size: int) -> float:
@@ -205,7 +206,7 @@ def audit_at_scale(sink_name: str, args: argparse.Namespace, tmp: Path) -> None:
                       super_stream="events", sink=sink_name)  # type: ignore[arg-type]
     rounds = -(-args.audit_ranges // args.per_commit)
     with Ledger(f"sqlite:///{root}.sqlite", create=True) as led:
-        sink = sinks.make_sink(cfg, led)
+        sink = choose.make_sink(cfg, led)
         began = time.perf_counter()
         commit_s: list[float] = []
         for j in range(rounds):

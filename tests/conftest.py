@@ -5,6 +5,7 @@ pytest_plugins = [
     "tests.support.rabbitmq",
     "tests.support.postgres",
     "tests.support.spark",
+    "tests.support.s3",
 ]
 
 

@@ -8,7 +8,7 @@ Three implementations, chosen by :func:`filesystem_for` (the batch) and
 * :class:`streamledger.spark.fs.HadoopFS`, Spark's own Hadoop ``FileSystem`` reached through a
   classic session's JVM, so every scheme Spark is configured for works with Spark's configuration and
   credentials (``file://``, ``hdfs://``, ``s3a://``, ``gs://``, ``abfs://``). It lives in the Spark
-  layer (this module reaches no JVM); ``streamledger.fs.HadoopFS`` / ``for_session`` still resolve;
+  layer (this module reaches no JVM and imports nothing of Spark's);
 * :class:`ArrowFS`, ``pyarrow.fs`` from the same URI, for a Spark Connect client (it has no JVM to
   reach Hadoop through) and for runners without a session (spark-submit). It needs the caller's
   own access to the store (pyarrow reads the usual ``AWS_*`` / Google / Azure environment).
@@ -24,9 +24,12 @@ import os
 import re
 import shutil
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
+
+from streamledger.errors import StreamledgerError
 
 ATOMIC_RENAME_SCHEMES = frozenset({"", "file", "hdfs", "viewfs"})
 """Schemes whose directory rename is atomic (a metadata operation): local file systems and HDFS."""
@@ -176,6 +179,124 @@ LOCAL = LocalFS()
 # -- pyarrow.fs (Spark Connect clients, spark-submit) ---------------------------------------------
 
 
+class LocationError(StreamledgerError):
+    """An output location no file system here can reach: an unknown scheme, a missing bucket,
+    missing credentials, an unreachable store."""
+
+
+_S3_ENV = {"access_key": ("AWS_ACCESS_KEY_ID",), "secret_key": ("AWS_SECRET_ACCESS_KEY",),
+           "session_token": ("AWS_SESSION_TOKEN",), "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+           "endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")}
+
+
+@dataclass(frozen=True)
+class StoreAccess:
+    """How a process reaches an object store, resolved once where the job starts (from its
+    environment) and carried to the Spark tasks with their work: a task's Python worker does not see
+    the environment of the process that started the job (a JVM started earlier, a Connect server).
+    The secrets never show in a repr; the record travels pickled with the task, like the broker URL,
+    never on a command line or in a log. Empty fields: the task's own environment decides."""
+
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    region: str | None = None
+    endpoint: str | None = None
+
+    @classmethod
+    def from_environment(cls, uri: str, environ: Any = None) -> StoreAccess | None:
+        """The ``AWS_*`` settings for an ``s3``/``s3a`` location (None for other schemes, or when
+        none is set: then pyarrow's own chain, e.g. an instance role, applies in the task)."""
+        env = os.environ if environ is None else environ
+        if _ARROW_SCHEMES.get(scheme(uri), scheme(uri)) != "s3":
+            return None
+        found = {k: next((env[n] for n in names if env.get(n)), None) for k, names in _S3_ENV.items()}
+        return cls(**found) if any(found.values()) else None
+
+    def s3(self) -> Any:
+        import pyarrow.fs as pafs
+
+        kwargs: dict[str, Any] = {"access_key": self.access_key, "secret_key": self.secret_key,
+                                  "session_token": self.session_token, "region": self.region}
+        if self.endpoint:
+            parts = urlsplit(self.endpoint if "://" in self.endpoint else f"https://{self.endpoint}")
+            kwargs["scheme"], kwargs["endpoint_override"] = parts.scheme, parts.netloc
+        return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def arrow_filesystem(uri: str, cache: dict[tuple[str, str], Any] | None = None,
+                     access: StoreAccess | None = None) -> tuple[Any, str]:
+    """``(pyarrow.fs.FileSystem, path)`` for a location: the local file system for plain paths and
+    ``file://``; else from the URI (Hadoop connector schemes mapped to pyarrow's), one file system per
+    scheme and bucket in ``cache``; an S3 location with ``access`` through exactly those settings.
+    An unknown scheme is a :class:`LocationError`."""
+    import pyarrow.fs as pafs
+
+    kind = scheme(uri)
+    if kind in ("", "file"):
+        key: tuple[str, str] = ("file", "")
+        path = str(local_path(uri))
+    else:
+        parts = urlsplit(uri)
+        arrow = _ARROW_SCHEMES.get(kind, kind)
+        key = (arrow, parts.netloc)
+        if arrow in ("hdfs", "viewfs"):
+            path = unquote(parts.path)
+        else:  # object stores: bucket/key (abfs: container@account.../path -> container/path)
+            bucket = parts.netloc.split("@", 1)[0]
+            path = f"{bucket}{unquote(parts.path)}".rstrip("/")
+    fs = cache.get(key) if cache is not None else None
+    if fs is None:
+        if key[0] == "file":
+            fs = pafs.LocalFileSystem()
+        elif key[0] == "s3" and access is not None:
+            fs = access.s3()
+        else:
+            asked = f"{key[0]}://{parts.netloc}{parts.path}"
+            try:
+                fs, _ = pafs.FileSystem.from_uri(asked)
+            except (ValueError, OSError) as exc:  # ArrowInvalid is a ValueError
+                said = _first_line(exc).replace(asked, redact(asked)).replace(uri, redact(uri))
+                raise LocationError(f"output {redact(uri)}: no file system for it here ({said})") from None
+        if cache is not None:
+            cache[key] = fs
+    return fs, path
+
+
+def check_location(uri: str) -> None:
+    """Refuse, in one line naming the location, an output no task could write: an unknown scheme, a
+    bucket (container) that does not exist, credentials the store refuses, a store that does not
+    answer. Plain paths and ``file://`` pass (a directory is created on write). One metadata call."""
+    import pyarrow.fs as pafs
+
+    if scheme(uri) in ("", "file"):
+        return
+    fs, path = arrow_filesystem(uri, access=StoreAccess.from_environment(uri))
+    if _ARROW_SCHEMES.get(scheme(uri), scheme(uri)) in ("hdfs", "viewfs"):
+        root, what = "/", "the file system"
+    else:
+        root, what = path.split("/", 1)[0], f"bucket {path.split('/', 1)[0]!r}"
+    try:
+        found = fs.get_file_info(root).type
+    except OSError as exc:
+        raise LocationError(f"output {redact(uri)}: {what} cannot be reached ({_first_line(exc)})") from None
+    if found == pafs.FileType.NotFound:
+        raise LocationError(f"output {redact(uri)}: {what} does not exist")
+
+
+def redact(uri: str) -> str:
+    """``uri`` without a user:password part (never in an error line)."""
+    parts = urlsplit(uri) if scheme(uri) else None
+    if parts is None or "@" not in parts.netloc or scheme(uri).startswith(("abfs", "wasb")):
+        return uri
+    return uri.replace(parts.netloc, "***@" + parts.netloc.rsplit("@", 1)[1], 1)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
 class ArrowFS:
     """``pyarrow.fs`` from the location's URI, for callers without a JVM (a Spark Connect client).
 
@@ -193,29 +314,7 @@ class ArrowFS:
         return scheme(uri) in ATOMIC_RENAME_SCHEMES if self._atomic is None else self._atomic
 
     def _path(self, uri: str) -> tuple[Any, str]:
-        import pyarrow.fs as pafs
-
-        kind = scheme(uri)
-        if kind in ("", "file"):
-            key: tuple[str, str] = ("file", "")
-            path = str(local_path(uri))
-        else:
-            parts = urlsplit(uri)
-            arrow = _ARROW_SCHEMES.get(kind, kind)
-            key = (arrow, parts.netloc)
-            if arrow in ("hdfs", "viewfs"):
-                path = unquote(parts.path)
-            else:  # object stores: bucket/key (abfs: container@account.../path -> container/path)
-                bucket = parts.netloc.split("@", 1)[0]
-                path = f"{bucket}{unquote(parts.path)}".rstrip("/")
-        fs = self._cache.get(key)
-        if fs is None:
-            if key[0] == "file":
-                fs = pafs.LocalFileSystem()
-            else:
-                fs, _ = pafs.FileSystem.from_uri(f"{key[0]}://{parts.netloc}{parts.path}")
-            self._cache[key] = fs
-        return fs, path
+        return arrow_filesystem(uri, self._cache, StoreAccess.from_environment(uri))
 
     def _type(self, uri: str) -> Any:
         fs, path = self._path(uri)
@@ -320,13 +419,3 @@ def filesystem_for(location: str, runner: Any = None) -> OutputFS:
     if scheme(location) == "file":
         return LOCAL
     return ArrowFS()
-
-
-def __getattr__(name: str) -> Any:
-    """The Spark-only names this module used to hold, from :mod:`streamledger.spark.fs` (imported
-    only when asked for, so the batch core and the CLI load no Spark code)."""
-    if name in ("HadoopFS", "for_session", "is_connect"):
-        from streamledger.spark import fs as spark_fs
-
-        return getattr(spark_fs, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

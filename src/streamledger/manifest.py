@@ -39,11 +39,11 @@ def _str(data: Mapping[str, Any], key: str, where: str) -> str | None:
     return value
 
 
-def _files(value: Any) -> tuple[str, ...] | None:
+def _files(value: Any, where: str = "manifest") -> tuple[str, ...] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ManifestError(f"manifest: 'files' must be a list of names, got {value!r}")
+        raise ManifestError(f"{where}: 'files' must be a list of names, got {value!r}")
     return tuple(value)
 
 
@@ -59,6 +59,9 @@ class StreamEntry:
     path: str | None = None
     read_start: int | None = None
     lost: tuple[tuple[int, int], ...] = ()
+    files: tuple[str, ...] | None = None
+    """The data files that count (relative to ``path``), in a job's manifest written by the Arrow
+    writer; None where the writer does not list them (the JVM writer)."""
 
     @classmethod
     def from_dict(cls, stream: str, data: Any) -> StreamEntry:
@@ -79,6 +82,7 @@ class StreamEntry:
             path=_str(data, "path", where),
             read_start=_int(data, "read_start", where, optional=True),
             lost=lost,
+            files=_files(data.get("files"), where),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,6 +99,8 @@ class StreamEntry:
             out["read_start"] = self.read_start
         if self.lost:
             out["lost"] = [list(span) for span in self.lost]
+        if self.files is not None:
+            out["files"] = list(self.files)
         return out
 
     @property
@@ -184,6 +190,6 @@ class Manifest:
                   files: Sequence[str] | None = None) -> Manifest:
         """The published copy for one range: only its stream, named by pipeline, broker and range id."""
         entry = self.streams[stream]
-        return replace(self, streams={stream: replace(entry, path=None)}, pipeline=pipeline, broker=broker,
-                       range_id=range_id, output=output,
+        return replace(self, streams={stream: replace(entry, path=None, files=None)}, pipeline=pipeline,
+                       broker=broker, range_id=range_id, output=output,
                        files=None if files is None else tuple(sorted(files)))

@@ -3,12 +3,20 @@
 
 from __future__ import annotations
 
+import enum
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from streamledger.batch.rules import (
+    initial_position_problem,
+    on_data_loss_problem,
+    sink_problem,
+    source_problem,
+    splits_problem,
+)
 from streamledger.errors import BatchError as BatchError  # its home moved below the layers
 from streamledger.ledger.types import RunIdentity
 
@@ -121,8 +129,6 @@ class BatchConfig:
     origin: datetime | None = None
 
     def __post_init__(self) -> None:
-        from streamledger.batch.position import source_problem
-
         problem = source_problem(self.pipeline, self.stream, self.super_stream, self.url)
         if problem is not None:
             raise BatchError(problem)
@@ -139,23 +145,17 @@ class BatchConfig:
             object.__setattr__(self, "max_offsets", self.max_records)
         if self.max_offsets is not None and self.max_offsets < 1:
             raise BatchError(f"{name}: max_offsets must be >= 1, got {self.max_offsets}")
-        if self.splits < 1:
-            raise BatchError(f"{name}: splits must be >= 1, got {self.splits}")
-        if self.on_data_loss not in ("fail", "record"):
-            raise BatchError(f"{name}: on_data_loss must be 'fail' or 'record'")
+        problem = splits_problem(self.splits) or on_data_loss_problem(self.on_data_loss)
+        if problem is not None:
+            raise BatchError(f"{name}: {problem}")
         if self.heartbeat_interval <= 0 or self.claim_timeout <= self.heartbeat_interval:
             raise BatchError(
                 f"{name}: need 0 < heartbeat_interval ({self.heartbeat_interval}) < claim_timeout "
                 f"({self.claim_timeout})"
             )
-        if isinstance(self.initial_position, int):
-            if self.initial_position < 0:
-                raise BatchError(f"{name}: initial offset must be >= 0")
-        elif self.initial_position not in ("first", "tail", "interval_start"):
-            raise BatchError(
-                f"{name}: initial_position {self.initial_position!r} is not 'first', 'tail', "
-                "'interval_start' or an offset"
-            )
+        problem = initial_position_problem(self.initial_position)
+        if problem is not None:
+            raise BatchError(f"{name}: {problem}")
         self._check_sink(name)
         if self.initial_position == "interval_start" and self.interval_start is None:
             raise BatchError(f"{name}: initial_position 'interval_start' needs an interval")
@@ -173,9 +173,7 @@ class BatchConfig:
                 raise BatchError(f"{name}: interval_grace must be >= 0 seconds, got {self.interval_grace}")
 
     def _check_sink(self, name: str) -> None:
-        """The sink's settings, refused before anything is claimed (the one rule: ``sinks``)."""
-        from streamledger.batch.sinks import sink_problem
-
+        """The sink's settings, refused before anything is claimed (the one rule: ``rules``)."""
         problem = sink_problem(self.sink, self.table, self.catalog, self.fmt)
         if problem is not None:
             raise BatchError(f"{name}: {problem}")
@@ -189,32 +187,56 @@ the same ranges back. ``map_index`` -1 means "not mapped"; 0 is the first mapped
 """
 
 
+class StartFrom(enum.StrEnum):
+    """Where a partition's range came from: ``held`` (this run's own range from an earlier attempt, a
+    retry), ``new`` (claimed by this attempt: a failed or abandoned hole, else new data at the tail),
+    ``reread`` (a committed range read again because both copies of its files were gone)."""
+
+    HELD = "held"
+    NEW = "new"
+    REREAD = "reread"
+
+
+class PartitionStatus(enum.StrEnum):
+    """Where a partition is in this batch: ``planned``, ``empty`` (nothing new), ``claimed``,
+    ``committed`` (this run's range is done), ``failed``, ``lost`` (recorded lost), ``unknown`` (the
+    commit's outcome is unknown: the staging copy is kept, the ledger may point at it)."""
+
+    PLANNED = "planned"
+    EMPTY = "empty"
+    CLAIMED = "claimed"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    LOST = "lost"
+    UNKNOWN = "unknown"
+
+
 @dataclass(slots=True)
 class PartitionResult:
     """The outcome for one partition; ``to_dict`` is the XCom / Asset-event form.
 
-    ``status``: ``empty`` (nothing new), ``claimed``, ``committed`` (this run's range is done; with
-    ``records`` 0 when it held no user record), ``failed``. ``start_from`` says where the range
-    came from: ``held`` (this run's own range, a retry), ``hole`` (redoing a failed or abandoned
-    span), ``tail`` (new data).
+    ``status`` is a :class:`PartitionStatus` (``committed`` with ``records`` 0 when the range held
+    no user record); ``start_from`` a :class:`StartFrom`. ``to_dict`` gives both as their strings.
     """
 
     stream: str
     start: int
     end: int
-    start_from: str
+    start_from: StartFrom
     range_id: int | None = None
     records: int = 0
     first_offset: int | None = None
     last_offset: int | None = None
     output: str | None = None
-    status: str = "planned"
+    status: PartitionStatus = PartitionStatus.PLANNED
     offset_stored: int | None = None
     lost: tuple[int, int] | None = None
     read: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["start_from"], out["status"] = str(self.start_from), str(self.status)
+        return out
 
 
 @dataclass(slots=True)

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from streamledger.batch.config import BatchError, RunId
 from streamledger.batch.plan import broker_identity
-from streamledger.ledger.types import SourcePosition, SourceRef, Watermark, pipeline_name_problem
+from streamledger.batch.rules import source_problem as source_problem  # the one rule: ``rules``
+from streamledger.errors import BatchError
+from streamledger.ledger.types import RunIdentity as RunId
+from streamledger.ledger.types import SourcePosition, SourceRef, Watermark
 from streamledger.paths import name_problem
 from streamledger.sources import super_stream_partitions
 
@@ -35,30 +37,6 @@ __all__ = [
     "PipelineSource", "StreamPosition", "cluster_name", "first_offsets", "log_offsets", "measure",
     "source_problem", "user_records",
 ]
-
-
-def source_problem(pipeline: str, stream: str | None, super_stream: str | None,
-                   url: str | None = None, *, keywords: bool = False) -> str | None:
-    """Why these cannot name a pipeline's source, or None: the one place the rule is written.
-    ``keywords`` names the arguments as Python keywords (``stream=``), as operators are called."""
-    problem = pipeline_name_problem(pipeline)
-    if problem is not None:
-        return problem
-    if (stream is None) == (super_stream is None):
-        eq = "=" if keywords else ""
-        return f"pipeline {pipeline!r}: give exactly one of stream{eq} or super_stream{eq}"
-    for what, given in (("stream", stream), ("super stream", super_stream)):
-        problem = None if given is None else name_problem(what, given)
-        if problem is not None:
-            return problem
-    if super_stream is not None and url is not None:
-        from streamledger.sources import find_kind
-
-        kind = find_kind(url)  # None: an unknown scheme, reported when the log is connected
-        if kind is not None and not kind.super_streams:
-            return (f"pipeline {pipeline!r}: super_stream is only available for rabbitmq sources; a "
-                    f"{kind.name} URL names one {kind.unit}: give stream=")
-    return None
 
 
 def cluster_name(log: Any) -> str | None:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from streamledger import fs as filesystems
 from streamledger.batch import outputs
 from streamledger.ledger.audit import AuditReport, Violation, ViolationKind
+from streamledger.ledger.types import RangeStatus
 from streamledger.manifest import MANIFEST, ManifestError
 
 if TYPE_CHECKING:
@@ -57,9 +58,8 @@ def count_rows(location: str, fmt: str, fs: filesystems.OutputFS) -> int:
         local = filesystems.local_path(location)
         paths = [str(local / n) for n in names]
     else:
-        from pyarrow import fs as pafs
-
-        arrow_fs, root = pafs.FileSystem.from_uri(location)
+        arrow_fs, root = filesystems.arrow_filesystem(location,
+                                                      access=filesystems.StoreAccess.from_environment(location))
         paths = [f"{root.rstrip('/')}/{n}" for n in names]
     dataset = ds.dataset(paths, format=fmt, filesystem=arrow_fs)
     return int(dataset.count_rows())
@@ -118,7 +118,7 @@ def check_outputs(ranges: Iterable[OffsetRange], *, deep: bool = False,
     found: list[Violation] = []
     cache: dict[str, filesystems.OutputFS] = {}
     for rng in ranges:
-        if rng.status.value != "committed" or not rng.records or rng.published_at is None:
+        if rng.status != RangeStatus.COMMITTED or not rng.records or rng.published_at is None:
             continue
         key = filesystems.scheme(rng.output or "")
         if key not in cache:
@@ -137,7 +137,7 @@ def check_tables(ledger: Ledger, ranges: list[OffsetRange], *,
     from streamledger.batch.sinks import Sink
 
     found: list[Violation] = []
-    done = [r for r in ranges if r.status.value == "committed" and r.records]
+    done = [r for r in ranges if r.status == RangeStatus.COMMITTED and r.records]
     for pipeline in sorted({r.pipeline for r in done}):
         theirs = [r for r in done if r.pipeline == pipeline]
         for table in sorted({r.sink_table for r in theirs if r.sink_table}):

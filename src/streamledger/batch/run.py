@@ -26,7 +26,9 @@ from streamledger.batch.config import (
     Broker,
     JobRunner,
     PartitionResult,
+    PartitionStatus,
     RunId,
+    StartFrom,
     StepHook,
     StreamReplaced,
 )
@@ -38,6 +40,8 @@ from streamledger.batch.position import (
     measure,
     user_records,
 )
+from streamledger.batch.sinks import choose
+from streamledger.ledger.types import RangeStatus
 from streamledger.manifest import Manifest, ManifestError
 from streamledger.offsets import ChunkPrint, same_stream, take_print
 
@@ -170,7 +174,7 @@ class BatchRun:
     def sink(self) -> sinks.Sink:
         """What publishing means for this batch (``BatchConfig.sink``); built on first use."""
         if self._sink is None:
-            self._sink = sinks.make_sink(self.config, self.ledger)
+            self._sink = choose.make_sink(self.config, self.ledger)
         return self._sink
 
     def _step(self, name: str) -> None:
@@ -269,7 +273,7 @@ class BatchRun:
         src, span = req.source, req.span
         lost: tuple[int, int] | None = None
         for _ in range(100):
-            if rng.status.value != "claimed":
+            if rng.status != RangeStatus.CLAIMED:
                 break
             if first is None:
                 first = int(self.broker.first_offset(stream))
@@ -294,10 +298,10 @@ class BatchRun:
             raise BatchError(f"stream {stream!r}: could not claim past retention's losses")
         # A range claimed before this batch began claiming is this run's own from an earlier attempt.
         assert self._started is not None
-        came = "held" if rng.claimed_at < self._started else "new"
-        result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id, lost=lost,
-                                 status="empty" if rng.empty else rng.status.value)
-        if rng.status.value == "committed" and not rng.empty:
+        came = StartFrom.HELD if rng.claimed_at < self._started else StartFrom.NEW
+        status = PartitionStatus.EMPTY if rng.empty else PartitionStatus(rng.status.value)
+        result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id, lost=lost, status=status)
+        if rng.status == RangeStatus.COMMITTED and not rng.empty:
             result.records = int(rng.records or 0)
             result.first_offset, result.last_offset = rng.first_seen, rng.last_seen
             result.output = rng.output
@@ -358,6 +362,8 @@ class BatchRun:
         refused), then claim all of them in one ledger transaction (the ledger's one claim rule
         per partition)."""
         cfg = self.config
+        if cfg.fmt == "parquet":  # the job's tasks write it through pyarrow.fs (the Arrow writer)
+            filesystems.check_location(cfg.output_root)  # an unknown scheme, no bucket: refused here
         self.sink.check()  # a table that cannot take the job's files: refused before any claim
         self.adopt_identities()
         seen = self.survey(self.streams())
@@ -389,7 +395,7 @@ class BatchRun:
     # -- read + verify ---------------------------------------------------------------------------
 
     def to_read(self) -> list[_Part]:
-        return [p for p in self.parts if p.result.status == "claimed"]
+        return [p for p in self.parts if p.result.status == PartitionStatus.CLAIMED]
 
     def skip_ranges_without_records(self) -> None:
         """Commit claimed ranges that hold no user record (only tracking offsets) without a job,
@@ -407,7 +413,7 @@ class BatchRun:
         for p, rng in zip(empty, done, strict=True):
             r = p.result
             p.range = rng
-            r.status = "committed"
+            r.status = PartitionStatus.COMMITTED
             log.info("stream %s: [%d, %d) holds no user record (tracking only): committed, no job",
                      r.stream, r.start, r.end)
         self._step("probed")
@@ -476,13 +482,19 @@ class BatchRun:
             raise BatchError(f"{where}: {exc}") from exc
         if not self.fs.is_dir(path):
             raise BatchError(f"{where}: the job wrote no directory at {path}")
+        found = outputs.data_file_names(path, self.fs)
+        if entry.files is not None and found != sorted(entry.files):
+            # A file no accepted task attempt wrote (a zombie attempt finishing late), or one gone.
+            extra, gone = sorted(set(found) - set(entry.files)), sorted(set(entry.files) - set(found))
+            raise BatchError(f"{where}: the data files at {path} differ from the job's manifest "
+                             f"(not listed: {extra or 'none'}; missing: {gone or 'none'})")
         r.records, r.first_offset, r.last_offset = records, first, last
         p.staging = path
         assert p.range is not None
         final = p.range.output or self._final(r.stream, r.start, r.end)
         outputs.write_manifest(path, manifest.for_range(
             r.stream, pipeline=self.config.pipeline, broker=self.identity, range_id=p.range.id,
-            output=final, files=outputs.data_file_names(path, self.fs)), self.fs)
+            output=final, files=found), self.fs)
 
     # -- commit + publish ------------------------------------------------------------------------
 
@@ -505,7 +517,7 @@ class BatchRun:
             done = [self._commit_outcome(p, exc) for p in todo]
         for p, rng, final in zip(todo, done, finals, strict=True):
             p.range = rng
-            p.result.status = "committed"
+            p.result.status = PartitionStatus.COMMITTED
             p.result.output = final
         self._step("committed")
 
@@ -529,7 +541,7 @@ class BatchRun:
         try:
             now = self.ledger.get(p.range.id)
         except Exception as again:
-            p.result.status = "unknown"  # keeps the staging copy: the ledger may point at it
+            p.result.status = PartitionStatus.UNKNOWN  # keeps the staging copy: the ledger may point at it
             raise BatchError(f"stream {r.stream!r} range [{r.start}, {r.end}): the commit failed ({exc}) and "
                              f"its outcome cannot be read back ({again}); the staging copy is kept") from exc
         if now.status.value == "committed" and (now.records, now.first_seen, now.last_seen) == (
@@ -551,8 +563,8 @@ class BatchRun:
                 continue
             if rng.needs_publish:
                 todo.append((rng, p.staging, True))
-            elif p.result.start_from == "held" and rng.output and not outputs.published(rng.output, rng.id,
-                                                                                        self.fs):
+            elif p.result.start_from == StartFrom.HELD and rng.output and not outputs.published(
+                    rng.output, rng.id, self.fs):
                 # A retry finds its published output deleted by hand: restore it if the broker still
                 # holds exactly the committed records (the audit reports it missing meanwhile).
                 self.reread_committed(rng, rng.output, lambda: None)
@@ -678,7 +690,7 @@ class BatchRun:
         """After a failed publish, hand this attempt's leases back at once (best effort), so the
         next run finishes the publish without waiting for the lease to expire."""
         for p in self.parts:
-            if p.range is not None and p.result.status == "committed":
+            if p.range is not None and p.result.status == PartitionStatus.COMMITTED:
                 try:
                     self.ledger.release_publish(p.range.id, self.token)
                 except Exception:  # reported, never masks the original error
@@ -714,7 +726,8 @@ class BatchRun:
                 f"{seen} but the ledger committed {(rng.records, rng.first_seen, rng.last_seen)}; the "
                 "broker no longer holds the same data (retention?)"
             )
-        part = _Part(PartitionResult(stream, rng.start, rng.end, "reread", range_id=rng.id), rng.source, rng)
+        reread = PartitionResult(stream, rng.start, rng.end, StartFrom.REREAD, range_id=rng.id)
+        part = _Part(reread, rng.source, rng)
         self.verify(part, manifest, staging)
         assert part.staging is not None
         outputs.publish(part.staging, final, rng.id, self.fs, guard=guard)
@@ -774,17 +787,17 @@ class BatchRun:
         """
         keep = False
         for p in self.parts:
-            if p.result.status not in ("claimed", "unknown") or p.range is None:
-                keep |= p.result.status == "committed" and p.result.read
+            if p.result.status not in (PartitionStatus.CLAIMED, PartitionStatus.UNKNOWN) or p.range is None:
+                keep |= p.result.status == PartitionStatus.COMMITTED and p.result.read
                 continue
             try:
                 now = self.ledger.get(p.range.id)
                 if now.status.value == "committed":
-                    p.range, p.result.status = now, "committed"
+                    p.range, p.result.status = now, PartitionStatus.COMMITTED
                     keep |= p.result.read
                     continue
                 self.ledger.fail(p.range.id, reason[:500])
-                p.result.status = "failed"
+                p.result.status = PartitionStatus.FAILED
             except Exception:  # reported, never masks the original error
                 log.exception("could not mark range %s failed (its staging copy is kept)", p.range.id)
                 keep = True

@@ -46,7 +46,8 @@ from dagster import (
 
 from streamledger.batch import BatchConfig, BatchResult, run_batch
 from streamledger.batch.position import PipelineSource
-from streamledger.batch.sinks import make_sink
+from streamledger.batch.rules import catalog_problem
+from streamledger.batch.sinks.choose import make_sink
 from streamledger.dagster.freshness import lag_by_stream
 from streamledger.dagster.identity import holder_alive, run_id_for
 from streamledger.errors import StreamledgerError
@@ -221,9 +222,9 @@ def build_stream_batch_asset(
         interval_start=placeholder if windowed else None, interval_end=placeholder if windowed else None,
         fmt=fmt, splits=splits, store_offset=store_offset, on_data_loss=on_data_loss, sink=sink, table=table,
     )
-    if catalog_resource_key is not None and sink != "iceberg":
-        raise StreamledgerError(f"pipeline {pipeline!r}: catalog_resource_key is for the iceberg sink, "
-                                f"not {sink!r}")
+    catalog = None if catalog_resource_key is None else catalog_problem(sink, "catalog_resource_key is")
+    if catalog is not None:
+        raise StreamledgerError(f"pipeline {pipeline!r}: {catalog}")
     kind = fmt if sink == "directory" else sink
     keys = {broker_resource_key, ledger_resource_key, spark_resource_key}
     if catalog_resource_key is not None:

@@ -63,6 +63,7 @@ from dagster.components.utils.translation import TranslationFn, TranslationFnRes
 from dagster_shared.serdes.objects.models.defs_state_info import DefsStateManagementType
 
 from streamledger.batch.position import PipelineSource, source_problem
+from streamledger.batch.rules import catalog_problem
 from streamledger.dagster.assets import build_stream_batch_asset
 from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
 from streamledger.dagster.resources import (
@@ -327,8 +328,10 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
             raise ComponentConfigError(f"{who}: give exactly one of broker_url or broker_url_env")
         if self.ledger_url is not None and self.ledger_url_env is not None:
             raise ComponentConfigError(f"{who}: give at most one of ledger_url or ledger_url_env")
-        if self.has_catalog and self.sink != "iceberg":
-            raise ComponentConfigError(f"{who}: catalog settings are for sink: iceberg, not {self.sink!r}")
+        catalog = (catalog_problem(self.sink, "catalog settings are", iceberg="sink: iceberg")
+                   if self.has_catalog else None)
+        if catalog is not None:
+            raise ComponentConfigError(f"{who}: {catalog}")
 
     @property
     def has_catalog(self) -> bool:

@@ -29,7 +29,15 @@ from streamledger.batch import (
     summarize,
 )
 from streamledger.batch.position import source_problem
-from streamledger.batch.sinks import SINKS, make_sink, sink_problem
+from streamledger.batch.rules import (
+    SINKS,
+    catalog_problem,
+    initial_position_problem,
+    on_data_loss_problem,
+    sink_problem,
+    splits_problem,
+)
+from streamledger.batch.sinks.choose import make_sink
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls, mask_url
@@ -305,21 +313,19 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         if problem is not None:
             raise ValueError(f"{self.task_id}: {problem}")
         position = self.initial_position
+        # An int's sign, like every other setting, is checked again by BatchConfig once rendered.
         if not (pending(position) or isinstance(position, int)
-                or position in ("first", "tail", "interval_start")
                 or (isinstance(position, str) and position.isdigit())):
-            raise ValueError(
-                f"{self.task_id}: initial_position {position!r} is not 'first', 'tail', "
-                "'interval_start' or an offset"
-            )
+            problem = initial_position_problem(position)
+            if problem is not None:
+                raise ValueError(f"{self.task_id}: {problem}")
         if self.fmt not in ("parquet", "orc", "json"):
             raise ValueError(f"{self.task_id}: fmt {self.fmt!r} is not parquet, orc or json")
-        if self.splits < 1:
-            raise ValueError(f"{self.task_id}: splits must be >= 1")
-        if not pending(self.on_data_loss) and self.on_data_loss not in ("fail", "record"):
-            raise ValueError(
-                f"{self.task_id}: on_data_loss must be 'fail' or 'record', got {self.on_data_loss!r}"
-            )
+        problem = splits_problem(self.splits)
+        if problem is None and not pending(self.on_data_loss):
+            problem = on_data_loss_problem(self.on_data_loss)
+        if problem is not None:
+            raise ValueError(f"{self.task_id}: {problem}")
         records = self.max_records
         if not pending(records) and records not in (None, "", "None"):
             try:
@@ -330,8 +336,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
                 raise ValueError(f"{self.task_id}: max_records must be a positive integer, got {records!r}")
         if not any(pending(v) for v in (self.sink, self.table, self.catalog_conn_id)):
             problem = sink_problem(self.sink, self.table or None, None, self.fmt)
-            if problem is None and self.catalog_conn_id and self.sink != "iceberg":
-                problem = f"catalog_conn_id is for the iceberg sink, not {self.sink!r}"
+            if problem is None and self.catalog_conn_id:
+                problem = catalog_problem(self.sink, "catalog_conn_id is")
             if problem is not None:
                 raise ValueError(f"{self.task_id}: {problem}")
 

@@ -10,287 +10,57 @@ The reader object itself is pickled to the executors, so it holds options only, 
 
 from __future__ import annotations
 
-import collections
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from streamledger.errors import StreamledgerError
-from streamledger.sources import find_kind, super_stream_partitions
-from streamledger.spark.arrow import MAP_COLUMNS, buffers_to_arrow
-from streamledger.spark.planning import (
-    OffsetBound,
-    PlannedRange,
-    PlanningError,
-    Selection,
-    option_getter,
-    parse_bool,
-    parse_positive_int,
-    plan_ranges,
-)
+from streamledger.spark.planning import PlannedRange
 from streamledger.spark.pushdown import Projection, PushedFilters
+from streamledger.spark.reading import (  # the reading kit, below this module and streaming
+    DATA_SOURCE_NAME,
+    DEFAULT_BATCH_ROWS,
+    PACK_OFFSETS,
+    ReadOptions,
+    SliceCheckError,
+    SliceGroup,
+    StreamSlice,
+    check_runs,
+    pack,
+    parse_map_columns,
+    plan,
+    read_slice,
+    read_slices,
+    slices_for,
+)
 from streamledger.spark.summaries import with_summaries
 
+__all__ = [  # the kit's names stay importable from here
+    "DATA_SOURCE_NAME",
+    "DEFAULT_BATCH_ROWS",
+    "PACK_OFFSETS",
+    "FilteringReader",
+    "RabbitMQStreamDataSource",
+    "RabbitMQStreamReader",
+    "ReadOptions",
+    "SliceCheckError",
+    "SliceGroup",
+    "SliceReader",
+    "StreamSlice",
+    "check_runs",
+    "pack",
+    "parse_map_columns",
+    "plan",
+    "read_slice",
+    "read_slices",
+    "slices_for",
+    "with_schema",
+]
+
 log = logging.getLogger(__name__)
-
-DATA_SOURCE_NAME = "rabbitmq_stream"
-DEFAULT_BATCH_ROWS = 65536
-
-
-@dataclass
-class StreamSlice(InputPartition):
-    """One task's work: the records of one log (``stream``: a stream, a channel) with
-    ``start <= offset < end``."""
-
-    stream: str
-    start: int
-    end: int
-
-
-@dataclass
-class SliceGroup(InputPartition):
-    """Several small slices read by one task, one after the other: many tiny tasks on a small
-    cluster are mostly scheduling (issue 24: 100 partitions x 10 records were 100 tasks)."""
-
-    slices: list[StreamSlice]
-
-
-PACK_OFFSETS = 100_000
-"""Slices narrower than this (in offsets) are packed into one task until the task's slices add up
-to this width (option ``packOffsets``; 0 turns packing off). Wider slices keep a task each."""
-
-
-def pack(slices: Sequence[StreamSlice], width: int) -> list[InputPartition]:
-    """Group consecutive small slices into :class:`SliceGroup` s of at most ``width`` offsets in
-    all; a slice at least ``width`` wide, or one of a range that was split (``splitsPerStream``,
-    ``maxRecordsPerPartition``: the caller asked for a task per piece), stays alone. Order (and so
-    every slice) is kept."""
-    per_stream = collections.Counter(piece.stream for piece in slices)
-    out: list[InputPartition] = []
-    group: list[StreamSlice] = []
-    size = 0
-
-    def flush() -> None:
-        if group:
-            out.append(group[0] if len(group) == 1 else SliceGroup(list(group)))
-            group.clear()
-
-    for piece in slices:
-        span = piece.end - piece.start
-        if width <= 0 or span >= width or per_stream[piece.stream] > 1:
-            flush()
-            size = 0
-            out.append(piece)
-            continue
-        if size + span > width:
-            flush()
-            size = 0
-        group.append(piece)
-        size += span
-    flush()
-    return out
-
-
-@dataclass(frozen=True)
-class ReadOptions(Selection):
-    """The data source options, parsed and validated once (values arrive as strings). Which streams,
-    their bounds and slicing are the shared :class:`Selection`; the rest is this source's own."""
-
-    url: str = field(repr=False)  # carries credentials: never in a repr or a log line
-    super_stream: str | None
-    decode: Literal["amqp", "raw"]
-    read_from: Literal["replica", "leader", "url"] = "replica"
-    #: The map columns to fill (option ``properties``); the others stay null. Building them is ~70 %
-    #: of a task's Python time (measured, 500k AMQP records), so a reader that needs bodies only
-    #: says ``properties=none``.
-    map_columns: tuple[str, ...] = MAP_COLUMNS
-    #: Option ``packOffsets``: small slices share a task up to this many offsets (0: one task each).
-    pack_offsets: int = PACK_OFFSETS
-    #: The columns built and shipped (option ``columns``, or a read schema naming a subset).
-    projection: Projection = field(default_factory=Projection)
-    #: The filters taken from Spark (``pushFilters``): they narrow the plan and are applied exactly.
-    pushed: PushedFilters = field(default_factory=PushedFilters)
-    #: Option ``filterPushdown``: whether the reader offers ``pushFilters`` at all (Spark 4.2 refuses
-    #: every read of a reader that has it while ``spark.sql.python.filterPushdown.enabled`` is false,
-    #: its default, and a source cannot see that setting).
-    filter_pushdown: bool = False
-
-    @property
-    def streams(self) -> tuple[str, ...]:
-        return self.names
-
-    @classmethod
-    def parse(cls, options: Any) -> ReadOptions:
-        get = option_getter(options)
-
-        url = get("url")
-        if not url:
-            raise PlanningError(f"{DATA_SOURCE_NAME}: option 'url' is required (rabbitmq-stream://host:5552/)")
-        _check_format(url)
-        selection = Selection.parse_options(get, source=DATA_SOURCE_NAME, names_key="stream",
-                                    group_key="superStream", default_batch_rows=DEFAULT_BATCH_ROWS)
-        decode_text = (get("decode") or "amqp").strip().lower()
-        if decode_text not in ("amqp", "raw"):
-            raise PlanningError(
-                f"{DATA_SOURCE_NAME}: option 'decode' must be amqp or raw, got {decode_text!r}"
-            )
-        read_from_text = (get("readFrom") or "replica").strip().lower()
-        if read_from_text not in ("replica", "leader", "url"):
-            raise PlanningError(
-                f"{DATA_SOURCE_NAME}: option 'readFrom' must be replica, leader or url, "
-                f"got {read_from_text!r}"
-            )
-        return cls(
-            **{f.name: getattr(selection, f.name) for f in fields(Selection)},
-            url=url,
-            super_stream=(get("superStream") or "").strip() or None,
-            decode=decode_text,  # type: ignore[arg-type]
-            read_from=read_from_text,  # type: ignore[arg-type]
-            map_columns=parse_map_columns(get("properties")),
-            pack_offsets=_pack_option(get("packOffsets")),
-            projection=Projection.parse(get("columns"), source=DATA_SOURCE_NAME),
-            filter_pushdown=parse_bool(get("filterPushdown"), what="filterPushdown", default=False),
-        )
-
-    def bounds(self, client: Any) -> dict[str, tuple[OffsetBound, OffsetBound]]:
-        """Per-stream (start, end) bounds; a super stream is expanded to its partitions here."""
-        if self.super_stream and self.ranges is None:
-            return self.log_bounds(super_stream_partitions(client, self.super_stream, error=PlanningError))
-        return self.log_bounds()
-
-
-def _check_format(url: str) -> None:
-    """A URL of another log kind (``mewbase://``) names the format that reads it; an unknown scheme is
-    left to the stream client's own URL error."""
-    kind = find_kind(url)
-    if kind is not None and kind.spark_format != DATA_SOURCE_NAME:
-        raise PlanningError(
-            f"{DATA_SOURCE_NAME}: option 'url' names a {kind.name} source; read it with format "
-            f"{kind.spark_format!r}"
-        )
-
-
-def plan(options: ReadOptions) -> list[PlannedRange]:
-    """Connect once and resolve the options to one range per stream."""
-    from streamledger.protocol.rabbitmq import StreamClient
-
-    pushed = options.pushed
-    with StreamClient.connect(options.url) as client:
-        bounds = {s: b for s, b in options.bounds(client).items() if pushed.keeps_stream(s)}
-        planned = plan_ranges(client, bounds, fail_on_data_loss=options.fail_on_data_loss,
-                              timestamp_strategy=options.times.strategy)
-        return pushed.narrow(client, planned) if pushed.narrows else planned
-
-
-def slices_for(planned: list[PlannedRange], options: ReadOptions) -> list[StreamSlice]:
-    """Contiguous slices of every non-empty planned range."""
-    return [StreamSlice(*piece) for piece in options.slices(planned)]
-
-
-def _pack_option(value: str | None) -> int:
-    if value is None or not value.strip():
-        return PACK_OFFSETS
-    if value.strip() == "0":
-        return 0
-    return parse_positive_int(value, what="packOffsets") or PACK_OFFSETS
-
-
-def parse_map_columns(value: str | None) -> tuple[str, ...]:
-    """Option ``properties``: ``all`` (default), ``none`` or a comma list of map column names."""
-    text = (value or "all").strip().lower()
-    if text == "all":
-        return MAP_COLUMNS
-    if text == "none":
-        return ()
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in MAP_COLUMNS]
-    if unknown:
-        raise PlanningError(
-            f"{DATA_SOURCE_NAME}: option 'properties' names unknown columns {unknown}; use all, none or "
-            f"a comma list of {', '.join(MAP_COLUMNS)}"
-        )
-    return names
-
-
-def read_slices(options: ReadOptions, parts: Sequence[StreamSlice]) -> Iterator[Any]:
-    """Several slices in one task (a :class:`SliceGroup`): one client, and the member connection
-    kept from one slice's read to the next (``pooled_reads``), so packed slices cost a
-    subscription each, not two connections each."""
-    if not any(p.start < p.end for p in parts):
-        return
-    from streamledger.protocol.rabbitmq import StreamClient
-
-    with StreamClient.connect(options.url) as client, client.pooled_reads():
-        for part in parts:
-            yield from read_slice(options, part, client)
-
-
-def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None) -> Iterator[Any]:
-    """Yield the slice's records as Arrow batches of at most ``batch_rows`` rows (over ``client``
-    when given, else a connection of its own).
-
-    The client hands out :class:`BufferBatch` es already cut at ``batch_rows`` (flat body buffers,
-    offsets as runs), which :func:`buffers_to_arrow` wraps without a Python object per record; the map
-    columns are decoded only when option ``properties`` asks for them.
-    """
-    if part.start >= part.end:
-        return
-    if client is None:
-        from streamledger.protocol.rabbitmq import StreamClient
-
-        with StreamClient.connect(options.url) as own:
-            yield from read_slice(options, part, own)
-        return
-    start = part.start
-    if not options.fail_on_data_loss:
-        # Retention may have moved since planning; like the planner, skip what is gone.
-        first = client.first_offset(part.stream)
-        if first > start:
-            log.warning(
-                "stream %r: offsets [%d, %d) were removed by retention after planning; skipped",
-                part.stream, start, min(first, part.end),
-            )
-            start = min(first, part.end)
-    if start >= part.end:
-        return
-    after = start - 1  # the last offset handed out
-    project, keep = options.projection, options.pushed
-    maps = project.map_columns(options.map_columns)
-    for batch in client.read_range(
-        part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
-        prefer=options.read_from, layout="buffers", maps=bool(maps),
-    ):
-        if len(batch):
-            after = check_runs(part, after, batch.run_starts, batch.run_lengths)
-            yield project.apply(keep.keep(buffers_to_arrow(batch, maps)))
-
-
-class SliceCheckError(StreamledgerError):
-    """A task was about to hand Spark a record outside its slice or out of order (a reader bug)."""
-
-
-def check_runs(
-    part: StreamSlice, after: int, starts: Sequence[int], lengths: Sequence[int], *, what: str = "stream"
-) -> int:
-    """Check that the runs of offsets continue strictly increasing after ``after`` inside the slice;
-    return the new last offset. O(chunks), and what lets the job's manifest count records without a
-    distinct count: offsets cannot repeat within a task, and slices of a stream are disjoint. Every
-    source format the job reads must call it (``what`` names its logs: stream, channel)."""
-    for first, n in zip(starts, lengths, strict=True):
-        if not n:
-            continue
-        last = first + n - 1
-        if first <= after or first < part.start or last >= part.end:
-            raise SliceCheckError(
-                f"{what} {part.stream!r}: the read of slice [{part.start}, {part.end}) produced offsets "
-                f"[{first}, {last}] after offset {after}; refusing to hand them to Spark"
-            )
-        after = last
-    return after
 
 
 class SliceReader(DataSourceReader):
@@ -321,6 +91,11 @@ class SliceReader(DataSourceReader):
                     "%s %r: offsets [%d, %d) were removed before the read; reading [%d, %d) "
                     "(failOnDataLoss=false)", self.noun, r.stream, r.lost[0], r.lost[1], r.start, r.end,
                 )
+        return self.tasks(planned)
+
+    def tasks(self, planned: Sequence[PlannedRange]) -> list[InputPartition]:
+        """The read tasks of ranges planned already: slices, small ones packed (the job's Arrow
+        writer hands these to its own Spark tasks without planning twice)."""
         slices = [StreamSlice(*piece) for piece in self.options.slices(planned)]
         return pack(slices, getattr(self.options, "pack_offsets", PACK_OFFSETS))
 

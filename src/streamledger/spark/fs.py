@@ -127,9 +127,17 @@ def is_connect(spark: Any) -> bool:
 
 def for_session(spark: Any, location: str) -> OutputFS:
     """The file system a job on ``spark`` writes ``location`` through: plain paths locally (as
-    before), URIs through the session's Hadoop FS, or pyarrow's on a Connect client."""
+    before), URIs through the session's Hadoop FS, or pyarrow's on a Connect client and for a scheme
+    the session has no Hadoop connector for (``s3://`` without ``hadoop-aws``)."""
     if not scheme(location):
         return LOCAL
     if is_connect(spark):
         return ArrowFS()
-    return HadoopFS(spark)
+    hadoop = HadoopFS(spark)
+    try:
+        hadoop._path(location)
+    except Exception as exc:  # py4j's error: no Hadoop FileSystem for the scheme (no connector jar)
+        if "UnsupportedFileSystem" not in str(exc) and "No FileSystem for scheme" not in str(exc):
+            raise
+        return ArrowFS()  # what the Arrow writer's tasks write through: pyarrow reaches it
+    return hadoop

@@ -47,6 +47,7 @@ from streamledger import fs
 from streamledger.errors import OneLineParser, StreamledgerError
 from streamledger.manifest import MANIFEST, Manifest, StreamEntry
 from streamledger.sources import connect_log, log_kind, require_feature, super_stream_partitions
+from streamledger.spark.arrow_writer import FILE_BYTES, ROW_GROUP_BYTES, WriterOptions, write_files
 from streamledger.spark.fs import for_session
 from streamledger.spark.planning import (
     OffsetBound,
@@ -60,6 +61,7 @@ from streamledger.spark.session import DEFAULT_MASTER, build_session, register_s
 from streamledger.spark.summaries import SUMMARY_OFFSET, decode
 
 FORMATS = ("parquet", "orc", "json")
+WRITERS = ("arrow", "spark")
 PART_COLUMN = "streamledger_part"  # no leading "_": pyarrow skips such paths
 URL_FILE_NAME = "streamledger-url"
 
@@ -153,13 +155,17 @@ def run_job(
     splits: int = 1,
     decode: str | None = None,
     fail_on_data_loss: bool = True,
+    writer: str | None = None,
+    writer_options: WriterOptions | None = None,
 ) -> dict[str, Any]:
     """Read ``ranges`` (``{stream: (start, end)}``, half-open) into ``output`` and return the manifest.
 
     With ``fail_on_data_loss=False`` a start below retention is clamped and the skipped span is
     listed under ``lost`` for that stream; otherwise ``DataLossError`` is raised before anything is
     written. The Spark format follows the URL's scheme; ``decode`` None is that source's default
-    (``amqp`` for RabbitMQ streams, ``bson`` for mewbase channels).
+    (``amqp`` for RabbitMQ streams, ``bson`` for mewbase channels). ``writer``: ``arrow`` (the tasks
+    write Parquet with pyarrow, :mod:`streamledger.spark.arrow_writer`; the default for Parquet) or
+    ``spark`` (the JVM's writer; the only one for ORC and JSON).
     """
     kind = log_kind(url)
     decode = decode or kind.default_decode
@@ -171,16 +177,112 @@ def run_job(
         raise PlanningError(
             f"decode must be {' or '.join(kind.decodes)} for a {kind.name} source, got {decode!r}"
         )
+    writer = choose_writer(fmt, writer)
     out_dir = _output_dir(output)
-    out_fs = for_session(spark, out_dir)
+    if writer == "arrow":
+        fs.check_location(out_dir)  # the tasks write through pyarrow.fs: refuse what it cannot reach
+        out_fs = fs.filesystem_for(out_dir)
+    else:
+        out_fs = for_session(spark, out_dir)
     planned = plan_job(url, ranges, fail_on_data_loss=fail_on_data_loss)
+    read_ranges = {r.stream: [r.start, r.end] for r in planned}
+    order = sorted(read_ranges)
+    if writer == "arrow":
+        stats, paths, files = _write_arrow(spark, kind=kind, url=url, planned=planned, decode=decode,
+                                           splits=splits, out_dir=out_dir, out_fs=out_fs,
+                                           options=writer_options or WriterOptions())
+    else:
+        stats, paths = _write_spark(spark, kind=kind, url=url, read_ranges=read_ranges, decode=decode,
+                                    splits=splits, out_dir=out_dir, out_fs=out_fs, fmt=fmt)
+        files = {}
+    return _finish(planned, stats, paths, files, out_dir=out_dir, out_fs=out_fs, fmt=fmt, decode=decode,
+                   splits=splits, order=order)
 
+
+def choose_writer(fmt: str, writer: str | None) -> str:
+    """``arrow`` for Parquet unless ``spark`` is asked for; ``spark`` for ORC and JSON."""
+    if writer is None:
+        return "arrow" if fmt == "parquet" else "spark"
+    if writer not in WRITERS:
+        raise PlanningError(f"writer {writer!r} is not known; use one of {', '.join(WRITERS)}")
+    if writer == "arrow" and fmt != "parquet":
+        raise PlanningError(f"the arrow writer writes Parquet only; format {fmt!r} needs writer 'spark'")
+    return writer
+
+
+def _stream_dirs(order: Sequence[str]) -> dict[str, str]:
+    """Each stream's directory relative to the job's output: flat for one stream, else a numbered
+    partition directory (stream names may hold characters that paths escape)."""
+    if len(order) == 1:
+        return {order[0]: ""}
+    return {s: f"{PART_COLUMN}={i}" for i, s in enumerate(order)}
+
+
+def source_reader(kind: Any, *, url: str, ranges: Mapping[str, Sequence[int]], splits: int,
+                  decode: str) -> Any:
+    """The format's own reader (what its data source's read tasks run), for exact ranges."""
+    options = {"url": url, "ranges": json.dumps({s: list(r) for s, r in ranges.items()}),
+               "splitsPerStream": str(splits), "decode": decode, "failOnDataLoss": "true"}
+    if kind.spark_format == "mewbase":
+        from streamledger.spark.mewbase_source import MewbaseReader, MewbaseReadOptions
+
+        return MewbaseReader(MewbaseReadOptions.parse(options))
+    from streamledger.spark.datasource import RabbitMQStreamReader, ReadOptions
+
+    return RabbitMQStreamReader(ReadOptions.parse(options))
+
+
+Stats = dict[str, tuple[int, "int | None", "int | None"]]
+
+
+def _write_arrow(spark: Any, *, kind: Any, url: str, planned: Sequence[PlannedRange], decode: str,
+                 splits: int, out_dir: str, out_fs: fs.OutputFS, options: WriterOptions,
+                 ) -> tuple[Stats, dict[str, str], dict[str, list[str]]]:
+    """The tasks write the files (:mod:`streamledger.spark.arrow_writer`); the counts come from their
+    accepted attempts' file summaries, and every other data file in ``out_dir`` is deleted."""
+    order = sorted(r.stream for r in planned)
+    rel = _stream_dirs(order)
+    paths = {s: fs.join(out_dir, d) if d else out_dir for s, d in rel.items()}
+    reader = source_reader(kind, url=url, ranges={r.stream: (r.start, r.end) for r in planned},
+                           splits=splits, decode=decode)
+    tasks = reader.tasks(planned)
+    out_fs.delete(out_dir)  # the job owns its directory: a rerun replaces it as a whole
+    summaries = write_files(spark, tasks=tasks, reader=reader, out_dir=out_dir, dirs=rel, options=options)
+    stats: Stats = dict.fromkeys(order, (0, None, None))
+    files: dict[str, list[str]] = {s: [] for s in order}
+    for f in summaries:
+        if f.stream not in stats:
+            raise JobError(f"output holds {f.records} records of unplanned stream {f.stream!r}")
+        had, first, last = stats[f.stream]
+        stats[f.stream] = (had + f.records, f.first_offset if first is None else min(first, f.first_offset),
+                           f.last_offset if last is None else max(last, f.last_offset))
+        prefix = rel[f.stream]
+        files[f.stream].append(f.file[len(prefix) + 1:] if prefix else f.file)
+    keep_only(out_fs, out_dir, {f.file for f in summaries})
+    for stream, path in paths.items():
+        if not files[stream] and path != out_dir:
+            out_fs.mkdirs(path)  # a stream without records still gets its (empty) directory
+    if not summaries and len(order) == 1:
+        out_fs.mkdirs(out_dir)
+    return stats, paths, {s: sorted(v) for s, v in files.items()}
+
+
+def keep_only(out_fs: fs.OutputFS, out_dir: str, counted: set[str]) -> None:
+    """Delete every file under ``out_dir`` that no accepted attempt's summary names (a failed or
+    killed attempt's file: its name is its own, so it never replaced one that counts)."""
+    for name in out_fs.files(out_dir):
+        if name not in counted:
+            out_fs.delete(fs.join(out_dir, name))
+
+
+def _write_spark(spark: Any, *, kind: Any, url: str, read_ranges: Mapping[str, list[int]], decode: str,
+                 splits: int, out_dir: str, out_fs: fs.OutputFS, fmt: str) -> tuple[Stats, dict[str, str]]:
+    """The JVM writer: a DataFrame of the source, written by Spark (ORC, JSON, or asked for)."""
     register_source(spark)
     if fmt == "parquet":
         # Timestamps as the Parquet standard's TIMESTAMP_MICROS (UTC), not Spark's legacy INT96: the
         # table sinks add these files to Iceberg / Delta tables as they are, and Iceberg has no INT96.
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    read_ranges = {r.stream: [r.start, r.end] for r in planned}
     df = (
         spark.read.format(kind.spark_format)
         .option("url", url)
@@ -219,8 +321,14 @@ def run_job(
         for path in paths.values():
             if fs.name(path) not in there:
                 out_fs.mkdirs(path)  # a stream without records still gets its (empty) directory
-    stats = written_stats()
+    return written_stats(), paths
 
+
+def _finish(planned: Sequence[PlannedRange], stats: Stats, paths: Mapping[str, str],
+            files: Mapping[str, list[str]], *, out_dir: str, out_fs: fs.OutputFS, fmt: str, decode: str,
+            splits: int, order: Sequence[str]) -> dict[str, Any]:
+    """Check what was written against the plan and write the manifest (last: it marks the output
+    complete)."""
     streams: dict[str, Any] = {}
     for r in planned:
         n, lo, hi = stats.pop(r.stream, (0, None, None))
@@ -238,6 +346,8 @@ def run_job(
             "last_offset": hi,
             "path": paths[r.stream],
         }
+        if r.stream in files:
+            entry["files"] = files[r.stream]
         if r.lost is not None:
             entry["lost"] = [list(r.lost)]
         streams[r.stream] = entry
@@ -323,6 +433,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="output directory (overwritten by every run)")
     p.add_argument("--format", default="parquet", choices=FORMATS)
     p.add_argument("--splits", type=int, default=1, help="Spark partitions per stream range")
+    p.add_argument("--writer", default=None, choices=WRITERS,
+                   help="arrow: the tasks write Parquet with pyarrow (default for parquet); spark: the "
+                   "JVM writer (orc, json)")
+    p.add_argument("--row-group-bytes", type=int, default=ROW_GROUP_BYTES,
+                   help="arrow writer: Arrow bytes buffered per row group (default %(default)s)")
+    p.add_argument("--file-bytes", type=int, default=FILE_BYTES,
+                   help="arrow writer: start a task's next file past this size (default %(default)s)")
     p.add_argument("--decode", default=None, choices=("amqp", "raw", "bson"),
                    help="default: amqp for RabbitMQ streams, bson for mewbase channels")
     p.add_argument("--allow-data-loss", action="store_true",
@@ -382,6 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             manifest = run_job(
                 spark, url=args.url, ranges=ranges, output=args.output, fmt=args.format,
                 splits=args.splits, decode=args.decode, fail_on_data_loss=not args.allow_data_loss,
+                writer=args.writer, writer_options=WriterOptions(args.row_group_bytes, args.file_bytes),
             )
         finally:
             spark.stop()

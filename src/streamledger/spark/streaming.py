@@ -43,7 +43,6 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from streamledger.errors import StreamledgerError
 from streamledger.sources import super_stream_partitions
 from streamledger.spark.admission import TriggerOptions, admit_bytes
-from streamledger.spark.datasource import DATA_SOURCE_NAME, ReadOptions, StreamSlice, read_slice
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
@@ -51,6 +50,7 @@ from streamledger.spark.planning import (
     option_getter,
     resolve_bound,
 )
+from streamledger.spark.reading import DATA_SOURCE_NAME, ReadOptions, StreamSlice, read_slice
 
 if TYPE_CHECKING:
     from streamledger.batch.microbatch import MicroBatchRecorder

@@ -21,6 +21,7 @@ from streamledger import fs
 from streamledger.batch import BatchConfig, LocalSparkRunner, RunId, run_batch
 from streamledger.ledger import Ledger, RangeStatus
 from streamledger.protocol.rabbitmq import StreamClient
+from streamledger.spark.fs import HadoopFS
 from tests.integration.spark.helpers import body, create_stream, publish
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(300)]
@@ -128,7 +129,7 @@ def test_file_uri_root_crash_after_commit_then_retry_publishes_from_staging(
     with pytest.raises(Killed):
         run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner,
                   on_step=lambda step, b: (seen.append(b.fs), crash_after("committed")(step, b)))
-    assert isinstance(seen[-1], fs.HadoopFS)
+    assert isinstance(seen[-1], HadoopFS)
     committed = [r for r in ledger.ranges("p-uri") if r.status == RangeStatus.COMMITTED]
     assert sorted(r.records for r in committed) == [30, 70]
     for r in committed:

@@ -120,3 +120,27 @@ def test_filesystem_for_keeps_plain_paths_local_and_asks_the_runner_for_uris(tmp
     assert isinstance(fs.filesystem_for("s3a://bucket/x", object()), fs.ArrowFS)
     with pytest.raises(ValueError, match="not a local path"):
         fs.local_path("s3a://bucket/x")
+
+
+def test_store_access_comes_from_the_environment_and_never_shows_its_secrets() -> None:
+    from streamledger.fs import StoreAccess
+
+    env = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value",
+           "AWS_DEFAULT_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}
+    access = StoreAccess.from_environment("s3a://bucket/out", env)
+    assert access is not None and access.secret_key == "s3cr3t-value" and access.region == "eu-west-1"
+    assert "s3cr3t" not in repr(access) and "AKIAEXAMPLE" not in repr(access)
+    assert StoreAccess.from_environment("gs://bucket/out", env) is None
+    assert StoreAccess.from_environment("s3://bucket/out", {}) is None
+
+
+def test_an_unknown_scheme_is_one_line_naming_the_location_without_its_password() -> None:
+    import pytest
+
+    from streamledger.fs import LocationError, check_location
+
+    with pytest.raises(LocationError) as caught:
+        check_location("nosuch://user:pw@host/out")
+    text = str(caught.value)
+    assert text.startswith("output nosuch://***@host/out: no file system for it here") and "\n" not in text
+    assert "pw" not in text, text

@@ -47,25 +47,25 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from streamledger import fs as filesystems
 from streamledger.batch import plan
+from streamledger.batch.rules import SINKS as SINKS
+from streamledger.batch.rules import default_iceberg_table as default_iceberg_table
+from streamledger.batch.rules import sink_problem as sink_problem
 
 if TYPE_CHECKING:
-    from streamledger.batch.config import BatchConfig, RunId
+    from streamledger.batch.config import RunId
     from streamledger.ledger import Ledger, OffsetRange
     from streamledger.ledger.audit import Violation
 
 __all__ = [
-    "SINKS", "DirectorySink", "Sink", "SinkBatch", "SinkRange", "SinkReceipt", "data_files",
-    "default_iceberg_table", "make_sink", "schema_problem", "sink_problem", "summary",
+    "SINKS", "DirectorySink", "Sink", "SinkBatch", "SinkRange", "SinkReceipt", "TableCommit", "TableRange",
+    "data_files", "default_iceberg_table", "schema_problem", "sink_problem", "summary",
 ]
-
-SINKS = ("directory", "iceberg", "delta")
 
 #: Keys of a table commit's summary (Iceberg snapshot summary / Delta commit info).
 KEY_PIPELINE = "streamledger.pipeline"
@@ -82,9 +82,6 @@ def backoff(attempt: int) -> float:
     """Seconds to wait after the ``attempt``-th (0-based) lost commit: exponential from 50 ms,
     at most 2 s, with full jitter so writers that collided do not collide again in step."""
     return random.uniform(0, min(2.0, 0.05 * 2 ** attempt))
-
-
-_IDENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*\.[A-Za-z0-9_][A-Za-z0-9_-]*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,36 +172,6 @@ class DirectorySink:
         return None
 
 
-def default_iceberg_table(pipeline: str) -> str:
-    """``streamledger.<pipeline>`` with every character outside ``[A-Za-z0-9_]`` as ``_``."""
-    return "streamledger." + re.sub(r"[^A-Za-z0-9_]", "_", pipeline)
-
-
-def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None, fmt: str) -> str | None:
-    """Why a sink's settings cannot work, or None (the one rule: config, CLI and operators ask it)."""
-    if sink not in SINKS:
-        return f"sink must be one of {', '.join(SINKS)}, got {sink!r}"
-    if sink == "directory":
-        if table is not None or catalog:
-            return "table and catalog are for the iceberg and delta sinks; the directory sink takes neither"
-        return None
-    if fmt != "parquet":
-        return (f"the {sink} sink adds the job's Parquet files to the table: fmt must be 'parquet', "
-                f"got {fmt!r}")
-    if sink == "iceberg":
-        if table is not None and not _IDENT.match(table):
-            return f"iceberg table {table!r} is not 'namespace.name'"
-        if catalog is not None and not isinstance(catalog, Mapping):
-            return "catalog must be a mapping of pyiceberg catalog properties"
-        return None
-    if catalog:
-        return f"the delta sink takes a table location, not a catalog (table {table!r})"
-    if table is not None and not table.strip():
-        return "delta table location must not be empty"
-    where = filesystems.location_problem(table) if table is not None else None
-    return None if where is None else f"delta table {table}: {where}"
-
-
 def _kind(t: Any) -> str:
     """A column type as far as the job's files and a table must agree (the width of strings and
     binaries, the integer size and the map's key/value widths are each library's business)."""
@@ -287,25 +254,6 @@ def schema_problem(schema: Any, files_schema: Any = None) -> str | None:
     return None
 
 
-def make_sink(config: BatchConfig, ledger: Ledger) -> Sink:
-    """The sink a batch's configuration names (the table sinks import their library here)."""
-    from streamledger.sources import RABBITMQ, find_kind
-
-    if config.sink == "iceberg":
-        from streamledger.batch.sinks.iceberg import IcebergSink
-
-        return IcebergSink(pipeline=config.pipeline, output_root=config.output_root,
-                           table=config.table or default_iceberg_table(config.pipeline),
-                           catalog=config.catalog, ledger_url=ledger.url,
-                           files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
-    if config.sink == "delta":
-        from streamledger.batch.sinks.delta import DeltaSink
-
-        return DeltaSink(pipeline=config.pipeline, output_root=config.output_root, table=config.table,
-                         files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
-    return DirectorySink(config.output_root, config.pipeline)
-
-
 def data_files(location: str, fs: filesystems.OutputFS = filesystems.LOCAL) -> list[str]:
     """The data files of a range directory, as locations (``_``/``.`` files are not data)."""
     from streamledger.batch.outputs import data_file_names
@@ -327,11 +275,33 @@ def summary(batch: SinkBatch, ranges: list[SinkRange]) -> dict[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class TableRange:
+    """One range a table commit names, as :func:`summary` wrote it. The summary is read back from a
+    table anyone can write to, so a field missing or of the wrong type is None (the audit reports it)."""
+
+    id: int | None
+    stream: str | None
+    start: int | None
+    end: int | None
+    records: int | None
+
+    @classmethod
+    def parse(cls, entry: Mapping[str, Any]) -> TableRange:
+        def num(key: str) -> int | None:
+            value = entry.get(key)
+            return value if isinstance(value, int) else None
+
+        stream = entry.get("stream")
+        return cls(num("id"), stream if isinstance(stream, str) else None, num("start"), num("end"),
+                   num("records"))
+
+
+@dataclass(frozen=True, slots=True)
 class TableCommit:
     """One commit of a pipeline found in a table: its id and the ranges it names."""
 
     commit: int
-    ranges: tuple[dict[str, Any], ...]
+    ranges: tuple[TableRange, ...]
     run: str
 
 
@@ -343,7 +313,8 @@ def parse_summary(props: Mapping[str, Any], pipeline: str, commit: int) -> Table
         ranges = json.loads(str(props[KEY_RANGES]))
     except ValueError:
         ranges = []
-    return TableCommit(commit, tuple(r for r in ranges if isinstance(r, dict)), str(props.get(KEY_RUN, "")))
+    return TableCommit(commit, tuple(TableRange.parse(r) for r in ranges if isinstance(r, dict)),
+                       str(props.get(KEY_RUN, "")))
 
 
 def whole_table_missing(table: str, pipeline: str, ranges: list[OffsetRange],
@@ -398,15 +369,13 @@ def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: l
     holders: dict[int, list[int]] = {}
     for c in commits or []:
         for entry in c.ranges:
-            rid = entry.get("id")
-            r = by_id.get(rid) if isinstance(rid, int) else None
-            if r is None or (entry.get("stream"), entry.get("start"), entry.get("end")) != (
-                    r.source.stream, r.start, r.end):
+            rid = entry.id
+            r = by_id.get(rid) if rid is not None else None
+            if r is None or (entry.stream, entry.start, entry.end) != (r.source.stream, r.start, r.end):
                 found.append(Violation(
-                    ViolationKind.OUTPUT_MISMATCH, pipeline, str(entry.get("stream")), "",
-                    entry.get("start"), entry.get("end"), rid if isinstance(rid, int) else None,
-                    f"table {table}: commit {c.commit} (by {c.run or 'unknown'}) holds range {rid} "
-                    f"[{entry.get('start')}, {entry.get('end')}), which the ledger did not commit"))
+                    ViolationKind.OUTPUT_MISMATCH, pipeline, str(entry.stream), "", entry.start, entry.end,
+                    rid, f"table {table}: commit {c.commit} (by {c.run or 'unknown'}) holds range {rid} "
+                    f"[{entry.start}, {entry.end}), which the ledger did not commit"))
                 continue
             holders.setdefault(r.id, []).append(c.commit)
     if commits is not None:

@@ -118,7 +118,7 @@ class IcebergSink(TableSink):
         schema = with_table_columns(pq.read_schema(_local(schema_of)).remove_metadata())
         namespace = self.identifier.split(".", 1)[0]
         try:
-            self.catalog.create_namespace_if_not_exists(namespace)
+            self._create_namespace(namespace)
             with self.catalog.create_table_transaction(self.identifier, schema=schema) as tx, \
                     tx.update_spec() as spec:
                 spec.add_identity("stream")
@@ -128,6 +128,18 @@ class IcebergSink(TableSink):
         except Exception as exc:
             raise BatchError(f"iceberg table {self.identifier}: cannot be created: {line(exc)}") from exc
         return self.catalog.load_table(self.identifier)
+
+    def _create_namespace(self, namespace: str) -> None:
+        """The namespace, created unless there: two batches creating it at once both see it missing
+        and the second insert fails (a UNIQUE constraint in the SQL catalog); then it exists."""
+        try:
+            self.catalog.create_namespace_if_not_exists(namespace)
+        except Exception as exc:
+            try:
+                self.catalog.load_namespace_properties(namespace)
+            except Exception:
+                raise exc from None  # the namespace is not there: the create's own error
+            log.info("iceberg namespace %s was created by another batch meanwhile", namespace)
 
     def commits(self, table: Any) -> list[TableCommit]:
         """The pipeline's commits in the current lineage of ``main``, newest first."""

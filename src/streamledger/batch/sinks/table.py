@@ -96,8 +96,8 @@ class TableSink:
         held: dict[int, SinkReceipt] = {}
         for c in self.commits(table):
             for entry in c.ranges:
-                if entry.get("id") in ids:
-                    held.setdefault(int(entry["id"]), SinkReceipt(self.table_name, c.commit))
+                if entry.id is not None and entry.id in ids:
+                    held.setdefault(entry.id, SinkReceipt(self.table_name, c.commit))
         return held
 
     def published(self, batch: SinkBatch) -> dict[int, SinkReceipt]:

@@ -1,0 +1,107 @@
+"""The rules a pipeline's settings must meet, refused before anything is claimed: which source it
+names (:func:`source_problem`) and which sink it writes to (:func:`sink_problem`).
+
+One room below ``config``, ``position`` and ``sinks``, so each asks the same rule without importing
+the others (``BatchConfig``, the operators, the Dagster assets and the CLI all ask here).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from streamledger import fs as filesystems
+from streamledger.ledger.types import pipeline_name_problem
+from streamledger.paths import name_problem
+
+__all__ = [
+    "INITIAL_POSITIONS", "ON_DATA_LOSS", "SINKS", "catalog_problem", "default_iceberg_table",
+    "initial_position_problem", "on_data_loss_problem", "sink_problem", "source_problem", "splits_problem",
+]
+
+SINKS = ("directory", "iceberg", "delta")
+INITIAL_POSITIONS = ("first", "tail", "interval_start")
+ON_DATA_LOSS = ("fail", "record")
+
+_IDENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*\.[A-Za-z0-9_][A-Za-z0-9_-]*$")
+
+
+def source_problem(pipeline: str, stream: str | None, super_stream: str | None,
+                   url: str | None = None, *, keywords: bool = False) -> str | None:
+    """Why these cannot name a pipeline's source, or None: the one place the rule is written.
+    ``keywords`` names the arguments as Python keywords (``stream=``), as operators are called."""
+    problem = pipeline_name_problem(pipeline)
+    if problem is not None:
+        return problem
+    if (stream is None) == (super_stream is None):
+        eq = "=" if keywords else ""
+        return f"pipeline {pipeline!r}: give exactly one of stream{eq} or super_stream{eq}"
+    for what, given in (("stream", stream), ("super stream", super_stream)):
+        problem = None if given is None else name_problem(what, given)
+        if problem is not None:
+            return problem
+    if super_stream is not None and url is not None:
+        from streamledger.sources import find_kind
+
+        kind = find_kind(url)  # None: an unknown scheme, reported when the log is connected
+        if kind is not None and not kind.super_streams:
+            return (f"pipeline {pipeline!r}: super_stream is only available for rabbitmq sources; a "
+                    f"{kind.name} URL names one {kind.unit}: give stream=")
+    return None
+
+
+
+def default_iceberg_table(pipeline: str) -> str:
+    """``streamledger.<pipeline>`` with every character outside ``[A-Za-z0-9_]`` as ``_``."""
+    return "streamledger." + re.sub(r"[^A-Za-z0-9_]", "_", pipeline)
+
+
+def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None, fmt: str) -> str | None:
+    """Why a sink's settings cannot work, or None (the one rule: config, CLI and operators ask it)."""
+    if sink not in SINKS:
+        return f"sink must be one of {', '.join(SINKS)}, got {sink!r}"
+    if sink == "directory":
+        if table is not None or catalog:
+            return "table and catalog are for the iceberg and delta sinks; the directory sink takes neither"
+        return None
+    if fmt != "parquet":
+        return (f"the {sink} sink adds the job's Parquet files to the table: fmt must be 'parquet', "
+                f"got {fmt!r}")
+    if sink == "iceberg":
+        if table is not None and not _IDENT.match(table):
+            return f"iceberg table {table!r} is not 'namespace.name'"
+        if catalog is not None and not isinstance(catalog, Mapping):
+            return "catalog must be a mapping of pyiceberg catalog properties"
+        return None
+    if catalog:
+        return f"the delta sink takes a table location, not a catalog (table {table!r})"
+    if table is not None and not table.strip():
+        return "delta table location must not be empty"
+    where = filesystems.location_problem(table) if table is not None else None
+    return None if where is None else f"delta table {table}: {where}"
+
+
+def initial_position_problem(position: object) -> str | None:
+    """Why ``position`` cannot say where a partition without history starts, or None."""
+    if isinstance(position, int):
+        return None if position >= 0 else "initial offset must be >= 0"
+    if position in INITIAL_POSITIONS:
+        return None
+    return f"initial_position {position!r} is not 'first', 'tail', 'interval_start' or an offset"
+
+
+def splits_problem(splits: int) -> str | None:
+    """Why ``splits`` (Spark partitions per range) cannot work, or None."""
+    return None if splits >= 1 else f"splits must be >= 1, got {splits}"
+
+
+def on_data_loss_problem(value: object) -> str | None:
+    """Why ``value`` is not an answer to "retention removed offsets the pipeline has not read", or None."""
+    return None if value in ON_DATA_LOSS else f"on_data_loss must be 'fail' or 'record', got {value!r}"
+
+
+def catalog_problem(sink: str, given: str, *, iceberg: str = "the iceberg sink") -> str | None:
+    """A catalog is for the iceberg sink only: why ``given`` (the front door's catalog setting, with its
+    verb: "catalog_conn_id is") cannot be used with ``sink``, or None. ``iceberg`` names that sink as
+    the front door spells it."""
+    return None if sink == "iceberg" else f"{given} for {iceberg}, not {sink!r}"

@@ -1,0 +1,33 @@
+"""Which sink a batch writes to: the one place that names the Delta and Iceberg sinks, above them,
+so the package's shared vocabulary never imports a sink (no circle)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from streamledger.batch.sinks import DirectorySink, Sink, default_iceberg_table
+
+if TYPE_CHECKING:
+    from streamledger.batch.config import BatchConfig
+    from streamledger.ledger import Ledger
+
+__all__ = ["make_sink"]
+
+
+def make_sink(config: BatchConfig, ledger: Ledger) -> Sink:
+    """The sink a batch's configuration names (the table sinks import their library here)."""
+    from streamledger.sources import RABBITMQ, find_kind
+
+    if config.sink == "iceberg":
+        from streamledger.batch.sinks.iceberg import IcebergSink
+
+        return IcebergSink(pipeline=config.pipeline, output_root=config.output_root,
+                           table=config.table or default_iceberg_table(config.pipeline),
+                           catalog=config.catalog, ledger_url=ledger.url,
+                           files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
+    if config.sink == "delta":
+        from streamledger.batch.sinks.delta import DeltaSink
+
+        return DeltaSink(pipeline=config.pipeline, output_root=config.output_root, table=config.table,
+                         files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
+    return DirectorySink(config.output_root, config.pipeline)

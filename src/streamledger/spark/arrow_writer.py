@@ -1,0 +1,242 @@
+"""The Arrow writer: Spark tasks read their slices and write Parquet with pyarrow, straight to the store.
+
+Why ``mapInArrow`` over the planned slices, not the data source's own read tasks: the job has planned
+its ranges on the driver already (:func:`streamledger.spark.job.plan_job`), so it hands Spark one row
+per task (``spark.range(n, numPartitions=n)``: exactly one task each) and a function that reads that
+task's slices with the source's own reader and writes them. The data source stays a plain,
+side-effect-free DataFrame source (a read that wrote files would surprise every other reader of it),
+the write needs no JVM encoder and no Hadoop connector (``pyarrow.fs`` reaches local disks, S3, GCS,
+Azure and HDFS from the wheel), and Spark still schedules, parallelises and retries the tasks, on
+local Spark, a cluster or a Connect server alike.
+
+What crosses back to the driver is one :class:`FileSummary` row per file. ``collect`` returns the
+rows of the attempts Spark accepted (one per task), so the summaries name exactly the files that
+count. Every attempt writes under names of its own (:func:`file_name`), so a retried or speculative
+attempt never overwrites or doubles another's file; the job deletes the files no summary names and
+lists the kept ones in its manifest, and the batch's verify refuses a directory holding any other.
+
+Memory: a task buffers at most ``row_group_bytes`` of Arrow data before it writes a row group, so a
+task's peak does not grow with its range (row groups are streamed, never one table per slice).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamledger.errors import StreamledgerError
+from streamledger.fs import StoreAccess, arrow_filesystem
+
+FILE_SUMMARY_DDL = (
+    "stream STRING, file STRING, records BIGINT, first_offset BIGINT, last_offset BIGINT, "
+    "bytes BIGINT, attempt BIGINT"
+)
+FILE_SUMMARY_SCHEMA = pa.schema([
+    ("stream", pa.string()), ("file", pa.string()), ("records", pa.int64()), ("first_offset", pa.int64()),
+    ("last_offset", pa.int64()), ("bytes", pa.int64()), ("attempt", pa.int64()),
+])
+COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "none")
+ROW_GROUP_BYTES = 64 << 20
+FILE_BYTES = 512 << 20
+
+
+class WriterError(StreamledgerError):
+    """The Arrow writer was given bad options, or a task's batches cannot be written as they are."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriterOptions:
+    """How the tasks cut their output. Defaults: row groups of ~64 MiB of Arrow data (a task's memory
+    bound; Spark's own Parquet block is 128 MiB), files of ~512 MiB, snappy (as Spark writes)."""
+
+    row_group_bytes: int = ROW_GROUP_BYTES
+    file_bytes: int = FILE_BYTES
+    compression: str = "snappy"
+
+    def __post_init__(self) -> None:
+        for name in ("row_group_bytes", "file_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise WriterError(f"writer option {name} must be a positive number of bytes, got {value!r}")
+        if self.compression not in COMPRESSIONS:
+            raise WriterError(f"writer option compression must be one of {', '.join(COMPRESSIONS)}, "
+                              f"got {self.compression!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class FileSummary:
+    """One file a task attempt wrote: its log, name (relative to the job's output directory), record
+    count, first and last offset, size in bytes and Spark's task attempt id."""
+
+    stream: str
+    file: str
+    records: int
+    first_offset: int
+    last_offset: int
+    bytes: int
+    attempt: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> FileSummary:
+        return cls(str(row["stream"]), str(row["file"]), int(row["records"]), int(row["first_offset"]),
+                   int(row["last_offset"]), int(row["bytes"]), int(row["attempt"]))
+
+
+def file_name(task: int, number: int, attempt: int, tag: str) -> str:
+    """A data file's name: the task, the file's number within the task's output, Spark's task
+    attempt id and a random tag of the attempt (unique even where attempt ids repeat, as across the
+    applications of a retried job)."""
+    return f"part-{task:05d}-{number:03d}-{attempt}-{tag}.parquet"
+
+
+class _FileWriter:
+    """One log's records of one task, written as one or more files of row groups."""
+
+    def __init__(self, fs: Any, root: str, rel_dir: str, stream: str, options: WriterOptions,
+                 name: Any) -> None:
+        self.fs, self.root, self.rel_dir, self.stream = fs, root, rel_dir, stream
+        self.options, self.name = options, name
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_bytes = 0
+        self.sink: Any = None
+        self.writer: Any = None
+        self.rel = ""
+        self.records, self.first, self.last = 0, -1, -1
+        self.done: list[tuple[str, int, int, int, int]] = []  # (rel, records, first, last, bytes)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Buffer ``batch`` (cut to row-group size when bigger), writing row groups as they fill."""
+        limit = self.options.row_group_bytes
+        if batch.nbytes <= limit or batch.num_rows < 2:
+            self._add(batch)
+            return
+        rows = max(1, batch.num_rows * limit // batch.nbytes)
+        for at in range(0, batch.num_rows, rows):
+            self._add(batch.slice(at, rows))
+
+    def _add(self, batch: pa.RecordBatch) -> None:
+        bounds = pc.min_max(batch.column("offset"))
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        self.first = lo if self.records == 0 else min(self.first, lo)
+        self.last = hi if self.records == 0 else max(self.last, hi)
+        self.records += batch.num_rows
+        self.pending.append(batch)
+        self.pending_bytes += batch.nbytes
+        if self.pending_bytes >= self.options.row_group_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow.parquet as pq
+
+        if not self.pending:
+            return
+        if self.writer is None:
+            self.rel = f"{self.rel_dir}/{self.name()}" if self.rel_dir else self.name()
+            if self.fs.type_name == "local":  # object stores have no directories to create
+                self.fs.create_dir(f"{self.root}/{self.rel_dir}".rstrip("/"), recursive=True)
+            self.sink = self.fs.open_output_stream(f"{self.root}/{self.rel}")
+            self.writer = pq.ParquetWriter(self.sink, self.pending[0].schema,
+                                           compression=self.options.compression)
+        table = pa.Table.from_batches(self.pending)
+        self.writer.write_table(table, row_group_size=table.num_rows)
+        self.pending.clear()
+        self.pending_bytes = 0
+        if self.sink.tell() >= self.options.file_bytes:
+            self._close_file()
+
+    def _close_file(self) -> None:
+        self.writer.close()
+        size = int(self.sink.tell())
+        self.sink.close()  # an object store's upload completes here: the object appears whole or not
+        self.done.append((self.rel, self.records, self.first, self.last, size))
+        self.writer = self.sink = None
+        self.records, self.first, self.last = 0, -1, -1
+
+    def close(self) -> list[tuple[str, int, int, int, int]]:
+        self._flush()
+        if self.writer is not None:
+            self._close_file()
+        return self.done
+
+
+def write_task(partition: Any, reader: Any, *, fs: Any, root: str, dirs: Mapping[str, str],
+               options: WriterOptions, task: int, attempt: int) -> list[FileSummary]:
+    """Read one task's slices with ``reader`` (a :class:`~streamledger.spark.datasource.SliceReader`)
+    and write them under ``root``: each log into ``dirs[log]`` (relative; ``""`` is ``root``)."""
+    tag = uuid.uuid4().hex[:12]
+    count = iter(range(1_000_000))
+
+    def name() -> str:
+        return file_name(task, next(count), attempt, tag)
+
+    out: list[FileSummary] = []
+    current: _FileWriter | None = None
+
+    def close(w: _FileWriter) -> None:
+        out.extend(FileSummary(w.stream, rel, n, lo, hi, size, attempt) for rel, n, lo, hi, size in w.close())
+
+    for batch in reader.read(partition):
+        if not batch.num_rows:
+            continue
+        logs = batch.column("stream")
+        stream = logs[0].as_py()
+        if batch.num_rows > 1 and not pc.all(pc.equal(logs, stream)).as_py():
+            raise WriterError(f"a batch of stream {stream!r} also holds records of other logs")
+        if stream not in dirs:
+            raise WriterError(f"task {task} read records of unplanned stream {stream!r}")
+        if current is None or current.stream != stream:
+            if current is not None:
+                close(current)
+            current = _FileWriter(fs, root, dirs[stream], stream, options, name)
+        current.write(batch)
+    if current is not None:
+        close(current)
+    return out
+
+
+def summaries_batch(summaries: Sequence[FileSummary]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([
+        {"stream": s.stream, "file": s.file, "records": s.records, "first_offset": s.first_offset,
+         "last_offset": s.last_offset, "bytes": s.bytes, "attempt": s.attempt} for s in summaries
+    ], schema=FILE_SUMMARY_SCHEMA)
+
+
+class _Tasks:
+    """The function ``mapInArrow`` runs: the ids of its rows name the tasks to read and write.
+    A class at module level, so the closure pickled to the workers is its fields (the reader holds
+    options only, its URL among them, as the data source's own pickled reader does)."""
+
+    def __init__(self, tasks: Sequence[Any], reader: Any, out_dir: str, dirs: Mapping[str, str],
+                 options: WriterOptions, access: StoreAccess | None) -> None:
+        self.tasks, self.reader, self.out_dir = list(tasks), reader, out_dir
+        self.dirs, self.options, self.access = dict(dirs), options, access
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        attempt = int(context.taskAttemptId()) if context is not None else 0
+        fs, root = arrow_filesystem(self.out_dir, access=self.access)
+        for batch in batches:
+            for task in batch.column(0).to_pylist():
+                written = write_task(self.tasks[task], self.reader, fs=fs, root=root, dirs=self.dirs,
+                                     options=self.options, task=task, attempt=attempt)
+                if written:
+                    yield summaries_batch(written)
+
+
+def write_files(spark: Any, *, tasks: Sequence[Any], reader: Any, out_dir: str, dirs: Mapping[str, str],
+                options: WriterOptions) -> list[FileSummary]:
+    """One Spark job: a task per entry of ``tasks`` (the reader's partitions), each writing its
+    files; the summaries of the accepted attempts. No task, no job."""
+    if not tasks:
+        return []
+    n = len(tasks)
+    work = _Tasks(tasks, reader, out_dir, dirs, options, StoreAccess.from_environment(out_dir))
+    df = spark.range(0, n, 1, n).mapInArrow(work, FILE_SUMMARY_DDL)
+    return [FileSummary.from_row(row) for row in df.collect()]
