@@ -212,10 +212,12 @@ def stamp(path: str, broker: str, epoch: int) -> bool:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    f = pq.ParquetFile(_local(path))
-    if set(TABLE_COLUMNS) <= set(f.schema_arrow.names):
-        return False
-    data = f.read()
+    afs, where = filesystems.arrow_filesystem(path)
+    with afs.open_input_file(where) as src:
+        f = pq.ParquetFile(src)
+        if set(TABLE_COLUMNS) <= set(f.schema_arrow.names):
+            return False
+        data = f.read()
     n = data.num_rows
     cols = [pa.array([broker] * n, pa.string()), pa.array([epoch] * n, pa.int64())]
     stamped = pa.Table.from_arrays([*data.columns, *cols], schema=pa.schema(
@@ -225,7 +227,7 @@ def stamp(path: str, broker: str, epoch: int) -> bool:
         pq.write_table(stamped, _local(tmp))
         os.replace(_local(tmp), _local(path))
     else:  # pragma: no cover - object stores: one object written whole replaces the other
-        pq.write_table(stamped, path)
+        pq.write_table(stamped, where, filesystem=afs)
     return True
 
 
