@@ -79,8 +79,9 @@ def append_foreign(sink: str, ledger: Ledger, root: Path, rows: pa.Table, *,
         from deltalake import DeltaTable, write_deltalake
 
         where = table or str(root / PIPE)
-        schema = pa.schema(DeltaTable(where).schema().to_arrow())
-        write_deltalake(where, in_schema(rows, schema), mode="append")
+        if DeltaTable.is_deltatable(where):
+            rows = in_schema(rows, pa.schema(DeltaTable(where).schema().to_arrow()))
+        write_deltalake(where, rows, mode="append")
 
 
 def in_schema(rows: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -110,6 +110,9 @@ class TableSink:
         first = next((f[0] for f in files.values() if f), None)
         ids = set(files)
         what = ""
+        existing = self._open(first)
+        if existing is not None:
+            self._evolve(existing)  # before the attempts: its commit is none of theirs
         for attempt in range(sinks.COMMIT_ATTEMPTS):
             table = self._open(first)
             held = self._held(table, ids) if table is not None else {}
@@ -119,7 +122,7 @@ class TableSink:
             what = ", ".join(f"{r.range.source.stream} [{r.range.start}, {r.range.end})" for r in todo)
             self._stamp(todo, files)
             if self._evolve(table):
-                continue  # the table moved on: look again on its new state
+                continue  # made without the columns meanwhile: look again on its new state
             try:
                 self._commit(table, batch, todo, files, what)
             except LostCommit as exc:
