@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(VENV))/bin/python
 export STREAMLEDGER_HOME ?= /var/tmp/streamledger
 
-.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench bench-sinks clean chaos chaos-parallel cluster-test install-test soak
+.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench bench-sinks clean chaos chaos-parallel chaos-topology topology-up topology-down cluster-test install-test soak
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh $(wildcard src/streamledger/protocol/*/*.c)
@@ -17,6 +17,7 @@ $(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh $(wildcard src/streamledger/
 lint: venv
 	$(VENV)/bin/ruff check src tests bench dags scripts
 	$(VENV)/bin/mypy
+	$(PY) scripts/import_graph.py
 
 # pytest exit 5 ("no tests collected") must fail the build, which it does because it is non-zero;
 # --strict-markers and the collection count check below keep an empty suite from looking green.
@@ -61,6 +62,20 @@ chaos: venv
 # (never all): later runs must finish what failed ones left, still exactly once.
 chaos-parallel: venv
 	$(PY) -m tests.chaos --parallel $(CHAOS_ARGS)
+
+# The production topology on one machine (docs/deployment.md): Airflow's Celery workers, a Spark
+# standalone cluster, the RabbitMQ cluster, PostgreSQL; nothing shared but the services.
+topology-up: venv
+	scripts/topology.sh up
+
+topology-down:
+	scripts/topology.sh down
+
+# Chaos on that topology (docs/deployment.md): worker, Spark, broker node, PostgreSQL faults under
+# the backfill DAG; exit 1 on any exactly-once violation. Not part of `make test`.
+TOPOLOGY_ARGS ?=
+chaos-topology: venv
+	$(PY) -m tests.topology.chaos $(TOPOLOGY_ARGS)
 
 # The independent model checker's long form (tests/model, issue 30): SEEDS seeds from SEED, OPS operations
 # each (batches on every sink killed at random steps, real SIGKILLs, retention, re-created streams,

@@ -32,7 +32,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
 fi
-"$VENV/bin/pip" install -q -e ".[dev,compression,postgres,spark,airflow,dagster]"
+"$VENV/bin/pip" install -q -e ".[dev,compression,postgres,spark,airflow,celery,dagster]"
 "$VENV/bin/pip" check
 "$VENV/bin/python" scripts/check_pyspark.py
 echo "bootstrap: venv ready at $VENV ($("$VENV/bin/python" --version))"

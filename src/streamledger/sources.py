@@ -75,7 +75,7 @@ class LogKind:
     decodes: tuple[str, ...]  #: the Spark source's ``decode`` values; the first is the default
     super_streams: bool  #: whether a name can stand for several partitions
     airflow_hook: str  #: ``module:Class`` of the Airflow hook serving a connection of this kind
-    files_schema_ref: str = "streamledger.spark.arrow:ARROW_SCHEMA"
+    files_schema_ref: str = "streamledger.schemas:ARROW_SCHEMA"
     """``module:NAME`` of the pyarrow schema of the files the job writes from this kind of log (what
     a table sink's table must have), imported on first use."""
 
@@ -133,7 +133,7 @@ MEWBASE = LogKind(
     decodes=("bson", "raw"),
     super_streams=False,
     airflow_hook="streamledger.hooks.mewbase:MewbaseHook",
-    files_schema_ref="streamledger.spark.mewbase_source:MEWBASE_ARROW_SCHEMA",
+    files_schema_ref="streamledger.schemas:MEWBASE_ARROW_SCHEMA",
 )
 KINDS: tuple[LogKind, ...] = (RABBITMQ, MEWBASE)
 _BY_SCHEME = {scheme: kind for kind in KINDS for scheme in kind.schemes}

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="streamledger-model-"))
     srv, stop = servers(a.ledger)
     bad = 0
-    totals = {"ops": 0, "kills": 0, "records": 0, "disagreements": 0}
+    totals = {"ops": 0, "kills": 0, "sigkills": 0, "injected": 0, "records": 0, "checked": 0,
+              "disagreements": 0}
     started = time.monotonic()
     try:
         opts = Options(ops=a.ops, sigkill=not a.no_sigkill, hostile=not a.no_hostile,
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {tries} replay(s)\n  DISAGREEMENT {d.line()}\n{reproduction(minimal)}", flush=True)
             totals["ops"] += out.figures.ops
             totals["kills"] += out.figures.kills
+            totals["sigkills"] += out.figures.sigkills
+            totals["injected"] += out.figures.injected
+            totals["checked"] += out.figures.records_checked
             totals["records"] += out.figures.published
             totals["disagreements"] += len(out.disagreements)
     finally:
@@ -113,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         if not a.keep and not bad:
             shutil.rmtree(base, ignore_errors=True)
     kept = f"; scenario directories kept under {base}" if bad else ""
-    print(f"== total on {a.ledger}: {totals['ops']} op(s), {totals['kills']} kill(s), {totals['records']} "
-          f"record(s) published, {totals['disagreements']} disagreement(s) in {bad} seed(s), "
+    print(f"== total on {a.ledger}: {totals['ops']} op(s), {totals['kills']} kill(s) "
+          f"({totals['kills'] - totals['sigkills']} at a step, {totals['sigkills']} SIGKILL) and "
+          f"{totals['injected']} failure(s) injected at a step, {totals['records']} record(s) published, "
+          f"{totals['checked']} record check(s), {totals['disagreements']} disagreement(s) in {bad} seed(s), "
           f"{time.monotonic() - started:.0f} s{kept}")
     return 1 if bad else 0
 

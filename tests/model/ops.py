@@ -26,6 +26,9 @@ class PipelineSpec:
     pinned: bool = False
     on_data_loss: Literal["fail", "record"] = "record"
     max_offsets: int | None = None
+    #: where a pipeline without history starts: ``first`` (what the stream still holds at its first
+    #: run) or, pinned only, ``interval_start`` (its history begins at the origin, the DAG's start)
+    initial_position: Literal["first", "interval_start"] = "first"
 
 
 @dataclass(frozen=True)

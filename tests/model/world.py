@@ -75,7 +75,7 @@ def batch_config(spec: PipelineSpec, op: Batch, *, url: str, stream: str, root: 
         if i < 0 or i + 1 >= len(boundaries):
             return None
         kw.update(interval_start=boundaries[i], interval_end=boundaries[i + 1], bound_by_interval=True,
-                  interval_grace=0.0, origin=boundaries[0])
+                  interval_grace=0.0, origin=boundaries[0], initial_position=spec.initial_position)
     else:
         kw["max_offsets"] = spec.max_offsets
     return BatchConfig(**kw)
@@ -92,6 +92,7 @@ class Figures:
     kills: int = 0
     sigkills: int = 0
     failures: int = 0
+    injected: int = 0  # of the failures, the ordinary exceptions the model raised at a step (fail@)
     published: int = 0
     checks: int = 0
     records_checked: int = 0
@@ -120,6 +121,14 @@ class World:
         self.boundaries: list[datetime] = [datetime.now(UTC) - timedelta(milliseconds=5)]
         time.sleep(0.02)
         self.seq = 0
+        #: the publish count at each boundary: ids below ``tick_seq[i]`` were published before boundary i
+        self.tick_seq: list[int] = [0]
+        #: pipe -> ids below this publish count the model deliberately does not read (``ledger skip``)
+        self.skip_below: dict[int, int] = {}
+        #: pipe -> the stream's first offset when a pipeline starting at ``first`` first ran on this
+        #: incarnation of the stream: what retention took before that was never the pipeline's
+        self.born: dict[int, int] = {}
+        self.drain_errors: dict[int, str] = {}  # pipe -> the last failure of a drain retry
         self.running: set[tuple[str, str]] = set()
         self.last_attempt: dict[tuple[int, str], int] = {}
         self.unfinished: set[tuple[int, str]] = set()
@@ -128,6 +137,8 @@ class World:
         #: offset -> id of every record the oracle ever saw on this incarnation of the stream (the
         #: records retention removed later are still known, so their loss can be told).
         self.seen: dict[int, str] = {}
+        #: ``seen`` of every earlier incarnation of the stream, oldest first (the one a re-create deleted)
+        self.retired: list[dict[int, str]] = []
         self.cli_verdict: tuple[int, bool] | None = None  # (pipe, CLEAN?) of this op's CLI audit
 
     # -- places ----------------------------------------------------------------------------------
@@ -162,6 +173,7 @@ class World:
         if isinstance(op, Tick):
             time.sleep(0.01)
             self.boundaries.append(datetime.now(UTC))
+            self.tick_seq.append(self.seq)
             time.sleep(0.01)
             return f"interval {len(self.boundaries) - 2} closed"
         if isinstance(op, Batch):
@@ -174,7 +186,9 @@ class World:
             self.client.delete_stream(self.stream)
             self.client.create_stream(self.stream, **(RETENTION if self.scenario.retention else {}))
             self.needs_epoch = set(range(len(self.scenario.pipelines)))
+            self.retired.append(self.seen)
             self.seen = {}
+            self.born = {}
             return "stream deleted and re-created"
         if isinstance(op, NewEpoch):
             return self.new_epoch(op.pipe)
@@ -202,10 +216,17 @@ class World:
         return batch_config(self.scenario.pipelines[op.pipe], op, url=self.servers.url, stream=self.stream,
                             root=str(self.root(op.pipe)), boundaries=self.boundaries)
 
+    def _first_run(self, pipe: int) -> None:
+        spec = self.scenario.pipelines[pipe]
+        if spec.initial_position == "first" and pipe not in self.born:  # else its history has an origin
+            assert threading.current_thread() is threading.main_thread(), "a pair asks before its threads"
+            self.born[pipe] = self.client.first_offset(self.stream)
+
     def batch(self, op: Batch) -> str:
         cfg = self._config(op)
         if cfg is None:
             return "interval not closed: skipped"
+        self._first_run(op.pipe)
         runner = LocalSparkRunner()
         runner._spark = self.servers.spark
         key = (op.run, f"p{op.pipe}")
@@ -229,6 +250,7 @@ class World:
             return f"killed ({exc})"
         except Exception as exc:
             self.figures.failures += 1
+            self.figures.injected += str(exc).startswith("model: failure injected")
             self.unfinished.add((op.pipe, op.run))
             return f"error: {type(exc).__name__}: {str(exc)[:300]}"
         finally:
@@ -242,6 +264,7 @@ class World:
         cfg = self._config(op)
         if cfg is None:
             return "interval not closed: skipped"
+        self._first_run(op.pipe)
         spec = self.scenario.pipelines[op.pipe]
         job = {"spec": spec.__dict__, "op": op.__dict__, "url": self.servers.url, "stream": self.stream,
                "root": str(self.root(op.pipe)), "boundaries": [b.isoformat() for b in self.boundaries],
@@ -280,6 +303,9 @@ class World:
 
     def pair(self, op: Pair) -> str:
         results: list[str] = ["", ""]
+        for b in (op.a, op.b):  # the world's own client is not shared by the threads
+            if self._config(b) is not None:
+                self._first_run(b.pipe)
 
         def go(i: int, b: Batch) -> None:
             try:
@@ -312,6 +338,23 @@ class World:
             done.append(f"{src.broker} epoch {old}->{new}")
         self.needs_epoch.discard(pipe)
         return "new epoch: " + (", ".join(done) or "no history yet")
+
+    def skip_cli(self, pipe: int, src: SourceRef, start: int, end: int, spelling: str) -> str:
+        """``streamledger ledger skip`` in process, naming the broker in ``spelling``; its one line."""
+        from streamledger.cli import main
+
+        broker = spelled(src.broker, spelling) if "://" in src.broker else src.broker
+        argv = ["ledger", "skip", "--db", self.ledger_url, "--pipeline", self.scenario.pipelines[pipe].name,
+                "--stream", src.stream, "--broker", broker, "--start", str(start), "--end", str(end),
+                "--reason", "model: the scheduler does not catch up"]
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+        text = (out.getvalue() + err.getvalue()).strip().replace("\n", " ")
+        return f"exit {code}: {text[:300]}"
 
     def audit(self, pipe: int) -> Any:
         from streamledger.batch.proof import audit

@@ -27,29 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamledger.protocol.rabbitmq.records import BufferBatch
+from streamledger.schemas import ARROW_SCHEMA, SPARK_SCHEMA_DDL, STRING_MAP, TIMESTAMP
 
-#: The data source's Spark schema, as a DDL string (what ``DataSource.schema()`` returns).
-SPARK_SCHEMA_DDL = (
-    "stream STRING, offset LONG, chunk_timestamp TIMESTAMP, body BINARY, "
-    "properties MAP<STRING,STRING>, application_properties MAP<STRING,STRING>, "
-    "message_annotations MAP<STRING,STRING>"
-)
-
-STRING_MAP = pa.map_(pa.string(), pa.string())
-TIMESTAMP = pa.timestamp("us", tz="UTC")
-
-#: Exactly what Spark derives from :data:`SPARK_SCHEMA_DDL` (all fields nullable).
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("stream", pa.string()),
-        pa.field("offset", pa.int64()),
-        pa.field("chunk_timestamp", TIMESTAMP),
-        pa.field("body", pa.binary()),
-        pa.field("properties", STRING_MAP),
-        pa.field("application_properties", STRING_MAP),
-        pa.field("message_annotations", STRING_MAP),
-    ]
-)
+__all__ = ["ARROW_SCHEMA", "MAP_COLUMNS", "SPARK_SCHEMA_DDL", "STRING_MAP", "TIMESTAMP"]
 
 MAP_COLUMNS = ("properties", "application_properties", "message_annotations")
 

@@ -25,7 +25,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from streamledger.spark.arrow import TIMESTAMP, stream_column, timestamp_column
+from streamledger.schemas import MEWBASE_ARROW_SCHEMA, MEWBASE_SCHEMA_DDL
+from streamledger.spark.arrow import stream_column, timestamp_column
 from streamledger.spark.datasource import SliceReader, StreamSlice, check_runs
 from streamledger.spark.planning import (
     OffsetBound,
@@ -43,20 +44,6 @@ DEFAULT_BATCH_ROWS = 65536
 DEFAULT_TIMEOUT = 10.0
 #: Events per protocol batch: small enough to keep a task's memory flat, big enough to amortise.
 READ_BATCH_EVENTS = 2000
-
-MEWBASE_SCHEMA_DDL = "stream STRING, offset LONG, timestamp TIMESTAMP, body BINARY, event_json STRING"
-
-#: Exactly what Spark derives from :data:`MEWBASE_SCHEMA_DDL` (checked by a unit test).
-MEWBASE_ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("stream", pa.string()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", TIMESTAMP),
-        pa.field("body", pa.binary()),
-        pa.field("event_json", pa.string()),
-    ]
-)
-
 
 ChannelSlice = StreamSlice
 """One task's work: the events of channel ``stream`` with ``start <= pos < end``."""

@@ -238,10 +238,10 @@ def _local(location: str) -> str:
 def schema_problem(schema: Any, files_schema: Any = None) -> str | None:
     """Why a table's arrow ``schema`` is not the job's (``files_schema``: the columns of every file
     the job writes from the pipeline's kind of log, ``LogKind.files_schema``; RabbitMQ's
-    ``spark.arrow.ARROW_SCHEMA`` when not given), or None. The one rule both table sinks ask before
+    ``schemas.ARROW_SCHEMA`` when not given), or None. The one rule both table sinks ask before
     claiming."""
     if files_schema is None:
-        from streamledger.spark.arrow import ARROW_SCHEMA as files_schema
+        from streamledger.schemas import ARROW_SCHEMA as files_schema
 
     want = {f.name: _kind(f.type) for f in files_schema}
     have = {f.name: _kind(f.type) for f in schema}
