@@ -634,7 +634,8 @@ class BatchRun:
                 if final is None:
                     continue
                 if self.sink.name != "directory":
-                    placed.append(sinks.SinkRange(held, final))  # type: ignore[arg-type]
+                    placed.append(sinks.SinkRange(held, final,  # type: ignore[arg-type]
+                                                  self.epochs.get(rng.source.stream, 0)))
                 else:
                     done.append(rng.id)
         except BaseException:

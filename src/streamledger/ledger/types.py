@@ -51,6 +51,12 @@ def retired_broker(broker: str, epoch: int) -> str:
     return f"{broker}#epoch{epoch}"
 
 
+def live_broker(broker: str) -> str:
+    """The broker a source's identity names, a retired epoch's ``#epoch<N>`` suffix removed (the
+    epoch itself is the source's, ``Source.epoch``)."""
+    return _RETIRED.sub("", broker)
+
+
 def is_retired(broker: str) -> bool:
     """Whether a source's broker identity is a retired epoch's (see :func:`retired_broker`)."""
     return _RETIRED.search(broker) is not None

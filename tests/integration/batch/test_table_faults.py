@@ -74,11 +74,21 @@ def append_foreign(sink: str, ledger: Ledger, root: Path, rows: pa.Table, *,
                    table: str | None = None) -> None:
     if sink == "iceberg":
         tbl = catalog_of(ledger, root).load_table(table or default_iceberg_table(PIPE))
-        tbl.append(rows.cast(tbl.schema().as_arrow()))
+        tbl.append(in_schema(rows, tbl.schema().as_arrow()))
     else:
-        from deltalake import write_deltalake
+        from deltalake import DeltaTable, write_deltalake
 
-        write_deltalake(table or str(root / PIPE), rows, mode="append")
+        where = table or str(root / PIPE)
+        if DeltaTable.is_deltatable(where):
+            rows = in_schema(rows, pa.schema(DeltaTable(where).schema().to_arrow()))
+        write_deltalake(where, rows, mode="append")
+
+
+def in_schema(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Someone else's rows as a writer of the table's schema writes them: the columns they do not
+    know (the sinks' ``broker``/``epoch``) null."""
+    return pa.table({f.name: rows[f.name] if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+                     for f in schema}).cast(schema)
 
 
 # -- bad input and faults: refused before anything is claimed ------------------------------------
@@ -379,11 +389,12 @@ def test_the_audit_after_old_commits_expired_counts_rows_and_still_catches_a_dup
                                                            "records": 1}])}
     if sink == "iceberg":
         tbl = catalog_of(ledger, tmp_path).load_table(default_iceberg_table(PIPE))
-        tbl.append(foreign_rows(s, [10**9]).cast(tbl.schema().as_arrow()), snapshot_properties=forged)
+        tbl.append(in_schema(foreign_rows(s, [10**9]), tbl.schema().as_arrow()), snapshot_properties=forged)
     else:
-        from deltalake import CommitProperties, write_deltalake
+        from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-        write_deltalake(str(tmp_path / PIPE), foreign_rows(s, [10**9]), mode="append",
+        schema = pa.schema(DeltaTable(str(tmp_path / PIPE)).schema().to_arrow())
+        write_deltalake(str(tmp_path / PIPE), in_schema(foreign_rows(s, [10**9]), schema), mode="append",
                         commit_properties=CommitProperties(custom_metadata=forged))
     report = audit(ledger, PIPE)
     text = report.to_text()

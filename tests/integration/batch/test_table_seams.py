@@ -5,7 +5,7 @@ Spark, a real ledger, pyiceberg (SQL catalog in the ledger's database) and delta
   never a traceback;
 * a Delta table at a URI no file system of the batch reaches is refused in one line before anything
   is claimed, and the local file system is never asked about a URI;
-* (defect 7, reproduced, not fixed yet) a new epoch, or a second broker, into one table.
+* (defect 7) a new epoch, or a second broker, into one table: clean, and every row names both.
 """
 
 from __future__ import annotations
@@ -83,11 +83,9 @@ def test_a_delta_table_at_a_uri_no_file_system_reaches_is_refused_in_one_line_be
 
 
 # -- defect 7: what tells epochs and brokers apart ------------------------------------------------
-# Reproductions, written first; the fix (rows carrying the broker identity and the epoch, the table
-# audit matching by them) is not in yet, so they are strict expected failures until it lands.
+# Reproduced first (the audit found each new-epoch/second-broker row a duplicate); the table sinks
+# now stamp every row with its broker and epoch and the table audit matches rows by them.
 
-DEFECT_7 = pytest.mark.xfail(strict=True, reason="issue 30 defect 7: table rows are matched by (stream, "
-                             "offset) only; rows do not carry the broker identity and the epoch yet")
 
 
 def rows_of(sink: str, ledger: Ledger, root: Path) -> Any:
@@ -104,7 +102,6 @@ def rows_of(sink: str, ledger: Ledger, root: Path) -> Any:
     return cat.load_table(where).scan().to_arrow()
 
 
-@DEFECT_7
 @pytest.mark.parametrize("sink", ["iceberg", "delta"])
 def test_a_new_epoch_into_the_same_table_audits_clean_and_its_rows_are_told_apart(
     sink: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
@@ -133,7 +130,6 @@ def test_a_new_epoch_into_the_same_table_audits_clean_and_its_rows_are_told_apar
     assert epochs == sorted([(0, i) for i in range(40)] + [(1, i) for i in range(25)])
 
 
-@DEFECT_7
 @pytest.mark.parametrize("sink", ["iceberg", "delta"])
 def test_two_brokers_writing_one_table_audit_clean_and_their_rows_are_told_apart(
     sink: str, ledger: Ledger, runner: CountingRunner, broker_43: Any, broker_40: Any, stream_name: Any,
@@ -158,3 +154,41 @@ def test_two_brokers_writing_one_table_audit_clean_and_their_rows_are_told_apart
     rows = rows_of(sink, ledger, tmp_path)
     by_broker = {b: rows.column("broker").to_pylist().count(b) for b in identities.values()}
     assert by_broker == {identities[30]: 30, identities[20]: 20}
+
+
+@pytest.mark.parametrize("sink", ["iceberg", "delta"])
+def test_a_table_made_before_the_broker_and_epoch_columns_gets_them_and_audits_clean(
+    sink: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
+    stream_name: Any, tmp_path: Path,
+) -> None:
+    """A table with only the job's columns (as the sinks made them before): the next commit adds
+    ``broker`` and ``epoch`` as nullable columns, the batch's rows carry them, the audit is clean."""
+    import pyarrow as pa
+
+    from streamledger.batch.proof import audit
+    from streamledger.batch.sinks.iceberg import catalog_properties, load_catalog
+    from streamledger.spark.arrow import ARROW_SCHEMA
+
+    s = stream_name(f"old-{sink}")
+    create_stream(rabbitmq_url, s, 12)
+    if sink == "delta":
+        from deltalake import DeltaTable
+
+        table = str(tmp_path / "old-delta")
+        DeltaTable.create(table, ARROW_SCHEMA)
+    else:
+        table = "old.events"
+        cat = load_catalog(catalog_properties(None, ledger_url=ledger.url, output_root=str(tmp_path)))
+        cat.create_namespace_if_not_exists("old")
+        cat.create_table(table, schema=ARROW_SCHEMA)
+    cfg = config(rabbitmq_url, tmp_path, s, sink=sink, table=table, pipeline=PIPE)
+    run_batch(cfg, run=rid("t"), ledger=ledger, broker=client, runner=runner)
+    report = audit(ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
+    rows = rows_of(sink, ledger, tmp_path)
+    assert rows.schema.field("broker").type == pa.string()
+    assert pa.types.is_int64(rows.schema.field("epoch").type)
+    (r,) = [r for r in ledger.ranges(PIPE) if r.records]
+    assert set(zip(rows.column("broker").to_pylist(), rows.column("epoch").to_pylist(), strict=True)) == {
+        (r.source.broker, 0)}
+    assert sorted(rows.column("offset").to_pylist()) == list(range(12))

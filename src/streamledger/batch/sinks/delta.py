@@ -26,6 +26,7 @@ from streamledger import fs as filesystems
 from streamledger.batch import plan
 from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
+    TABLE_COLUMNS,
     SinkBatch,
     SinkRange,
     TableCommit,
@@ -33,6 +34,8 @@ from streamledger.batch.sinks import (
     parse_summary,
     schema_problem,
     summary,
+    table_fields,
+    with_table_columns,
 )
 from streamledger.batch.sinks.table import LostCommit, TableSink
 
@@ -73,7 +76,7 @@ class DeltaSink(TableSink):
         self._refuse_foreign_log()
         import pyarrow.parquet as pq
 
-        schema = pq.read_schema(_local(schema_of)).remove_metadata()
+        schema = with_table_columns(pq.read_schema(_local(schema_of)).remove_metadata())
         try:
             DeltaTable.create(self.location, schema, mode="ignore", name=self.pipeline[:255])
             log.info("created delta table %s", self.location)
@@ -198,7 +201,22 @@ class DeltaSink(TableSink):
                 "version": dt.version() if dt is not None else None}
 
     def _rows(self, dt: Any) -> Any:
-        return dt.to_pyarrow_table(columns=["stream", "offset"])
+        have = set(_arrow_schema(dt).names)
+        return dt.to_pyarrow_table(columns=["stream", "offset", *(c for c in TABLE_COLUMNS if c in have)])
+
+    def _evolve(self, dt: Any) -> bool:
+        from deltalake.schema import Field
+
+        missing = [f for f in table_fields() if f.name not in set(_arrow_schema(dt).names)]
+        if not missing:
+            return False
+        try:
+            dt.alter.add_columns([Field.from_arrow(f) for f in missing])
+        except Exception as exc:
+            raise BatchError(f"delta table {self.location}: cannot add the columns "
+                             f"{', '.join(f.name for f in missing)}: {line(exc)}") from exc
+        log.info("delta table %s: added the columns %s", self.location, ", ".join(f.name for f in missing))
+        return True
 
     def _known_commits(self, dt: Any) -> set[int]:
         oldest = min((int(c["version"]) for c in dt.history()), default=0)

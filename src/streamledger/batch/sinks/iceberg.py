@@ -25,6 +25,7 @@ from streamledger import fs as filesystems
 from streamledger.batch import plan, sinks
 from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
+    TABLE_COLUMNS,
     SinkBatch,
     SinkRange,
     TableCommit,
@@ -32,6 +33,8 @@ from streamledger.batch.sinks import (
     parse_summary,
     schema_problem,
     summary,
+    table_fields,
+    with_table_columns,
 )
 from streamledger.batch.sinks.table import LostCommit, TableSink
 
@@ -112,7 +115,7 @@ class IcebergSink(TableSink):
             raise BatchError(f"iceberg table {self.identifier}: cannot be loaded: {line(exc)}") from exc
         import pyarrow.parquet as pq
 
-        schema = pq.read_schema(_local(schema_of)).remove_metadata()
+        schema = with_table_columns(pq.read_schema(_local(schema_of)).remove_metadata())
         namespace = self.identifier.split(".", 1)[0]
         try:
             self._create_namespace(namespace)
@@ -192,7 +195,25 @@ class IcebergSink(TableSink):
                 "snapshot_id": snap.snapshot_id if snap is not None else None}
 
     def _rows(self, table: Any) -> Any:
-        return table.scan(selected_fields=("stream", "offset")).to_arrow()
+        have = set(table.schema().as_arrow().names)
+        return table.scan(selected_fields=("stream", "offset", *(c for c in TABLE_COLUMNS if c in have))
+                          ).to_arrow()
+
+    def _evolve(self, table: Any) -> bool:
+        import pyarrow as pa
+
+        missing = [f for f in table_fields() if f.name not in set(table.schema().as_arrow().names)]
+        if not missing:
+            return False
+        try:
+            with table.update_schema() as update:
+                update.union_by_name(pa.schema(missing))
+        except Exception as exc:
+            raise BatchError(f"iceberg table {self.identifier}: cannot add the columns "
+                             f"{', '.join(f.name for f in missing)}: {line(exc)}") from exc
+        log.info("iceberg table %s: added the columns %s", self.identifier,
+                 ", ".join(f.name for f in missing))
+        return True
 
     def _known_commits(self, table: Any) -> set[int]:
         return {s.snapshot_id for s in table.metadata.snapshots}

@@ -7,6 +7,11 @@ reading the rows the audit counts, and describing the table. The loop is the exa
 :mod:`streamledger.batch.sinks`: look for the ranges in the table's commits, commit the rest as one
 compare-and-swap (no blind rebase), and on a lost commit look again, at most
 :data:`~streamledger.batch.sinks.COMMIT_ATTEMPTS` times.
+
+Before its commit a table sink stamps each file of the ranges it adds with the range's broker and
+epoch (:func:`~streamledger.batch.sinks.stamp`, why in :mod:`streamledger.batch.sinks`), and a
+table without those columns gets them first (:meth:`TableSink._evolve`); the audit matches rows
+by them, the epoch of each source read from the ledger.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from streamledger.batch.sinks import (
     TableCommit,
     check_table,
     data_files,
+    stamp,
     whole_table_missing,
 )
 
@@ -70,7 +76,13 @@ class TableSink:
         raise NotImplementedError
 
     def _rows(self, table: Any) -> Any:
-        """A pyarrow table of the ``stream`` and ``offset`` of every row."""
+        """A pyarrow table of the ``stream`` and ``offset`` of every row, and of the
+        :data:`~streamledger.batch.sinks.TABLE_COLUMNS` the table has."""
+        raise NotImplementedError
+
+    def _evolve(self, table: Any) -> bool:
+        """Add the :data:`~streamledger.batch.sinks.TABLE_COLUMNS` the table lacks (a table made
+        before them) as nullable columns, in a commit of their own; False when it has them."""
         raise NotImplementedError
 
     def _known_commits(self, table: Any) -> set[int]:
@@ -98,6 +110,9 @@ class TableSink:
         first = next((f[0] for f in files.values() if f), None)
         ids = set(files)
         what = ""
+        existing = self._open(first)
+        if existing is not None:
+            self._evolve(existing)  # before the attempts: its commit is none of theirs
         for attempt in range(sinks.COMMIT_ATTEMPTS):
             table = self._open(first)
             held = self._held(table, ids) if table is not None else {}
@@ -105,6 +120,9 @@ class TableSink:
             if not todo:
                 return held
             what = ", ".join(f"{r.range.source.stream} [{r.range.start}, {r.range.end})" for r in todo)
+            self._stamp(todo, files)
+            if self._evolve(table):
+                continue  # made without the columns meanwhile: look again on its new state
             try:
                 self._commit(table, batch, todo, files, what)
             except LostCommit as exc:
@@ -117,6 +135,23 @@ class TableSink:
             return held
         raise BatchError(f"{self.label}: {sinks.COMMIT_ATTEMPTS} commits lost to concurrent writers; {what} "
                          "stay committed and unpublished for the next run")
+
+    def _stamp(self, todo: list[SinkRange], files: dict[int, list[str]]) -> None:
+        """Stamp the files of ranges no commit holds (a retry finds them stamped)."""
+        from streamledger.ledger.types import live_broker
+
+        started, n = time.perf_counter(), 0
+        for r in todo:
+            broker = live_broker(r.range.source.broker)
+            for f in files[r.range.id]:
+                try:
+                    n += stamp(f, broker, r.epoch)
+                except Exception as exc:
+                    raise BatchError(f"{self.label}: cannot add the broker and epoch columns to {f}: "
+                                     f"{sinks.line(exc)}") from exc
+        if n:
+            self.log.info("%s: stamped %d file(s) with broker and epoch in %.3f s", self.label, n,
+                          time.perf_counter() - started)
 
     def audit(self, ledger: Ledger, pipeline: str, ranges: list[OffsetRange]) -> list[Violation]:
         """The table's side of the proof (:func:`~streamledger.batch.sinks.check_table`); a table
@@ -135,4 +170,8 @@ class TableSink:
         except Exception as exc:  # data files deleted, the store gone: a finding, not a traceback
             return whole_table_missing(self.table_name, pipeline, ranges,
                                        f"{self.label}: its rows cannot be read: {sinks.line(exc)}")
-        return check_table(self.table_name, pipeline, ranges, commits, rows, known)
+        from streamledger.ledger.coverage import sources
+
+        epochs = {(s.source.broker, s.source.stream): s.epoch
+                  for s in sources(ledger, pipeline, counts=False)}
+        return check_table(self.table_name, pipeline, ranges, commits, rows, known, epochs)
