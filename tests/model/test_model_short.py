@@ -27,13 +27,9 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(600)]
 #: of the broker URL included; the soak draws the SIGKILLs too).
 SHORT = Options(ops=12, pipelines=2, sigkill=False, hostile=True, spellings=SPELLINGS)
 #: Seeds (drawn with SHORT) that agree on main; together they compose every operation the coverage
-#: test asks for. Left out while a defect makes them disagree, each joining once its fix lands:
-#: 2 (issue 30 item 7: after a new epoch the Iceberg table audit counts the old epoch's rows as
-#: duplicates of the new one's); 4 (the FIXED scenario below, since its fix); 12 on PostgreSQL, and every
-#: seed whose padded publishes roll retention segments, now and then (retention removing the
-#: broker's stored offset is taken for a re-created stream: every batch refused, a stall; when its
-#: fix lands, put 12 back and "retention" into the coverage test's wanted set).
-SEEDS = {"sqlite": [1, 5], "postgresql": [7]}
+#: test asks for. 2 (issue 30 item 7, table rows by epoch) and 12 on PostgreSQL (retention taking the
+#: broker's stored offset) joined once their fixes landed; 4 is the FIXED scenario below.
+SEEDS = {"sqlite": [1, 2, 5], "postgresql": [7, 12]}
 
 
 @pytest.fixture
@@ -60,8 +56,8 @@ def ledger_maker(request: pytest.FixtureRequest) -> Callable[[Path], str]:
 
 def test_the_short_seeds_exercise_the_operations() -> None:
     """The passing seeds still compose the features: batches killed at a step and failed, two batches
-    at once, pinned intervals, table sinks, hostile pipeline names, every spelling of the broker URL
-    (not retention while its stall is being fixed: see SEEDS)."""
+    at once, pinned intervals, table sinks, hostile pipeline names, every spelling of the broker URL,
+    retention rolling segments."""
     seen: Counter[str] = Counter()
     for seed in {s for seeds in SEEDS.values() for s in seeds}:
         sc = draw(seed, SHORT)
@@ -77,7 +73,8 @@ def test_the_short_seeds_exercise_the_operations() -> None:
                 if isinstance(b, Batch | AuditCli):
                     seen["spelling"] += b.spelling != "/"
         seen["hostile"] += any(not p.name.replace("-", "").isalnum() for p in sc.pipelines)
-    wanted = {"batch", "pair", "tick", "kill@", "fail@", "pinned", "release_stale", "spelling", "hostile"}
+    wanted = {"batch", "pair", "tick", "kill@", "fail@", "pinned", "release_stale", "spelling", "hostile",
+              "retention"}
     assert wanted <= {k for k, n in seen.items() if n}, seen
     assert {"sink:iceberg", "sink:delta"} & set(seen), seen
 
