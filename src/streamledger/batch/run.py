@@ -147,7 +147,6 @@ class BatchRun:
         name = config.broker_name or cluster_name(broker)
         self.identity = self.source.identity(broker)
         self._legacy = plan.broker_identity(config.url) if name else None
-        self._reprint: set[str] = set()  # streams whose ledger holds no fingerprint still retained
         self.result = BatchResult(pipeline=config.pipeline, broker=self.identity,
                                   super_stream=config.super_stream)
         self.parts: list[_Part] = []
@@ -237,9 +236,7 @@ class BatchRun:
                    f"(timestamp {pos.chunk.timestamp}, CRC {pos.chunk.crc:#010x}; ledger end {pos.end}, "
                    f"broker tail {tail})")
         else:
-            if same is None:  # no fingerprint, or retention took its chunk: the next commit takes one
-                self._reprint.add(stream)
-            return pos
+            return pos  # no fingerprint, or retention took its chunk: every commit takes a new one
         raise StreamReplaced(
             f"stream {stream!r}: {why}: this is not the stream pipeline {cfg.pipeline!r} read (deleted and "
             f"re-created?); nothing was claimed or stored. If it is a new stream, `streamledger ledger "
@@ -544,11 +541,13 @@ class BatchRun:
         self._step("committed")
 
     def fingerprints(self, todo: Sequence[_Part]) -> dict[str, ChunkPrint]:
-        """Fingerprints of the chunks holding the last records read, for the streams whose ledger
-        holds none the broker still retains (so a source costs one chunk header per batch, for the
-        check, once it has one)."""
-        wanted = [p.result for p in todo if p.result.stream in self._reprint and p.result.records
-                  and p.result.last_offset is not None]
+        """Fingerprints of the chunks holding the last records read, at every commit with records:
+        the newest is what the next batch checks, so a stream re-created and grown past the ledger's
+        end is told apart as long as retention has not yet taken the newest committed chunk (taking
+        them only while none was retained let an old fingerprint roll out of the new stream's
+        retention, and the batch then read on from the old end: the model checker's PostgreSQL seed
+        2000). One chunk header per source and batch."""
+        wanted = [p.result for p in todo if p.result.records and p.result.last_offset is not None]
         pooled = getattr(self.broker, "pooled_reads", None)
         with pooled() if pooled is not None and len(wanted) > 1 else contextlib.nullcontext():
             prints = {r.stream: take_print(self.broker, r.stream, int(r.last_offset))  # type: ignore[arg-type]

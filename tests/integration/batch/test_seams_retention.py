@@ -157,3 +157,41 @@ def test_a_failed_range_of_a_retired_epoch_is_recorded_lost_by_the_new_epoch(
     retired = [(r.start, r.end, r.status) for r in ledger.ranges(PIPELINE)
                if r.source.broker != old.broker and r.status != RangeStatus.FAILED]
     assert retired == [(0, 40, RangeStatus.LOST)], retired
+
+
+def test_a_recreated_stream_that_rolled_an_older_fingerprint_out_is_refused(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """D (the model checker's PostgreSQL seed 2000): r1 commits [0, 20) and fingerprints its chunk;
+    r2 commits [20, 50). The stream is deleted and re-created, and grows until retention has taken
+    r1's chunk but not r2's last one. A batch must refuse it as another stream: the fingerprint of r2's commit
+    (the newest) tells, where the only fingerprint r1 took has rolled out with nothing to compare.
+    Before the fix the batch read on from 50, the new stream's first records never read, the old
+    watermark stored, audit CLEAN."""
+    from streamledger.batch import StreamReplaced
+
+    ledger = any_ledger
+    s = stream_name("ret-fp")
+    settings = {"max_length_bytes": 200_000, "max_segment_size_bytes": 15_000}
+    create_stream(rabbitmq_url, s, 0, **settings)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=PIPELINE, on_data_loss="record")
+    publish(rabbitmq_url, s, 20, batch_size=10)
+    run_batch(cfg, run=rid("read", run="r1"), ledger=ledger, broker=client, runner=runner)
+    publish(rabbitmq_url, s, 30, start=20, batch_size=10)
+    run_batch(cfg, run=rid("read", run="r2"), ledger=ledger, broker=client, runner=runner)
+    last = client.query_offset(s, PIPELINE)  # r2's last record (the tracking chunks take offsets too)
+    assert last is not None and last >= 49
+
+    client.delete_stream(s)
+    client.create_stream(s, **settings)
+    sent = 0
+    while client.first_offset(s) <= 20 and sent < 2_000:
+        client.publish(s, [body(s, 1000 + i) + PAD for i in range(sent, sent + 10)], batch_size=10)
+        sent += 10
+    first, tail = client.first_offset(s), client.committed_tail(s)
+    assert 20 < first <= last < tail, (first, last, tail)  # r1's chunk gone, r2's last one retained
+
+    with pytest.raises(StreamReplaced, match="this is not the stream pipeline"):
+        run_batch(cfg, run=rid("read", run="r3"), ledger=ledger, broker=client, runner=runner)
+    assert client.query_offset(s, PIPELINE) is None  # the old watermark was not stored on it
