@@ -99,6 +99,9 @@ def location_problem(location: str) -> str | None:
                 f"{', '.join(sorted(STORE_SCHEMES))})")
     if kind not in ("hdfs", "viewfs") and not urlsplit(location).netloc:
         return f"the {kind}:// URI names no bucket"
+    if "@" in urlsplit(location).netloc and not kind.startswith(("abfs", "wasb")):
+        # user:secret@bucket would be taken for the bucket and shown in every error and manifest
+        return "credentials in the URI are refused; give them in the environment (AWS_* for S3)"
     return None
 
 
@@ -271,6 +274,9 @@ def check_location(uri: str) -> None:
 
     if scheme(uri) in ("", "file"):
         return
+    problem = location_problem(uri)
+    if problem is not None:
+        raise LocationError(f"output {redact(uri)}: {problem}")
     fs, path = arrow_filesystem(uri, access=StoreAccess.from_environment(uri))
     if _ARROW_SCHEMES.get(scheme(uri), scheme(uri)) in ("hdfs", "viewfs"):
         root, what = "/", "the file system"
@@ -278,7 +284,7 @@ def check_location(uri: str) -> None:
         root, what = path.split("/", 1)[0], f"bucket {path.split('/', 1)[0]!r}"
     try:
         found = fs.get_file_info(root).type
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
         raise LocationError(f"output {redact(uri)}: {what} cannot be reached ({_first_line(exc)})") from None
     if found == pafs.FileType.NotFound:
         raise LocationError(f"output {redact(uri)}: {what} does not exist")
