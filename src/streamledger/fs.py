@@ -99,10 +99,17 @@ def location_problem(location: str) -> str | None:
                 f"{', '.join(sorted(STORE_SCHEMES))})")
     if kind not in ("hdfs", "viewfs") and not urlsplit(location).netloc:
         return f"the {kind}:// URI names no bucket"
-    if "@" in urlsplit(location).netloc and not kind.startswith(("abfs", "wasb")):
-        # user:secret@bucket would be taken for the bucket and shown in every error and manifest
-        return "credentials in the URI are refused; give them in the environment (AWS_* for S3)"
-    return None
+    return credentials_problem(location)
+
+
+def credentials_problem(location: str) -> str | None:
+    """Why ``location`` cannot be an output: it carries ``user:secret@`` (an object store would take
+    it for the bucket, and every error, manifest and ledger row would show it), or None. Azure's
+    ``container@account`` is its own form."""
+    kind = scheme(location)
+    if kind in ("", "file") or kind.startswith(("abfs", "wasb")) or "@" not in urlsplit(location).netloc:
+        return None
+    return "credentials in the URI are refused; give them in the environment (AWS_* for S3)"
 
 
 def local_path(location: str) -> Path:
