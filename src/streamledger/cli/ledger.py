@@ -25,6 +25,7 @@ from streamledger.cli.exits import BadInput
 from streamledger.cli.options import (
     add_json,
     add_ledger,
+    broker_url_arg,
     key_value_arg,
     ledger_url,
     open_ledger,
@@ -50,17 +51,6 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"seconds must be in 0..{MAX_SECONDS} (100 years), got {text}")
     return value
-
-
-def _broker_url(text: str) -> str:
-    """A log server URL of a kind streamledger reads (the message names only the scheme)."""
-    from streamledger.sources import UnsupportedSource, log_kind
-
-    try:
-        log_kind(text)
-    except UnsupportedSource as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def _report_file(text: str) -> Path:
@@ -315,7 +305,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--broker-url",
         action="append",
-        type=_broker_url,
+        type=broker_url_arg,
         default=argparse.SUPPRESS,
         metavar="URL",
         help="also compare the stored offsets of the sources on this log server "
