@@ -103,11 +103,11 @@ def location_problem(location: str) -> str | None:
 
 
 def credentials_problem(location: str) -> str | None:
-    """Why ``location`` cannot be an output: it carries ``user:secret@`` (an object store would take
-    it for the bucket, and every error, manifest and ledger row would show it), or None. Azure's
-    ``container@account`` is its own form."""
+    """Why ``location`` cannot be an output: an S3 or GCS URI carrying ``user:secret@`` (taken for
+    the bucket, it would show in every error, manifest and ledger row), or None. Other schemes'
+    ``@`` is their own (Azure's ``container@account``, HDFS's user)."""
     kind = scheme(location)
-    if kind in ("", "file") or kind.startswith(("abfs", "wasb")) or "@" not in urlsplit(location).netloc:
+    if _ARROW_SCHEMES.get(kind, kind) not in ("s3", "gs") or "@" not in urlsplit(location).netloc:
         return None
     return "credentials in the URI are refused; give them in the environment (AWS_* for S3)"
 
@@ -281,7 +281,7 @@ def check_location(uri: str) -> None:
 
     if scheme(uri) in ("", "file"):
         return
-    problem = location_problem(uri)
+    problem = credentials_problem(uri)
     if problem is not None:
         raise LocationError(f"output {redact(uri)}: {problem}")
     fs, path = arrow_filesystem(uri, access=StoreAccess.from_environment(uri))
