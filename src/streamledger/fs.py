@@ -99,7 +99,17 @@ def location_problem(location: str) -> str | None:
                 f"{', '.join(sorted(STORE_SCHEMES))})")
     if kind not in ("hdfs", "viewfs") and not urlsplit(location).netloc:
         return f"the {kind}:// URI names no bucket"
-    return None
+    return credentials_problem(location)
+
+
+def credentials_problem(location: str) -> str | None:
+    """Why ``location`` cannot be an output: an S3 or GCS URI carrying ``user:secret@`` (taken for
+    the bucket, it would show in every error, manifest and ledger row), or None. Other schemes'
+    ``@`` is their own (Azure's ``container@account``, HDFS's user)."""
+    kind = scheme(location)
+    if _ARROW_SCHEMES.get(kind, kind) not in ("s3", "gs") or "@" not in urlsplit(location).netloc:
+        return None
+    return "credentials in the URI are refused; give them in the environment (AWS_* for S3)"
 
 
 def local_path(location: str) -> Path:
@@ -271,6 +281,9 @@ def check_location(uri: str) -> None:
 
     if scheme(uri) in ("", "file"):
         return
+    problem = credentials_problem(uri)
+    if problem is not None:
+        raise LocationError(f"output {redact(uri)}: {problem}")
     fs, path = arrow_filesystem(uri, access=StoreAccess.from_environment(uri))
     if _ARROW_SCHEMES.get(scheme(uri), scheme(uri)) in ("hdfs", "viewfs"):
         root, what = "/", "the file system"
@@ -278,7 +291,7 @@ def check_location(uri: str) -> None:
         root, what = path.split("/", 1)[0], f"bucket {path.split('/', 1)[0]!r}"
     try:
         found = fs.get_file_info(root).type
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
         raise LocationError(f"output {redact(uri)}: {what} cannot be reached ({_first_line(exc)})") from None
     if found == pafs.FileType.NotFound:
         raise LocationError(f"output {redact(uri)}: {what} does not exist")

@@ -70,7 +70,23 @@ def s3_server() -> str:
                     time.sleep(0.2)
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    status = _status(endpoint)
+    if status >= 500:  # e.g. a server left running by an installation that is gone: every call fails
+        raise RuntimeError(f"the S3 server on {endpoint} answers HTTP {status} to a bucket listing; "
+                           f"stop it (its log: {home / 'moto-server.log'}) or set STREAMLEDGER_S3_PORT")
     return endpoint
+
+
+def _status(endpoint: str) -> int:
+    """The HTTP status of a plain bucket listing (moto takes it unsigned)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{endpoint}/", timeout=30) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
 
 
 @dataclass(frozen=True)

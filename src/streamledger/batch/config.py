@@ -18,6 +18,7 @@ from streamledger.batch.rules import (
     splits_problem,
 )
 from streamledger.errors import BatchError as BatchError  # its home moved below the layers
+from streamledger.fs import credentials_problem, redact
 from streamledger.ledger.types import RunIdentity
 
 
@@ -175,6 +176,8 @@ class BatchConfig:
     def _check_sink(self, name: str) -> None:
         """The sink's settings, refused before anything is claimed (the one rule: ``rules``)."""
         problem = sink_problem(self.sink, self.table, self.catalog, self.fmt)
+        if problem is None and credentials_problem(self.output_root) is not None:
+            problem = f"output root {redact(self.output_root)}: {credentials_problem(self.output_root)}"
         if problem is not None:
             raise BatchError(f"{name}: {problem}")
 

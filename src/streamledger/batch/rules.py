@@ -78,7 +78,7 @@ def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None
     if table is not None and not table.strip():
         return "delta table location must not be empty"
     where = filesystems.location_problem(table) if table is not None else None
-    return None if where is None else f"delta table {table}: {where}"
+    return None if where is None or table is None else f"delta table {filesystems.redact(table)}: {where}"
 
 
 def initial_position_problem(position: object) -> str | None:

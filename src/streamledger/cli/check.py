@@ -101,7 +101,13 @@ def _output(root: str | None) -> Finding:
     if not root:
         return Finding("output", True, "not checked (give --output-root)")
     if "://" in root and not root.startswith("file://"):
-        return Finding("output", True, f"{root}: an object store URI, reached through Spark (not checked)")
+        from streamledger import fs
+
+        try:  # the batch's own check of a location its tasks write through pyarrow.fs
+            fs.check_location(root)
+        except fs.LocationError as exc:
+            return Finding("output", False, str(exc), 1)
+        return Finding("output", True, f"{fs.redact(root)}: its bucket answers")
     path = Path(root.removeprefix("file://"))
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is None or not existing.is_dir():

@@ -189,3 +189,14 @@ def test_an_unreachable_output_is_refused_before_any_claim(
     assert str(caught.value).startswith(f"output {root}: ") and reason in str(caught.value)
     assert "\n" not in str(caught.value)
     assert ledger.ranges("p-bad") == []
+
+
+def test_credentials_in_the_location_are_refused_without_showing_them(s3_bucket: Bucket) -> None:
+    """``s3://key:secret@bucket/out`` (a form pyarrow's own URIs take) was split as bucket
+    ``key:secret``: check_location let pyarrow's ArrowInvalid through, its message naming the
+    "bucket", i.e. the secret key, in full. The location is now refused in one line, masked."""
+    uri = f"s3://{s3_bucket.access_key}:{s3_bucket.secret_key}@{s3_bucket.name}/out"
+    with pytest.raises(fs.LocationError) as refused:
+        fs.check_location(uri)
+    assert s3_bucket.secret_key not in str(refused.value)
+    assert "credentials in the URI" in str(refused.value)

@@ -13,6 +13,7 @@ import pytest
 
 from streamledger.ledger import Ledger
 from tests.integration.cli.helpers import cli, tree
+from tests.support.s3 import Bucket
 
 NOBODY_BROKER = "rabbitmq-stream://guest:guest@127.0.0.1:1/"
 NOBODY_PG = "postgresql+psycopg://alice:s3cr3t@127.0.0.1:1/ledger"
@@ -156,3 +157,25 @@ def test_check_says_what_does_not_work_and_creates_nothing(tmp_path: Path) -> No
     r = cli("check", "--broker-url", NOBODY_BROKER, "--ledger", NOBODY_PG)
     assert r.rc == 3
     assert dict(line.split(None, 1) for line in r.out.splitlines())["ledger"].startswith("FAIL")
+
+
+def test_check_tries_an_s3_output_root_and_never_prints_its_secret(s3_bucket: Bucket, tmp_path: Path) -> None:
+    """``check --output-root s3://...`` said "ok ... reached through Spark (not checked)" for any
+    object-store URI, and printed it as given: ``s3://KEY:SECRET@bucket`` showed the secret key on
+    stdout, and a bucket that does not exist passed although ``batch run`` refuses it. It now makes
+    the batch's own check (one metadata call: nothing created) and masks the URI."""
+    env = {"AWS_ACCESS_KEY_ID": s3_bucket.access_key, "AWS_SECRET_ACCESS_KEY": s3_bucket.secret_key,
+           "AWS_ENDPOINT_URL": s3_bucket.endpoint, "AWS_REGION": "us-east-1",
+           "STREAMLEDGER_BROKER_URL": "rabbitmq-stream://127.0.0.1:1/"}
+    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+
+    def output_line(root: str) -> str:
+        r = cli("check", "--ledger", ledger, "--output-root", root, env=env, timeout=120)
+        assert s3_bucket.secret_key not in r.out + r.err
+        return next(line for line in r.out.splitlines() if line.startswith("output"))
+
+    assert output_line(s3_bucket.uri("out")).split()[:2] == ["output", "ok"]
+    assert output_line(f"s3://{s3_bucket.name}-missing/out").split()[:2] == ["output", "FAIL"]
+    with_secret = f"s3://{s3_bucket.access_key}:{s3_bucket.secret_key}@{s3_bucket.name}/out"
+    assert output_line(with_secret).split()[:2] == ["output", "FAIL"]
+    assert s3_bucket.keys() == []  # nothing created

@@ -113,3 +113,17 @@ def test_output_dir_stays_under_the_root_and_apart_per_pipeline_broker_and_strea
                 assert posixpath.normpath(d) == d and d.startswith("/out/") and d.count("/") == 5
                 seen.add(d)
     assert len(seen) == 3 * 2 * 4
+
+
+@pytest.mark.parametrize("where", ["output_root", "table"])
+def test_credentials_in_an_object_store_location_are_refused_masked(where: str) -> None:
+    """``s3://KEY:SECRET@bucket/...`` was taken: the batch went on to name ``KEY:SECRET`` as the
+    bucket (pyarrow's error, with the secret, reached the user), and a Delta table location
+    refused for it later was shown unmasked. Refused now, before anything is claimed, masked."""
+    secret = "s3://AKIAX:sl-secret-do-not-show@bucket/lake"
+    kwargs = {"output_root": secret} if where == "output_root" else {"output_root": "/o", "sink": "delta",
+                                                                      "table": secret}
+    with pytest.raises(BatchError) as refused:
+        BatchConfig(pipeline="p", url="rabbitmq-stream://h:5552/", stream="s", **kwargs)  # type: ignore[arg-type]
+    said = str(refused.value)
+    assert "sl-secret-do-not-show" not in said and "credentials in the URI" in said
