@@ -43,7 +43,7 @@ from streamledger.batch.position import (
 from streamledger.batch.sinks import choose
 from streamledger.ledger.types import RangeStatus
 from streamledger.manifest import Manifest, ManifestError
-from streamledger.offsets import ChunkPrint, same_stream, take_print
+from streamledger.offsets import ChunkPrint, OffsetNotVerified, same_stream, take_print
 
 if TYPE_CHECKING:
     from streamledger.ledger import ClaimRequest, Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
@@ -780,12 +780,21 @@ class BatchRun:
                              r.stream, b.start, b.end, b.run)
                 continue
             targets[r.stream] = target
-        many = getattr(self.broker, "store_offsets_verified", None)
-        if many is not None and len(targets) > 1:
-            many(targets, cfg.pipeline, timeout=cfg.store_timeout)
-        else:
-            for stream, target in targets.items():
-                self.broker.store_offset_verified(stream, cfg.pipeline, target, timeout=cfg.store_timeout)
+        try:
+            many = getattr(self.broker, "store_offsets_verified", None)
+            if many is not None and len(targets) > 1:
+                many(targets, cfg.pipeline, timeout=cfg.store_timeout)
+            else:
+                for stream, target in targets.items():
+                    self.broker.store_offset_verified(stream, cfg.pipeline, target, timeout=cfg.store_timeout)
+        except OffsetNotVerified:
+            # Another batch of the pipeline may have stored past our target meanwhile (it saw a longer
+            # done prefix): its offset stands when the broker now holds at least ours, else the error does.
+            _none, now = log_offsets(self.broker, list(targets), cfg.pipeline, tails=False)
+            if any(now[s] is None or now[s] < t for s, t in targets.items()):  # type: ignore[operator]
+                raise
+            log.info("broker offsets for %s stored past this batch's targets by another batch: %s",
+                     cfg.pipeline, now)
         ranges = []
         for p, mark in zip(self.parts, marks, strict=True):
             r = p.result

@@ -137,7 +137,8 @@ def test_a_table_that_cannot_take_the_jobs_files_is_refused_before_anything_is_c
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Bad input and faults: one line naming the table and the reason, from ``run_batch`` and from
-    ``streamledger batch run`` (exit 1); no range claimed or committed, no offset stored, no job."""
+    ``streamledger batch run`` (exit 1; exit 3 when the catalog cannot be reached, docs/cli.md's code for
+    an unreachable server or store); no range claimed or committed, no offset stored, no job."""
     from streamledger.cli import main
 
     s = stream_name(f"bad-{fault}")
@@ -153,7 +154,7 @@ def test_a_table_that_cannot_take_the_jobs_files_is_refused_before_anything_is_c
     capsys.readouterr()
     argv = ["batch", "run", "--url", rabbitmq_url, "--stream", s, "--pipeline", PIPE, "--ledger", ledger.url,
             "--output-root", str(root), "--sink", sink, *args, "--run-id", "nightly-1"]
-    assert main(argv) == 1
+    assert main(argv) == (3 if fault == "iceberg-unreachable" else 1)
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("streamledger: error: ") and reason in err[0], err
     assert ledger.ranges(PIPE) == []
