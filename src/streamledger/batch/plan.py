@@ -6,6 +6,7 @@ should store (the ledger's watermark)."""
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime, timedelta
 
 from streamledger.batch.config import BatchConfig, Broker, IntervalNotReady, RunId
@@ -122,20 +123,32 @@ def pinned_span(cfg: BatchConfig, broker: Broker, stream: str, tail: int, now: d
     return min(resolve_time(broker, stream, cfg.interval_start), end), end
 
 
+class Origin(enum.StrEnum):
+    """Where :func:`initial_start` found a new history's first offset (named in its messages)."""
+
+    BROKER = "broker"
+    INITIAL = "initial"
+    FIRST = "first"
+    TAIL = "tail"
+    INTERVAL_START = "interval_start"
+    #: a pinned history's origin lies before retention's cut: the history begins at offset 0
+    BEFORE_RETENTION = "interval_start (retention took the stream's head)"
+
+
 def initial_start(cfg: BatchConfig, broker: Broker, stream: str, tail: int,
-                  stored: int | None) -> tuple[int, str]:
+                  stored: int | None) -> tuple[int, Origin]:
     """Where a pipeline without ledger history starts: after the broker's stored offset
     (``stored``, as the broker answered it), else at the configured initial position. The ledger
     ignores it once the source has ranges."""
     if stored is not None:
-        return stored + 1, "broker"
+        return stored + 1, Origin.BROKER
     position = cfg.initial_position
     if isinstance(position, int):
-        return position, "initial"
+        return position, Origin.INITIAL
     if position == "first":
-        return int(broker.first_offset(stream)), "first"
+        return int(broker.first_offset(stream)), Origin.FIRST
     if position == "tail":
-        return tail, "tail"
+        return tail, Origin.TAIL
     moment = cfg.origin if cfg.bound_by_interval and cfg.origin is not None else cfg.interval_start
     assert moment is not None
     start = min(tail, resolve_time(broker, stream, moment))
@@ -145,12 +158,8 @@ def initial_start(cfg: BatchConfig, broker: Broker, stream: str, tail: int,
         # before it: records stamped after the origin may be among them, and nothing can tell. The
         # history then begins before retention's cut, at offset 0, so the first interval's claim
         # reaches back to it and retention's loss is failed or recorded (on_data_loss), never silent.
-        return 0, BEFORE_RETENTION
-    return start, "interval_start"
-
-
-#: ``initial_start``'s answer when a pinned history's origin lies before retention's cut.
-BEFORE_RETENTION = "interval_start (retention took the stream's head)"
+        return 0, Origin.BEFORE_RETENTION
+    return start, Origin.INTERVAL_START
 
 
 def opens_history(cfg: BatchConfig) -> bool:

@@ -270,7 +270,7 @@ class BatchRun:
         self.release_gone_holders(pos.open_claims)
         limit = plan.claim_limit(cfg, self.broker, stream, tail)
         initial: int | None = None
-        how = ""
+        how: plan.Origin | None = None
         if pos.end is None:  # the ledger ignores initial_start once the source has a range
             initial, how = plan.initial_start(cfg, _Firsts(self.broker, firsts), stream, tail, stored)
             if initial > tail:
@@ -278,7 +278,8 @@ class BatchRun:
                     f"stream {stream!r}: pipeline {cfg.pipeline!r} would start at {initial} ({how}) but "
                     f"the committed tail is {tail}"
                 )
-        if span and initial is not None and how == plan.BEFORE_RETENTION and plan.opens_history(cfg):
+        if span and how is plan.Origin.BEFORE_RETENTION and plan.opens_history(cfg):
+            assert initial is not None
             # The first interval reads from the history's origin: an origin before retention's cut
             # (plan.initial_start) is claimed, then failed or recorded lost by settle_claim.
             span = (initial, span[1])
