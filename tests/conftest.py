@@ -6,6 +6,7 @@ pytest_plugins = [
     "tests.support.postgres",
     "tests.support.spark",
     "tests.support.s3",
+    "tests.support.ledgers",
 ]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +28,6 @@ from tests.integration.spark.helpers import client_offsets, create_stream, publi
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq]
 
 PIPELINE = "recovering"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def any_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    else:
-        url = request.getfixturevalue("postgres_url")
-    with Ledger(url, create=True) as led:
-        yield led
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", create=True) as led:
-        yield led
 
 
 class Injected(RuntimeError):
