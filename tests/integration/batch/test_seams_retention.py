@@ -164,7 +164,7 @@ def test_a_recreated_stream_that_rolled_an_older_fingerprint_out_is_refused(
     tmp_path: Path,
 ) -> None:
     """D (the model checker's PostgreSQL seed 2000): r1 commits [0, 20) and fingerprints its chunk;
-    r2 commits [20, 50). The stream is deleted and re-created, and grows until retention has taken
+    r2 commits the next 200 records. The stream is deleted and re-created, and grows until retention has taken
     r1's chunk but not r2's last one. A batch must refuse it as another stream: the fingerprint of r2's commit
     (the newest) tells, where the only fingerprint r1 took has rolled out with nothing to compare.
     Before the fix the batch read on from 50, the new stream's first records never read, the old
@@ -173,20 +173,22 @@ def test_a_recreated_stream_that_rolled_an_older_fingerprint_out_is_refused(
 
     ledger = any_ledger
     s = stream_name("ret-fp")
-    settings = {"max_length_bytes": 200_000, "max_segment_size_bytes": 15_000}
+    # r2's range is long and the new stream keeps ~1 MB, so retention's cut (whole segments, applied
+    # lazily) lands well inside it: r1's chunk gone, r2's last one still retained.
+    settings = {"max_length_bytes": 1_000_000, "max_segment_size_bytes": 15_000}
     create_stream(rabbitmq_url, s, 0, **settings)
     cfg = config(rabbitmq_url, tmp_path, s, pipeline=PIPELINE, on_data_loss="record")
     publish(rabbitmq_url, s, 20, batch_size=10)
     run_batch(cfg, run=rid("read", run="r1"), ledger=ledger, broker=client, runner=runner)
-    publish(rabbitmq_url, s, 30, start=20, batch_size=10)
+    publish(rabbitmq_url, s, 200, start=20, batch_size=10)
     run_batch(cfg, run=rid("read", run="r2"), ledger=ledger, broker=client, runner=runner)
     last = client.query_offset(s, PIPELINE)  # r2's last record (the tracking chunks take offsets too)
-    assert last is not None and last >= 49
+    assert last is not None and last >= 219
 
     client.delete_stream(s)
     client.create_stream(s, **settings)
     sent = 0
-    while client.first_offset(s) <= 20 and sent < 2_000:
+    while client.first_offset(s) <= 20 and sent < 5_000:
         client.publish(s, [body(s, 1000 + i) + PAD for i in range(sent, sent + 10)], batch_size=10)
         sent += 10
     first, tail = client.first_offset(s), client.committed_tail(s)
