@@ -91,3 +91,30 @@ def test_without_filtering_the_publisher_refuses_and_the_reader_reads_everything
         got, stats = _read(client, name, 0, 6, ["eu"])
         assert got == {0: "eu", 1: "eu", 2: "us", 3: "us", 4: "apac", 5: "apac"}
         assert not stats.filtered and stats.chunks == 3
+
+
+def test_cli_publish_sets_filter_values_from_a_property(broker_43: Broker, broker_310: Broker,
+                                                        stream_name: StreamNames,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from streamledger.cli import main
+
+    name = stream_name("filtcli")
+    with StreamClient.connect(broker_43.url) as client:
+        client.create_stream(name)
+        for region in ("eu", "us"):  # one chunk each, 50 messages carrying region=<value>
+            rc = main(["--url", broker_43.url, "publish", name, "--count", "50", "--filter-property", "region",
+                       "--filter-values", region])
+            assert rc == 0, capsys.readouterr()
+        got, stats = _read(client, name, 0, 100, ["us"])
+        assert set(got.values()) == {"us"} and len(got) == 50 and stats.records == 50  # no eu chunk
+    capsys.readouterr()
+    assert main(["--url", broker_43.url, "publish", name, "--count", "1", "--filter-values", "eu"]) != 0
+    assert "--filter-property and --filter-values go together" in capsys.readouterr().err
+
+    old = stream_name("filtcli310", broker=broker_310)
+    with StreamClient.connect(broker_310.url) as client:
+        client.create_stream(old)
+    rc = main(["--url", broker_310.url, "publish", old, "--count", "5", "--filter-property", "region",
+               "--filter-values", "eu,us"])
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and err.count("\n") == 0 and "stream filtering needs RabbitMQ 3.13 or later" in err
