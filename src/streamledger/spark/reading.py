@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pyspark.sql.datasource import InputPartition
 
 from streamledger.errors import StreamledgerError
+from streamledger.protocol.rabbitmq.reader import ReadStats
 from streamledger.sources import find_kind, super_stream_partitions
 from streamledger.spark.arrow import MAP_COLUMNS, buffers_to_arrow
 from streamledger.spark.planning import (
@@ -28,7 +29,7 @@ from streamledger.spark.planning import (
     parse_positive_int,
     plan_ranges,
 )
-from streamledger.spark.pushdown import Projection, PushedFilters
+from streamledger.spark.pushdown import Projection, PushedFilters, with_filter_value
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,9 @@ class ReadOptions(Selection):
     #: every read of a reader that has it while ``spark.sql.python.filterPushdown.enabled`` is false,
     #: its default, and a source cannot see that setting).
     filter_pushdown: bool = False
+    #: Option ``filterValueProperty`` (alias ``filterValueColumn``): the application property whose
+    #: value each publisher set as the stream filter value; the source then has column ``filter_value``.
+    filter_property: str | None = None
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -133,6 +137,7 @@ class ReadOptions(Selection):
             raise PlanningError(
                 f"{DATA_SOURCE_NAME}: option 'decode' must be amqp or raw, got {decode_text!r}"
             )
+        filter_property = parse_filter_property(get)
         read_from_text = (get("readFrom") or "replica").strip().lower()
         if read_from_text not in ("replica", "leader", "url"):
             raise PlanningError(
@@ -147,8 +152,10 @@ class ReadOptions(Selection):
             read_from=read_from_text,  # type: ignore[arg-type]
             map_columns=parse_map_columns(get("properties")),
             pack_offsets=_pack_option(get("packOffsets")),
-            projection=Projection.parse(get("columns"), source=DATA_SOURCE_NAME),
+            projection=Projection.parse(get("columns"), source=DATA_SOURCE_NAME,
+                                        filter_column=filter_property is not None),
             filter_pushdown=parse_bool(get("filterPushdown"), what="filterPushdown", default=False),
+            filter_property=filter_property,
         )
 
     def bounds(self, client: Any) -> dict[str, tuple[OffsetBound, OffsetBound]]:
@@ -156,6 +163,19 @@ class ReadOptions(Selection):
         if self.super_stream and self.ranges is None:
             return self.log_bounds(super_stream_partitions(client, self.super_stream, error=PlanningError))
         return self.log_bounds()
+
+
+def parse_filter_property(get: Any) -> str | None:
+    """Option ``filterValueProperty`` or its alias ``filterValueColumn`` (not both): an application
+    property name, or None."""
+    keys = ("filterValueProperty", "filterValueColumn")
+    given = [(k, v.strip()) for k in keys if (v := get(k)) is not None]
+    if len(given) > 1:
+        raise PlanningError(f"{DATA_SOURCE_NAME}: give 'filterValueProperty' or its alias "
+                            "'filterValueColumn', not both")
+    if given and not given[0][1]:
+        raise PlanningError(f"{DATA_SOURCE_NAME}: option '{given[0][0]}' must name an application property")
+    return given[0][1] if given else None
 
 
 def _check_format(url: str) -> None:
@@ -211,7 +231,8 @@ def parse_map_columns(value: str | None) -> tuple[str, ...]:
     return names
 
 
-def read_slices(options: ReadOptions, parts: Sequence[StreamSlice]) -> Iterator[Any]:
+def read_slices(options: ReadOptions, parts: Sequence[StreamSlice], stats: ReadStats | None = None
+                ) -> Iterator[Any]:
     """Several slices in one task (a :class:`SliceGroup`): one client, and the member connection
     kept from one slice's read to the next (``pooled_reads``), so packed slices cost a
     subscription each, not two connections each."""
@@ -221,12 +242,16 @@ def read_slices(options: ReadOptions, parts: Sequence[StreamSlice]) -> Iterator[
 
     with StreamClient.connect(options.url) as client, client.pooled_reads():
         for part in parts:
-            yield from read_slice(options, part, client)
+            yield from read_slice(options, part, client, stats)
 
 
-def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None) -> Iterator[Any]:
+def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None, stats: ReadStats | None = None
+               ) -> Iterator[Any]:
     """Yield the slice's records as Arrow batches of at most ``batch_rows`` rows (over ``client``
-    when given, else a connection of its own).
+    when given, else a connection of its own; ``stats`` adds up the chunks and bytes the broker sent).
+
+    A pushed ``filter_value`` filter subscribes with the broker's stream filtering (only chunks whose
+    Bloom filter admits a value, or that hold unfiltered messages); the rows are then filtered exactly.
 
     The client hands out :class:`BufferBatch` es already cut at ``batch_rows`` (flat body buffers,
     offsets as runs), which :func:`buffers_to_arrow` wraps without a Python object per record; the map
@@ -238,7 +263,7 @@ def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None) -> I
         from streamledger.protocol.rabbitmq import StreamClient
 
         with StreamClient.connect(options.url) as own:
-            yield from read_slice(options, part, own)
+            yield from read_slice(options, part, own, stats)
         return
     start = part.start
     if not options.fail_on_data_loss:
@@ -253,15 +278,21 @@ def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None) -> I
     if start >= part.end:
         return
     after = start - 1  # the last offset handed out
-    project, keep = options.projection, options.pushed
+    project, keep, prop = options.projection, options.pushed, options.filter_property
     maps = project.map_columns(options.map_columns)
+    if prop is not None and (project.filter_value or keep.filter_values is not None):
+        maps = (*maps, "application_properties")  # filter_value is read from it
+    values = sorted(keep.filter_values) if keep.filter_values is not None and prop is not None else None
     for batch in client.read_range(
         part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
-        prefer=options.read_from, layout="buffers", maps=bool(maps),
+        prefer=options.read_from, layout="buffers", maps=bool(maps), filter_values=values, stats=stats,
     ):
         if len(batch):
             after = check_runs(part, after, batch.run_starts, batch.run_lengths)
-            yield project.apply(keep.keep(buffers_to_arrow(batch, maps)))
+            arrow = buffers_to_arrow(batch, maps)
+            if prop is not None:
+                arrow = with_filter_value(arrow, prop)
+            yield project.apply(keep.keep(arrow))
 
 
 class SliceCheckError(StreamledgerError):
