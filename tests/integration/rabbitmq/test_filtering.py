@@ -80,8 +80,8 @@ def test_without_filtering_the_publisher_refuses_and_the_reader_reads_everything
     with StreamClient.connect(broker_310.url) as client:
         client.create_stream(name)
         assert not client.supports_filtering
-        with pytest.raises(UnsupportedByBroker, match=r"stream '.*filt310.*': stream filtering needs RabbitMQ "
-                                                      r"3.13 or later"):
+        with pytest.raises(UnsupportedByBroker,
+                           match=r"stream '.*filt310.*': stream filtering needs RabbitMQ 3.13 or later"):
             client.publish(name, [b"x"], application_properties={"region": "eu"}, filter_property="region")
         with pytest.raises(UnsupportedByBroker, match="filter values"):
             client.publish(name, [OutboundMessage(b"x", filter_value="eu")])
@@ -102,8 +102,8 @@ def test_cli_publish_sets_filter_values_from_a_property(broker_43: Broker, broke
     with StreamClient.connect(broker_43.url) as client:
         client.create_stream(name)
         for region in ("eu", "us"):  # one chunk each, 50 messages carrying region=<value>
-            rc = main(["--url", broker_43.url, "publish", name, "--count", "50", "--filter-property", "region",
-                       "--filter-values", region])
+            rc = main(["--url", broker_43.url, "publish", name, "--count", "50",
+                       "--filter-property", "region", "--filter-values", region])
             assert rc == 0, capsys.readouterr()
         got, stats = _read(client, name, 0, 100, ["us"])
         assert set(got.values()) == {"us"} and len(got) == 50 and stats.records == 50  # no eu chunk
