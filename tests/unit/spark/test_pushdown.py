@@ -115,3 +115,22 @@ def test_filter_value_takes_equality_and_in_of_strings_and_post_filters_exactly(
     assert with_fv.column("filter_value").to_pylist() == ["us", "eu", None, None]
     assert pushed.keep(with_fv).column("offset").to_pylist() == [0]  # a null filter value never passes
     assert Projection.parse(None, source="x", filter_column=True).columns[-1] == "filter_value"
+
+
+def test_no_ledger_recorded_read_takes_a_filter() -> None:
+    """docs/spark.md, "Filters and the ledger": the job's reader (run_batch) and the recorded streaming
+    reader offer Spark no pushFilters, so a committed range is never a broker-filtered read. A reader
+    that starts taking filters must first make the pipeline declare them."""
+    from pyspark.sql.datasource import DataSourceReader
+
+    from streamledger.sources import find_kind
+    from streamledger.spark.job import source_reader
+    from streamledger.spark.streaming import RabbitMQStreamMicroBatchReader
+
+    for url, decode in (("rabbitmq-stream://h:5552/", "amqp"), ("mewbase://h:7451/", "bson")):
+        kind = find_kind(url)
+        assert kind is not None
+        reader = source_reader(kind, url=url, ranges={"s": (0, 10)}, splits=1, decode=decode)
+        # Spark pushes filters only into a reader that overrides DataSourceReader.pushFilters
+        assert type(reader).pushFilters is DataSourceReader.pushFilters, type(reader)
+    assert not hasattr(RabbitMQStreamMicroBatchReader, "pushFilters")
