@@ -240,24 +240,37 @@ class PushedFilters:
     def narrow(self, client: OffsetSource, planned: Sequence[PlannedRange]) -> list[PlannedRange]:
         """Each planned range cut to the pushed offsets and chunk timestamps (a timestamp bound is the
         first offset of the first chunk stamped at or after it, asked of the broker); ranges of pruned
-        streams become empty. Retention bookkeeping (``requested_start``) is kept."""
+        streams become empty.
+
+        Retention: a range's ``start`` above its ``requested_start`` is the cut retention made. The lost
+        span kept is the part of ``[requested_start, start)`` the filters asked for: from the first
+        offset they want up to the cut (or up to their end, when they end before it; the range is then
+        empty), none when they start past the cut or prune the stream. A chunk-timestamp start that
+        resolves past the cut wants none of it (what retention removed is stamped earlier)."""
         from streamledger.offsets import OffsetSpec
 
         out = []
         for r in planned:
-            start, end = max(r.start, self.offset_from), r.end
+            cut = r.start  # the first offset retention left (requested_start when nothing was lost)
+            start, end = max(cut, self.offset_from), r.end
             if self.offset_to is not None:
                 end = min(end, self.offset_to)
+            wanted_from = max(r.requested_start, self.offset_from)
+            lost_to = min(cut, max(end, wanted_from))
             if not self.keeps_stream(r.stream):
-                end = start
+                end, lost_to = start, wanted_from
             if start < end and self.time_from is not None:
                 start = max(start, int(client.resolve_offset(r.stream, OffsetSpec.timestamp(self.time_from))))
+                if start > cut:
+                    lost_to = wanted_from
             if start < end and self.time_to is not None:
                 end = min(end, int(client.resolve_offset(r.stream, OffsetSpec.timestamp(self.time_to))))
             start = min(start, r.end)
-            # a start moved by a filter is no retention loss: only an unmoved start keeps its lost span
-            out.append(PlannedRange(r.stream, start, max(start, end), r.requested_start if start == r.start
-                                    else start))
+            if wanted_from < lost_to:  # retention removed offsets the filters ask for
+                begin = lost_to if start >= end else start  # a non-empty range starts at the cut
+                out.append(PlannedRange(r.stream, begin, max(begin, end), wanted_from))
+            else:
+                out.append(PlannedRange(r.stream, start, max(start, end), start))
         return out
 
     def keep(self, batch: pa.RecordBatch) -> pa.RecordBatch:

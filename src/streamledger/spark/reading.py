@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pyspark.sql.datasource import InputPartition
 
 from streamledger.errors import StreamledgerError
+from streamledger.offsets import DataLossError
 from streamledger.protocol.rabbitmq.reader import ReadStats
 from streamledger.sources import find_kind, super_stream_partitions
 from streamledger.spark.arrow import MAP_COLUMNS, buffers_to_arrow
@@ -196,9 +197,18 @@ def plan(options: ReadOptions) -> list[PlannedRange]:
     pushed = options.pushed
     with StreamClient.connect(options.url) as client:
         bounds = {s: b for s, b in options.bounds(client).items() if pushed.keeps_stream(s)}
-        planned = plan_ranges(client, bounds, fail_on_data_loss=options.fail_on_data_loss,
+        # With pushed filters, retention's loss is judged on what they ask for (narrow), not on the
+        # options' start: a filter past the cut loses nothing; one inside it loses from its own start.
+        fail = options.fail_on_data_loss
+        planned = plan_ranges(client, bounds, fail_on_data_loss=fail and not pushed.narrows,
                               timestamp_strategy=options.times.strategy)
-        return pushed.narrow(client, planned) if pushed.narrows else planned
+        if not pushed.narrows:
+            return planned
+        narrowed = pushed.narrow(client, planned)
+        lost = next((r for r in narrowed if r.lost is not None), None) if fail else None
+        if lost is not None and lost.lost is not None:
+            raise DataLossError(lost.stream, lost.lost[0], client.first_offset(lost.stream))
+        return narrowed
 
 
 def slices_for(planned: list[PlannedRange], options: ReadOptions) -> list[StreamSlice]:
