@@ -137,3 +137,23 @@ def test_on_a_broker_without_filtering_the_read_is_whole_and_exact(broker_310: B
     rows, stats = read_all(reader)
     assert [(r["offset"], r["filter_value"]) for r in rows] == [(2, "us"), (3, "us")]
     assert not stats.filtered and stats.chunks == 3
+
+
+def test_streaming_has_the_same_filter_column(spark: Any, rabbitmq_url: str, stream_name: Any,
+                                              tmp_path: Any) -> None:
+    """Batch and streaming agree: the declared property gives readStream the same column; Spark 4.2
+    offers a streaming reader no filters, so the query filters it in Spark."""
+    s = stream_name("sfiltstream")
+    regions = publish_regions(rabbitmq_url, s, groups=6, per_group=10)
+    df = (spark.readStream.format("rabbitmq_stream").option("url", rabbitmq_url).option("stream", s)
+          .option("startingOffsets", "earliest").option("filterValueProperty", "region").load())
+    assert df.schema == WITH_FILTER
+    q = (df.filter(F.col("filter_value") == "us").select("offset", "filter_value").writeStream
+         .format("memory").queryName("sfiltstream").option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(availableNow=True).start())
+    try:
+        q.awaitTermination(180)
+    finally:
+        q.stop()
+    got = sorted(tuple(r) for r in spark.sql("select * from sfiltstream").collect())
+    assert got == sorted((o, "us") for o, r in regions.items() if r == "us") and got
