@@ -13,13 +13,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from streamledger.errors import StreamledgerError
 from streamledger.offsets import DataLossError
 from streamledger.protocol.rabbitmq.reader import ReadStats
 from streamledger.sources import find_kind, super_stream_partitions
-from streamledger.spark.arrow import MAP_COLUMNS, buffers_to_arrow
+from streamledger.spark.arrow import MAP_COLUMNS, STRING_MAP, buffers_to_arrow
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
@@ -290,18 +291,22 @@ def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None, stat
     after = start - 1  # the last offset handed out
     project, keep, prop = options.projection, options.pushed, options.filter_property
     maps = project.map_columns(options.map_columns)
-    if prop is not None and (project.filter_value or keep.filter_values is not None):
-        maps = (*maps, "application_properties")  # filter_value is read from it
-    values = sorted(keep.filter_values) if keep.filter_values is not None and prop is not None else None
+    with_fv = prop is not None and (project.filter_value or keep.filter_values is not None)
+    decoded = (*maps, "application_properties") if with_fv and "application_properties" not in maps else maps
+    values = sorted(keep.filter_values) if keep.filter_values is not None and with_fv else None
     for batch in client.read_range(
         part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
-        prefer=options.read_from, layout="buffers", maps=bool(maps), filter_values=values, stats=stats,
+        prefer=options.read_from, layout="buffers", maps=bool(decoded), filter_values=values, stats=stats,
     ):
         if len(batch):
             after = check_runs(part, after, batch.run_starts, batch.run_lengths)
-            arrow = buffers_to_arrow(batch, maps)
-            if prop is not None:
-                arrow = with_filter_value(arrow, prop)
+            arrow = buffers_to_arrow(batch, decoded)
+            if with_fv:
+                assert prop is not None
+                arrow = with_filter_value(arrow, prop)  # read from application_properties
+                if decoded is not maps:  # decoded for filter_value only: the column stays as asked (null)
+                    i = arrow.schema.get_field_index("application_properties")
+                    arrow = arrow.set_column(i, arrow.schema.field(i), pa.nulls(len(arrow), STRING_MAP))
             yield project.apply(keep.keep(arrow))
 
 

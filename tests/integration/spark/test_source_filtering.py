@@ -117,6 +117,10 @@ def test_the_filter_column_only_when_declared(spark: Any, rabbitmq_url: str, str
     df = read_df(spark, rabbitmq_url, stream=s, filterValueColumn="region", columns="offset,filter_value")
     assert df.columns == ["offset", "filter_value"]
     assert sorted(df.collect()) == [(o, REGIONS[o // 4]) for o in range(12)]
+    # properties=none: the map is decoded for filter_value only and stays null, as asked
+    df = read_df(spark, rabbitmq_url, stream=s, filterValueProperty="region", properties="none")
+    assert {(r["application_properties"], r["filter_value"]) for r in df.collect()} == {
+        (None, region) for region in REGIONS}
     with pytest.raises(PlanningError, match=r"option 'columns' names unknown columns \['filter_value'\]"):
         RabbitMQStreamDataSource({"url": rabbitmq_url, "stream": s, "columns": "filter_value"}).schema()
     with pytest.raises(PlanningError, match="give 'filterValueProperty' or its alias 'filterValueColumn'"):
