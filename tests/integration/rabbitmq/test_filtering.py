@@ -11,7 +11,7 @@ from streamledger.protocol.rabbitmq import (
     StreamClient,
     UnsupportedByBroker,
 )
-from tests.support.rabbitmq import Broker, StreamNames
+from tests.support.rabbitmq import Broker, StreamNames, ensure_broker
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -45,10 +45,11 @@ def _read(client: StreamClient, name: str, start: int, end: int, values: list[st
     return got, stats
 
 
-def test_a_filtered_read_skips_chunks_and_keeps_every_match(broker_43: Broker, stream_name: StreamNames
-                                                            ) -> None:
-    name = stream_name("filt")
-    with StreamClient.connect(broker_43.url) as client:
+@pytest.mark.parametrize("version", ["4.3", "4.0"])
+def test_a_filtered_read_skips_chunks_and_keeps_every_match(version: str, stream_name: StreamNames) -> None:
+    broker = ensure_broker(version)
+    name = stream_name("filt", broker=broker)
+    with StreamClient.connect(broker.url) as client:
         client.create_stream(name)
         assert client.supports_filtering
         regions = _publish_regions(client, name, groups=12, per_group=20)  # 240 offsets, ends with apac
