@@ -38,12 +38,12 @@ from streamledger.batch.position import (
     first_offsets,
     log_offsets,
     measure,
-    user_records,
+    user_records_many,
 )
 from streamledger.batch.sinks import choose
 from streamledger.ledger.types import RangeStatus
 from streamledger.manifest import Manifest, ManifestError
-from streamledger.offsets import ChunkPrint, OffsetNotVerified, same_stream, take_print
+from streamledger.offsets import ChunkPrint, OffsetNotVerified, same_streams, take_prints
 
 if TYPE_CHECKING:
     from streamledger.ledger import ClaimRequest, Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
@@ -345,10 +345,8 @@ class BatchRun:
         cfg = self.config
         found = self.ledger.positions(cfg.pipeline, [self._source(s) for s in streams])
         tails, stored = log_offsets(self.broker, streams, cfg.pipeline)
-        prints = [(s, pos.chunk) for s, pos in zip(streams, found, strict=True) if pos.chunk is not None]
-        pooled = getattr(self.broker, "pooled_reads", None)
-        with pooled() if pooled is not None and len(prints) > 1 else contextlib.nullcontext():
-            same = {s: same_stream(self.broker, s, chunk) for s, chunk in prints}
+        same = same_streams(self.broker, {s: pos.chunk for s, pos in zip(streams, found, strict=True)
+                                          if pos.chunk is not None})
         seen: list[tuple[str, int, int | None, SourcePosition]] = []
         refused: list[tuple[str, StreamReplaced]] = []
         for s, pos in zip(streams, found, strict=True):
@@ -423,11 +421,9 @@ class BatchRun:
         from streamledger.ledger import CommitRequest
 
         todo = self.to_read()
-        pooled = getattr(self.broker, "pooled_reads", None)
-        # One member connection for every probe (a subscription each), when the client can keep it.
-        with pooled() if pooled is not None and len(todo) > 1 else contextlib.nullcontext():
-            empty = [p for p in todo if not user_records(self.broker, p.result.stream, p.result.start,
-                                                         p.result.end)]
+        ranges = {p.result.stream: (p.result.start, p.result.end) for p in todo}
+        found = user_records_many(self.broker, ranges)  # one connection, the probes in flight together
+        empty = [p for p in todo if not found[p.result.stream]]
         done = self.ledger.commit_many([CommitRequest(p.range.id, 0, None, None, None)
                                         for p in empty if p.range is not None]) if empty else []
         for p, rng in zip(empty, done, strict=True):
@@ -548,12 +544,8 @@ class BatchRun:
         them only while none was retained let an old fingerprint roll out of the new stream's
         retention, and the batch then read on from the old end: the model checker's PostgreSQL seed
         2000). One chunk header per source and batch."""
-        wanted = [p.result for p in todo if p.result.records and p.result.last_offset is not None]
-        pooled = getattr(self.broker, "pooled_reads", None)
-        with pooled() if pooled is not None and len(wanted) > 1 else contextlib.nullcontext():
-            prints = {r.stream: take_print(self.broker, r.stream, int(r.last_offset))  # type: ignore[arg-type]
-                      for r in wanted}
-        return {s: c for s, c in prints.items() if c is not None}
+        return take_prints(self.broker, {p.result.stream: int(p.result.last_offset) for p in todo
+                                         if p.result.records and p.result.last_offset is not None})
 
     def _commit_outcome(self, p: _Part, exc: Exception) -> OffsetRange:
         """A commit that raised may still have happened (its reply lost with the connection): read
