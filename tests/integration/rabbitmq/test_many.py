@@ -105,3 +105,26 @@ def test_chunk_headers_and_user_records_of_many_streams_at_once(broker_43: Broke
             client.user_records_many({names[0]: (0, tail + 1)})
         # the connection still serves one-at-a-time requests afterwards
         assert client.chunk_at(names[0], 0).first_offset == 0  # type: ignore[union-attr]
+
+
+def test_fingerprints_of_many_streams_at_once_tell_a_recreated_one(broker_43: Broker,
+                                                                   stream_name: StreamNames) -> None:
+    """The batch takes every partition's fingerprint at commit and checks them all in its plan
+    together (``take_prints``/``same_streams``): the answers are those of one stream at a time,
+    and a stream deleted and re-created with as many records is told apart."""
+    from streamledger.offsets import same_stream, same_streams, take_print, take_prints
+
+    names = [stream_name(f"print-{i}") for i in range(3)]
+    with StreamClient.connect(broker_43.url) as client:
+        for name in names:
+            client.create_stream(name)
+            client.publish(name, [b"a", b"b", b"c"], batch_size=3)
+        prints = take_prints(client, {n: 2 for n in names})
+        assert prints == {n: take_print(client, n, 2) for n in names}
+        # no chunk holds offset 7: left out
+        assert take_prints(client, {names[0]: 2, names[1]: 7}) == {names[0]: prints[names[0]]}
+        client.delete_stream(names[1])
+        client.create_stream(names[1])
+        client.publish(names[1], [b"x", b"y", b"z"], batch_size=3)
+        assert same_streams(client, prints) == {names[0]: True, names[1]: False, names[2]: True}
+        assert same_streams(client, prints) == {n: same_stream(client, n, p) for n, p in prints.items()}
