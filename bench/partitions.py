@@ -42,6 +42,7 @@ from ledger import pg_database, pg_server  # noqa: E402  (bench/ledger.py: the p
 from streamledger.batch import BatchConfig, LocalSparkRunner, RunId, run_batch  # noqa: E402
 from streamledger.ledger import Ledger  # noqa: E402
 from streamledger.protocol.rabbitmq import StreamClient  # noqa: E402
+from streamledger.protocol.rabbitmq.connection import Connection  # noqa: E402
 
 DEFAULT_URL = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
 RECORDS = 10
@@ -125,8 +126,19 @@ def timed_batch(cfg: BatchConfig, run: RunId, ledger: Ledger, broker: StreamClie
 
     cpu = time.process_time()
     last[0] = began = time.perf_counter()
-    result = run_batch(cfg, run=run, ledger=Counting(ledger, calls),  # type: ignore[arg-type]
-                       broker=Counting(broker, calls), runner=runner, on_step=mark)
+    send = Connection.send
+
+    def counted(conn: Connection, frame: bytes | bytearray | memoryview) -> None:
+        # the driver's writes to the broker: a pipelined round of requests is one
+        calls["(broker writes)"] += 1
+        send(conn, frame)
+
+    Connection.send = counted  # type: ignore[method-assign,assignment]
+    try:
+        result = run_batch(cfg, run=run, ledger=Counting(ledger, calls),  # type: ignore[arg-type]
+                           broker=Counting(broker, calls), runner=runner, on_step=mark)
+    finally:
+        Connection.send = send  # type: ignore[method-assign]
     wall = time.perf_counter() - began
     spark = (_tree_cpu(jvm) - spark_cpu) if jvm else 0.0
     return wall, time.process_time() - cpu, spark, steps, dict(calls), result.records
