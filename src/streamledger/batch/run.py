@@ -121,6 +121,35 @@ class Heartbeat:
                 return
 
 
+class _Leases:
+    """The publish leases this attempt holds, renewed before each step that moves output (a
+    rename, a file copied): the renewal of one is the renewal of all (one ledger statement), and
+    where a rename is one atomic step (``atomic``) a renewal younger than ``FRESH`` seconds serves
+    the next range's rename too, so 1,000 ranges cost a few statements, not 1,000. A copy onto a
+    store without rename renews before every file, so a stalled attempt stops at its next file;
+    a stall longer than ``FRESH`` is noticed before the next rename; and the ledger refuses to
+    record a range published by an attempt that lost its lease, whatever happened here."""
+
+    FRESH = 1.0
+
+    def __init__(self, ledger: Ledger, token: str, ids: Sequence[int]) -> None:
+        self.ledger, self.token = ledger, token
+        self.pending = set(ids)
+        self.held: set[int] = set()
+        self.at = float("-inf")
+
+    def check(self, range_id: int, *, atomic: bool) -> bool:
+        """Whether this attempt still holds ``range_id``'s lease (renewing them all if needed)."""
+        fresh = atomic and time.monotonic() - self.at < self.FRESH and range_id in self.held
+        if not fresh:
+            self.held = set(self.ledger.renew_publish(sorted(self.pending | {range_id}), self.token))
+            self.at = time.monotonic()
+        return range_id in self.held
+
+    def done(self, range_id: int) -> None:
+        self.pending.discard(range_id)
+
+
 class BatchRun:
     """One batch over every partition of a stream or super stream."""
 
@@ -157,6 +186,7 @@ class BatchRun:
         self.token = run.attempt_token(uuid.uuid4().hex[:8])
         """This attempt as a publish-lease holder."""
         self.epochs: dict[str, int] = {}
+        self._leases: _Leases | None = None  # while publish_ranges runs
         self._reread = True  # False once the broker holds another stream: never read it for the old
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -620,9 +650,11 @@ class BatchRun:
                                                self.token, lease=lease)
         placed: list[sinks.SinkRange] = []
         done: list[int] = []
+        self._leases = _Leases(self.ledger, self.token, [h.id for h in leases if h is not None])
         try:
             for (rng, staging, own), held in zip(todo, leases, strict=True):
                 final = self.publish_range(rng, held, staging, own=own)
+                self._leases.done(rng.id)
                 if final is None:
                     continue
                 if self.sink.name != "directory":
@@ -640,6 +672,8 @@ class BatchRun:
                     with contextlib.suppress(Exception):
                         self.ledger.release_publish(rng.id, self.token)
             raise
+        finally:
+            self._leases = None
         self.ledger.mark_published_many(done, self.token)
         return placed
 
@@ -662,7 +696,10 @@ class BatchRun:
         final = held.output or self._final(rng.source.stream, rng.start, rng.end)
 
         def guard() -> None:
-            if rng.id not in self.ledger.renew_publish([rng.id], self.token):
+            leases = self._leases
+            held = (leases.check(rng.id, atomic=self.fs.renames_atomically(final)) if leases is not None
+                    else rng.id in self.ledger.renew_publish([rng.id], self.token))
+            if not held:
                 raise BatchError(f"{what}: the publish lease was taken over while publishing to {final}; "
                                  "stopped before the next file")
 
