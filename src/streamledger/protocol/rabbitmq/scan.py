@@ -86,6 +86,9 @@ def _run(conn: Connection, subs: list[_Sub], *, all_chunks: bool, need: int, bar
     conn.on_credit_error = lambda _sid, code: credit_errors.append(code)
     props = {"chunk_selector": "all"} if all_chunks else None
     subscribed: list[int] = []
+    ours = {s.stream for s in subs}
+    # A connection that lives long (the batch's client) may hold updates of streams it used before.
+    known = len(conn.metadata_updates)
     try:
         asks = []
         for sid, s in enumerate(subs):
@@ -103,8 +106,9 @@ def _run(conn: Connection, subs: list[_Sub], *, all_chunks: bool, need: int, bar
             conn.call(c.METADATA, corr, metadata_frame(corr, [subs[0].stream]), timeout=timeout)
             deadline = time.monotonic() + grace
         while not all(s.done for s in subs):
-            if conn.metadata_updates:
-                code, name = conn.metadata_updates[-1]
+            mine = [(code, name) for code, name in conn.metadata_updates[known:] if name in ours]
+            if mine:
+                code, name = mine[-1]
                 raise ResponseError("a probe of many streams stopped", code, c.code_name(code), name)
             if credit_errors:
                 raise ResponseError("Credit", credit_errors[0], c.code_name(credit_errors[0]),
