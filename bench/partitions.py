@@ -14,7 +14,11 @@ The time of each batch is split by step from the batch's ``on_step`` marks (perf
 ``probe`` (ranges holding only tracking chunks), ``job`` (the Spark job), ``verify`` (manifest
 checks, per-range manifests), ``commit``, ``publish``, ``store`` (StoreOffset + read back). The
 table prints medians over the rounds; broker and ledger calls per batch are counted through thin
-proxies (counts only, no timing inside them). ``--writers`` times the job's Arrow writer (issue 32) and
+proxies (counts only, no timing inside them), and ``(broker writes)`` counts the driver's writes to
+the broker (a pipelined round of requests is one): round trips, which do not move with the load.
+The per-partition questions to the broker (fingerprint check, probe of tracking-only ranges,
+fingerprints at commit) are one call each for all partitions (``chunks_at``, ``user_records_many``):
+a call count that grows with N is a regression. ``--writers`` times the job's Arrow writer (issue 32) and
 the JVM writer in the same run, on the same warm session. Targets (issue 32, printed, not asserted):
 100 partitions <= 2 s first batch and <= 0.5 s idle; 1,000 partitions <= 10 s.
 """
