@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 from streamledger.cli.exits import BadInput
 from streamledger.cli.options import (
     add_broker,
+    add_catalog,
     add_json,
     add_ledger,
     broker_url,
+    catalog_of,
     key_value_arg,
     open_ledger,
     position_arg,
@@ -35,10 +37,6 @@ if TYPE_CHECKING:
 
 TASK = "batch"
 DAG = "streamledger-cli"
-
-
-def _catalog(items: list[str]) -> dict[str, str] | None:
-    return dict(item.split("=", 1) for item in items) or None
 
 
 def _positive(text: str) -> int:
@@ -106,7 +104,7 @@ def _config(args: argparse.Namespace, url: str) -> BatchConfig:
         return BatchConfig(
             pipeline=args.pipeline, url=url, output_root=args.output_root, stream=args.stream,
             super_stream=args.super_stream, max_offsets=args.max_offsets, sink=args.sink, table=args.table,
-            catalog=_catalog(args.catalog), initial_position=args.initial_position, splits=args.splits,
+            catalog=catalog_of(args), initial_position=args.initial_position, splits=args.splits,
             on_data_loss=args.on_data_loss, interval_start=args.interval_start,
             interval_end=args.interval_end,
             bound_by_interval=args.bound_by_interval, interval_grace=args.interval_grace,
@@ -211,8 +209,7 @@ def register(sub: Any) -> None:
     p.add_argument("--table", default=None,
                    help="iceberg: NAMESPACE.NAME (default streamledger.<pipeline>); "
                    "delta: the table's location")
-    p.add_argument("--catalog", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
-                   help="a pyiceberg catalog property (repeatable; default: a SQL catalog in the ledger)")
+    add_catalog(p, "a SQL catalog in the ledger")
     p.add_argument("--run-id", default=None, help="the run identity: the same id is a retry of that run")
     p.add_argument("--master", default=None, help="local Spark's master (default local[2])")
     p.add_argument("--conf", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
