@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,7 @@ from streamledger.cli.options import (
     open_ledger,
     position_arg,
 )
-from streamledger.cli.progress import JobProgress
+from streamledger.cli.progress import StderrHandler, batch_display
 
 if TYPE_CHECKING:
     from streamledger.batch import BatchConfig
@@ -137,22 +136,23 @@ def _run(args: argparse.Namespace) -> int:
     url = broker_url(args)
     config = _config(args, url)
     runner = _runner(args)
-    log_lines = logging.StreamHandler(sys.stderr)
+    log_lines = StderrHandler()
     log_lines.setFormatter(logging.Formatter("streamledger: %(message)s"))
     batch_log = logging.getLogger("streamledger.batch")
     batch_log.addHandler(log_lines)
     batch_log.setLevel(logging.INFO)
     batch_log.propagate = False  # one line per step: not again through the root logger's handler
-    watch = JobProgress(config.pipeline, runner)
+    display = batch_display()  # on a terminal; else the batch's own progress lines, through log_lines
     try:
         with open_ledger(args, write=True) as ledger, connect_log(url) as log:
             run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
             run = RunId(DAG, run_id, TASK, try_number=_try_number(ledger, args.pipeline, run_id))
-            batch = BatchRun(config, run=run, ledger=ledger, broker=log, runner=runner, on_step=watch.step)
+            batch = BatchRun(config, run=run, ledger=ledger, broker=log, runner=runner, progress=display)
             try:
                 result = batch.execute()
             finally:
-                watch.stop()
+                if display is not None:
+                    display.close()
             table = batch.sink.describe()
     finally:
         batch_log.removeHandler(log_lines)

@@ -31,6 +31,7 @@ from streamledger.cli.options import (
     ledger_url,
     open_ledger,
 )
+from streamledger.cli.progress import AuditProgress
 from streamledger.cli.table import render, when
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
@@ -122,14 +123,17 @@ def _audit(args: argparse.Namespace) -> int:
 
     with _ledger(args) as ledger, contextlib.ExitStack() as stack:
         stale = timedelta(seconds=args.stale_after)
+        shown = AuditProgress(f"audit {args.pipeline or 'all pipelines'}")
         check: dict[str, Any] = {"outputs_too": args.outputs, "deep": args.deep,
-                                 "catalog": catalog_of(args)}
+                                 "catalog": catalog_of(args), "progress": shown.step}
         urls = getattr(args, "broker_url", None) or []
+        stack.callback(shown.close)  # the live display ends on failure too
         if urls:
             brokers = _broker_lookups(stack, [urls] if isinstance(urls, str) else urls)
             report = audit(ledger, args.pipeline, broker=brokers, stale_after=stale, **check)
         else:
             report = audit(ledger, args.pipeline, stale_after=stale, **check)
+        shown.done()
         if args.html:
             from streamledger.ledger.html import render_html
 
