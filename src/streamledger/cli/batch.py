@@ -22,11 +22,12 @@ from streamledger.cli.options import (
     add_catalog,
     add_json,
     add_ledger,
+    add_spark_conf,
     broker_url,
     catalog_of,
-    key_value_arg,
     open_ledger,
     position_arg,
+    spark_conf_of,
 )
 from streamledger.cli.progress import StderrHandler, batch_display
 
@@ -121,12 +122,11 @@ def _runner(args: argparse.Namespace) -> Any:
     from streamledger.batch import LocalSparkRunner, SparkConnectRunner
 
     if args.remote:
-        if args.conf or args.master:
-            raise BadInput("--master and --conf configure local Spark; a Spark Connect server (--remote) "
-                           "has its own")
+        if args.conf or args.conf_file or args.master:
+            raise BadInput("--master and --conf(-file) configure local Spark; a Spark Connect server "
+                           "(--remote) has its own")
         return SparkConnectRunner(args.remote)
-    conf = dict(item.split("=", 1) for item in args.conf)
-    return LocalSparkRunner(master=args.master or "local[2]", conf=conf)
+    return LocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -212,8 +212,7 @@ def register(sub: Any) -> None:
     add_catalog(p, "a SQL catalog in the ledger")
     p.add_argument("--run-id", default=None, help="the run identity: the same id is a retry of that run")
     p.add_argument("--master", default=None, help="local Spark's master (default local[2])")
-    p.add_argument("--conf", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
-                   help="a Spark setting, e.g. spark.jars.packages=... for s3a:// (repeatable)")
+    add_spark_conf(p, "a Spark setting, e.g. spark.jars.packages=... for s3a://")
     p.add_argument("--remote", type=_remote, default=None, metavar="sc://HOST:PORT",
                    help="run the job on a Spark Connect server instead of local Spark")
     p.set_defaults(func=_run)
