@@ -136,7 +136,7 @@ def _bound(client: StreamClient, stream: str, position: Position) -> int:
 
 
 def _write_jsonl(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, int | None]:
-    from streamledger.spark.arrow import stringify
+    from streamledger.protocol.amqp10.text import stringify
 
     records, first, last = 0, None, None
     with path.open("w", encoding="utf-8") as fh:
@@ -162,7 +162,7 @@ def _write_jsonl(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, i
 
 
 def _strmap(value: dict[Any, Any] | None) -> dict[str, str | None] | None:
-    from streamledger.spark.arrow import stringify
+    from streamledger.protocol.amqp10.text import stringify
 
     if value is None:
         return None

@@ -76,7 +76,7 @@ def _filter_of(props: Mapping[str, Any] | None, name: str | None) -> str | None:
     value = props.get(name)
     if value is None:
         return None
-    from streamledger.spark.arrow import stringify
+    from streamledger.protocol.amqp10.text import stringify
 
     return stringify(value)
 
