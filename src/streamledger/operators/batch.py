@@ -28,16 +28,8 @@ from streamledger.batch import (
     run_batch,
     summarize,
 )
-from streamledger.batch.position import source_problem
-from streamledger.batch.rules import (
-    SINKS,
-    catalog_problem,
-    initial_position_problem,
-    on_data_loss_problem,
-    sink_problem,
-    splits_problem,
-)
 from streamledger.batch.sinks.choose import make_sink
+from streamledger.batch.spec import Door, PipelineSpec, SpecError
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls, mask_url
@@ -128,6 +120,11 @@ class SparkSubmitRunner(SubmitRunner):
             self._hook.submit(application=application)
         finally:
             self._hook = None
+
+
+def _pending(value: Any) -> bool:
+    """Whether ``value`` is still a template (rendered only when the task runs)."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
 _ALIVE_STATES = ["scheduled", "queued", "running", "deferred", "up_for_retry", "up_for_reschedule",
@@ -303,43 +300,50 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
 
     def _validate(self, *, rendered: bool) -> None:
         """Check the arguments at DAG parse time (templated values are checked once rendered, at execute)."""
+        self._spec(rendered=rendered)
 
-        def pending(value: Any) -> bool:
-            return not rendered and isinstance(value, str) and ("{{" in value or "{%" in value)
+    def _cap(self, *, rendered: bool) -> int | None:
+        """``max_offsets`` (or its deprecated name ``max_records``) as rendered text turned into a number."""
+        for name in ("max_offsets", "max_records"):
+            value = getattr(self, name)
+            if value in (None, "", "None") or (not rendered and _pending(value)):
+                continue
+            try:
+                cap = int(value)
+            except (TypeError, ValueError):
+                cap = 0
+            if cap < 1:
+                raise ValueError(f"{self.task_id}: {name} must be a positive integer, got {value!r}")
+            return cap
+        return None
 
+    def _spec(self, *, rendered: bool) -> PipelineSpec:
+        """The pipeline this task runs (:class:`~streamledger.batch.spec.PipelineSpec`, where every rule is
+        asked). Before rendering, a templated setting stands at its default until it is rendered."""
         if not self.pipeline:
             raise ValueError(f"{self.task_id}: pipeline is required")
-        problem = source_problem(str(self.pipeline), self.stream, self.super_stream, keywords=True)
-        if problem is not None:
-            raise ValueError(f"{self.task_id}: {problem}")
-        position = self.initial_position
-        # An int's sign, like every other setting, is checked again by BatchConfig once rendered.
-        if not (pending(position) or isinstance(position, int)
-                or (isinstance(position, str) and position.isdigit())):
-            problem = initial_position_problem(position)
-            if problem is not None:
-                raise ValueError(f"{self.task_id}: {problem}")
-        if self.fmt not in ("parquet", "orc", "json"):
-            raise ValueError(f"{self.task_id}: fmt {self.fmt!r} is not parquet, orc or json")
-        problem = splits_problem(self.splits)
-        if problem is None and not pending(self.on_data_loss):
-            problem = on_data_loss_problem(self.on_data_loss)
-        if problem is not None:
-            raise ValueError(f"{self.task_id}: {problem}")
-        records = self.max_records
-        if not pending(records) and records not in (None, "", "None"):
-            try:
-                ok = int(records) >= 1
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                raise ValueError(f"{self.task_id}: max_records must be a positive integer, got {records!r}")
-        if not any(pending(v) for v in (self.sink, self.table, self.catalog_conn_id)):
-            problem = sink_problem(self.sink, self.table or None, None, self.fmt)
-            if problem is None and self.catalog_conn_id:
-                problem = catalog_problem(self.sink, "catalog_conn_id is")
-            if problem is not None:
-                raise ValueError(f"{self.task_id}: {problem}")
+
+        def given(name: str, default: Any) -> Any:
+            value = getattr(self, name)
+            return default if not rendered and _pending(value) else value
+
+        initial: Any = given("initial_position", "first")
+        if isinstance(initial, str) and initial.isdigit():
+            initial = int(initial)
+        try:
+            return PipelineSpec(
+                pipeline=self.pipeline, stream=self.stream or None, super_stream=self.super_stream or None,
+                # the default root is made when a run needs it, not when the DAG is parsed
+                output_root=given("output_root", None) or (default_output_root() if rendered else "output"),
+                initial_position=initial, max_offsets=self._cap(rendered=rendered), fmt=self.fmt,
+                splits=self.splits, store_offset=self.store_offset,
+                on_data_loss=given("on_data_loss", "fail"), bound_by_interval=self.bound_by_interval,
+                interval_grace=self.interval_grace, sink=given("sink", "directory"),
+                table=given("table", None) or None, catalog_given=bool(given("catalog_conn_id", None)),
+                door=Door.OPERATOR,
+            )
+        except SpecError as exc:
+            raise ValueError(f"{self.task_id}: {exc}") from exc
 
     def _runner(self) -> JobRunner:
         if self.spark_connect_conn_id:
@@ -353,38 +357,16 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         return runner_for(master=self.spark_master, conf=self.spark_conf)
 
     def _config(self, url: str, context: Context) -> BatchConfig:
+        spec = self._spec(rendered=True)
         start: datetime | None = None
         end: datetime | None = None
-        if self.bound_by_interval or self.initial_position == "interval_start":
+        if spec.bound_by_interval or spec.initial_position == "interval_start":
             start, end = context.get("data_interval_start"), context.get("data_interval_end")
             if start is None or end is None:
                 raise BatchError(f"{self.task_id}: this DAG run has no data interval to bound the batch by")
-        cap = self.max_offsets if self.max_offsets not in (None, "", "None") else self.max_records
-        max_offsets = int(cap) if cap not in (None, "", "None") else None
-        initial: Any = self.initial_position
-        if isinstance(initial, str) and initial.isdigit():
-            initial = int(initial)
-        return BatchConfig(
-            pipeline=self.pipeline,
-            url=url,
-            output_root=self.output_root or default_output_root(),
-            stream=self.stream or None,
-            super_stream=self.super_stream or None,
-            initial_position=initial,
-            max_offsets=max_offsets,
-            interval_start=start if (self.bound_by_interval or initial == "interval_start") else None,
-            interval_end=end if (self.bound_by_interval or initial == "interval_start") else None,
-            fmt=self.fmt,
-            splits=self.splits,
-            store_offset=self.store_offset,
-            on_data_loss="record" if self.on_data_loss == "record" else "fail",
-            bound_by_interval=self.bound_by_interval,
-            interval_grace=self.interval_grace,
-            origin=getattr(context.get("dag"), "start_date", None) if self.bound_by_interval else None,
-            sink=self.sink if self.sink in SINKS else "directory",  # type: ignore[arg-type]
-            table=self.table or None,
-            catalog=self._catalog,
-        )
+        origin = getattr(context.get("dag"), "start_date", None) if spec.bound_by_interval else None
+        return BatchConfig.for_run(spec, url=url, interval_start=start, interval_end=end,
+                                   catalog=self._catalog, origin=origin)
 
     def execute(self, context: Context) -> dict[str, Any]:
         self._validate(rendered=True)
