@@ -207,12 +207,17 @@ class PartitionResult:
 
 @dataclass(slots=True)
 class BatchResult:
-    """Summary of one batch across partitions."""
+    """Summary of one batch across partitions, and the table a table sink published into."""
 
     pipeline: str
     broker: str
     super_stream: str | None
     partitions: list[PartitionResult] = field(default_factory=list)
+    table: dict[str, Any] | None = None
+    """A table sink's table after the batch (the sink's ``describe()``: no credentials); None for
+    the directory sink."""
+    catalog: Mapping[str, str] | None = field(default=None, repr=False)
+    """The Iceberg catalog's properties the batch used (for lineage; never in ``to_dict``)."""
 
     @property
     def empty(self) -> bool:
@@ -234,6 +239,7 @@ class BatchResult:
             "records": self.records,
             "ranges": self.ranges(),
             "partitions": [p.to_dict() for p in self.partitions],
+            **({} if self.table is None else {"table": self.table}),
         }
 
 

@@ -852,7 +852,17 @@ class BatchRun:
             self.release_publish_leases()
             raise
         self.store_offsets()
+        self.describe_table()
         return self.result
+
+    def describe_table(self) -> None:
+        """With a table sink, the table as readers find it after this batch, told by the sink the batch
+        published with (front doors report it from the result; none builds a sink of its own)."""
+        if self.sink.name == "directory":
+            return
+        self.result.table = self.sink.describe()
+        props = getattr(self.sink, "props", None)  # the Iceberg catalog in use (the default resolved)
+        self.result.catalog = dict(props) if props else None
 
 
 def run_batch(

@@ -45,7 +45,6 @@ from dagster import (
 
 from streamledger.batch import BatchConfig, BatchResult, run_batch
 from streamledger.batch.position import PipelineSource
-from streamledger.batch.sinks.choose import make_sink
 from streamledger.batch.spec import Door, PipelineSpec
 from streamledger.dagster.freshness import lag_by_stream
 from streamledger.dagster.identity import holder_alive, run_id_for
@@ -353,10 +352,9 @@ def stream_batch_asset(
                 p.get("output"),
             )
         extra: dict[str, Any] = {}
-        if spec.sink != "directory":
-            described = make_sink(config, ledger).describe()
-            extra = table_metadata(described) if described is not None else {}
-            context.log.info("table %s", described)
+        if result.table is not None:
+            extra = table_metadata(result.table)
+            context.log.info("table %s", result.table)
         return MaterializeResult(metadata={**batch_metadata(result), **lag_metadata(lag), **extra})
 
     return _stream_batch

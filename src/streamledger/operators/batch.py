@@ -28,7 +28,6 @@ from streamledger.batch import (
     run_batch,
     summarize,
 )
-from streamledger.batch.sinks.choose import make_sink
 from streamledger.batch.spec import Door, PipelineSpec, SpecError
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
@@ -290,9 +289,7 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         self.sink = sink
         self.table = table
         self.catalog_conn_id = catalog_conn_id
-        self._table: dict[str, Any] | None = None
         self._catalog: dict[str, str] | None = None
-        self._lineage_catalog: dict[str, str] | None = None
         self.on_step: StepHook | None = None  # tests only (a cluster policy may set it)
         self._runner_in_use: Any = None
         self._result: BatchResult | None = None
@@ -398,17 +395,12 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             self._runner_in_use = None
         self._result = result
         self.log.info("%s", summarize(result))
-        summary = result.to_dict()
-        if config.sink != "directory":
-            sink = make_sink(config, ledger)
-            self._table = sink.describe()
-            self._lineage_catalog = dict(getattr(sink, "props", None) or {})  # the catalog in use
-            summary["table"] = self._table
-            self.log.info("table %s", self._table)
+        if result.table is not None:
+            self.log.info("table %s", result.table)
         self._emit_asset_events(context, result)
         if result.empty and self.skip_on_empty:
             raise AirflowSkipException(f"pipeline {self.pipeline}: no new offsets")
-        return summary
+        return result.to_dict()
 
     def _skip_a_repeated_announcement(self, context: Context) -> None:
         """A run started only by announcements redelivered after a triggerer restart (their
@@ -461,7 +453,7 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             return None
         from streamledger.operators.lineage import batch_lineage
 
-        return batch_lineage(self._result, table=self._table, catalog=self._lineage_catalog)
+        return batch_lineage(self._result, table=self._result.table, catalog=self._result.catalog)
 
     def _emit_asset_events(self, context: Context, result: BatchResult) -> None:
         """Attach the ranges to every outlet's Asset event (consumers see what was processed)."""
@@ -475,8 +467,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             "ranges": result.ranges(),
             "outputs": {p.stream: p.output for p in result.partitions if p.output},
         }
-        if self._table is not None:
-            extra["table"] = self._table
+        if result.table is not None:
+            extra["table"] = result.table
         key = _partition_key(context) if self.bound_by_interval else None
         events = context["outlet_events"]
         for outlet in self.outlets:
