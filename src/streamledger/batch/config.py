@@ -15,6 +15,7 @@ from streamledger.batch.spec import InitialPosition as InitialPosition
 from streamledger.batch.spec import PipelineSpec
 from streamledger.errors import BatchError as BatchError  # the sinks import it from here
 from streamledger.ledger.types import RunIdentity
+from streamledger.manifest import Manifest
 
 
 class IntervalNotReady(BatchError):
@@ -55,11 +56,13 @@ class Broker(Protocol):
     ) -> None: ...
 
 
-JobRunner = Callable[..., Mapping[str, Any]]
+JobRunner = Callable[..., Manifest | Mapping[str, Any]]
 """``runner(url=..., ranges={stream: (start, end), ...}, output=staging_dir, fmt=..., splits=n)``
--> manifest. ``ranges`` holds every partition of the batch (one job per batch); the manifest's
-``streams[s]["path"]`` is where stream ``s``'s records were written (default: ``output`` itself
-when there is one stream)."""
+-> :class:`~streamledger.manifest.Manifest`. ``ranges`` holds every partition of the batch (one job
+per batch); the manifest's ``streams[s].path`` is where stream ``s``'s records were written
+(default: ``output`` itself when there is one stream). The runners here return a ``Manifest``; a
+runner written against the first contract may still return the manifest's JSON data, which the
+batch parses once, where it takes the result."""
 
 StepHook = Callable[[str, Any], None]
 """``hook(step, batch_run)`` after each step: ``claimed``, ``read``, ``committed``, ``published``,

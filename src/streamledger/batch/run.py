@@ -465,7 +465,8 @@ class BatchRun:
         self._step("read")
 
     def _job(self, ranges: Mapping[str, tuple[int, int]], output: str) -> Manifest:
-        """Run the job and parse what it says it wrote (the runner returns the manifest's JSON data)."""
+        """Run the job: what it says it wrote, as a :class:`Manifest` (the one parse of a mapping, for a
+        runner still returning the manifest's JSON data)."""
         cfg = self.config
         raw = self.runner(url=cfg.url, ranges=ranges, output=output, fmt=cfg.fmt, splits=cfg.splits)
         try:

@@ -63,29 +63,28 @@ class StreamBatchOrderError(StreamledgerError):
 
 def batch_metadata(result: BatchResult) -> dict[str, Any]:
     """Materialization metadata of one batch (one entry per stream in each JSON value)."""
-    summary = result.to_dict()
-    parts: list[dict[str, Any]] = summary["partitions"]
+    parts = result.partitions
     rows = [
-        f"| {p['stream']} | [{p['start']}, {p['end']}) | {p['records']} | {p['status']} | "
-        f"{'' if p.get('offset_stored') is None else p['offset_stored']} | {p.get('output') or ''} |"
+        f"| {p.stream} | [{p.start}, {p.end}) | {p.records} | {p.status} | "
+        f"{'' if p.offset_stored is None else p.offset_stored} | {p.output or ''} |"
         for p in parts
     ]
     table = "\n".join(
         ["| stream | range | records | status | stored offset | output |", "|---|---|---|---|---|---|", *rows]
     )
     return {
-        "dagster/row_count": MetadataValue.int(int(summary["records"])),
-        "records": MetadataValue.int(int(summary["records"])),
-        "pipeline": MetadataValue.text(str(summary["pipeline"])),
-        "broker": MetadataValue.text(str(summary["broker"])),
-        "empty": MetadataValue.bool(bool(summary["empty"])),
-        "ranges": MetadataValue.json(summary["ranges"]),
-        "outputs": MetadataValue.json({p["stream"]: p.get("output") for p in parts if p.get("output")}),
+        "dagster/row_count": MetadataValue.int(result.records),
+        "records": MetadataValue.int(result.records),
+        "pipeline": MetadataValue.text(result.pipeline),
+        "broker": MetadataValue.text(result.broker),
+        "empty": MetadataValue.bool(result.empty),
+        "ranges": MetadataValue.json(result.ranges()),
+        "outputs": MetadataValue.json({p.stream: p.output for p in parts if p.output}),
         "stored_offsets": MetadataValue.json(
-            {p["stream"]: p["offset_stored"] for p in parts if p.get("offset_stored") is not None}
+            {p.stream: p.offset_stored for p in parts if p.offset_stored is not None}
         ),
         "ledger_range_ids": MetadataValue.json(
-            {p["stream"]: p["range_id"] for p in parts if p.get("range_id") is not None}
+            {p.stream: p.range_id for p in parts if p.range_id is not None}
         ),
         "batch": MetadataValue.md(table),
     }
@@ -343,13 +342,11 @@ def stream_batch_asset(
                 config, run=run, ledger=ledger, broker=client, runner=runner,
                 holder_alive=holder_alive(context.instance, context.run.run_id),
             )
-            ends = ((p["stream"], int(p["end"])) for p in result.to_dict()["partitions"])
-            lag = lag_by_stream(client, ends)
-        for p in result.to_dict()["partitions"]:
+            lag = lag_by_stream(client, ((p.stream, p.end) for p in result.partitions))
+        for p in result.partitions:
             context.log.info(
                 "%s [%d, %d) %s: %d records, stored offset %s, output %s",
-                p["stream"], p["start"], p["end"], p["status"], p["records"], p.get("offset_stored"),
-                p.get("output"),
+                p.stream, p.start, p.end, p.status, p.records, p.offset_stored, p.output,
             )
         extra: dict[str, Any] = {}
         if result.table is not None:

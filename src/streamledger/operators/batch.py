@@ -33,6 +33,7 @@ from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls, mask_url
 from streamledger.hooks.source import source_hook
+from streamledger.manifest import Manifest
 from streamledger.spark.runners import (
     LocalSparkRunner,
     SparkConnectRunner,
@@ -109,7 +110,7 @@ class SparkSubmitRunner(SubmitRunner):
                                env_vars=job_environment(), **kwargs)
 
     def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
-                 splits: int) -> Mapping[str, Any]:
+                 splits: int) -> Manifest:
         mask_url(url)  # spark-submit's own output is logged line by line
         return super().__call__(url=url, ranges=ranges, output=output, fmt=fmt, splits=splits)
 
