@@ -35,7 +35,6 @@ from streamledger.hooks.masking import MaskRenderedUrls, mask_url
 from streamledger.hooks.source import source_hook
 from streamledger.manifest import Manifest
 from streamledger.spark.runners import (
-    LocalSparkRunner,
     SparkConnectRunner,
     SubmitRunner,
     connect_runner,
@@ -52,9 +51,6 @@ __all__ = [
     "SparkConnectRunner", "SparkSubmitRunner", "StreamBatchOperator",
     "connect_runner", "default_output_root", "local_runner", "run_identity",
 ]
-
-_LOCAL_RUNNERS: dict[tuple[str, str], LocalSparkRunner] = {}
-
 
 def default_output_root() -> str:
     return os.path.join(state_dir(), "output")
@@ -193,7 +189,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         Default ``False``: read up to the committed tail.
     :param interval_grace: seconds after the interval end after which an idle stream's end is its
         committed tail (default 60). :param interval_poll: seconds between readiness checks (default 10).
-    :param max_records: cap each range at this many offsets (default: no cap).
+    :param max_offsets: cap each new range at this many offsets (default: no cap; ``max_records`` is its
+        deprecated former name, still accepted).
     :param fmt: output format (``parquet``, ``orc``, ``json``). :param splits: Spark partitions per range.
     :param spark_conn_id: when given, run the job through ``SparkSubmitHook`` on this Spark
         connection; default ``None`` runs in-process local Spark (``spark_master``, ``local[2]``).
@@ -215,8 +212,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         the ledger's own database. The properties never become a template field.
 
     Templated: ``pipeline``, ``stream``, ``super_stream``, the connection ids, ``ledger_url``,
-    ``output_root``, ``initial_position``, ``max_records``, ``spark_conn_id``, ``spark_conf``,
-    ``on_data_loss``, ``sink`` and ``table`` (checked again once rendered). Mapped tasks
+    ``output_root``, ``initial_position``, ``max_offsets`` (and ``max_records``), ``spark_conn_id``,
+    ``spark_conf``, ``on_data_loss``, ``sink`` and ``table`` (checked again once rendered). Mapped tasks
     (``.partial(...).expand(stream=...)``, one task per super-stream partition) each claim under
     their own map index. ``on_kill`` cancels the Spark work in progress; with the OpenLineage
     provider installed the task reports its input partitions (offset ranges as a facet) and output
