@@ -63,6 +63,55 @@ def key_value_arg(text: str) -> str:
     return text
 
 
+# -- catalog properties: secrets from a file, never from the command line ----------------------------
+
+
+def catalog_property_arg(text: str) -> str:
+    """A ``KEY=VALUE`` catalog property that holds no secret: a command line is readable by every
+    process on the machine (``ps``, shell history), so secrets come from ``--catalog-file``."""
+    from streamledger.redaction import is_secret_key, url_password
+
+    key, _, value = key_value_arg(text).partition("=")
+    if is_secret_key(key) or url_password(value):
+        what = repr(key) if is_secret_key(key) else f"{key!r} holds a password and"
+        raise argparse.ArgumentTypeError(
+            f"{what} is a secret, which a command line shows to every process on the machine: "
+            "put it in --catalog-file")
+    return text
+
+
+def add_catalog(p: argparse.ArgumentParser, default_help: str) -> None:
+    p.add_argument("--catalog", action="append", default=[], type=catalog_property_arg, metavar="KEY=VALUE",
+                   help=f"a pyiceberg catalog property, no secret (repeatable; default: {default_help})")
+    p.add_argument("--catalog-file", default=None, metavar="PATH",
+                   help="pyiceberg catalog properties, KEY=VALUE lines (# comments): where secrets go; "
+                   "--catalog adds to or overrides them")
+
+
+def catalog_of(args: argparse.Namespace) -> dict[str, str] | None:
+    """The catalog properties of ``--catalog-file`` and ``--catalog`` (which wins), None for none.
+    An unreadable or malformed file is bad input, named by path and line, never by content."""
+    props: dict[str, str] = {}
+    path = getattr(args, "catalog_file", None)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+            raise BadInput(f"--catalog-file {path}: {reason}") from None
+        for number, raw in enumerate(lines, 1):
+            text = raw.strip()
+            if not text or text.startswith("#"):
+                continue
+            key, eq, value = text.partition("=")
+            if not eq or not key.strip():
+                raise BadInput(f"--catalog-file {path}: line {number} is not KEY=VALUE")
+            props[key.strip()] = value.strip()
+    props.update(item.split("=", 1) for item in getattr(args, "catalog", None) or [])
+    return props or None
+
+
 # -- positions: one vocabulary -----------------------------------------------------------------------
 
 Word = Literal["first", "last", "next"]
