@@ -485,7 +485,8 @@ class BatchRun:
             log.debug("progress reporter failed", exc_info=True)
 
     def _job(self, ranges: Mapping[str, tuple[int, int]], output: str) -> Manifest:
-        """Run the job and parse what it says it wrote (the runner returns the manifest's JSON data)."""
+        """Run the job: what it says it wrote, as a :class:`Manifest` (the one parse of a mapping, for a
+        runner still returning the manifest's JSON data)."""
         cfg = self.config
         raw = self.runner(url=cfg.url, ranges=ranges, output=output, fmt=cfg.fmt, splits=cfg.splits)
         try:
@@ -872,7 +873,17 @@ class BatchRun:
             self.release_publish_leases()
             raise
         self.store_offsets()
+        self.describe_table()
         return self.result
+
+    def describe_table(self) -> None:
+        """With a table sink, the table as readers find it after this batch, told by the sink the batch
+        published with (front doors report it from the result; none builds a sink of its own)."""
+        if self.sink.name == "directory":
+            return
+        self.result.table = self.sink.describe()
+        props = getattr(self.sink, "props", None)  # the Iceberg catalog in use (the default resolved)
+        self.result.catalog = dict(props) if props else None
 
 
 def run_batch(
