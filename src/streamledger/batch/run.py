@@ -40,11 +40,11 @@ from streamledger.batch.position import (
     measure,
     user_records,
 )
-from streamledger.batch.progress import JobWatch, LoggedProgress, Planned, ReadProgress, every_seconds
 from streamledger.batch.sinks import choose
 from streamledger.ledger.types import RangeStatus
 from streamledger.manifest import Manifest, ManifestError
 from streamledger.offsets import ChunkPrint, OffsetNotVerified, same_stream, take_print
+from streamledger.progress import JobWatch, LoggedProgress, Planned, ReadProgress, every_seconds
 
 if TYPE_CHECKING:
     from streamledger.ledger import ClaimRequest, Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
@@ -898,7 +898,7 @@ def run_batch(
     progress: ReadProgress | None = None,
 ) -> BatchResult:
     """Run one batch end to end (see the package docstring for what each step guarantees).
-    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.batch.progress`)."""
+    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.progress`)."""
     return BatchRun(
         config, run=run, ledger=ledger, broker=broker, runner=runner, holder_alive=holder_alive,
         on_step=on_step, progress=progress,

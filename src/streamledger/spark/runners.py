@@ -98,7 +98,7 @@ class LocalSparkRunner:
 
     def job_tasks(self) -> tuple[int, int] | None:
         """Tasks finished and in all of the session's active stages, for the batch's progress
-        (:mod:`streamledger.batch.progress`); None before the session or any stage exists."""
+        (:mod:`streamledger.progress`); None before the session or any stage exists."""
         if self._spark is None:
             return None
         tracker = self._spark.sparkContext.statusTracker()
