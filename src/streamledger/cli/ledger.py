@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from streamledger.cli.exits import BadInput
 from streamledger.cli.options import (
+    BROKER_ENV,
+    OLD_BROKER_ENV,
     add_json,
     add_ledger,
     broker_url_arg,
@@ -123,7 +125,9 @@ def _audit(args: argparse.Namespace) -> int:
         stale = timedelta(seconds=args.stale_after)
         check: dict[str, Any] = {"outputs_too": args.outputs, "deep": args.deep,
                                  "catalog": dict(i.split("=", 1) for i in args.catalog) or None}
-        urls = getattr(args, "broker_url", None) or []
+        # the flag, else the broker every other command uses (a password stays off the command line)
+        urls = getattr(args, "broker_url", None) or [
+            os.environ[e] for e in (BROKER_ENV, OLD_BROKER_ENV) if os.environ.get(e)][:1]
         if urls:
             brokers = _broker_lookups(stack, [urls] if isinstance(urls, str) else urls)
             report = audit(ledger, args.pipeline, broker=brokers, stale_after=stale, **check)
@@ -310,7 +314,7 @@ def register(sub: Any) -> None:
         metavar="URL",
         help="also compare the stored offsets of the sources on this log server "
         "(rabbitmq-stream[+tls]://... or mewbase://host:port; repeatable: each source is compared on "
-        "its own server, sources of servers not given are skipped with a note)",
+        f"its own server, sources of servers not given are skipped with a note; default: ${BROKER_ENV})",
     )
     p.add_argument(
         "--stale-after",
