@@ -40,11 +40,11 @@ from streamledger.batch.position import (
     measure,
     user_records,
 )
-from streamledger.batch.progress import JobWatch, LoggedProgress, Planned, ReadProgress, every_seconds
 from streamledger.batch.sinks import choose
 from streamledger.ledger.types import RangeStatus
 from streamledger.manifest import Manifest, ManifestError
 from streamledger.offsets import ChunkPrint, OffsetNotVerified, same_stream, take_print
+from streamledger.progress import JobWatch, LoggedProgress, Planned, ReadProgress, every_seconds
 
 if TYPE_CHECKING:
     from streamledger.ledger import ClaimRequest, Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
@@ -485,7 +485,8 @@ class BatchRun:
             log.debug("progress reporter failed", exc_info=True)
 
     def _job(self, ranges: Mapping[str, tuple[int, int]], output: str) -> Manifest:
-        """Run the job and parse what it says it wrote (the runner returns the manifest's JSON data)."""
+        """Run the job: what it says it wrote, as a :class:`Manifest` (the one parse of a mapping, for a
+        runner still returning the manifest's JSON data)."""
         cfg = self.config
         raw = self.runner(url=cfg.url, ranges=ranges, output=output, fmt=cfg.fmt, splits=cfg.splits)
         try:
@@ -872,7 +873,17 @@ class BatchRun:
             self.release_publish_leases()
             raise
         self.store_offsets()
+        self.describe_table()
         return self.result
+
+    def describe_table(self) -> None:
+        """With a table sink, the table as readers find it after this batch, told by the sink the batch
+        published with (front doors report it from the result; none builds a sink of its own)."""
+        if self.sink.name == "directory":
+            return
+        self.result.table = self.sink.describe()
+        props = getattr(self.sink, "props", None)  # the Iceberg catalog in use (the default resolved)
+        self.result.catalog = dict(props) if props else None
 
 
 def run_batch(
@@ -887,7 +898,7 @@ def run_batch(
     progress: ReadProgress | None = None,
 ) -> BatchResult:
     """Run one batch end to end (see the package docstring for what each step guarantees).
-    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.batch.progress`)."""
+    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.progress`)."""
     return BatchRun(
         config, run=run, ledger=ledger, broker=broker, runner=runner, holder_alive=holder_alive,
         on_step=on_step, progress=progress,
