@@ -34,7 +34,6 @@ from streamledger import fs
 from streamledger.batch import BatchConfig, BatchError, RunId, run_batch
 from streamledger.batch.proof import audit
 from streamledger.batch.sinks import KEY_PIPELINE, default_iceberg_table
-from streamledger.batch.sinks.choose import make_sink
 from streamledger.cli import main as cli
 from streamledger.ledger import Ledger, RangeStatus
 from streamledger.protocol.rabbitmq import StreamClient
@@ -216,7 +215,8 @@ def test_a_batch_into_a_table_on_s3_then_a_deleted_data_file_fails_the_audit(
 
     from streamledger.operators.lineage import batch_lineage
 
-    lineage = batch_lineage(first, table=make_sink(config, ledger).describe(), catalog=None)
+    assert first.table is not None and first.table["format"] == sink
+    lineage = batch_lineage(first, table=first.table, catalog=first.catalog)  # as the operator does
     out, err = capfd.readouterr()
     assert_no_secret(s3, out, err, caplog.text, repr(lineage), command_lines(os.getpid()),
                      repr(spark.sparkContext.getConf().getAll()), files=(tmp_path / "ledger.sqlite",))
