@@ -73,12 +73,12 @@ def test_upgrade_audit_ranges_release(
 
 
 def test_errors_are_one_line_without_secrets(capsys: pytest.CaptureFixture[str], sqlite_url: str) -> None:
-    # docs/cli.md: a missing file or an unreachable server is exit 3, an empty database exit 1
+    # docs/cli.md: a missing file, an empty database (no ledger in either) or an unreachable server is exit 3
     rc, _out, err = cli(capsys, "audit", "--db", sqlite_url)
     assert rc == 3 and "does not exist" in err and err.count("\n") == 1
     Path(sqlite_url.removeprefix("sqlite:///")).touch()
     rc, _out, err = cli(capsys, "audit", "--db", sqlite_url)
-    assert rc == 1 and err.startswith("streamledger: error: no ledger schema") and err.count("\n") == 1
+    assert rc == 3 and err.startswith("streamledger: error: no ledger schema") and err.count("\n") == 1
     rc, _out, err = cli(capsys, "audit", "--db", "postgresql://alice:s3cret@127.0.0.1:1/x")
     assert rc == 3 and "s3cret" not in err and "***" in err and err.count("\n") == 1
 
