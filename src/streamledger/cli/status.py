@@ -76,6 +76,7 @@ def _streams(ledger: Any, pipeline: str | None) -> list[StreamStatus]:
 
 def _compare(streams: list[StreamStatus], url: str) -> None:
     """The broker's stored offset and committed tail for the streams recorded under its identities."""
+    from streamledger.batch.position import lag
     from streamledger.errors import StreamledgerError
     from streamledger.sources import connect_log, server_identities
 
@@ -87,12 +88,12 @@ def _compare(streams: list[StreamStatus], url: str) -> None:
                 continue
             try:
                 s.stored = log.query_offset(s.stream, s.pipeline)
-                s.tail = log.committed_tail(s.stream)
+                if s.done_to is None:  # nothing committed yet: no watermark to measure from
+                    s.tail = log.committed_tail(s.stream)
+                else:  # only offsets a batch would read count, not the tracking chunks after them
+                    s.tail, s.lag = lag(log, s.stream, s.done_to)
             except StreamledgerError as exc:  # a deleted stream: say so on its row, go on
                 s.broker_note = " ".join(str(exc).split())
-                continue
-            if s.done_to is not None:
-                s.lag = max(0, s.tail - s.done_to)
 
 
 def _status(args: argparse.Namespace) -> int:

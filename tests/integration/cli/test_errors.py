@@ -191,7 +191,8 @@ def schemaless_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize("command", [["ledger", "audit"], ["ledger", "ranges"], ["status"]])
-def test_no_ledger_in_a_database_exits_3_with_the_cli_hint(schemaless_ledger: str, command: list[str]) -> None:
+def test_no_ledger_in_a_database_exits_3_with_the_cli_hint(schemaless_ledger: str,
+                                                           command: list[str]) -> None:
     from streamledger.ledger import migrate
     from streamledger.ledger.engine import make_engine
 

@@ -1,0 +1,55 @@
+"""``streamledger status`` on the real broker and a real SQLite ledger (issue 33): the lag counts only
+offsets that hold user records (a StoreOffset's tracking chunk after the last batch is not lag), and
+the table is one a person reads. The ledger's history is made with the ledger's own calls (a claim and
+its commit, as a batch makes them) and the broker offset with the broker's own StoreOffset, so no Spark
+job is needed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamledger.batch.plan import broker_identity
+from streamledger.ledger import Ledger, RunIdentity, SourceRef
+from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.cli.helpers import cli
+from tests.integration.spark.helpers import create_stream, publish
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(300)]
+
+
+def _batch_done(url: str, ledger_url: str, stream: str, pipeline: str, end: int, run: RunIdentity) -> None:
+    """What a batch over ``[0, end)`` leaves: a committed range and the broker offset stored at end - 1."""
+    with StreamClient.connect(url) as client, Ledger(ledger_url, create=True) as ledger:
+        source = SourceRef(broker=broker_identity(url, client.cluster_name), stream=stream)
+        claimed = ledger.claim(pipeline, source, end, run, initial_start=0)
+        assert (claimed.start, claimed.end) == (0, end)
+        ledger.commit(claimed.id, records=end, first_seen=0, last_seen=end - 1, output="/out/" + stream)
+        client.store_offset(stream, pipeline, end - 1)  # a tracking chunk: the tail moves to end + 1
+
+
+def _status(env: dict[str, str]) -> dict[str, Any]:
+    r = cli("status", "--json", env=env)
+    assert r.rc == 0, r.err
+    (row,) = json.loads(r.out)
+    return dict(row)
+
+
+def test_lag_counts_user_records_not_the_tracking_chunk(rabbitmq_url: str, stream_name: Any,
+                                                        tmp_path: Path) -> None:
+    s = stream_name("status-lag")
+    create_stream(rabbitmq_url, s, 10)
+    env = {"STREAMLEDGER_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+           "STREAMLEDGER_BROKER_URL": rabbitmq_url}
+    _batch_done(rabbitmq_url, env["STREAMLEDGER_LEDGER_URL"], s, "lagging", 10,
+                RunIdentity("streamledger-cli", "cli-0123456789ab", "batch"))
+    row = _status(env)
+    assert (row["done_to"], row["stored"], row["tail"]) == (10, 9, 11)  # the tracking chunk took offset 10
+    assert row["lag"] == 0, row  # nothing a batch would read is waiting
+
+    publish(rabbitmq_url, s, 5, start=10)
+    row = _status(env)
+    assert row["tail"] == 16 and row["lag"] == 6, row  # offsets from the watermark: an upper bound on records
