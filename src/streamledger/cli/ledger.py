@@ -163,15 +163,15 @@ def _range_line(r: OffsetRange) -> str:
     )
 
 
-RANGE_HEADER = ("ID", "PIPELINE", "STREAM", "RANGE STATUS", "RECORDS", "WHEN", "PUBLISHED", "OFFSET", "RUN",
-                "OUTPUT")
+RANGE_HEADER = ("ID", "PIPELINE", "STREAM", "RANGE", "STATUS", "RECORDS", "WHEN", "PUBLISHED", "OFFSET",
+                "RUN", "OUTPUT")
 
 
 def _range_row(r: OffsetRange) -> tuple[object, ...]:
     """One range as ``ledger ranges`` shows it: WHEN is when it was committed (else claimed)."""
     stored = ("verified" if r.offset_verified else "stored") if r.offset_stored else "-"
     output = r.sink_table or r.output or (f"error: {r.error}" if r.error else None)
-    return (r.id, r.pipeline, r.source.stream, f"[{r.start}, {r.end}) {r.status.value}", r.records,
+    return (r.id, r.pipeline, r.source.stream, f"[{r.start}, {r.end})", r.status.value, r.records,
             when(r.committed_at or r.claimed_at), when(r.published_at), stored, r.run, output)
 
 

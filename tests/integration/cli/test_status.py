@@ -53,3 +53,37 @@ def test_lag_counts_user_records_not_the_tracking_chunk(rabbitmq_url: str, strea
     publish(rabbitmq_url, s, 5, start=10)
     row = _status(env)
     assert row["tail"] == 16 and row["lag"] == 6, row  # offsets from the watermark: an upper bound on records
+
+
+def _lined_up(header: str, row: str, labels: list[str]) -> None:
+    """Each value starts under its label (text) or ends under its label's end (numbers)."""
+    at = 0
+    for label in labels:
+        start = header.index(label, at)
+        end = at = start + len(label)
+        left = row[start] != " " and (start == 0 or row[start - 1] == " ")
+        right = row[end - 1] != " " and (end >= len(row) or row[end] == " ")
+        assert left or right, f"{label!r} does not line up:\n{header}\n{row}"
+
+
+def test_status_and_ranges_are_tables_that_line_up(rabbitmq_url: str, stream_name: Any,
+                                                   tmp_path: Path) -> None:
+    s = stream_name("status-table")
+    create_stream(rabbitmq_url, s, 10000)
+    env = {"STREAMLEDGER_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+           "STREAMLEDGER_BROKER_URL": rabbitmq_url}
+    _batch_done(rabbitmq_url, env["STREAMLEDGER_LEDGER_URL"], s, "tables", 10000,
+                RunIdentity("streamledger-cli", "cli-0123456789ab", "batch"))
+
+    r = cli("ledger", "ranges", env=env)
+    assert r.rc == 0, r.err
+    header, row = r.out.splitlines()
+    _lined_up(header, row, ["ID", "PIPELINE", "STREAM", "RANGE", "STATUS", "RECORDS", "WHEN", "PUBLISHED",
+                            "OFFSET", "RUN", "OUTPUT"])
+    assert row.split()[-1] == "/out/" + s
+
+    r = cli("status", env=env)
+    assert r.rc == 0, r.err
+    header, row = r.out.splitlines()
+    _lined_up(header, row, ["PIPELINE", "STREAM", "COMMITTED", "OPEN", "FAILED", "DONE TO", "LAST RECORD",
+                            "STORED", "TAIL", "LAG", "LAST RUN", "WHEN", "OUTPUT"])
