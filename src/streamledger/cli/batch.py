@@ -30,13 +30,14 @@ from streamledger.cli.options import (
     spark_conf_of,
 )
 from streamledger.cli.progress import StderrHandler, batch_display
+from streamledger.runs import CLI_DAG, CLI_RUN_PREFIX
 
 if TYPE_CHECKING:
     from streamledger.batch import BatchConfig
     from streamledger.batch.config import InitialPosition
 
 TASK = "batch"
-DAG = "streamledger-cli"
+DAG = CLI_DAG
 
 
 def _positive(text: str) -> int:
@@ -145,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     display = batch_display()  # on a terminal; else the batch's own progress lines, through log_lines
     try:
         with open_ledger(args, write=True) as ledger, connect_log(url) as log:
-            run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
+            run_id = args.run_id or f"{CLI_RUN_PREFIX}{uuid.uuid4().hex[:12]}"
             run = RunId(DAG, run_id, TASK, try_number=_try_number(ledger, args.pipeline, run_id))
             batch = BatchRun(config, run=run, ledger=ledger, broker=log, runner=runner, progress=display)
             try:

@@ -87,3 +87,32 @@ def test_status_and_ranges_are_tables_that_line_up(rabbitmq_url: str, stream_nam
     header, row = r.out.splitlines()
     _lined_up(header, row, ["PIPELINE", "STREAM", "COMMITTED", "OPEN", "FAILED", "DONE TO", "LAST RECORD",
                             "STORED", "TAIL", "LAG", "LAST RUN", "WHEN", "OUTPUT"])
+
+
+def test_the_last_run_reads_as_who_ran_it_and_json_keeps_the_id(rabbitmq_url: str, stream_name: Any,
+                                                                 tmp_path: Path) -> None:
+    s = stream_name("status-who")
+    create_stream(rabbitmq_url, s, 10)
+    env = {"STREAMLEDGER_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+           "STREAMLEDGER_BROKER_URL": rabbitmq_url}
+    runs = {"by-cli": RunIdentity("streamledger-cli", "cli-0123456789ab", "batch"),
+            "by-airflow": RunIdentity("orders_hourly", "scheduled__2026-11-27T09:00:00+00:00", "read", 3, 2),
+            "by-dagster": RunIdentity("dagster", "5f0c2a9e-1d2b-4c8e-9f00-aa11bb22cc33",
+                                      "orders/raw[2026-11-27]")}
+    for pipeline, run in runs.items():
+        _batch_done(rabbitmq_url, env["STREAMLEDGER_LEDGER_URL"], s, pipeline, 10, run)
+
+    r = cli("status", env=env)
+    assert r.rc == 0, r.err
+    shown = {line.split()[0]: line for line in r.out.splitlines()[1:]}
+    assert "CLI" in shown["by-cli"] and "cli-0123456789ab" not in shown["by-cli"]
+    assert "streamledger-cli/" not in r.out
+    assert "Airflow orders_hourly" in shown["by-airflow"] and "read[3]" in shown["by-airflow"]
+    assert "scheduled__2026-11-27T09:00:00+00:00" in shown["by-airflow"] and "try 2" in shown["by-airflow"]
+    assert "Dagster run 5f0c2a9e" in shown["by-dagster"] and "orders/raw[2026-11-27]" in shown["by-dagster"]
+    r = cli("ledger", "ranges", "--pipeline", "by-cli", env=env)
+    assert "CLI" in r.out and "cli-0123456789ab" not in r.out, r.out
+
+    r = cli("status", "--json", env=env)
+    ids = {row["pipeline"]: row["last_run"] for row in json.loads(r.out)}
+    assert ids == {p: str(run) for p, run in runs.items()}  # the exact identity stays in --json
