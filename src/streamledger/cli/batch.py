@@ -127,7 +127,11 @@ def _runner(args: argparse.Namespace) -> Any:
             raise BadInput("--master and --conf(-file) configure local Spark; a Spark Connect server "
                            "(--remote) has its own")
         return SparkConnectRunner(args.remote)
-    return LocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
+    if args.verbose:  # Spark's own start-up messages too
+        return LocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
+    from streamledger.cli.quiet_spark import QuietLocalSparkRunner
+
+    return QuietLocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
 
 
 def _run(args: argparse.Namespace) -> int:
