@@ -16,8 +16,9 @@ from typing import Any
 
 from streamledger.errors import StreamledgerError
 from streamledger.ledger import Ledger, OffsetRange, RangeStatus, RunIdentity, SourceRef
+from streamledger.runs import STREAMING_PREFIX
 
-DAG_PREFIX = "spark-streaming:"
+DAG_PREFIX = STREAMING_PREFIX
 
 
 class MicroBatchError(StreamledgerError):

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from streamledger.ledger import Ledger, OffsetRange
 
 __all__ = [
-    "PipelineSource", "StreamPosition", "cluster_name", "first_offsets", "log_offsets", "measure",
+    "PipelineSource", "StreamPosition", "cluster_name", "first_offsets", "lag", "log_offsets", "measure",
     "source_problem", "user_records", "user_records_many",
 ]
 
@@ -210,9 +210,21 @@ def measure(log: Any, ledger: Ledger | None, source: PipelineSource, *,
         for claim in pos.open_claims:
             if claim.id in pos.stale or (holder_alive is not None and not holder_alive(claim.run)):
                 gone.append(claim)
-        out.append(StreamPosition(stream, start, tail, max(start, tail - 1) if last is None else last, pos,
-                                  tuple(gone)))
+        out.append(StreamPosition(stream, start, tail, _last_or_any(last, start, tail), pos, tuple(gone)))
     return out
+
+
+def _last_or_any(last: int | None, start: int, tail: int) -> int:
+    """The last user chunk's offset; unknown, any offset past ``start`` counts as data."""
+    return max(start, tail - 1) if last is None else last
+
+
+def lag(log: Any, stream: str, start: int) -> tuple[int, int]:
+    """The stream's committed tail and the backlog from ``start`` to it, by :attr:`StreamPosition.backlog`'s
+    rule (0 when only tracking chunks follow ``start``): for a reader such as ``streamledger status``."""
+    last = _last_user(log, stream)  # before the tail, so last < tail holds while data arrives
+    tail = int(log.committed_tail(stream))
+    return tail, StreamPosition(stream, start, tail, _last_or_any(last, start, tail)).backlog
 
 
 def user_records(log: Any, stream: str, start: int, end: int, need: int = 1) -> int:

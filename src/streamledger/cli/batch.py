@@ -30,13 +30,14 @@ from streamledger.cli.options import (
     spark_conf_of,
 )
 from streamledger.cli.progress import StderrHandler, batch_display
+from streamledger.runs import CLI_DAG, CLI_RUN_PREFIX
 
 if TYPE_CHECKING:
     from streamledger.batch import BatchConfig
     from streamledger.batch.config import InitialPosition
 
 TASK = "batch"
-DAG = "streamledger-cli"
+DAG = CLI_DAG
 
 
 def _positive(text: str) -> int:
@@ -126,7 +127,11 @@ def _runner(args: argparse.Namespace) -> Any:
             raise BadInput("--master and --conf(-file) configure local Spark; a Spark Connect server "
                            "(--remote) has its own")
         return SparkConnectRunner(args.remote)
-    return LocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
+    if args.verbose:  # Spark's own start-up messages too
+        return LocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
+    from streamledger.cli.quiet_spark import QuietLocalSparkRunner
+
+    return QuietLocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -145,7 +150,7 @@ def _run(args: argparse.Namespace) -> int:
     display = batch_display()  # on a terminal; else the batch's own progress lines, through log_lines
     try:
         with open_ledger(args, write=True) as ledger, connect_log(url) as log:
-            run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
+            run_id = args.run_id or f"{CLI_RUN_PREFIX}{uuid.uuid4().hex[:12]}"
             run = RunId(DAG, run_id, TASK, try_number=_try_number(ledger, args.pipeline, run_id))
             batch = BatchRun(config, run=run, ledger=ledger, broker=log, runner=runner, progress=display)
             try:

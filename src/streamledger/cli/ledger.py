@@ -35,6 +35,7 @@ from streamledger.cli.options import (
 )
 from streamledger.cli.progress import AuditProgress
 from streamledger.cli.table import render, when
+from streamledger.runs import describe
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
     from streamledger.ledger import Ledger, OffsetQuerier, OffsetRange
@@ -163,16 +164,16 @@ def _range_line(r: OffsetRange) -> str:
     )
 
 
-RANGE_HEADER = ("ID", "PIPELINE", "STREAM", "RANGE STATUS", "RECORDS", "WHEN", "PUBLISHED", "OFFSET", "RUN",
-                "OUTPUT")
+RANGE_HEADER = ("ID", "PIPELINE", "STREAM", "RANGE", "STATUS", "RECORDS", "WHEN", "PUBLISHED", "OFFSET",
+                "RUN", "OUTPUT")
 
 
 def _range_row(r: OffsetRange) -> tuple[object, ...]:
     """One range as ``ledger ranges`` shows it: WHEN is when it was committed (else claimed)."""
     stored = ("verified" if r.offset_verified else "stored") if r.offset_stored else "-"
     output = r.sink_table or r.output or (f"error: {r.error}" if r.error else None)
-    return (r.id, r.pipeline, r.source.stream, f"[{r.start}, {r.end}) {r.status.value}", r.records,
-            when(r.committed_at or r.claimed_at), when(r.published_at), stored, r.run, output)
+    return (r.id, r.pipeline, r.source.stream, f"[{r.start}, {r.end})", r.status.value, r.records,
+            when(r.committed_at or r.claimed_at), when(r.published_at), stored, describe(r.run), output)
 
 
 def _since(text: str) -> datetime:

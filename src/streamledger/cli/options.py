@@ -221,7 +221,12 @@ def ledger_url(args: argparse.Namespace) -> str:
 
 def open_ledger(args: argparse.Namespace, *, write: bool = False) -> Ledger:
     """The ledger of ``--ledger``. A reading command (``write=False``) never creates one (a SQLite file
-    that does not exist is ``LedgerNotFound``, exit 3); a writing command creates and migrates it."""
-    from streamledger.ledger import Ledger
+    that does not exist, or a database without the schema, is ``LedgerNotFound``, exit 3, with the
+    command that creates it); a writing command creates and migrates it."""
+    from streamledger.ledger import Ledger, LedgerSchemaMissing
 
-    return Ledger(ledger_url(args), create=write)
+    try:
+        return Ledger(ledger_url(args), create=write)
+    except LedgerSchemaMissing as exc:  # the library's advice is Python; a shell user runs a command
+        raise LedgerSchemaMissing(exc.where, "run `streamledger ledger upgrade` (a first `streamledger batch "
+                                  "run` also creates it)") from exc

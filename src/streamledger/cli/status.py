@@ -18,6 +18,7 @@ from typing import Any
 
 from streamledger.cli.options import BROKER_ENV, OLD_BROKER_ENV, add_broker, add_json, add_ledger, open_ledger
 from streamledger.cli.table import render, when
+from streamledger.runs import describe
 
 HEADER = ("PIPELINE", "STREAM", "COMMITTED", "OPEN", "FAILED", "DONE TO", "LAST RECORD", "STORED", "TAIL",
           "LAG", "LAST RUN", "WHEN", "OUTPUT")
@@ -39,14 +40,15 @@ class StreamStatus:
     stored: int | None = None
     tail: int | None = None
     lag: int | None = None
-    last_run: str | None = None
+    last_run: str | None = None  # the exact identity (``--json``)
+    last_by: str | None = None  # who ran it, in words (the table)
     last_when: str | None = None
     output: str | None = None
     broker_note: str | None = None
 
     def row(self) -> tuple[object, ...]:
         return (self.pipeline, self.stream, self.committed + self.lost, self.open_claims, self.failed,
-                self.done_to, self.last_record, self.stored, self.tail, self.lag, self.last_run,
+                self.done_to, self.last_record, self.stored, self.tail, self.lag, self.last_by,
                 self.last_when, self.output)
 
 
@@ -68,6 +70,7 @@ def _streams(ledger: Any, pipeline: str | None) -> list[StreamStatus]:
             committed=counts[RangeStatus.COMMITTED], open_claims=counts[RangeStatus.CLAIMED],
             failed=counts[RangeStatus.FAILED], lost=counts[RangeStatus.LOST], done_to=mark.end,
             last_record=mark.last_record, last_run=str(newest.run),
+            last_by=describe(newest.run),
             last_when=when(newest.committed_at or newest.claimed_at),
             output=(latest.sink_table or latest.output) if latest is not None else None,
         ))
@@ -76,6 +79,7 @@ def _streams(ledger: Any, pipeline: str | None) -> list[StreamStatus]:
 
 def _compare(streams: list[StreamStatus], url: str) -> None:
     """The broker's stored offset and committed tail for the streams recorded under its identities."""
+    from streamledger.batch.position import lag
     from streamledger.errors import StreamledgerError
     from streamledger.sources import connect_log, server_identities
 
@@ -87,12 +91,12 @@ def _compare(streams: list[StreamStatus], url: str) -> None:
                 continue
             try:
                 s.stored = log.query_offset(s.stream, s.pipeline)
-                s.tail = log.committed_tail(s.stream)
+                if s.done_to is None:  # nothing committed yet: no watermark to measure from
+                    s.tail = log.committed_tail(s.stream)
+                else:  # only offsets a batch would read count, not the tracking chunks after them
+                    s.tail, s.lag = lag(log, s.stream, s.done_to)
             except StreamledgerError as exc:  # a deleted stream: say so on its row, go on
                 s.broker_note = " ".join(str(exc).split())
-                continue
-            if s.done_to is not None:
-                s.lag = max(0, s.tail - s.done_to)
 
 
 def _status(args: argparse.Namespace) -> int:

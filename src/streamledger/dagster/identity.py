@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from streamledger.batch import RunId
+from streamledger.runs import DAGSTER_DAG
 
 #: ``RunId.dag_id`` of every range claimed from Dagster (Airflow ranges carry their DAG id).
-DAG_ID = "dagster"
+DAG_ID = DAGSTER_DAG
 ROOT_RUN_ID_TAG = "dagster/root_run_id"  # dagster._core.storage.tags.ROOT_RUN_ID_TAG (private there)
 
 

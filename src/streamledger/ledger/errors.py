@@ -18,6 +18,13 @@ class LedgerNotFound(LedgerError):
     """A ledger opened for reading is not there (a SQLite file that does not exist); nothing was created."""
 
 
-class LedgerSchemaMissing(LedgerError):
+class LedgerSchemaMissing(LedgerNotFound):
     """The database answered but holds no ledger schema yet (a new, empty database): a writing command
-    or ``Ledger(url, create=True)`` migrates it."""
+    or ``Ledger(url, create=True)`` migrates it. Like a missing SQLite file, there is no ledger here
+    (one kind, so every reader treats both alike); ``where`` is the masked URL, for callers that
+    word their own advice."""
+
+    def __init__(self, where: str, advice: str = "run `streamledger ledger upgrade --ledger URL` "
+                 "(in Python: Ledger(url, create=True))") -> None:
+        super().__init__(f"no ledger schema in {where}: {advice}")
+        self.where = where

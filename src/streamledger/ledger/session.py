@@ -76,10 +76,7 @@ class LedgerSession:
     def _check_schema(self) -> None:
         rev = migrate.current(self._engine)
         if rev is None:
-            raise LedgerSchemaMissing(
-                f"no ledger schema in {safe_url(self.url)}: run `streamledger ledger upgrade --ledger URL` "
-                "(in Python: Ledger(url, create=True))"
-            )
+            raise LedgerSchemaMissing(safe_url(self.url))
         if rev != _head():
             raise LedgerError(
                 f"the ledger schema in {safe_url(self.url)} is at revision {rev}, this streamledger expects "

@@ -15,6 +15,7 @@ from typing import Any
 
 from streamledger.offsets import ChunkPrint
 from streamledger.paths import name_problem
+from streamledger.runs import LEDGER_DAG
 
 MAX_PIPELINE_BYTES = 255
 """The broker's consumer reference (the pipeline name, used for StoreOffset) is a stream-protocol
@@ -126,7 +127,7 @@ class RunIdentity:
             return None
 
 
-SKIP_RUN_DAG = "streamledger"
+SKIP_RUN_DAG = LEDGER_DAG
 SKIP_RUN_TASK = "skip"
 """A span recorded as deliberately skipped (``Ledger.record_skipped``) is a ``lost`` range held by
 ``streamledger/skip-<start>-<end>/skip``: what tells it from retention's losses (audit rule 6)."""

@@ -179,3 +179,29 @@ def test_check_tries_an_s3_output_root_and_never_prints_its_secret(s3_bucket: Bu
     with_secret = f"s3://{s3_bucket.access_key}:{s3_bucket.secret_key}@{s3_bucket.name}/out"
     assert output_line(with_secret).split()[:2] == ["output", "FAIL"]
     assert s3_bucket.keys() == []  # nothing created
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def schemaless_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database that answers but holds no ledger: an empty SQLite file, an empty PostgreSQL database."""
+    if request.param == "sqlite":
+        (tmp_path / "empty.sqlite").touch()
+        return f"sqlite:///{tmp_path / 'empty.sqlite'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.mark.parametrize("command", [["ledger", "audit"], ["ledger", "ranges"], ["status"]])
+def test_no_ledger_in_a_database_exits_3_with_the_cli_hint(schemaless_ledger: str,
+                                                           command: list[str]) -> None:
+    from streamledger.ledger import migrate
+    from streamledger.ledger.engine import make_engine
+
+    r = cli(*command, "--ledger", schemaless_ledger)
+    line = r.one_error_line()
+    assert r.rc == 3, r.err
+    assert "streamledger ledger upgrade" in line and "create=True" not in line, line
+    engine = make_engine(schemaless_ledger, create=False)
+    try:
+        assert migrate.current(engine) is None  # a reading command created no schema
+    finally:
+        engine.dispose()
