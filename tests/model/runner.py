@@ -20,8 +20,9 @@ audit`` runs it):
   fails on every retry is a ``stall`` whatever the audit says; every record the oracle saw on the
   stream (still there, or taken by retention since) must be in the outputs exactly once or so
   excused, a record of an incarnation a re-create deleted, below the end of the retired history of
-  that epoch, in the outputs or lost in it (incarnation n is epoch n: one epoch per re-create), and
-  the audit must be CLEAN exactly when that holds.
+  that epoch or below the greatest tail a batch of the pipeline saw on it, in the outputs or lost
+  in it (incarnation n is epoch n: one epoch per re-create), and the audit must be CLEAN exactly
+  when that holds.
 """
 
 from __future__ import annotations
@@ -196,10 +197,13 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
                                       f"{last[:200]}", _audit_text(w.audit(k))))
         if final:  # an earlier incarnation's records: read, or lost/skipped in its retired history
             old = _retired_excuses(w, spec.name)
-            # owed: what the retired history claims to have covered (a record past its end was
-            # deleted with the stream before anyone read it: no pipeline can, nothing to record)
+            # owed: what the retired history claims to have covered, and what a batch of the
+            # pipeline saw the old stream hold (below the tail it saw when it claimed). Records
+            # published after the last batch saw the tail were deleted unknown to the pipeline:
+            # nobody could read or record them.
+            owed = [max(old.get(n, (0, []))[0], w.retired_tails[n].get(k, 0)) for n in range(len(w.retired))]
             gone_before = [i for n, seen in enumerate(w.retired) for o, i in sorted(seen.items())
-                           if i not in read.ids and o < old.get(n, (0, []))[0]
+                           if i not in read.ids and o < owed[n]
                            and not any(s <= o < e for s, e in old.get(n, (0, []))[1])]
             if gone_before:
                 problems["missing-before-recreate"] = (

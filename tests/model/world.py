@@ -139,6 +139,11 @@ class World:
         self.seen: dict[int, str] = {}
         #: ``seen`` of every earlier incarnation of the stream, oldest first (the one a re-create deleted)
         self.retired: list[dict[int, str]] = []
+        #: pipe -> the greatest committed tail of this incarnation a batch of it saw when it claimed
+        #: (the broker's tail just before a batch that reached its ``claimed`` step): what the
+        #: pipeline knew the stream held. ``retired_tails``: the same of each earlier incarnation.
+        self.tails: dict[int, int] = {}
+        self.retired_tails: list[dict[int, int]] = []
         self.cli_verdict: tuple[int, bool] | None = None  # (pipe, CLEAN?) of this op's CLI audit
 
     # -- places ----------------------------------------------------------------------------------
@@ -188,6 +193,8 @@ class World:
             self.needs_epoch = set(range(len(self.scenario.pipelines)))
             self.retired.append(self.seen)
             self.seen = {}
+            self.retired_tails.append(self.tails)
+            self.tails = {}
             self.born = {}
             return "stream deleted and re-created"
         if isinstance(op, NewEpoch):
@@ -231,7 +238,11 @@ class World:
         runner._spark = self.servers.spark
         key = (op.run, f"p{op.pipe}")
 
+        tail = -1
+
         def hook(step: str, _batch: Any) -> None:
+            if step == "claimed":  # it saw the stream hold everything below ``tail``
+                self.tails[op.pipe] = max(self.tails.get(op.pipe, 0), tail)
             if step == op.kill_at:
                 if op.how == "fail":
                     raise RuntimeError(f"model: failure injected after {step}")
@@ -242,6 +253,7 @@ class World:
         self.running.add(key)
         try:  # a connection of its own, as each task process has (a client is not shared by threads)
             with StreamClient.connect(self.servers.url) as client:
+                tail = client.committed_tail(self.stream)  # nothing is published while a batch runs
                 res = run_batch(cfg, run=run_id(op), ledger=self.ledger, broker=client, runner=runner,
                                 holder_alive=self.holder_alive, on_step=hook)
         except InjectedCrash as exc:

@@ -401,6 +401,8 @@ class BatchRun:
         got = self.ledger.claim_many(cfg.pipeline, asks, self.run,
                                      max_span=cfg.max_offsets,
                                      abandon_after=timedelta(seconds=cfg.claim_timeout))
+        # what each stream held: if it is re-created, the new epoch records the unread rest lost
+        self.ledger.saw_tails(cfg.pipeline, {self._source(s): tail for s, tail, _stored, _pos in seen})
         held = first_offsets(self.broker, [s for (s, *_r), rng in zip(seen, got, strict=True)
                                            if rng.status.value == "claimed"])
         self.parts = [self.settle_claim(s, rng, held.get(s), req)
