@@ -21,8 +21,8 @@ audit`` runs it):
   stream (still there, or taken by retention since) must be in the outputs exactly once or so
   excused, a record of an incarnation a re-create deleted, below the end of the retired history of
   that epoch or below the greatest tail a batch of the pipeline saw on it, in the outputs or lost
-  in it (incarnation n is epoch n: one epoch per re-create), and the audit must be CLEAN exactly
-  when that holds.
+  in it (the epoch that held the incarnation, if the pipeline had one of its own), and the audit
+  must be CLEAN exactly when that holds.
 """
 
 from __future__ import annotations
@@ -212,7 +212,10 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
             found.append(Disagreement("stall", k, at, f"run(s) {', '.join(stalled)} fail on every retry: "
                                       f"{last[:200]}", _audit_text(w.audit(k))))
         if final:  # an earlier incarnation's records: read, or lost/skipped in its retired history
-            old = _retired_excuses(w, spec.name)
+            epochs = _retired_excuses(w, spec.name)
+            none: tuple[int, list[tuple[int, int]]] = (0, [])
+            old = {n: epochs.get(e, none) for n, held in enumerate(w.retired_epochs)
+                   if (e := held.get(k)) is not None}  # incarnation -> its retired history
             # owed: what the retired history claims to have covered, and what a batch of the
             # pipeline saw the old stream hold (below the tail it saw when it claimed). Records
             # published after the last batch saw the tail were deleted unknown to the pipeline:

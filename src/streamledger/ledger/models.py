@@ -84,6 +84,9 @@ class Source(LedgerBase):
     # 0010: the greatest committed tail a batch saw on this incarnation of the stream; a new epoch
     # records what lies between the history's end and it as lost (audit rule 10).
     seen_tail: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # 0010: why a batch found the broker holding another stream (it refused it); every later batch
+    # refuses too until ``new-epoch``, even once the signs are gone (retention rolled the fingerprint).
+    replaced: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Range(LedgerBase):

@@ -226,6 +226,18 @@ class Sources(LedgerSession):
                 session.execute(update(Source).where(Source.id == src.id, below).values(seen_tail=tail)
                                 .execution_options(synchronize_session=False))
 
+    def mark_replaced(self, pipeline: str, source: SourceRef, why: str) -> None:
+        """Remember that a batch found the broker holding another stream than the source's history
+        (``why``, one line): the signs may vanish later (retention rolls the fingerprinted chunk out,
+        the new stream grows past the ledger's end), so every later batch refuses on this record
+        until :meth:`new_epoch` starts a new history. The first reason is kept."""
+        check_pipeline(pipeline)
+        with self._tx(f"stream {source.stream!r} of pipeline {pipeline!r} replaced") as session:
+            src = self._find_source(session, pipeline, source)
+            if src is not None:
+                session.execute(update(Source).where(Source.id == src.id, Source.replaced.is_(None))
+                                .values(replaced=clip(why)).execution_options(synchronize_session=False))
+
     def new_epoch(self, pipeline: str, source: SourceRef, *, reason: str = "") -> tuple[int, int]:
         """Start a new history for a stream that was deleted and re-created (offsets from 0 again).
 

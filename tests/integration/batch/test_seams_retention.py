@@ -199,3 +199,41 @@ def test_a_recreated_stream_that_rolled_an_older_fingerprint_out_is_refused(
     with pytest.raises(StreamReplaced, match="this is not the stream pipeline"):
         run_batch(cfg, run=rid("read", run="r3"), ledger=ledger, broker=client, runner=runner)
     assert client.query_offset(s, PIPELINE) is None  # the old watermark was not stored on it
+
+
+def test_a_stream_refused_as_recreated_stays_refused_once_its_fingerprint_rolled_out(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """E (the model checker's SQLite seed 3000): r1 commits [0, 20); the stream is re-created and
+    r2 refuses it (its tail 5 is below the ledger's end 20). Before anyone runs `new-epoch` the new
+    stream grows past 20 and retention rolls out the chunk r1 fingerprinted: no sign is left, and
+    r3 read the new stream on from the old end, its first records never read, audit CLEAN. Once a
+    batch has seen the broker hold another stream the ledger remembers it: every later batch
+    refuses until `new-epoch`."""
+    from streamledger.batch import StreamReplaced
+
+    ledger = any_ledger
+    s = stream_name("ret-e")
+    settings = {"max_length_bytes": 60_000, "max_segment_size_bytes": 15_000}
+    create_stream(rabbitmq_url, s, 0, **settings)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=PIPELINE, on_data_loss="record")
+    publish(rabbitmq_url, s, 20, batch_size=10)
+    run_batch(cfg, run=rid("read", run="r1"), ledger=ledger, broker=client, runner=runner)
+    client.delete_stream(s)
+    client.create_stream(s, **settings)
+    _padded(client, s, 1000, 5)
+    with pytest.raises(StreamReplaced, match="below the ledger's end"):
+        run_batch(cfg, run=rid("read", run="r2"), ledger=ledger, broker=client, runner=runner)
+    _retain_past(client, s, 20, 5)
+    before = ledger.ranges(PIPELINE)
+    with pytest.raises(StreamReplaced, match="this is not the stream pipeline") as refused:
+        run_batch(cfg, run=rid("read", run="r3"), ledger=ledger, broker=client, runner=runner)
+    assert "\n" not in str(refused.value) and "new-epoch" in str(refused.value)
+    assert ledger.ranges(PIPELINE) == before
+    assert client.query_offset(s, PIPELINE) is None
+    [src] = {r.source for r in before}
+    ledger.new_epoch(PIPELINE, src, reason="re-created")
+    run_batch(cfg, run=rid("read", run="r4"), ledger=ledger, broker=client, runner=runner)
+    report = ledger.audit(PIPELINE, broker=client)
+    assert report.clean, report.to_text()
