@@ -319,20 +319,22 @@ class Sources(LedgerSession):
                                .order_by(Range.start_offset)).all()
         live = sorted((int(a), int(b)) for a, b, st in rows if st != RangeStatus.FAILED.value)
         failed = sorted((int(a), int(b)) for a, b, st in rows if st == RangeStatus.FAILED.value)
-        if seen_tail is not None:
-            bounds = session.execute(select(
-                func.max(Range.end_offset).filter(Range.status != RangeStatus.FAILED.value),
-                func.min(Range.start_offset)).where(Range.source_id == source_id)).one()
-            end = bounds[0] if bounds[0] is not None else bounds[1]
-            if end is not None and int(end) < seen_tail:
-                failed = sorted([*failed, (int(end), int(seen_tail))])
+        bounds = session.execute(select(
+            func.max(Range.end_offset).filter(Range.status != RangeStatus.FAILED.value),
+            func.min(Range.start_offset)).where(Range.source_id == source_id)).one()
+        end = bounds[0] if bounds[0] is not None else bounds[1]
+        cut = None if end is None else int(end)  # holes lie below it, the rest from it on
+        if cut is not None and seen_tail is not None and cut < seen_tail:
+            failed = sorted([*failed, (cut, int(seen_tail))])
         spans: list[tuple[int, int]] = []
         for a, b in failed:
             pieces = [(a, b)]
             for la, lb in live:
                 pieces = [p for x, y in pieces for p in ((x, min(y, la)), (max(x, lb), y)) if p[0] < p[1]]
+            if cut is not None:  # a hole and the span past the end are two ranges (contiguity rule)
+                pieces = [p for x, y in pieces for p in ((x, min(y, cut)), (max(x, cut), y)) if p[0] < p[1]]
             for x, y in pieces:
-                if spans and x <= spans[-1][1]:
+                if spans and x <= spans[-1][1] and not (cut is not None and spans[-1][1] <= cut <= x):
                     spans[-1] = (spans[-1][0], max(spans[-1][1], y))
                 else:
                     spans.append((x, y))
