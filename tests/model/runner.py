@@ -213,9 +213,17 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
                                       f"{last[:200]}", _audit_text(w.audit(k))))
         if final:  # an earlier incarnation's records: read, or lost/skipped in its retired history
             epochs = _retired_excuses(w, spec.name)
-            none: tuple[int, list[tuple[int, int]]] = (0, [])
-            old = {n: epochs.get(e, none) for n, held in enumerate(w.retired_epochs)
-                   if (e := held.get(k)) is not None}  # incarnation -> its retired history
+            # incarnation -> its retired history: the epoch its batches claimed in; that epoch's end
+            # counts only if no later incarnation was claimed in it too (a re-create nobody could
+            # notice, nothing read yet: the history goes on on the next stream), its lost spans always
+            later = [set().union(*(c.get(k, set()) for c in [*w.retired_claimed[n + 1:], w.claimed]))
+                     for n in range(len(w.retired_claimed))]
+            old: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+            for n, held in enumerate(w.retired_claimed):
+                if held.get(k):
+                    e = max(held[k])
+                    end, lost = epochs.get(e, (0, []))
+                    old[n] = (0 if e in later[n] else end, lost)
             # owed: what the retired history claims to have covered, and what a batch of the
             # pipeline saw the old stream hold (below the tail it saw when it claimed). Records
             # published after the last batch saw the tail were deleted unknown to the pipeline:

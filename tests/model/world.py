@@ -149,9 +149,11 @@ class World:
         self.tails: dict[int, int] = {}
         self.retired_tails: list[dict[int, int]] = []
         self.retired_born: list[dict[int, int]] = []  # ``born`` of each earlier incarnation
-        #: pipe -> the epoch of its history that holds each earlier incarnation (none when the
-        #: pipeline had no history of its own on it: not yet, or no new epoch since the one before)
-        self.retired_epochs: list[dict[int, int]] = []
+        #: pipe -> the epochs of its history its batches claimed in on this incarnation (one history
+        #: may reach over two incarnations when a re-create went unnoticed: nothing was read yet);
+        #: ``retired_claimed``: the same of each earlier incarnation
+        self.claimed: dict[int, set[int]] = {}
+        self.retired_claimed: list[dict[int, set[int]]] = []
         self.cli_verdict: tuple[int, bool] | None = None  # (pipe, CLEAN?) of this op's CLI audit
 
     # -- places ----------------------------------------------------------------------------------
@@ -196,7 +198,8 @@ class World:
         if isinstance(op, Pair):
             return self.pair(op)
         if isinstance(op, Recreate):
-            self.retired_epochs.append(self._epochs())
+            self.retired_claimed.append(self.claimed)
+            self.claimed = {}
             self.retired_ids.append((self.first_seq, self.seq, self.client.committed_tail(self.stream)))
             self.first_seq = self.seq
             self.client.delete_stream(self.stream)
@@ -256,9 +259,12 @@ class World:
 
         tail = -1
 
-        def hook(step: str, _batch: Any) -> None:
-            if step == "claimed":  # it saw the stream hold everything below ``tail``
+        def hook(step: str, batch: Any) -> None:
+            if step == "claimed":  # it saw the stream hold everything below ``tail``, in this epoch
                 self.tails[op.pipe] = max(self.tails.get(op.pipe, 0), tail)
+                epoch = batch.epochs.get(self.stream)
+                if epoch is not None:
+                    self.claimed.setdefault(op.pipe, set()).add(int(epoch))
             if step == op.kill_at:
                 if op.how == "fail":
                     raise RuntimeError(f"model: failure injected after {step}")
@@ -354,19 +360,6 @@ class World:
         found = {r.source for r in self.ledger.ranges(name)
                  if r.source.stream == self.stream and "#epoch" not in r.source.broker}
         return sorted(found, key=lambda s: s.broker)
-
-    def _epochs(self) -> dict[int, int]:
-        """pipe -> the epoch of its current history, for the incarnation a re-create is retiring:
-        only when it has one and no earlier incarnation had that epoch already."""
-        out: dict[int, int] = {}
-        for k, spec in enumerate(self.scenario.pipelines):
-            srcs = self.current_sources(k)
-            if not srcs:
-                continue
-            epoch = self.ledger.positions(spec.name, srcs[:1])[0].epoch
-            if all(earlier.get(k) != epoch for earlier in self.retired_epochs):
-                out[k] = epoch
-        return out
 
     def new_epoch(self, pipe: int) -> str:
         name = self.scenario.pipelines[pipe].name
