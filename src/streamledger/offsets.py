@@ -11,7 +11,7 @@ protocol's names, so a source of another kind is one more implementation, not an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self
 
@@ -27,8 +27,10 @@ __all__ = [
     "OffsetSpec",
     "OffsetSpecError",
     "same_stream",
+    "same_streams",
     "store_verified",
     "take_print",
+    "take_prints",
 ]
 
 OffsetKind = Literal["first", "last", "next", "offset", "timestamp"]
@@ -199,3 +201,33 @@ def same_stream(log: Any, stream: str, fingerprint: ChunkPrint) -> bool | None:
     if head is not None:
         return ChunkPrint.of(head) == fingerprint
     return None if fingerprint.offset < int(log.first_offset(stream)) else False
+
+
+def take_prints(log: Any, offsets: Mapping[str, int]) -> dict[str, ChunkPrint]:
+    """:func:`take_print` of many streams (``stream -> offset``), asked all at once when the log can
+    (``chunks_at``: a RabbitMQ ``StreamClient``); streams without a print are left out."""
+    many = getattr(log, "chunks_at", None)
+    if many is None or len(offsets) < 2:
+        found = {s: take_print(log, s, o) for s, o in offsets.items()}
+        return {s: p for s, p in found.items() if p is not None}
+    heads = many(list(offsets.items()))
+    return {s: ChunkPrint.of(h) for s, o in offsets.items() if (h := heads[(s, o)]) is not None}
+
+
+def same_streams(log: Any, prints: Mapping[str, ChunkPrint]) -> dict[str, bool | None]:
+    """:func:`same_stream` of many streams, asked all at once when the log can (``chunks_at``, and
+    ``first_offsets`` for those whose chunk is gone)."""
+    many = getattr(log, "chunks_at", None)
+    if many is None or len(prints) < 2:
+        return {s: same_stream(log, s, p) for s, p in prints.items()}
+    heads = many([(s, p.offset) for s, p in prints.items()])
+    gone = [s for s, p in prints.items() if heads[(s, p.offset)] is None]
+    firsts_of = getattr(log, "first_offsets", None)
+    firsts = (dict(firsts_of(gone)) if firsts_of is not None else {s: log.first_offset(s) for s in gone}) \
+        if gone else {}
+    out: dict[str, bool | None] = {}
+    for s, p in prints.items():
+        head = heads[(s, p.offset)]
+        out[s] = (ChunkPrint.of(head) == p if head is not None
+                  else None if p.offset < int(firsts[s]) else False)
+    return out
