@@ -128,6 +128,39 @@ def broker_records(client: Any, stream: str) -> list[tuple[int, str]]:
     raise RuntimeError(f"stream {stream}: retention kept moving while the oracle read it")
 
 
+def unseen(seen: Mapping[int, str], ids: Iterable[str], tail: int) -> list[tuple[int, int, str]]:
+    """``(lo, hi, id)`` of every id published on one incarnation of the stream that the oracle never
+    saw on the broker (retention took it before the next look): its offset is unknown, but ids are
+    published in order, so it lies in ``[lo, hi)`` between the offsets of its nearest seen
+    neighbours (``0`` and ``tail`` at the ends)."""
+    by_id = {i: o for o, i in seen.items()}
+    order = list(ids)
+    out: list[tuple[int, int, str]] = []
+    lo = 0
+    gap: list[str] = []
+    for i in order:
+        if i in by_id:
+            out.extend((lo, by_id[i], g) for g in gap)
+            gap, lo = [], by_id[i] + 1
+        else:
+            gap.append(i)
+    out.extend((lo, max(lo, tail), g) for g in gap)
+    return out
+
+
+def covered(lo: int, hi: int, spans: Iterable[tuple[int, int]]) -> str:
+    """How much of ``[lo, hi)`` the union of ``spans`` covers: ``all``, ``some`` or ``none``."""
+    if hi <= lo:
+        return "none"
+    total, at = 0, lo
+    for s, e in sorted(spans):
+        s, e = max(s, at), min(e, hi)
+        if s < e:
+            total += e - s
+            at = e
+    return "all" if total >= hi - lo else "some" if total else "none"
+
+
 def stray_files(world: Path, allowed: Iterable[Path]) -> list[str]:
     """Files under the scenario's directory that are neither in an output root nor the test's own."""
     keep = [os.path.realpath(p) for p in allowed]

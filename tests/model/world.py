@@ -139,6 +139,21 @@ class World:
         self.seen: dict[int, str] = {}
         #: ``seen`` of every earlier incarnation of the stream, oldest first (the one a re-create deleted)
         self.retired: list[dict[int, str]] = []
+        #: the publish count where this incarnation of the stream began; ``retired_ids`` holds each
+        #: earlier incarnation's ``(first publish count, end publish count, tail when deleted)``
+        self.first_seq = 0
+        self.retired_ids: list[tuple[int, int, int]] = []
+        #: pipe -> the greatest committed tail of this incarnation a batch of it saw when it claimed
+        #: (the broker's tail just before a batch that reached its ``claimed`` step): what the
+        #: pipeline knew the stream held. ``retired_tails``: the same of each earlier incarnation.
+        self.tails: dict[int, int] = {}
+        self.retired_tails: list[dict[int, int]] = []
+        self.retired_born: list[dict[int, int]] = []  # ``born`` of each earlier incarnation
+        #: pipe -> the epochs of its history its batches claimed in on this incarnation (one history
+        #: may reach over two incarnations when a re-create went unnoticed: nothing was read yet);
+        #: ``retired_claimed``: the same of each earlier incarnation
+        self.claimed: dict[int, set[int]] = {}
+        self.retired_claimed: list[dict[int, set[int]]] = []
         self.cli_verdict: tuple[int, bool] | None = None  # (pipe, CLEAN?) of this op's CLI audit
 
     # -- places ----------------------------------------------------------------------------------
@@ -183,11 +198,18 @@ class World:
         if isinstance(op, Pair):
             return self.pair(op)
         if isinstance(op, Recreate):
+            self.retired_claimed.append(self.claimed)
+            self.claimed = {}
+            self.retired_ids.append((self.first_seq, self.seq, self.client.committed_tail(self.stream)))
+            self.first_seq = self.seq
             self.client.delete_stream(self.stream)
             self.client.create_stream(self.stream, **(RETENTION if self.scenario.retention else {}))
             self.needs_epoch = set(range(len(self.scenario.pipelines)))
             self.retired.append(self.seen)
             self.seen = {}
+            self.retired_tails.append(self.tails)
+            self.tails = {}
+            self.retired_born.append(self.born)
             self.born = {}
             return "stream deleted and re-created"
         if isinstance(op, NewEpoch):
@@ -202,12 +224,16 @@ class World:
         raise TypeError(f"unknown operation {op!r}")
 
     def publish(self, n: int, pad: int) -> str:
-        ids = [f"{self.tag}-{self.seq + i:06d}" for i in range(n)]
+        ids = self.ids(self.seq, self.seq + n)
         self.seq += n
         result = self.client.publish(self.stream, [make_body(i, pad) for i in ids], batch_size=50)
         assert result.confirmed == n, result
         self.figures.published += n
         return f"published {ids[0]}..{ids[-1]}" if ids else "published nothing"
+
+    def ids(self, first: int, end: int) -> list[str]:
+        """The ids published from publish count ``first`` up to ``end``, in order."""
+        return [f"{self.tag}-{q:06d}" for q in range(first, end)]
 
     def holder_alive(self, run: RunId) -> bool:
         return (run.run_id, run.task_id) in self.running
@@ -231,7 +257,14 @@ class World:
         runner._spark = self.servers.spark
         key = (op.run, f"p{op.pipe}")
 
-        def hook(step: str, _batch: Any) -> None:
+        tail = -1
+
+        def hook(step: str, batch: Any) -> None:
+            if step == "claimed":  # it saw the stream hold everything below ``tail``, in this epoch
+                self.tails[op.pipe] = max(self.tails.get(op.pipe, 0), tail)
+                epoch = batch.epochs.get(self.stream)
+                if epoch is not None:
+                    self.claimed.setdefault(op.pipe, set()).add(int(epoch))
             if step == op.kill_at:
                 if op.how == "fail":
                     raise RuntimeError(f"model: failure injected after {step}")
@@ -242,6 +275,7 @@ class World:
         self.running.add(key)
         try:  # a connection of its own, as each task process has (a client is not shared by threads)
             with StreamClient.connect(self.servers.url) as client:
+                tail = client.committed_tail(self.stream)  # nothing is published while a batch runs
                 res = run_batch(cfg, run=run_id(op), ledger=self.ledger, broker=client, runner=runner,
                                 holder_alive=self.holder_alive, on_step=hook)
         except InjectedCrash as exc:

@@ -249,7 +249,10 @@ class BatchRun:
 
         A stream deleted and re-created starts at offset 0 again: claims would come back empty
         (the ledger's end lies past the new tail) or start in the middle of the new stream, and the
-        old watermark would be stored on it. Three signs: the committed tail is below the ledger's
+        old watermark would be stored on it. A refusal is recorded in the ledger (``replaced``) and
+        refused again by every later batch until ``new-epoch``, since the signs can vanish (the new
+        stream grows past the ledger's end, retention rolls the fingerprinted chunk out). Three
+        signs: the committed tail is below the ledger's
         end (a tail never shrinks), the broker lost the offset the ledger stored on it and neither
         the fingerprint nor retention explains it (:meth:`stored_offset_retired`), or (from the
         data itself, whatever was stored) the chunk the ledger fingerprinted at a commit is not the
@@ -259,7 +262,9 @@ class BatchRun:
         """
         cfg = self.config
         self.epochs[stream] = pos.epoch
-        if pos.end is not None and tail < pos.end:
+        if pos.replaced is not None:  # the signs may be gone since (retention, the stream grew)
+            why = f"a batch found it replaced before ({pos.replaced})"
+        elif pos.end is not None and tail < pos.end:
             why = f"the broker's committed tail {tail} is below the ledger's end {pos.end}"
         elif pos.stored is not None and stored is None and not self.stored_offset_retired(stream, pos, same):
             why = (f"the broker has no stored offset for {cfg.pipeline!r} although the ledger stored "
@@ -270,6 +275,8 @@ class BatchRun:
                    f"broker tail {tail})")
         else:
             return pos  # no fingerprint, or retention took its chunk: every commit takes a new one
+        if pos.replaced is None:  # remembered: every later batch refuses until `new-epoch`
+            self.ledger.mark_replaced(cfg.pipeline, self._source(stream), why)
         raise StreamReplaced(
             f"stream {stream!r}: {why}: this is not the stream pipeline {cfg.pipeline!r} read (deleted and "
             f"re-created?); nothing was claimed or stored. If it is a new stream, `streamledger ledger "
@@ -432,6 +439,8 @@ class BatchRun:
         got = self.ledger.claim_many(cfg.pipeline, asks, self.run,
                                      max_span=cfg.max_offsets,
                                      abandon_after=timedelta(seconds=cfg.claim_timeout))
+        # what each stream held: if it is re-created, the new epoch records the unread rest lost
+        self.ledger.saw_tails(cfg.pipeline, {self._source(s): tail for s, tail, _stored, _pos in seen})
         held = first_offsets(self.broker, [s for (s, *_r), rng in zip(seen, got, strict=True)
                                            if rng.status.value == "claimed"])
         self.parts = [self.settle_claim(s, rng, held.get(s), req)

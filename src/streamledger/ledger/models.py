@@ -81,6 +81,12 @@ class Source(LedgerBase):
     created_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
     # 0005: which incarnation of the stream this history belongs to (a re-created stream is another).
     epoch: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    # 0010: the greatest committed tail a batch saw on this incarnation of the stream; a new epoch
+    # records what lies between the history's end and it as lost (audit rule 10).
+    seen_tail: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # 0010: why a batch found the broker holding another stream (it refused it); every later batch
+    # refuses too until ``new-epoch``, even once the signs are gone (retention rolled the fingerprint).
+    replaced: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Range(LedgerBase):

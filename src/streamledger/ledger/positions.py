@@ -211,6 +211,7 @@ class Positions(Sources):
                 stale=stale,
                 holes=tuple(snapshot(r, pipeline, src) for r in holes[src.id]),
                 chunk=prints.get(src.id),
+                replaced=src.replaced,
             ))
         return out
 

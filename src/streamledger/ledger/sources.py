@@ -5,11 +5,11 @@ a re-created stream and a broker's new identity.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -209,16 +209,46 @@ class Sources(LedgerSession):
             self._sources[source_id] = known
         return known
 
+    def saw_tails(self, pipeline: str, tails: Mapping[SourceRef, int]) -> None:
+        """Remember the greatest committed tail a batch saw on each source's stream (sources with a
+        history only): if the stream is deleted, :meth:`new_epoch` records what the old stream held
+        past the history's end as lost instead of letting it vanish (audit rule 10)."""
+        check_pipeline(pipeline)
+        if not tails:
+            return
+        with self._tx(f"tails seen by pipeline {pipeline!r}") as session:
+            refs = list(tails)
+            for ref, src in zip(refs, self._find_sources(session, pipeline, refs), strict=True):
+                if src is None:
+                    continue
+                tail = int(tails[ref])
+                below = or_(Source.seen_tail.is_(None), Source.seen_tail < tail)
+                session.execute(update(Source).where(Source.id == src.id, below).values(seen_tail=tail)
+                                .execution_options(synchronize_session=False))
+
+    def mark_replaced(self, pipeline: str, source: SourceRef, why: str) -> None:
+        """Remember that a batch found the broker holding another stream than the source's history
+        (``why``, one line): the signs may vanish later (retention rolls the fingerprinted chunk out,
+        the new stream grows past the ledger's end), so every later batch refuses on this record
+        until :meth:`new_epoch` starts a new history. The first reason is kept."""
+        check_pipeline(pipeline)
+        with self._tx(f"stream {source.stream!r} of pipeline {pipeline!r} replaced") as session:
+            src = self._find_source(session, pipeline, source)
+            if src is not None:
+                session.execute(update(Source).where(Source.id == src.id, Source.replaced.is_(None))
+                                .values(replaced=clip(why)).execution_options(synchronize_session=False))
+
     def new_epoch(self, pipeline: str, source: SourceRef, *, reason: str = "") -> tuple[int, int]:
         """Start a new history for a stream that was deleted and re-created (offsets from 0 again).
 
         The old history is kept, under the broker identity ``<broker>#epoch<N>`` (so neither a
         claim nor a broker check ever mixes the two streams; the audit still covers it), and the
         new epoch begins with an empty committed range ``[0, 0)``: the next batch reads the new
-        stream from its first offset. What failed ranges of the old history left unread (no live
-        range redid them) is recorded ``lost``, naming the re-created stream: nobody can read those
-        offsets any more, and a failure nothing can retry would be a finding for ever. Returns
-        ``(old_epoch, new_epoch)``.
+        stream from its first offset. What the old history left unread is recorded ``lost``,
+        naming the re-created stream (audit rule 10): the spans failed ranges left that no live
+        range redid, and what the old stream held past the history's end (up to the greatest tail a
+        batch saw, :meth:`saw_tails`). Nobody can read those offsets any more, and a failure nothing
+        can retry would be a finding for ever. Returns ``(old_epoch, new_epoch)``.
 
         Refused while the history has open claims, or committed ranges whose output is not
         published: once retired, no run publishes them (a batch publishes its current sources'
@@ -262,7 +292,7 @@ class Sources(LedgerSession):
             session.flush()
             now = self._clock(session)
             marker = RunIdentity("streamledger", f"new-epoch-{old + 1}", "ledger")
-            for start, end in self._unread(session, src.id):
+            for start, end in self._unread(session, src.id, src.seen_tail):
                 session.add(self._new_row(src.id, start, end, RangeStatus.LOST, marker, now, error=clip(
                     f"stream deleted and re-created (epoch {old + 1}) before [{start}, {end}) was read")))
                 log.warning("%s: [%d, %d) of the retired history was never read: recorded lost",
@@ -279,21 +309,32 @@ class Sources(LedgerSession):
             return old, old + 1
 
     @staticmethod
-    def _unread(session: Session, source_id: int) -> list[tuple[int, int]]:
-        """The spans failed ranges of a source left that no live range covers (holes, and failed
-        ranges past its end): once the stream is deleted nobody can read them again."""
+    def _unread(session: Session, source_id: int, seen_tail: int | None) -> list[tuple[int, int]]:
+        """The spans of a source no live range covers that the old stream held: those failed ranges
+        left (holes, and failed ranges past its end) and ``[end, seen_tail)`` past the end of its
+        live ranges (from its origin when none is live). Once the stream is deleted nobody can read
+        them again."""
         rows = session.execute(select(Range.start_offset, Range.end_offset, Range.status)
                                .where(Range.source_id == source_id, Range.end_offset > Range.start_offset)
                                .order_by(Range.start_offset)).all()
         live = sorted((int(a), int(b)) for a, b, st in rows if st != RangeStatus.FAILED.value)
         failed = sorted((int(a), int(b)) for a, b, st in rows if st == RangeStatus.FAILED.value)
+        bounds = session.execute(select(
+            func.max(Range.end_offset).filter(Range.status != RangeStatus.FAILED.value),
+            func.min(Range.start_offset)).where(Range.source_id == source_id)).one()
+        end = bounds[0] if bounds[0] is not None else bounds[1]
+        cut = None if end is None else int(end)  # holes lie below it, the rest from it on
+        if cut is not None and seen_tail is not None and cut < seen_tail:
+            failed = sorted([*failed, (cut, int(seen_tail))])
         spans: list[tuple[int, int]] = []
         for a, b in failed:
             pieces = [(a, b)]
             for la, lb in live:
                 pieces = [p for x, y in pieces for p in ((x, min(y, la)), (max(x, lb), y)) if p[0] < p[1]]
+            if cut is not None:  # a hole and the span past the end are two ranges (contiguity rule)
+                pieces = [p for x, y in pieces for p in ((x, min(y, cut)), (max(x, cut), y)) if p[0] < p[1]]
             for x, y in pieces:
-                if spans and x <= spans[-1][1]:
+                if spans and x <= spans[-1][1] and not (cut is not None and spans[-1][1] <= cut <= x):
                     spans[-1] = (spans[-1][0], max(spans[-1][1], y))
                 else:
                     spans.append((x, y))

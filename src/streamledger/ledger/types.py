@@ -271,7 +271,9 @@ class SourcePosition:
     heard from for the caller's ``stale_after`` by the ledger's clock (the abandonment rule, decided
     here only); ``holes`` failed ranges no live range redid yet. ``chunk`` is the newest
     fingerprint of a committed chunk (None before one was taken): a broker whose chunk at its offset
-    differs holds another stream (``streamledger.offsets.same_stream``).
+    differs holds another stream (``streamledger.offsets.same_stream``). ``replaced`` is why a batch
+    found the broker holding another stream (None if none did): every later batch refuses it too,
+    until ``new-epoch``.
     """
 
     end: int | None
@@ -283,6 +285,7 @@ class SourcePosition:
     stale: frozenset[int] = frozenset()
     holes: tuple[OffsetRange, ...] = ()
     chunk: ChunkPrint | None = None
+    replaced: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,7 +131,8 @@ def test_a_failed_range_of_a_retired_epoch_is_recorded_lost_by_the_new_epoch(
     can ever read the old stream's offsets again, yet the retired history kept the failed range, so
     the audit reported `failed_not_retried` for ever on a pipeline whose every record on the new
     stream is read once. The new epoch records what the old stream's history never read as lost
-    (never silent: the reason names the re-created stream)."""
+    (never silent: the reason names the re-created stream): the failed [0, 40) and the rest of
+    what the batch saw the old stream hold, up to its tail."""
     ledger = any_ledger
     s = stream_name("ret-b")
     create_stream(rabbitmq_url, s, 0, max_length_bytes=60_000, max_segment_size_bytes=15_000)
@@ -143,6 +144,7 @@ def test_a_failed_range_of_a_retired_epoch_is_recorded_lost_by_the_new_epoch(
     _retain_past(client, s, 40, 49)
     with pytest.raises(BatchError, match=r"must read \[0, 40\) but retention removed everything below"):
         run_batch(cfg, run=rid("read", run="r1", try_number=2), ledger=ledger, broker=client, runner=runner)
+    tail = client.committed_tail(s)  # all the old stream held, none of it read (audit rule 10)
     client.delete_stream(s)
     create_stream(rabbitmq_url, s, 0, max_length_bytes=60_000, max_segment_size_bytes=15_000)
     (old,) = {r.source for r in ledger.ranges(PIPELINE)}
@@ -156,7 +158,7 @@ def test_a_failed_range_of_a_retired_epoch_is_recorded_lost_by_the_new_epoch(
     assert report.clean, report.to_text()
     retired = [(r.start, r.end, r.status) for r in ledger.ranges(PIPELINE)
                if r.source.broker != old.broker and r.status != RangeStatus.FAILED]
-    assert retired == [(0, 40, RangeStatus.LOST)], retired
+    assert retired == [(0, tail, RangeStatus.LOST)], retired
 
 
 def test_a_recreated_stream_that_rolled_an_older_fingerprint_out_is_refused(
@@ -197,3 +199,41 @@ def test_a_recreated_stream_that_rolled_an_older_fingerprint_out_is_refused(
     with pytest.raises(StreamReplaced, match="this is not the stream pipeline"):
         run_batch(cfg, run=rid("read", run="r3"), ledger=ledger, broker=client, runner=runner)
     assert client.query_offset(s, PIPELINE) is None  # the old watermark was not stored on it
+
+
+def test_a_stream_refused_as_recreated_stays_refused_once_its_fingerprint_rolled_out(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """E (the model checker's SQLite seed 3000): r1 commits [0, 20); the stream is re-created and
+    r2 refuses it (its tail 5 is below the ledger's end 20). Before anyone runs `new-epoch` the new
+    stream grows past 20 and retention rolls out the chunk r1 fingerprinted: no sign is left, and
+    r3 read the new stream on from the old end, its first records never read, audit CLEAN. Once a
+    batch has seen the broker hold another stream the ledger remembers it: every later batch
+    refuses until `new-epoch`."""
+    from streamledger.batch import StreamReplaced
+
+    ledger = any_ledger
+    s = stream_name("ret-e")
+    settings = {"max_length_bytes": 60_000, "max_segment_size_bytes": 15_000}
+    create_stream(rabbitmq_url, s, 0, **settings)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=PIPELINE, on_data_loss="record")
+    publish(rabbitmq_url, s, 20, batch_size=10)
+    run_batch(cfg, run=rid("read", run="r1"), ledger=ledger, broker=client, runner=runner)
+    client.delete_stream(s)
+    client.create_stream(s, **settings)
+    _padded(client, s, 1000, 5)
+    with pytest.raises(StreamReplaced, match="below the ledger's end"):
+        run_batch(cfg, run=rid("read", run="r2"), ledger=ledger, broker=client, runner=runner)
+    _retain_past(client, s, 20, 5)
+    before = ledger.ranges(PIPELINE)
+    with pytest.raises(StreamReplaced, match="this is not the stream pipeline") as refused:
+        run_batch(cfg, run=rid("read", run="r3"), ledger=ledger, broker=client, runner=runner)
+    assert "\n" not in str(refused.value) and "new-epoch" in str(refused.value)
+    assert ledger.ranges(PIPELINE) == before
+    assert client.query_offset(s, PIPELINE) is None
+    [src] = {r.source for r in before}
+    ledger.new_epoch(PIPELINE, src, reason="re-created")
+    run_batch(cfg, run=rid("read", run="r4"), ledger=ledger, broker=client, runner=runner)
+    report = ledger.audit(PIPELINE, broker=client)
+    assert report.clean, report.to_text()

@@ -11,6 +11,7 @@ broker, local Spark and both ledgers (SQLite and PostgreSQL):
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,39 @@ def test_the_audit_reports_a_recreated_stream_holding_the_old_stored_offset(
     assert not report.clean, "the audit is CLEAN on a re-created stream"
     found = [v for v in report.violations if v.stream == s and v.kind.value == "stream_replaced"]
     assert found and "new-epoch" in found[0].detail, report.to_text()
+
+
+def test_a_new_epoch_records_the_old_streams_unread_tail_lost(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """The checker's `missing-before-recreate`: the stream held [0, 100) when a batch saw it; the
+    pipeline committed [0, 40), a second run claimed [40, 80) and died; then the stream was deleted
+    and re-created. Nobody can read [40, 100) any more, yet only the failed claim's span was
+    recorded lost by `new-epoch` and [80, 100) vanished with the audit CLEAN. The ledger keeps the
+    greatest tail a batch saw, and the new epoch records everything from the history's end up to it
+    as lost, naming the re-created stream (audit rule 1)."""
+    s = stream_name("epoch-unread-tail")
+    create_stream(rabbitmq_url, s, 100)
+    cfg = config(rabbitmq_url, tmp_path, s, max_offsets=40)
+    run_batch(cfg, run=rid("t"), ledger=any_ledger, broker=client, runner=runner)
+    with pytest.raises(Killed):
+        run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner,
+                  on_step=die_after("claimed"))
+    assert len(any_ledger.release_stale(timedelta(0), pipeline=PIPE)) == 1
+    tail = client.committed_tail(s)  # past the 100 records (the stored offset's tracking chunk)
+    assert tail >= 100
+    recreate(client, s, 30)
+    [src] = {r.source for r in any_ledger.ranges(PIPE)}
+    any_ledger.new_epoch(PIPE, src, reason="re-created")
+    retired = sorted((r.start, r.end, r.status.value) for r in any_ledger.ranges(PIPE)
+                     if r.source.broker != src.broker and r.status != RangeStatus.FAILED)
+    assert retired == [(0, 40, "committed"), (40, tail, "lost")], retired
+    [lost] = [r for r in any_ledger.ranges(PIPE) if r.status == RangeStatus.LOST]
+    assert "re-created" in (lost.error or ""), lost
+    run_batch(cfg, run=rid("t", run="r3"), ledger=any_ledger, broker=client, runner=runner)
+    report = audit(any_ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
 
 
 # -- 8: one identity per broker, whatever the URL's spelling ------------------------------------
