@@ -8,6 +8,7 @@ count disagreement. The same machine runs against PostgreSQL in tests/integratio
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -245,15 +246,14 @@ class LedgerMachine(RuleBasedStateMachine):
             assert mark.end is not None and mark.end <= redo[0], (mark, redo)
 
 
-# A long local run: ``pytest --hypothesis-profile=ledger-soak --hypothesis-seed=N`` on this test and
+# A long local run: STREAMLEDGER_LEDGER_EXAMPLES=1000 pytest --hypothesis-seed=N on this test and
 # tests/integration/ledger/test_properties_pg.py (the suite's runs stay short).
-settings.register_profile("ledger-soak", max_examples=1000)
+EXAMPLES_VARIABLE = "STREAMLEDGER_LEDGER_EXAMPLES"
 
 
 def run_machine(ledger: Ledger, max_examples: int) -> None:
     LedgerMachine.ledger = ledger
-    if settings.get_current_profile_name() == "ledger-soak":
-        max_examples = settings.get_profile("ledger-soak").max_examples
+    max_examples = int(os.environ.get(EXAMPLES_VARIABLE) or max_examples)
     run_state_machine_as_test(
         LedgerMachine,
         settings=settings(
