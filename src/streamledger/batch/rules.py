@@ -72,13 +72,33 @@ def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None
             return f"iceberg table {table!r} is not 'namespace.name'"
         if catalog is not None and not isinstance(catalog, Mapping):
             return "catalog must be a mapping of pyiceberg catalog properties"
-        return None
+        return iceberg_catalog_problem(catalog)
     if catalog:
         return f"the delta sink takes a table location, not a catalog (table {table!r})"
     if table is not None and not table.strip():
         return "delta table location must not be empty"
     where = filesystems.location_problem(table) if table is not None else None
     return None if where is None or table is None else f"delta table {filesystems.redact(table)}: {where}"
+
+
+def iceberg_catalog_problem(catalog: Mapping[str, str] | None) -> str | None:
+    """Why pyiceberg cannot load a catalog of this ``type``, or None: its known types (pyiceberg's own
+    list, when it is installed; without it the batch names the missing extra) or a ``py-catalog-impl``."""
+    kind = (catalog or {}).get("type")
+    if kind is None:
+        return None
+    if "py-catalog-impl" in (catalog or {}):
+        return "iceberg catalog: set either type or py-catalog-impl, not both"
+    from importlib.util import find_spec
+
+    if find_spec("pyiceberg") is None:
+        return None
+    from pyiceberg.catalog import CatalogType
+
+    known = [t.value for t in CatalogType]
+    if str(kind).lower() not in known:
+        return f"iceberg catalog type {kind!r} is not one pyiceberg loads ({', '.join(known)})"
+    return None
 
 
 def initial_position_problem(position: object) -> str | None:

@@ -96,6 +96,17 @@ class LocalSparkRunner:
         reach whatever Spark is configured for, with its credentials."""
         return for_session(self.session(), location)
 
+    def job_tasks(self) -> tuple[int, int] | None:
+        """Tasks finished and in all of the session's active stages, for the batch's progress
+        (:mod:`streamledger.batch.progress`); None before the session or any stage exists."""
+        if self._spark is None:
+            return None
+        tracker = self._spark.sparkContext.statusTracker()
+        infos = [i for i in (tracker.getStageInfo(s) for s in tracker.getActiveStageIds()) if i is not None]
+        if not infos:
+            return None
+        return sum(i.numCompletedTasks for i in infos), sum(i.numTasks for i in infos)
+
     def cancel(self) -> list[str]:
         """Cancel the Spark jobs of the calls in progress; returns the tags cancelled.
 

@@ -15,7 +15,7 @@ import pytest
 from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
 from streamledger.ledger import Ledger
 from streamledger.operators.batch import StreamBatchOperator
-from streamledger.paths import encode_component
+from streamledger.paths import broker_component
 from streamledger.protocol.rabbitmq import StreamClient, parse_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq]
@@ -81,7 +81,7 @@ def test_openlineage_reports_partitions_ranges_and_outputs(mapped_runs: dict[str
     assert (facet.firstOffset, facet.lastOffset, facet.status) == (0, 5, "committed")
 
     (target,) = lineage.outputs
-    expected_dir = (mapped_runs["root"] / "h14-mapped" / encode_component(broker) / partition
+    expected_dir = (mapped_runs["root"] / "h14-mapped" / broker_component(broker) / partition
                     / "000000000000-000000000006")
     assert (target.namespace, target.name) == ("file", str(expected_dir))
     assert Path(target.name, "_manifest.json").is_file()

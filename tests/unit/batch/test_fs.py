@@ -22,11 +22,11 @@ def test_uri_helpers_keep_plain_paths_as_before_and_join_uris_by_string() -> Non
     run = RunId("dag", "r 1", "t")
     b = "rabbitmq://c1/%2F"
     assert plan.output_dir("/out", "p", b, "s", 0, 10) == (
-        "/out/p/rabbitmq~3A~2F~2Fc1~2F~252F/s/000000000000-000000000010")
+        "/out/p/c1/s/000000000000-000000000010")
     assert plan.output_dir("gs://b/out", "p/q", "mewbase://m", "s", 0, 10) == (
-        "gs://b/out/p~2Fq/mewbase~3A~2F~2Fm/s/000000000000-000000000010")
+        "gs://b/out/p~2Fq/m~m/s/000000000000-000000000010")
     staging = plan.staging_dir("hdfs://nn:8020/out", "p", b, run, "abcd")
-    assert staging == "hdfs://nn:8020/out/_staging/p/rabbitmq~3A~2F~2Fc1~2F~252F/dag.r~201.t.-1.t1.abcd"
+    assert staging == "hdfs://nn:8020/out/_staging/p/c1/dag.r~201.t.-1.t1.abcd"
     assert staging.startswith(plan.staging_prefix("hdfs://nn:8020/out", "p", b, run))
 
 

@@ -37,6 +37,7 @@ from streamledger.batch.sinks import (
     with_table_columns,
 )
 from streamledger.batch.sinks.table import LostCommit, TableSink
+from streamledger.redaction import scrub, secrets_of
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,12 @@ class IcebergSink(TableSink):
                     if attempt < 2 and self.props.get("type") == "sql":
                         time.sleep(sinks.backoff(attempt + 2))
                         continue
+                    # pyiceberg's errors may quote every property: its secrets never reach the line,
+                    # nor (through the cause) a traceback
+                    said = line(exc)
+                    shown = scrub(said, secrets_of(self.props))
                     raise BatchError(f"iceberg table {self.identifier}: the catalog cannot be reached: "
-                                     f"{line(exc)}") from exc
+                                     f"{shown}") from (exc if shown == said else None)
         return self._catalog
 
     def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
