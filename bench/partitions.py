@@ -14,7 +14,11 @@ The time of each batch is split by step from the batch's ``on_step`` marks (perf
 ``probe`` (ranges holding only tracking chunks), ``job`` (the Spark job), ``verify`` (manifest
 checks, per-range manifests), ``commit``, ``publish``, ``store`` (StoreOffset + read back). The
 table prints medians over the rounds; broker and ledger calls per batch are counted through thin
-proxies (counts only, no timing inside them). ``--writers`` times the job's Arrow writer (issue 32) and
+proxies (counts only, no timing inside them), and ``(broker writes)`` counts the driver's writes to
+the broker (a pipelined round of requests is one): round trips, which do not move with the load.
+The per-partition questions to the broker (fingerprint check, probe of tracking-only ranges,
+fingerprints at commit) are one call each for all partitions (``chunks_at``, ``user_records_many``):
+a call count that grows with N is a regression. ``--writers`` times the job's Arrow writer (issue 32) and
 the JVM writer in the same run, on the same warm session. Targets (issue 32, printed, not asserted):
 100 partitions <= 2 s first batch and <= 0.5 s idle; 1,000 partitions <= 10 s.
 """
@@ -42,6 +46,7 @@ from ledger import pg_database, pg_server  # noqa: E402  (bench/ledger.py: the p
 from streamledger.batch import BatchConfig, LocalSparkRunner, RunId, run_batch  # noqa: E402
 from streamledger.ledger import Ledger  # noqa: E402
 from streamledger.protocol.rabbitmq import StreamClient  # noqa: E402
+from streamledger.protocol.rabbitmq.connection import Connection  # noqa: E402
 
 DEFAULT_URL = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
 RECORDS = 10
@@ -125,8 +130,19 @@ def timed_batch(cfg: BatchConfig, run: RunId, ledger: Ledger, broker: StreamClie
 
     cpu = time.process_time()
     last[0] = began = time.perf_counter()
-    result = run_batch(cfg, run=run, ledger=Counting(ledger, calls),  # type: ignore[arg-type]
-                       broker=Counting(broker, calls), runner=runner, on_step=mark)
+    send = Connection.send
+
+    def counted(conn: Connection, frame: bytes | bytearray | memoryview) -> None:
+        # the driver's writes to the broker: a pipelined round of requests is one
+        calls["(broker writes)"] += 1
+        send(conn, frame)
+
+    Connection.send = counted  # type: ignore[method-assign,assignment]
+    try:
+        result = run_batch(cfg, run=run, ledger=Counting(ledger, calls),  # type: ignore[arg-type]
+                           broker=Counting(broker, calls), runner=runner, on_step=mark)
+    finally:
+        Connection.send = send  # type: ignore[method-assign]
     wall = time.perf_counter() - began
     spark = (_tree_cpu(jvm) - spark_cpu) if jvm else 0.0
     return wall, time.process_time() - cpu, spark, steps, dict(calls), result.records

@@ -11,7 +11,7 @@ protocol's names, so a source of another kind is one more implementation, not an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self
 
@@ -19,6 +19,7 @@ from streamledger.errors import StreamledgerError
 
 __all__ = [
     "READ_BACK_INTERVAL",
+    "WORDS",
     "ChunkPrint",
     "DataLossError",
     "OffsetKind",
@@ -26,12 +27,21 @@ __all__ = [
     "OffsetSpec",
     "OffsetSpecError",
     "same_stream",
+    "same_streams",
     "store_verified",
     "take_print",
+    "take_prints",
 ]
 
 OffsetKind = Literal["first", "last", "next", "offset", "timestamp"]
 KINDS: tuple[OffsetKind, ...] = ("first", "last", "next", "offset", "timestamp")
+WORDS: dict[str, OffsetKind] = {
+    "first": "first", "earliest": "first",
+    "last": "last",
+    "next": "next", "latest": "next", "tail": "next", "end": "next",
+}
+"""The words for a position, and their aliases: ``earliest`` / ``latest`` are Kafka's and Spark's
+names for ``first`` / ``next``; ``tail`` and ``end`` say ``next`` too. ``last`` is the last record."""
 
 
 class OffsetSpecError(StreamledgerError, ValueError):
@@ -74,6 +84,16 @@ class OffsetSpec:
         return cls("next")
 
     @classmethod
+    def earliest(cls) -> Self:
+        """Kafka's and Spark's name for :meth:`first` (an alias: the kind is ``first``)."""
+        return cls.first()
+
+    @classmethod
+    def latest(cls) -> Self:
+        """Kafka's and Spark's name for :meth:`next`, the tail (an alias: the kind is ``next``)."""
+        return cls.next()
+
+    @classmethod
     def offset(cls, offset: int) -> Self:
         return cls("offset", int(offset))
 
@@ -83,14 +103,10 @@ class OffsetSpec:
 
     @classmethod
     def parse(cls, text: str) -> Self:
-        """``first``, ``last``, ``next``, an integer offset, or ``timestamp:<ms>`` (CLI form)."""
+        """A word of :data:`WORDS`, an integer offset, or ``timestamp:<ms>`` (CLI form)."""
         lowered = text.strip().lower()
-        if lowered in ("first", "earliest"):
-            return cls.first()
-        if lowered == "last":
-            return cls.last()
-        if lowered in ("next", "latest"):
-            return cls.next()
+        if lowered in WORDS:
+            return cls(WORDS[lowered])
         if lowered.startswith("timestamp:"):
             return cls.timestamp(cls._int(lowered.split(":", 1)[1], text))
         return cls.offset(cls._int(lowered, text))
@@ -185,3 +201,33 @@ def same_stream(log: Any, stream: str, fingerprint: ChunkPrint) -> bool | None:
     if head is not None:
         return ChunkPrint.of(head) == fingerprint
     return None if fingerprint.offset < int(log.first_offset(stream)) else False
+
+
+def take_prints(log: Any, offsets: Mapping[str, int]) -> dict[str, ChunkPrint]:
+    """:func:`take_print` of many streams (``stream -> offset``), asked all at once when the log can
+    (``chunks_at``: a RabbitMQ ``StreamClient``); streams without a print are left out."""
+    many = getattr(log, "chunks_at", None)
+    if many is None or len(offsets) < 2:
+        found = {s: take_print(log, s, o) for s, o in offsets.items()}
+        return {s: p for s, p in found.items() if p is not None}
+    heads = many(list(offsets.items()))
+    return {s: ChunkPrint.of(h) for s, o in offsets.items() if (h := heads[(s, o)]) is not None}
+
+
+def same_streams(log: Any, prints: Mapping[str, ChunkPrint]) -> dict[str, bool | None]:
+    """:func:`same_stream` of many streams, asked all at once when the log can (``chunks_at``, and
+    ``first_offsets`` for those whose chunk is gone)."""
+    many = getattr(log, "chunks_at", None)
+    if many is None or len(prints) < 2:
+        return {s: same_stream(log, s, p) for s, p in prints.items()}
+    heads = many([(s, p.offset) for s, p in prints.items()])
+    gone = [s for s, p in prints.items() if heads[(s, p.offset)] is None]
+    firsts_of = getattr(log, "first_offsets", None)
+    firsts = (dict(firsts_of(gone)) if firsts_of is not None else {s: log.first_offset(s) for s in gone}) \
+        if gone else {}
+    out: dict[str, bool | None] = {}
+    for s, p in prints.items():
+        head = heads[(s, p.offset)]
+        out[s] = (ChunkPrint.of(head) == p if head is not None
+                  else None if p.offset < int(firsts[s]) else False)
+    return out

@@ -17,7 +17,7 @@ forever.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PipelineSource", "StreamPosition", "cluster_name", "first_offsets", "log_offsets", "measure",
-    "source_problem", "user_records",
+    "source_problem", "user_records", "user_records_many",
 ]
 
 
@@ -85,7 +85,12 @@ _NO_HISTORY = SourcePosition(None, 0, None, Watermark(None, None))
 
 @dataclass(frozen=True, slots=True)
 class StreamPosition:
-    """One stream of a pipeline as every poller sees it.
+    """One stream of a pipeline as every poller sees it (the batch, the Airflow triggers, the Dagster
+    sensor and automation condition: one type).
+
+    Two types, one for each side: :class:`~streamledger.ledger.types.SourcePosition` is what the ledger
+    alone knows (one transaction; the ledger never talks to a broker); this one adds what the broker
+    says (tail, last user chunk) and what the scheduler says (claims whose holder is gone).
 
     ``start``: where the pipeline's next new range begins (the ledger's end, else the broker's
     stored offset + 1, else the first retained offset); ``tail``: the committed tail (exclusive);
@@ -234,3 +239,14 @@ def user_records(log: Any, stream: str, start: int, end: int, need: int = 1) -> 
     except DataLossError:
         return need
     return seen
+
+
+def user_records_many(log: Any, ranges: Mapping[str, tuple[int, int]], need: int = 1) -> dict[str, int]:
+    """:func:`user_records` of many streams (``stream -> (start, end)``): all at once over one
+    connection when the log can (``user_records_many``, a RabbitMQ ``StreamClient``; a start below
+    retention answers ``need`` there too), else one stream at a time."""
+    many = getattr(log, "user_records_many", None)
+    if many is None or len(ranges) < 2:
+        return {s: user_records(log, s, start, end, need) for s, (start, end) in ranges.items()}
+    found = many(dict(ranges), need=need)
+    return {s: need if found[s] is None else int(found[s]) for s in ranges}

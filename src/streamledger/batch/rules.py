@@ -15,11 +15,13 @@ from streamledger.ledger.types import pipeline_name_problem
 from streamledger.paths import name_problem
 
 __all__ = [
-    "INITIAL_POSITIONS", "ON_DATA_LOSS", "SINKS", "catalog_problem", "default_iceberg_table",
-    "initial_position_problem", "on_data_loss_problem", "sink_problem", "source_problem", "splits_problem",
+    "FORMATS", "INITIAL_POSITIONS", "ON_DATA_LOSS", "SINKS", "catalog_problem", "default_iceberg_table",
+    "fmt_problem", "initial_position_problem", "on_data_loss_problem", "sink_problem", "source_problem",
+    "splits_problem",
 ]
 
 SINKS = ("directory", "iceberg", "delta")
+FORMATS = ("parquet", "orc", "json")
 INITIAL_POSITIONS = ("first", "tail", "interval_start")
 ON_DATA_LOSS = ("fail", "record")
 
@@ -108,6 +110,11 @@ def initial_position_problem(position: object) -> str | None:
     if position in INITIAL_POSITIONS:
         return None
     return f"initial_position {position!r} is not 'first', 'tail', 'interval_start' or an offset"
+
+
+def fmt_problem(fmt: object) -> str | None:
+    """Why ``fmt`` is not a file format the job writes, or None."""
+    return None if fmt in FORMATS else f"fmt {fmt!r} is not parquet, orc or json"
 
 
 def splits_problem(splits: int) -> str | None:

@@ -153,15 +153,13 @@ def _run(args: argparse.Namespace) -> int:
             finally:
                 if display is not None:
                     display.close()
-            table = batch.sink.describe()
+            table = result.table  # described by the batch, from the sink it published with
     finally:
         batch_log.removeHandler(log_lines)
         batch_log.propagate = True
     if getattr(args, "json", False):
         out = result.to_dict()
-        out["run_id"] = run_id
-        if table is not None:
-            out["table"] = table
+        out["run_id"] = run_id  # with a table sink, to_dict holds the table
         print(json.dumps(out, default=str))
     else:
         for p in result.partitions:

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from streamledger.cli.exits import BadInput
 from streamledger.cli.options import (
+    BROKER_ENV,
+    OLD_BROKER_ENV,
     add_catalog,
     add_json,
     add_ledger,
@@ -126,7 +128,9 @@ def _audit(args: argparse.Namespace) -> int:
         shown = AuditProgress(f"audit {args.pipeline or 'all pipelines'}")
         check: dict[str, Any] = {"outputs_too": args.outputs, "deep": args.deep,
                                  "catalog": catalog_of(args), "progress": shown.step}
-        urls = getattr(args, "broker_url", None) or []
+        # the flag, else the broker every other command uses (a password stays off the command line)
+        urls = getattr(args, "broker_url", None) or [
+            os.environ[e] for e in (BROKER_ENV, OLD_BROKER_ENV) if os.environ.get(e)][:1]
         stack.callback(shown.close)  # the live display ends on failure too
         if urls:
             brokers = _broker_lookups(stack, [urls] if isinstance(urls, str) else urls)
@@ -315,7 +319,7 @@ def register(sub: Any) -> None:
         metavar="URL",
         help="also compare the stored offsets of the sources on this log server "
         "(rabbitmq-stream[+tls]://... or mewbase://host:port; repeatable: each source is compared on "
-        "its own server, sources of servers not given are skipped with a note)",
+        f"its own server, sources of servers not given are skipped with a note; default: ${BROKER_ENV})",
     )
     p.add_argument(
         "--stale-after",

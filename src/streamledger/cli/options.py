@@ -11,9 +11,10 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from streamledger.cli.exits import BadInput
+from streamledger.offsets import WORDS
 
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger
@@ -143,8 +144,6 @@ def spark_conf_of(args: argparse.Namespace) -> dict[str, str]:
 # -- positions: one vocabulary -----------------------------------------------------------------------
 
 Word = Literal["first", "last", "next"]
-_WORDS: dict[str, Word] = {"first": "first", "earliest": "first", "last": "last", "next": "next",
-                           "tail": "next", "latest": "next", "end": "next"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +163,8 @@ class Position:
 def position_arg(text: str) -> Position:
     """``first``, ``last``, ``next`` (and their aliases), an offset ``N >= 0`` or ``timestamp:MS``."""
     lowered = text.strip().lower()
-    if lowered in _WORDS:
-        return Position(word=_WORDS[lowered])
+    if lowered in WORDS:  # the one word table (offsets.WORDS): first/last/next and their aliases
+        return Position(word=cast(Word, WORDS[lowered]))
     number = lowered.split(":", 1)[1] if lowered.startswith("timestamp:") else lowered
     if not number.isdigit():
         raise argparse.ArgumentTypeError(

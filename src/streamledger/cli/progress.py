@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any, TypeVar
 
-from streamledger.batch.progress import ENV, Planned, Tasks, clock, eta, every_seconds
+from streamledger.progress import ENV, Planned, Tasks, clock, eta, every_seconds
 
 T = TypeVar("T")
 __all__ = ["ENV", "AuditProgress", "BatchDisplay", "Progress", "StderrHandler", "batch_display",
@@ -161,7 +161,7 @@ class Progress:
 
 
 class BatchDisplay:
-    """``batch run``'s live display on a terminal (a :class:`streamledger.batch.progress.ReadProgress`):
+    """``batch run``'s live display on a terminal (a :class:`streamledger.progress.ReadProgress`):
     the planned offsets per partition, then a bar of the Spark job's tasks with its ETA, then the
     records read and their rate. Without a terminal the batch's own log lines say the same."""
 

@@ -57,7 +57,7 @@ from streamledger.ledger.audit import (
     Violation,
     ViolationKind,
 )
-from streamledger.ledger.errors import LedgerError, LedgerNotFound
+from streamledger.ledger.errors import LedgerError, LedgerNotFound, LedgerSchemaMissing
 from streamledger.ledger.store import Ledger
 from streamledger.ledger.types import (
     ClaimRequest,
@@ -78,6 +78,7 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerNotFound",
+    "LedgerSchemaMissing",
     "OffsetQuerier",
     "OffsetRange",
     "RangeStatus",

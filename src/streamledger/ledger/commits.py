@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Range
-from streamledger.ledger.rows import clip, snapshot
+from streamledger.ledger.rows import chunks, clip, snapshot
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import COMMIT_CLAIMED, COMMIT_CLAIMED_PG
 from streamledger.ledger.types import CommitRequest, OffsetRange, RangeStatus
@@ -31,11 +32,26 @@ class Commits(Sources):
                     for c in commits]
 
     def mark_offsets_stored(self, range_ids: Sequence[int], verified: bool) -> None:
-        """:meth:`mark_offset_stored` for several ranges in one transaction."""
-        if range_ids:
-            with self._joined(f"mark offsets stored for ranges {list(range_ids)}"[:200]):
-                for range_id in range_ids:
-                    self.mark_offset_stored(range_id, verified)
+        """:meth:`mark_offset_stored` for several ranges in one transaction: the rows locked and
+        checked, then marked, a statement per 500 ranges; a range that is not there or not
+        committed is refused by :meth:`mark_offset_stored` itself (its error), nothing marked."""
+        ids = sorted(set(range_ids))
+        if not ids:
+            return
+        with self._joined(f"mark offsets stored for ranges {ids}"[:200]) as session:
+            committed: set[int] = set()
+            for chunk in chunks(ids):
+                rows = session.execute(select(Range.id, Range.status).where(Range.id.in_(chunk))
+                                       .order_by(Range.id).with_for_update())
+                committed.update(int(i) for i, st in rows if st == RangeStatus.COMMITTED.value)
+            for range_id in ids:
+                if range_id not in committed:
+                    self.mark_offset_stored(range_id, verified)  # raises, naming the range and why
+            now = self._clock_sql()
+            for chunk in chunks(ids):
+                session.execute(update(Range).where(Range.id.in_(chunk))
+                                .values(offset_stored=True, offset_verified=bool(verified), updated_at=now)
+                                .execution_options(synchronize_session=False))
 
     def commit(
         self,

@@ -97,7 +97,7 @@ class SliceReader(DataSourceReader):
     def tasks(self, planned: Sequence[PlannedRange]) -> list[InputPartition]:
         """The read tasks of ranges planned already: slices, small ones packed (the job's Arrow
         writer hands these to its own Spark tasks without planning twice)."""
-        slices = [StreamSlice(*piece) for piece in self.options.slices(planned)]
+        slices = slices_for(planned, self.options)
         return pack(slices, getattr(self.options, "pack_offsets", PACK_OFFSETS))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

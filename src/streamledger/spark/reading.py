@@ -212,8 +212,8 @@ def plan(options: ReadOptions) -> list[PlannedRange]:
         return narrowed
 
 
-def slices_for(planned: list[PlannedRange], options: ReadOptions) -> list[StreamSlice]:
-    """Contiguous slices of every non-empty planned range."""
+def slices_for(planned: Sequence[PlannedRange], options: ReadOptions) -> list[StreamSlice]:
+    """Contiguous slices of every non-empty planned range (the batch and the streaming reader's tasks)."""
     return [StreamSlice(*piece) for piece in options.slices(planned)]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamledger.protocol.rabbitmq import StreamClient, StreamNotFound
+from streamledger.protocol.rabbitmq import OffsetOutOfRange, StreamClient, StreamNotFound
 from tests.support.rabbitmq import Broker, StreamNames
 
 pytestmark = pytest.mark.rabbitmq
@@ -68,3 +68,63 @@ def test_pooled_reads_share_one_member_connection_and_stay_exact(broker_43: Brok
             assert len(seen) == 1  # one connection served all 24 reads
             kept = next(iter(client.member_pool.values()))
         assert client.member_pool is None and kept.closed
+
+
+def test_chunk_headers_and_user_records_of_many_streams_at_once(broker_43: Broker,
+                                                                 stream_name: StreamNames) -> None:
+    """Issue 32: a batch asks every partition for one chunk header (the fingerprint check, the
+    fingerprint taken at commit) and whether a range holds a user record (the probe of tracking-only
+    ranges); asked of many streams together over one connection, the answers are those of one
+    stream at a time, whatever the layout of user and tracking chunks."""
+    from tests.integration.rabbitmq.test_read_range import _layout
+
+    names = [stream_name(f"many-{i}") for i in range(3)]
+    with StreamClient.connect(broker_43.url) as client:
+        for name in names:
+            _layout(client, name)  # user chunks 0..9, 10..19, 21..30; tracking chunks 20, 31, 32
+        tail = client.committed_tail(names[0])
+        assert tail == 33
+        wanted = [(n, o) for n in names for o in (0, 5, 10, 19, 20, 21, 30, 31, 32, 33, 40)]
+        heads = client.chunks_at(wanted)
+        assert heads == {(n, o): client.chunk_at(n, o) for n, o in wanted}
+        assert heads[(names[0], 20)] is None and heads[(names[1], 30)].first_offset == 21  # type: ignore[union-attr]
+        cases = [(0, tail), (20, 21), (20, 22), (31, 33), (31, 32), (32, 33), (19, 20), (30, 33), (5, 5)]
+        for need in (1, 3):
+            for start, end in cases:
+                ranges = {n: (start, end) for n in names}
+                expected = {n: min(need, sum(len(b) for b in client.read_range(n, start, end, decode="raw")))
+                            for n in names}
+                assert client.user_records_many(ranges, need=need) == expected, (start, end, need)
+        # one range per stream, different ones together; more streams than one window of subscriptions
+        mixed = {names[0]: (20, 21), names[1]: (31, 33), names[2]: (19, 22)}
+        assert client.user_records_many(mixed) == {names[0]: 0, names[1]: 0, names[2]: 1}
+        assert client.user_records_many(mixed, window=1) == {names[0]: 0, names[1]: 0, names[2]: 1}
+        assert client.chunks_at(wanted, window=2) == heads
+        # an end past the tail is refused as read_range refuses it
+        with pytest.raises(OffsetOutOfRange):
+            client.user_records_many({names[0]: (0, tail + 1)})
+        # the connection still serves one-at-a-time requests afterwards
+        assert client.chunk_at(names[0], 0).first_offset == 0  # type: ignore[union-attr]
+
+
+def test_fingerprints_of_many_streams_at_once_tell_a_recreated_one(broker_43: Broker,
+                                                                   stream_name: StreamNames) -> None:
+    """The batch takes every partition's fingerprint at commit and checks them all in its plan
+    together (``take_prints``/``same_streams``): the answers are those of one stream at a time,
+    and a stream deleted and re-created with as many records is told apart."""
+    from streamledger.offsets import same_stream, same_streams, take_print, take_prints
+
+    names = [stream_name(f"print-{i}") for i in range(3)]
+    with StreamClient.connect(broker_43.url) as client:
+        for name in names:
+            client.create_stream(name)
+            client.publish(name, [b"a", b"b", b"c"], batch_size=3)
+        prints = take_prints(client, {n: 2 for n in names})
+        assert prints == {n: take_print(client, n, 2) for n in names}
+        # no chunk holds offset 7: left out
+        assert take_prints(client, {names[0]: 2, names[1]: 7}) == {names[0]: prints[names[0]]}
+        client.delete_stream(names[1])
+        client.create_stream(names[1])
+        client.publish(names[1], [b"x", b"y", b"z"], batch_size=3)
+        assert same_streams(client, prints) == {names[0]: True, names[1]: False, names[2]: True}
+        assert same_streams(client, prints) == {n: same_stream(client, n, p) for n, p in prints.items()}

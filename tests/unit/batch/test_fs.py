@@ -144,3 +144,22 @@ def test_an_unknown_scheme_is_one_line_naming_the_location_without_its_password(
     text = str(caught.value)
     assert text.startswith("output nosuch://***@host/out: no file system for it here") and "\n" not in text
     assert "pw" not in text, text
+
+
+def test_missing_s3_credentials_are_named_only_where_they_are_known_missing(tmp_path: Path) -> None:
+    from streamledger.fs import credentials_missing
+
+    none = {"AWS_EC2_METADATA_DISABLED": "true", "HOME": str(tmp_path)}
+    assert credentials_missing("s3://b/out", {**none, "AWS_ACCESS_KEY_ID": "AKIA1"}) == (
+        "AWS_ACCESS_KEY_ID is set but not AWS_SECRET_ACCESS_KEY")
+    assert credentials_missing("s3a://b/out", {**none, "AWS_SECRET_ACCESS_KEY": "s"}) == (
+        "AWS_SECRET_ACCESS_KEY is set but not AWS_ACCESS_KEY_ID")
+    assert "no credentials for the store" in str(credentials_missing("s3://b/out", none))
+    both = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    assert credentials_missing("s3://b/out", {**none, **both}) is None
+    assert credentials_missing("s3://b/out", {**none, "AWS_PROFILE": "dev"}) is None
+    assert credentials_missing("s3://b/out", {"HOME": str(tmp_path)}) is None  # a role may answer
+    assert credentials_missing("gs://b/out", none) is None
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text("[default]\n")
+    assert credentials_missing("s3://b/out", none) is None

@@ -124,3 +124,21 @@ def test_positions_and_watermarks_of_many_sources_cost_a_few_statements(ledger: 
     assert [len(p.holes) for p in together[:3]] == [0, 0, 1] and together[45].end is None
     assert ledger.unpublished_many(PIPE, many) == [
         r for s in many for r in ledger.unpublished_many(PIPE, [s])]
+
+
+def test_offsets_stored_for_many_ranges_cost_a_few_statements(ledger: Ledger) -> None:
+    # issue 32: a batch over 1,000 partitions records its StoreOffsets for every range at once
+    many = [SourceRef(BROKER, f"st-{i}", "st") for i in range(40)]
+    done = ledger.claim_many(PIPE, [ClaimRequest(s, 10, initial_start=0) for s in many], run(1))
+    ledger.commit_many([CommitRequest(r.id, 2, r.start, r.start + 1, f"/o/{r.id}") for r in done[:39]])
+    seen = _statements(ledger)
+    ledger.mark_offsets_stored([r.id for r in done[:39]], True)
+    assert len(seen) <= 6, seen  # not per range
+    stored = {r.id: (r.offset_stored, r.offset_verified) for r in ledger.ranges(PIPE)}
+    assert all(stored[r.id] == (True, True) for r in done[:39])
+    # one range not committed: refused as mark_offset_stored refuses it, and nothing is marked
+    with pytest.raises(LedgerError, match="is claimed; the broker offset is only stored after a commit"):
+        ledger.mark_offsets_stored([done[0].id, done[39].id], False)
+    now = {r.id: (r.offset_stored, r.offset_verified) for r in ledger.ranges(PIPE)}
+    assert now[done[0].id] == (True, True)
+    check_invariants(ledger, PIPE)

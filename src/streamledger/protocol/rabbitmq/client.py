@@ -25,10 +25,12 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from streamledger import offsets
 from streamledger.offsets import READ_BACK_INTERVAL, store_verified
 from streamledger.protocol.rabbitmq import constants as c
+from streamledger.protocol.rabbitmq import scan
 from streamledger.protocol.rabbitmq.chunk import ChunkHeader
 from streamledger.protocol.rabbitmq.connection import Connection, raise_for_code
 from streamledger.protocol.rabbitmq.errors import (
     InvalidRequest,
+    OffsetOutOfRange,
     PreconditionFailed,
     StoreNotVerified,
     StreamNotAvailable,
@@ -424,6 +426,44 @@ class StreamClient:
         _check_offset(offset)
         head = self._probe(name, OffsetSpec.offset(offset), all_chunks=False)
         return head if head is not None and head.first_offset <= offset < head.next_offset else None
+
+    def chunks_at(self, asks: Sequence[tuple[str, int]], *,
+                  window: int = scan.MAX_WINDOW) -> dict[tuple[str, int], ChunkHeader | None]:
+        """:meth:`chunk_at` of many ``(stream, offset)`` at once: the subscriptions of up to
+        ``window`` of them in flight together on this connection (:mod:`.scan`)."""
+        wanted = list(dict.fromkeys(asks))
+        for name, offset in wanted:
+            _check_name("stream", name)
+            _check_offset(offset)
+        if not wanted:
+            return {}
+        heads = scan.chunk_headers(self._conn, wanted, window=window, timeout=self.timeout)
+        return {(n, o): (h if h is not None and h.first_offset <= o < h.next_offset else None)
+                for (n, o), h in zip(wanted, heads, strict=True)}
+
+    def user_records_many(self, ranges: Mapping[str, tuple[int, int]], *, need: int = 1,
+                          window: int = scan.MAX_WINDOW) -> dict[str, int | None]:
+        """User records in each stream's ``[start, end)``, counting no further than ``need``, for
+        many streams at once (:mod:`.scan`); None for a range whose start retention removed. An
+        ``end`` past the committed tail raises :class:`OffsetOutOfRange`, as :meth:`read_range` does."""
+        for name, (start, end) in ranges.items():
+            _check_name("stream", name)
+            _check_offset(start)
+            _check_offset(end)
+            if start > end:
+                raise InvalidRequest(f"stream {name!r}: start {start} is after end {end}")
+        live = [n for n, (start, end) in ranges.items() if start < end]
+        if not live:
+            return dict.fromkeys(ranges, 0)
+        tails, firsts = (self.committed_tails(live), self.first_offsets(live))
+        for name in live:
+            if ranges[name][1] > tails[name]:
+                raise OffsetOutOfRange(name, ranges[name][1], tails[name])
+        lost = {n for n in live if ranges[n][0] < firsts[n]}
+        todo = [(n, *ranges[n]) for n in live if n not in lost]
+        counts = dict(zip([t[0] for t in todo], scan.user_records(self._conn, todo, need=need, window=window,
+                                                                  timeout=self.timeout), strict=True))
+        return {n: (None if n in lost else counts.get(n, 0)) for n in ranges}
 
     def first_offset(self, name: str) -> int:
         """Lowest offset still retained (0 for an empty stream).
