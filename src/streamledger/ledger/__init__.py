@@ -14,8 +14,9 @@ Delivery semantics (exactly):
   1. if ``run``'s key already holds a claimed or committed range of this source, that range is
      returned unchanged (``end_limit`` is ignored; a new ``try_number`` is recorded): reruns and
      retries are idempotent and never read further;
-  2. else, if a failed range left a hole (no live range overlaps it), the earliest such span is
-     claimed again exactly as it was (``end_limit`` is ignored);
+  2. else, if a failed range held offsets no live range covers, the lowest is claimed again, up to
+     the end of that failed range or the next live range (a failed range nobody redid comes back
+     exactly as it was; ``end_limit`` is ignored);
   3. else the new range is ``[tail, max(tail, end_limit))`` where ``tail`` is the end of the
      source's live (claimed, committed or lost) ranges, or ``initial_start`` for the first range
      (required then; ignored afterwards).
@@ -39,8 +40,8 @@ Delivery semantics (exactly):
 
 Invariants per pipeline+source, enforced by the database (migration 0002: an exclusion constraint
 and a trigger on PostgreSQL, triggers on SQLite) as well as here: live ranges never overlap; each
-new live range starts where the live ranges end (or exactly at a failed hole); committed and lost
-ranges are therefore contiguous. ``audit()`` re-checks all of it in SQL, plus stuck claims,
+new live range starts where the live ranges end (or inside a failed range that holds it);
+committed and lost ranges are therefore contiguous. ``audit()`` re-checks all of it in SQL, plus stuck claims,
 unretried failures, record counts and drift against the broker's stored offset.
 
 Concurrency: PostgreSQL claims lock the source row (``SELECT ... FOR UPDATE``, inside the

@@ -17,7 +17,7 @@ from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Range, Source
 from streamledger.ledger.rows import check_offset, check_pipeline, chunks, snapshot, utc
 from streamledger.ledger.sources import Sources
-from streamledger.ledger.statements import INSERT_RANGE, LIVE, OWN_HOLES, PG_CLAIM, first_hole_of, tail_of
+from streamledger.ledger.statements import INSERT_RANGE, LIVE, OWN_REDO_SPANS, PG_CLAIM, REDO_SPANS, tail_of
 from streamledger.ledger.types import ClaimRequest, OffsetRange, RangeStatus, RunIdentity, SourceRef
 
 _Pinned = tuple[tuple[int, int], tuple[datetime | None, datetime | None]]
@@ -37,6 +37,19 @@ class _Ask:
 
 _ORIGIN = RunIdentity("streamledger", "origin", "ledger")
 """Who holds the empty range that marks where a pinned history begins (``Ledger.claim``)."""
+
+
+def redo_spans(session: Session, source_ids: Sequence[int],
+               run: RunIdentity | None = None) -> dict[int, tuple[int, int]]:
+    """Per source, the span rule 2 of the claim redoes: from the lowest offset a failed range held
+    that no live range covers (``statements.redo_spans_sql``). With ``run``, only the failed pinned
+    claims of its key count (:meth:`Claims._own_retry_spans`). The watermark stops at its start."""
+    statement, key = REDO_SPANS, {}
+    if run is not None:
+        statement = OWN_REDO_SPANS
+        key = {"dag_id": run.dag_id, "run_id": run.run_id, "task_id": run.task_id, "map_index": run.map_index}
+    return {int(sid): (int(start), int(end)) for chunk in chunks(list(source_ids))
+            for sid, start, end in session.execute(statement, {"ids": chunk, **key})}
 
 
 def _check_span(span: object, interval: object, stream: str) -> _Pinned | None:
@@ -99,7 +112,10 @@ class Claims(Sources):
         1. the range ``run``'s key already holds (claimed or committed), whatever ``end_limit``
            says; a claimed one gets its ``try_number`` and heartbeat refreshed;
         2. else, after failing every other claim not heard from for ``abandon_after`` (its holder
-           is gone), the oldest failed hole, redone with exactly its span;
+           is gone), the lowest offset a failed range held that no live range covers, redone up to
+           the end of that failed range or the next live range (a failed range nobody redid comes
+           back with exactly its span; the rest of one a later range covers in part comes back
+           too: :func:`~streamledger.ledger.statements.redo_spans_sql`);
         3. else ``[tail, min(max(tail, end_limit), tail + max_span))``; ``initial_start`` is the
            tail of a source without ranges (required then, ignored afterwards).
 
@@ -108,11 +124,11 @@ class Claims(Sources):
         lost by any run: an idempotent rerun; claimed by another run: refused, it is processed once),
         else exactly ``span``, wherever no live range covers it (overlaps are refused by the
         database). Holes are never taken (a failed interval waits for its own retry), and that
-        retry gets back exactly the span its failed claim held (:meth:`_own_retry_spans`), whatever
-        span it asks for; ``end_limit``/``max_span`` do not apply. On a source's first claim an
-        ``initial_start`` before the span is recorded as the history's origin (an empty committed
-        range), so offsets from there to the first pinned range are a gap the watermark stops at,
-        whichever interval runs first.
+        retry gets back what its failed claim held and no live range covers
+        (:meth:`_own_retry_spans`), whatever span it asks for; ``end_limit``/``max_span`` do not
+        apply. On a source's first claim an ``initial_start`` before the span is recorded as the
+        history's origin (an empty committed range), so offsets from there to the first pinned
+        range are a gap the watermark stops at, whichever interval runs first.
 
         An empty result is stored already committed with 0 records. Callers never re-derive this
         rule: they ask here and process what they get.
@@ -150,20 +166,13 @@ class Claims(Sources):
     @staticmethod
     def _own_retry_spans(session: Session, source_ids: Sequence[int],
                          run: RunIdentity) -> dict[int, tuple[int, int]]:
-        """Per source, the span a failed pinned claim of ``run``'s key held where no live range
-        overlaps it (the lowest such): the run's retry claims exactly it, whatever span it asks for.
-        It may ask for less (retention dropped the head, the schedule changed); reading the narrower
-        span would leave the head neither read nor recorded lost (issue 30, defect 1)."""
-        out: dict[int, tuple[int, int]] = {}
-        for chunk in chunks(list(source_ids)):
-            for sid, start, end in session.execute(
-                select(Range.source_id, Range.start_offset, Range.end_offset)
-                .where(Range.source_id.in_(chunk), Range.dag_id == run.dag_id, Range.run_id == run.run_id,
-                       Range.task_id == run.task_id, Range.map_index == run.map_index, OWN_HOLES)
-                .order_by(Range.start_offset, Range.id)
-            ):
-                out.setdefault(int(sid), (int(start), int(end)))
-        return out
+        """Per source, what a failed pinned claim of ``run``'s key held and no live range covers
+        (from its lowest such offset, :func:`redo_spans`): the run's retry claims exactly it,
+        whatever span it asks for. It may ask for less (retention dropped the head, the schedule
+        changed); reading the narrower span would leave the head neither read nor recorded lost
+        (issue 30, defect 1). It may ask for more than is left when another run covered part of
+        the span since; it gets the rest, never an overlap refused for ever."""
+        return redo_spans(session, source_ids, run)
 
     def _retry_pinned(self, pipeline: str, source: SourceRef, run: RunIdentity,
                       pinned: _Pinned | None) -> _Pinned | None:
@@ -203,15 +212,12 @@ class Claims(Sources):
         if abandon_after is not None and fresh:
             self._abandon(session, fresh, now - abandon_after, now)
         free = [s.id for s, a in zip(srcs, asks, strict=True) if s.id not in held and a.pinned is None]
-        facts: dict[int, Any] = {}
-        for chunk in chunks(free):
-            facts.update((int(r.sid), r) for r in session.execute(select(
-                Source.id.label("sid"),
-                first_hole_of(Source.id).with_only_columns(Range.id).scalar_subquery().label("hole"),
-                tail_of(Source.id).scalar_subquery().label("tail"),
+        redo = redo_spans(session, free)
+        tails: dict[int, int | None] = {}
+        for chunk in chunks([i for i in free if i not in redo]):
+            tails.update((int(r.sid), r.tail) for r in session.execute(select(
+                Source.id.label("sid"), tail_of(Source.id).scalar_subquery().label("tail"),
             ).where(Source.id.in_(chunk))))
-        holes = {int(r.id): r for chunk in chunks([f.hole for f in facts.values() if f.hole is not None])
-                 for r in session.scalars(select(Range).where(Range.id.in_(chunk)))}
         out: list[OffsetRange] = []
         for ask, src in zip(asks, srcs, strict=True):
             what, source, pinned = ask.what, ask.source, ask.pinned
@@ -243,12 +249,11 @@ class Claims(Sources):
                     session.add(origin)
                     session.flush()
             else:
-                f = facts[src.id]
-                hole = holes[f.hole] if f.hole is not None else None
-                if hole is not None:
-                    start, end = hole.start_offset, hole.end_offset
+                if src.id in redo:
+                    start, end = redo[src.id]
                 else:
-                    start_or_none = f.tail if f.tail is not None else ask.initial_start
+                    tail = tails[src.id]
+                    start_or_none = tail if tail is not None else ask.initial_start
                     if start_or_none is None:
                         raise LedgerError(
                             f"{what}: the ledger has no range for this stream yet, so the first claim must "

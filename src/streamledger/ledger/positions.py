@@ -14,14 +14,14 @@ from streamledger.ledger.rows import check_pipeline, chunks, snapshot
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import (
     ANY_PINNED,
+    FIRST_REDO,
     FIRST_UNCONTINUED,
-    IS_HOLE,
     IS_UNPUBLISHED,
     LIVE,
     ORIGIN_START,
+    REDO_POINTS,
     STARTS_AT,
     any_pinned_of,
-    first_hole_of,
     tail_of,
 )
 from streamledger.ledger.types import RangeStatus, SourcePosition, SourceRef, Watermark
@@ -88,7 +88,8 @@ class Positions(Sources):
             select(Range.id).where(Range.source_id == sid, Range.status == RangeStatus.CLAIMED.value,
                                    Range.end_offset > Range.start_offset)
             .order_by(Range.start_offset).limit(1).scalar_subquery().label("claim"),
-            first_hole_of(sid).with_only_columns(Range.id).scalar_subquery().label("hole"),
+            # The first offset the claim rule redoes (a failed range held it, nothing covers it).
+            FIRST_REDO.c.redo_at.label("redo"),
             tail_of(sid).scalar_subquery().label("tail"),
             select(Range.id).where(Range.source_id == sid, IS_UNPUBLISHED).order_by(Range.start_offset)
             .limit(1).scalar_subquery().label("unpublished"),
@@ -105,7 +106,9 @@ class Positions(Sources):
             ]
         out: dict[int, Any] = {}
         for chunk in chunks(list(ids)):
-            out.update((int(r.sid), r) for r in session.execute(select(*cols).where(sid.in_(chunk))))
+            out.update((int(r.sid), r) for r in session.execute(
+                select(*cols).select_from(Source).outerjoin(FIRST_REDO, FIRST_REDO.c.source_id == sid)
+                .where(sid.in_(chunk)), {"ids": chunk}))
         return out
 
     def _watermarks(self, session: Session, pipeline: str, srcs: Sequence[Source],
@@ -113,7 +116,7 @@ class Positions(Sources):
         """The watermark rule (see :class:`Watermark`) for many sources at once: a few statements
         for all of them (:meth:`_facts`, the rows they name, the last record per source)."""
         facts = facts if facts is not None else self._facts(session, [s.id for s in srcs])
-        wanted = {i for f in facts.values() for i in (f.claim, f.hole, f.unpublished) if i is not None}
+        wanted = {i for f in facts.values() for i in (f.claim, f.unpublished) if i is not None}
         rows = {int(r.id): r for chunk in chunks(sorted(wanted))
                 for r in session.scalars(select(Range).where(Range.id.in_(chunk)))}
         ends: dict[int, int] = {}
@@ -123,7 +126,7 @@ class Positions(Sources):
                    if f.tail is not None else None)
             candidates = [x for x in (
                 rows[f.claim].start_offset if f.claim is not None else None,
-                rows[f.hole].start_offset if f.hole is not None else None,
+                f.redo,
                 rows[f.unpublished].start_offset if f.unpublished is not None else None,
                 gap,
                 f.tail,
@@ -184,8 +187,10 @@ class Positions(Sources):
                     Range.source_id.in_(chunk), Range.status == RangeStatus.CLAIMED.value)
                     .order_by(Range.source_id, Range.start_offset)):
                 claims[row.source_id].append(row)
-            for row in session.scalars(select(Range).where(Range.source_id.in_(chunk), IS_HOLE)
-                                       .order_by(Range.source_id, Range.start_offset)):
+            # Failed ranges holding offsets the claim rule redoes (rule 2): work still to do.
+            for row in session.scalars(select(Range).where(Range.id.in_(select(REDO_POINTS.c.failed_id)))
+                                       .order_by(Range.source_id, Range.start_offset, Range.id),
+                                       {"ids": chunk}):
                 holes[row.source_id].append(row)
         prints = self._chunk_prints(session, ids)
         cutoff = (self._clock(session) - stale_after if stale_after is not None and any(claims.values())

@@ -21,6 +21,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    column,
     func,
     insert,
     literal_column,
@@ -64,32 +65,82 @@ def tail_of(sid: Any) -> Any:
 
 
 TAIL = tail_of(bindparam("source_id"))
-_LIVE_ALIAS = aliased(Range)
-_COVERING_END = (
-    select(_LIVE_ALIAS.end_offset)
-    .where(
-        _LIVE_ALIAS.source_id == Range.source_id,
-        _LIVE_ALIAS.status != RangeStatus.FAILED.value,
-        _LIVE_ALIAS.start_offset < Range.end_offset,
-    )
-    .order_by(_LIVE_ALIAS.start_offset.desc(), _LIVE_ALIAS.end_offset.desc())
-    .limit(1)
-    .scalar_subquery()
+
+
+# -- the redo step of the claim rule (rule 2), one SQL text for both dialects -------------------------
+# An offset is *to redo* when a failed range held it and no live non-empty range covers it: a failed
+# range nobody redid, and the rest of one a later range covers only in part (a lost span reaching into
+# it, a narrower pinned range of another run). The lowest such offset of each failed range is its
+# start or the end of a live range inside it (live ranges never overlap, so the live range with the
+# greatest start at or below an offset is the only one that may cover it: one index lookup).
+# ``sources`` restricts the source ids (``IN :ids`` here, ``= sid`` inside the PostgreSQL claim
+# function of migration 0010, which holds a copy of this text that a test compares); ``own`` further
+# restricts the failed ranges (a pinned run's own: OWN_FAILED).
+_REDO_POINTS = """
+SELECT c.source_id, c.failed_id, c.redo_at, c.failed_end FROM (
+  SELECT f.source_id, f.id AS failed_id, f.start_offset AS redo_at, f.end_offset AS failed_end
+  FROM streamledger_range f
+  WHERE f.source_id {sources} AND f.status = 'failed' AND f.end_offset > f.start_offset{own}
+  UNION ALL
+  SELECT f.source_id, f.id, l.end_offset, f.end_offset
+  FROM streamledger_range f JOIN streamledger_range l
+    ON l.source_id = f.source_id AND l.status <> 'failed' AND l.end_offset > l.start_offset
+   AND l.end_offset > f.start_offset AND l.end_offset < f.end_offset
+  WHERE f.source_id {sources} AND f.status = 'failed' AND f.end_offset > f.start_offset{own}
+) c
+WHERE COALESCE((SELECT l.end_offset FROM streamledger_range l
+                WHERE l.source_id = c.source_id AND l.status <> 'failed' AND l.end_offset > l.start_offset
+                  AND l.start_offset <= c.redo_at
+                ORDER BY l.start_offset DESC LIMIT 1), -1) <= c.redo_at"""
+
+# Per source, the span the next claim redoes: from the lowest offset to redo to the end of the failed
+# range holding it (the nearest end when several do) or the next live range, whichever comes first.
+# A failed range nobody redid comes back with exactly its span.
+_REDO_SPANS = """
+SELECT r.source_id, r.redo_at,
+       COALESCE((SELECT MIN(l.start_offset) FROM streamledger_range l
+                 WHERE l.source_id = r.source_id AND l.status <> 'failed' AND l.end_offset > l.start_offset
+                   AND l.start_offset > r.redo_at AND l.start_offset < r.failed_end),
+                r.failed_end) AS redo_end
+FROM (
+  SELECT p.source_id, p.redo_at, p.failed_end,
+         ROW_NUMBER() OVER (PARTITION BY p.source_id ORDER BY p.redo_at, p.failed_end) AS pick
+  FROM ({points}
+  ) p
+) r
+WHERE r.pick = 1"""
+
+OWN_FAILED = """ AND f.pinned AND f.dag_id = :dag_id AND f.run_id = :run_id AND f.task_id = :task_id
+    AND f.map_index = :map_index"""
+"""A pinned run's own failed ranges: its retry gets back what they held and nothing covers."""
+
+
+def redo_points_sql(sources: str, own: str = "") -> str:
+    """The offsets to redo (see above), one row per failed range and candidate offset."""
+    return _REDO_POINTS.format(sources=sources, own=own)
+
+
+def redo_spans_sql(sources: str, own: str = "") -> str:
+    """The span the next claim redoes, one row per source that has offsets to redo."""
+    return _REDO_SPANS.format(points=redo_points_sql(sources, own))
+
+
+def _by_ids(sql: str) -> Any:
+    return text(sql).bindparams(bindparam("ids", expanding=True))
+
+
+REDO_SPANS = _by_ids(redo_spans_sql("IN :ids"))
+OWN_REDO_SPANS = _by_ids(redo_spans_sql("IN :ids", OWN_FAILED))
+REDO_POINTS = _by_ids(redo_points_sql("IN :ids")).columns(
+    column("source_id", BigInteger()), column("failed_id", BigInteger()), column("redo_at", BigInteger()),
+    column("failed_end", BigInteger()),
+).subquery("redo_points")
+# Per source (of ``ids``), the first offset to redo: where the watermark stops (Ledger.watermark).
+FIRST_REDO = (
+    select(REDO_POINTS.c.source_id, func.min(REDO_POINTS.c.redo_at).label("redo_at"))
+    .group_by(REDO_POINTS.c.source_id)
+    .subquery("first_redo")
 )
-IS_HOLE = and_(
-    Range.status == RangeStatus.FAILED.value,
-    Range.end_offset > Range.start_offset,
-    func.coalesce(_COVERING_END, -1) <= Range.start_offset,
-)
-"""A failed range no live range overlaps: the next claim redoes it as-is."""
-
-
-OWN_HOLES = and_(IS_HOLE, Range.pinned)
-"""A pinned range that failed and that no live range overlaps: its run's retry claims exactly it."""
-
-
-def first_hole_of(sid: Any) -> Any:
-    return select(Range).where(Range.source_id == sid, IS_HOLE).order_by(Range.start_offset).limit(1)
 
 
 def any_pinned_of(sid: Any) -> Any:

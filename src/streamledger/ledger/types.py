@@ -269,7 +269,8 @@ class SourcePosition:
     ``frontier`` its end once the prefix holds a committed or lost range (None before: a claim
     alone is not done). ``open_claims`` are the claims in flight; ``stale`` the ids of those not
     heard from for the caller's ``stale_after`` by the ledger's clock (the abandonment rule, decided
-    here only); ``holes`` failed ranges no live range redid yet. ``chunk`` is the newest
+    here only); ``holes`` failed ranges holding offsets no live range covers (work the claim rule
+    redoes: rule 2, a failed range a later range covers only in part included). ``chunk`` is the newest
     fingerprint of a committed chunk (None before one was taken): a broker whose chunk at its offset
     differs holds another stream (``streamledger.offsets.same_stream``). ``replaced`` is why a batch
     found the broker holding another stream (None if none did): every later batch refuses it too,

@@ -398,7 +398,7 @@ def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: l
     # Rows: per (broker, epoch, stream), the sorted offsets; each range's span counted by bisection.
     # A range counts the rows stamped with its own (broker, epoch); when there are none in its span,
     # the unstamped ones (null: rows a table sink appended before it stamped them, see the module).
-    from bisect import bisect_left
+    from bisect import bisect_left, bisect_right
 
     streams = {r.source.stream for r in mine}
     offsets: dict[tuple[str | None, int | None, str], list[int]] = {}
@@ -416,9 +416,43 @@ def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: l
         offs = offsets.get(key, [])
         return offs[bisect_left(offs, r.start):bisect_left(offs, r.end)]
 
-    for r in mine:
+    def own(r: OffsetRange) -> tuple[str | None, int | None, str]:
         src = r.source
-        key = (live_broker(src.broker), epochs.get((src.broker, src.stream), 0), src.stream)
+        return live_broker(src.broker), epochs.get((src.broker, src.stream), 0), src.stream
+
+    # Unstamped rows count for the ranges without stamped rows of their own. In the span of a range
+    # that has its own, unstamped rows no such range counts are a second copy of its rows.
+    counting: dict[str, list[tuple[int, int]]] = {}
+    for r in mine:
+        if not span(own(r), r):
+            counting.setdefault(r.source.stream, []).append((r.start, r.end))
+    merged: dict[str, tuple[list[int], list[int]]] = {}
+    for s, spans in counting.items():
+        starts: list[int] = []
+        ends: list[int] = []
+        for a, b in sorted(spans):
+            if ends and a <= ends[-1]:
+                ends[-1] = max(ends[-1], b)
+            else:
+                starts.append(a)
+                ends.append(b)
+        merged[s] = (starts, ends)
+
+    def counted(stream: str, o: int) -> bool:
+        starts, ends = merged.get(stream, ([], []))
+        i = bisect_right(starts, o) - 1
+        return i >= 0 and o < ends[i]
+
+    for r in mine:
+        if not span(own(r), r):
+            continue
+        extra = [o for o in span((None, None, r.source.stream), r) if not counted(r.source.stream, o)]
+        if extra:
+            found.append(finding(ViolationKind.OUTPUT_MISMATCH, r,
+                                 f"{len(extra)} row(s) without broker and epoch in the range (first offset "
+                                 f"{extra[0]}) that no range counts: a second copy of rows it holds"))
+    for r in mine:
+        key = own(r)
         got = span(key, r) or span((None, None, r.source.stream), r)
         n = len(got)
         distinct = len(set(got))

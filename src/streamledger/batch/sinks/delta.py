@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 from streamledger import fs as filesystems
-from streamledger.batch import plan
+from streamledger.batch import plan, sinks
 from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
     TABLE_COLUMNS,
@@ -98,10 +98,37 @@ class DeltaSink(TableSink):
         if there:
             raise BatchError(f"delta table {self.location}: its _delta_log is not a Delta table's log")
 
+    def _history(self, dt: Any) -> list[dict[str, Any]]:
+        """The table's commit infos, newest first, each with the version its commit made.
+
+        delta-rs' ``history()`` lists the log's newest commit infos but numbers them down from the
+        version ``dt`` was loaded at: a commit another writer made since the load shifts every
+        number by one (a range recorded at the version before its own). So a listing counts only
+        if the log still ends at that version afterwards; else the table is loaded again (``dt``
+        itself is left as it is: a commit is made on the state the sink looked at)."""
+        from deltalake import DeltaTable
+
+        for _ in range(sinks.COMMIT_ATTEMPTS):
+            at = dt.version()
+            entries: list[dict[str, Any]] = dt.history()
+            if not self._has_version(at + 1):
+                return entries
+            dt = DeltaTable(self.location)
+        raise BatchError(f"delta table {self.location}: its log moved on while it was read, "
+                         f"{sinks.COMMIT_ATTEMPTS} times; try again")
+
+    def _has_version(self, version: int) -> bool:
+        """Whether the log holds ``version`` (its commit file; the newest is never cleaned up)."""
+        name = filesystems.join(self.location, "_delta_log", f"{version:020d}.json")
+        try:
+            return bool(filesystems.filesystem_for(self.location).exists(name))
+        except Exception as exc:
+            raise BatchError(f"delta table {self.location}: its log cannot be read: {line(exc)}") from exc
+
     def commits(self, dt: Any) -> list[TableCommit]:
         """The pipeline's commits in the table's log, newest first."""
         out: list[TableCommit] = []
-        for info in dt.history():
+        for info in self._history(dt):
             found = parse_summary(info, self.pipeline, int(info.get("version", -1)))
             if found is not None:
                 out.append(found)
@@ -227,8 +254,8 @@ class DeltaSink(TableSink):
         return True
 
     def _known_commits(self, dt: Any) -> set[int]:
-        oldest = min((int(c["version"]) for c in dt.history()), default=0)
-        return set(range(oldest, dt.version() + 1))
+        versions = [int(c["version"]) for c in self._history(dt)]
+        return set(range(min(versions, default=0), max(versions, default=dt.version()) + 1))
 
 
 def storage_options(location: str) -> dict[str, str] | None:
