@@ -29,10 +29,10 @@ verifies again: the run must then fail (exit 1).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -41,7 +41,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import psutil
 
@@ -74,6 +74,19 @@ def _java_with(pattern: str, under: list[int]) -> list[psutil.Process]:
             except psutil.Error:
                 continue
     return found
+
+
+def _try_of(spark_submit: psutil.Process) -> tuple[str, str, int] | None:
+    """(run id, task id, try) of the batch a spark-submit runs, from its staging ``--output``
+    (``<dag>.<run>.<task>.<map index>.t<try>.<nonce>``, quoted with ``~``)."""
+    try:
+        args = spark_submit.cmdline()
+        output = args[args.index("--output") + 1]
+    except (psutil.Error, ValueError, IndexError):
+        return None
+    name = unquote(output.rstrip("/").rsplit("/", 1)[-1].replace("~", "%"))
+    found = re.fullmatch(rf"{re.escape(DAG_ID)}\.(.+)\.([^.]+)\.-?\d+\.t(\d+)\.[0-9a-f]+", name)
+    return (found.group(1), found.group(2), int(found.group(3))) if found else None
 
 
 class SecretWatch(threading.Thread):
@@ -256,10 +269,9 @@ class TopologyChaos(ChaosRun):
         w = self._wait_for("Celery worker running a Spark job", busy)
         if not w:
             return
-        with contextlib.suppress(ServerError):
-            self.lost_tries += [(ti["dag_run_id"], ti["task_id"], int(ti.get("try_number") or 0), w)
-                                for ti in self.af.task_instances(DAG_ID, state=["running"])
-                                if str(ti.get("hostname") or "").startswith(f"{w}@")]
+        pid = self.lay.pid(f"celery-{w}")
+        self.lost_tries += [(*t, w) for p in _java_with("SparkSubmit", [pid] if pid else [])
+                            if (t := _try_of(p))]
         stack.stop_process(self.lay, f"celery-{w}", sig=signal.SIGKILL, grace=10)
         self.kinds["celery worker"] += 1
         self.event(f"SIGKILL celery worker {w} (its task and Spark driver with it)")
@@ -361,7 +373,9 @@ class TopologyChaos(ChaosRun):
                 fault()
             except Exception as exc:  # a fault that cannot be injected is a failed run
                 self.violation(f"fault {fault.__name__} failed: {exc}".splitlines()[0])
-            self.clear_failed()
+            # the system reacts (Spark re-runs the task of a killed executor, a node rejoins)
+            # before the next fault, which then meets another job
+            self._pause(15.0, self.clear_failed)
         for what in self.skipped:
             self.violation(f"a fault was not injected: no {what} showed up")
 
@@ -419,11 +433,19 @@ class TopologyChaos(ChaosRun):
                 super().verify()
 
     def _report_lost_tries(self) -> None:
-        """Where the tries lost with a killed Celery worker were done again."""
+        """Where the tries lost with a killed Celery worker were done again: each worker keeps its
+        task logs in its own AIRFLOW_HOME (the TI's hostname is the machine's, the same for both)."""
         for run_id, task_id, lost, worker in self.lost_tries:
             ti = self.af.api("GET", f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{task_id}")
-            self.event(f"{task_id} of {run_id}: try {lost} lost with worker {worker}; finished "
-                       f"{ti['state']} on try {ti.get('try_number')} on {ti.get('hostname')}")
+            later = []
+            for w in stack.WORKERS:
+                logs = (self.lay.worker_dir(w) / "airflow" / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}"
+                        / f"task_id={task_id}")
+                later += [(int(f.stem.split("=")[1]), w) for f in logs.glob("attempt=*.log")
+                          if int(f.stem.split("=")[1]) > lost]
+            where = ", ".join(f"try {n} on {w}" for n, w in sorted(later)) or "no later try"
+            self.event(f"{task_id} of {run_id}: try {lost} lost with worker {worker}; then {where}; "
+                       f"final state {ti['state']}")
 
     def _check_secret(self) -> None:
         if self.secret_watch is None:
