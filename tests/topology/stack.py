@@ -445,8 +445,18 @@ def start_s3(lay: Layout) -> None:
     if not moto.exists():
         raise TopologyError(f"{moto} is missing: install the dev extra (moto[server])")
     d = lay.root / "s3"
-    _spawn(lay, "s3", [str(moto), "-H", HOST, "-p", str(S3_PORT)], os.environ, d)
-    _wait_for("s3 server", lambda: port_open(S3_PORT), 120, "s3", lay)
+    for attempt in range(6):
+        _spawn(lay, "s3", [str(moto), "-H", HOST, "-p", str(S3_PORT)], os.environ, d)
+        try:
+            _wait_for("s3 server", lambda: port_open(S3_PORT), 120, "s3", lay)
+            break
+        except TopologyError as exc:
+            # the 57xxx block is inside Linux's ephemeral range: a client's outgoing connection
+            # can hold the port for a while (seen once, right after a run's `down`)
+            if "Address already in use" not in str(exc) or attempt == 5:
+                raise
+            _log(f"s3 port {S3_PORT} busy, trying again in 10 s")
+            time.sleep(10)
     env = s3_env(lay)
     fs = pafs.S3FileSystem(access_key=env["AWS_ACCESS_KEY_ID"], secret_key=env["AWS_SECRET_ACCESS_KEY"],
                            scheme="http", endpoint_override=f"{HOST}:{S3_PORT}", region=env["AWS_REGION"],
