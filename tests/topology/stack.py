@@ -1,7 +1,9 @@
 """The production topology on one machine, sharing nothing but services (issue 35).
 
 ``scripts/topology.sh up|down|status`` drives this module. Everything is on loopback, on a fixed
-port block (57xxx) that none of the test suite's servers use, with its state under
+port block (29xxx) that none of the test suite's servers use, below Linux's ephemeral range
+(32768-60999: on the 57xxx block first used, a client's outgoing connection held the S3 server's
+and the api-server's port at start, one failed run each), with its state under
 ``$STREAMLEDGER_TOPOLOGY_HOME`` (default ``/var/tmp/streamledger-topology``):
 
 * Redis (Debian's ``redis-server``, installed with apt if absent): the Celery broker;
@@ -48,14 +50,14 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
 
-REDIS_PORT = 57379
-PG_PORT = 57432
-API_PORT = 57080
-SPARK_MASTER_PORT = 57077
-SPARK_MASTER_UI = 57078
-SPARK_WORKER_UI = (57091, 57092)
-WORKER_LOG_PORTS = (57093, 57094)
-S3_PORT = 57960
+REDIS_PORT = 29379
+PG_PORT = 29432
+API_PORT = 29080
+SPARK_MASTER_PORT = 29077
+SPARK_MASTER_UI = 29078
+SPARK_WORKER_UI = (29091, 29092)
+WORKER_LOG_PORTS = (29093, 29094)
+S3_PORT = 29960
 CLUSTER_STREAM_PORTS = (5601, 5602, 5603)  # scripts/rabbitmq.sh's cluster nodes rabbitc1..3
 WORKERS = ("w1", "w2")
 SPARK_WORKERS = ("spark-worker-1", "spark-worker-2")
@@ -390,6 +392,10 @@ def _pg_env(lay: Layout) -> dict[str, str]:
 def start_postgres(lay: Layout) -> None:
     lay.root.mkdir(parents=True, exist_ok=True)
     os.chmod(lay.root, 0o755)  # the server runs as the postgres user under it
+    conf = lay.root / "pg" / "data" / "postgresql.conf"
+    if conf.exists() and f"port = {PG_PORT}\n" not in conf.read_text():
+        with conf.open("a") as f:  # a cluster made on the earlier port block: the last setting wins
+            f.write(f"port = {PG_PORT}\n")
     _run([str(REPO / "scripts" / "postgres.sh"), "start"], _pg_env(lay), 600, "postgres.sh start")
     import psycopg
 
@@ -445,18 +451,8 @@ def start_s3(lay: Layout) -> None:
     if not moto.exists():
         raise TopologyError(f"{moto} is missing: install the dev extra (moto[server])")
     d = lay.root / "s3"
-    for attempt in range(6):
-        _spawn(lay, "s3", [str(moto), "-H", HOST, "-p", str(S3_PORT)], os.environ, d)
-        try:
-            _wait_for("s3 server", lambda: port_open(S3_PORT), 120, "s3", lay)
-            break
-        except TopologyError as exc:
-            # the 57xxx block is inside Linux's ephemeral range: a client's outgoing connection
-            # can hold the port for a while (seen once, right after a run's `down`)
-            if "Address already in use" not in str(exc) or attempt == 5:
-                raise
-            _log(f"s3 port {S3_PORT} busy, trying again in 10 s")
-            time.sleep(10)
+    _spawn(lay, "s3", [str(moto), "-H", HOST, "-p", str(S3_PORT)], os.environ, d)
+    _wait_for("s3 server", lambda: port_open(S3_PORT), 120, "s3", lay)
     env = s3_env(lay)
     fs = pafs.S3FileSystem(access_key=env["AWS_ACCESS_KEY_ID"], secret_key=env["AWS_SECRET_ACCESS_KEY"],
                            scheme="http", endpoint_override=f"{HOST}:{S3_PORT}", region=env["AWS_REGION"],
