@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("streamledger.errors", "streamledger.offsets"),
     ("streamledger.protocol",),
     ("streamledger.home", "streamledger.paths", "streamledger.sources", "streamledger.manifest",
-     "streamledger.schemas",
+     "streamledger.schemas", "streamledger.redaction", "streamledger.progress",
      "streamledger.fs", "streamledger.topology"),
     ("streamledger.ledger", "streamledger.migrations"),
     ("streamledger.batch",),

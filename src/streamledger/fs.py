@@ -217,11 +217,23 @@ class StoreAccess:
     def from_environment(cls, uri: str, environ: Any = None) -> StoreAccess | None:
         """The ``AWS_*`` settings for an ``s3``/``s3a`` location (None for other schemes, or when
         none is set: then pyarrow's own chain, e.g. an instance role, applies in the task)."""
-        env = os.environ if environ is None else environ
         if _ARROW_SCHEMES.get(scheme(uri), scheme(uri)) != "s3":
             return None
+        return cls.s3_environment(environ)
+
+    @classmethod
+    def s3_environment(cls, environ: Any = None) -> StoreAccess | None:
+        """The environment's ``AWS_*`` settings whatever the location (a table catalog reaches S3
+        for tables anywhere); None when none is set."""
+        env = os.environ if environ is None else environ
         found = {k: next((env[n] for n in names if env.get(n)), None) for k, names in _S3_ENV.items()}
         return cls(**found) if any(found.values()) else None
+
+    @property
+    def plain_http(self) -> bool:
+        """The endpoint is ``http://`` (a store on a private network or loopback): pyarrow follows
+        it as given, delta-rs only when told (``AWS_ALLOW_HTTP``)."""
+        return bool(self.endpoint and self.endpoint.lower().startswith("http://"))
 
     def s3(self) -> Any:
         import pyarrow.fs as pafs
@@ -273,28 +285,64 @@ def arrow_filesystem(uri: str, cache: dict[tuple[str, str], Any] | None = None,
     return fs, path
 
 
-def check_location(uri: str) -> None:
-    """Refuse, in one line naming the location, an output no task could write: an unknown scheme, a
-    bucket (container) that does not exist, credentials the store refuses, a store that does not
-    answer. Plain paths and ``file://`` pass (a directory is created on write). One metadata call."""
+_CREDENTIAL_SOURCES = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                       "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+"""Settings naming a source of S3 credentials other than the two keys (the AWS SDK's chain)."""
+
+
+def credentials_missing(uri: str, environ: Any = None) -> str | None:
+    """Why no request to an S3 location could be signed, when that is known without asking the
+    store, else None: a key id without its secret (or the reverse), or no source of credentials at
+    all (no keys, no profile, no shared credentials or config file, no web identity or container
+    credentials, and the instance metadata service switched off). pyarrow would send such requests
+    unsigned: a real store refuses them only once the job writes, an S3-compatible one may accept."""
+    if _ARROW_SCHEMES.get(scheme(uri), scheme(uri)) != "s3":
+        return None
+    env = os.environ if environ is None else environ
+    key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    if bool(key) != bool(secret):
+        have, lack = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if key else (
+            "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID")
+        return f"{have} is set but not {lack}"
+    if key or any(env.get(n) for n in _CREDENTIAL_SOURCES):
+        return None
+    if str(env.get("AWS_EC2_METADATA_DISABLED", "")).lower() != "true":
+        return None  # an instance role may answer: only the store can tell
+    home = Path(env.get("HOME") or Path.home())
+    files = [env.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws" / "credentials",
+             env.get("AWS_CONFIG_FILE") or home / ".aws" / "config"]
+    if any(Path(f).is_file() for f in files):
+        return None
+    return ("no credentials for the store (no AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profile, shared "
+            "credentials file, web identity or container credentials; instance metadata disabled)")
+
+
+def check_location(uri: str, what: str = "output") -> None:
+    """Refuse, in one line naming the location (as ``what``), an output no task could write: an
+    unknown scheme, credentials in the URI or missing, a bucket (container) that does not exist,
+    credentials the store refuses, a store that does not answer. Plain paths and ``file://`` pass
+    (a directory is created on write). One metadata call."""
     import pyarrow.fs as pafs
 
     if scheme(uri) in ("", "file"):
         return
-    problem = credentials_problem(uri)
+    problem = credentials_problem(uri) or credentials_missing(uri)
     if problem is not None:
-        raise LocationError(f"output {redact(uri)}: {problem}")
-    fs, path = arrow_filesystem(uri, access=StoreAccess.from_environment(uri))
+        raise LocationError(f"{what} {redact(uri)}: {problem}")
+    try:
+        fs, path = arrow_filesystem(uri, access=StoreAccess.from_environment(uri))
+    except LocationError as exc:
+        raise LocationError(f"{what} {str(exc).removeprefix('output ')}") from None
     if _ARROW_SCHEMES.get(scheme(uri), scheme(uri)) in ("hdfs", "viewfs"):
-        root, what = "/", "the file system"
+        root, where = "/", "the file system"
     else:
-        root, what = path.split("/", 1)[0], f"bucket {path.split('/', 1)[0]!r}"
+        root, where = path.split("/", 1)[0], f"bucket {path.split('/', 1)[0]!r}"
     try:
         found = fs.get_file_info(root).type
     except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
-        raise LocationError(f"output {redact(uri)}: {what} cannot be reached ({_first_line(exc)})") from None
+        raise LocationError(f"{what} {redact(uri)}: {where} cannot be reached ({_first_line(exc)})") from None
     if found == pafs.FileType.NotFound:
-        raise LocationError(f"output {redact(uri)}: {what} does not exist")
+        raise LocationError(f"{what} {redact(uri)}: {where} does not exist")
 
 
 def redact(uri: str) -> str:

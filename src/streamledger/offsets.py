@@ -19,6 +19,7 @@ from streamledger.errors import StreamledgerError
 
 __all__ = [
     "READ_BACK_INTERVAL",
+    "WORDS",
     "ChunkPrint",
     "DataLossError",
     "OffsetKind",
@@ -32,6 +33,13 @@ __all__ = [
 
 OffsetKind = Literal["first", "last", "next", "offset", "timestamp"]
 KINDS: tuple[OffsetKind, ...] = ("first", "last", "next", "offset", "timestamp")
+WORDS: dict[str, OffsetKind] = {
+    "first": "first", "earliest": "first",
+    "last": "last",
+    "next": "next", "latest": "next", "tail": "next", "end": "next",
+}
+"""The words for a position, and their aliases: ``earliest`` / ``latest`` are Kafka's and Spark's
+names for ``first`` / ``next``; ``tail`` and ``end`` say ``next`` too. ``last`` is the last record."""
 
 
 class OffsetSpecError(StreamledgerError, ValueError):
@@ -74,6 +82,16 @@ class OffsetSpec:
         return cls("next")
 
     @classmethod
+    def earliest(cls) -> Self:
+        """Kafka's and Spark's name for :meth:`first` (an alias: the kind is ``first``)."""
+        return cls.first()
+
+    @classmethod
+    def latest(cls) -> Self:
+        """Kafka's and Spark's name for :meth:`next`, the tail (an alias: the kind is ``next``)."""
+        return cls.next()
+
+    @classmethod
     def offset(cls, offset: int) -> Self:
         return cls("offset", int(offset))
 
@@ -83,14 +101,10 @@ class OffsetSpec:
 
     @classmethod
     def parse(cls, text: str) -> Self:
-        """``first``, ``last``, ``next``, an integer offset, or ``timestamp:<ms>`` (CLI form)."""
+        """A word of :data:`WORDS`, an integer offset, or ``timestamp:<ms>`` (CLI form)."""
         lowered = text.strip().lower()
-        if lowered in ("first", "earliest"):
-            return cls.first()
-        if lowered == "last":
-            return cls.last()
-        if lowered in ("next", "latest"):
-            return cls.next()
+        if lowered in WORDS:
+            return cls(WORDS[lowered])
         if lowered.startswith("timestamp:"):
             return cls.timestamp(cls._int(lowered.split(":", 1)[1], text))
         return cls.offset(cls._int(lowered, text))

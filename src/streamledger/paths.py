@@ -20,6 +20,16 @@ always exactly one harmless component:
   from the path alone**; the ledger keeps the names (pipeline, source) next to each range's ``output``.
 
 :func:`decode_component` inverts it and refuses anything ``encode_component`` would not write.
+
+A broker identity gets a directory a person can read (:func:`broker_component`): the server's name
+as the ledger records it, a RabbitMQ cluster's ``rabbit~40host`` or ``host~3A5552`` (``@`` and ``:``
+escaped like any byte outside the ordinary set: ``file://`` URIs quote an ``@`` and pyiceberg would not
+find the file again; Hadoop takes a ``:`` for a scheme), then ``~v<vhost>`` only for a vhost other
+than ``/``; a mewbase server's ends in ``~m``; an identity of no known form is ``~u`` and its escaped
+text. ``~`` followed by a lower-case letter is written by no escape, so the markers are unambiguous:
+the component is reversible (:func:`decode_broker_component`, the canonical identity) and injective,
+and never one the layout before it wrote (``rabbitmq~3A~2F~2F…``; ranges published there keep their
+recorded paths).
 """
 
 from __future__ import annotations
@@ -27,9 +37,11 @@ from __future__ import annotations
 import hashlib
 import string
 import unicodedata
+from urllib.parse import quote, unquote_to_bytes
 
 __all__ = [
-    "ESCAPE", "MAX_COMPONENT_BYTES", "decode_component", "encode_component", "fit_component", "name_problem",
+    "ESCAPE", "MAX_COMPONENT_BYTES", "broker_component", "decode_broker_component", "decode_component",
+    "encode_component", "fit_component", "name_problem",
 ]
 
 ESCAPE = "~"
@@ -39,23 +51,57 @@ MAX_COMPONENT_BYTES = 255
 _HASHED = ESCAPE * 2
 _DIGEST_HEX = 32
 _ORDINARY = frozenset(string.ascii_letters + string.digits + "-_.")
+_NO_DOTS = _ORDINARY - {"."}
+# After a server's name, markers no escape writes (an escape is ``~`` and two upper-case hex digits):
+_VHOST = ESCAPE + "v"  # a vhost other than the default follows
+_MEWBASE = ESCAPE + "m"  # a mewbase server (no vhost)
+_OTHER = ESCAPE + "u"  # an identity of no known form, escaped whole
 _HEX = frozenset("0123456789ABCDEF")
+
+
+def _escape(text: str, ordinary: frozenset[str], *, first: bool) -> str:
+    """``text``'s UTF-8 with every byte outside ``ordinary`` as ``~XX``; ``first``: it begins a
+    component, so a leading ``.`` or ``_`` is escaped too."""
+    out = []
+    for i, byte in enumerate(text.encode("utf-8")):  # a lone surrogate raises: name_problem refuses it
+        ch = chr(byte)
+        if ch in ordinary and not (first and i == 0 and ch in "._"):
+            out.append(ch)
+        else:
+            out.append(f"{ESCAPE}{byte:02X}")
+    return "".join(out)
+
+
+def _unescape(text: str, ordinary: frozenset[str]) -> str:
+    """The text :func:`_escape` turned into ``text`` (``ValueError`` for what it never writes, but
+    without the leading-character rule, which callers check by encoding again)."""
+    raw = bytearray()
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == ESCAPE:
+            code = text[i + 1:i + 3]
+            if len(code) != 2 or not set(code) <= _HEX:
+                raise ValueError(f"component {text!r}: {ESCAPE!r} at {i} is not two hex digits' escape")
+            raw.append(int(code, 16))
+            i += 3
+        elif ch in ordinary:
+            raw.append(ord(ch))
+            i += 1
+        else:
+            raise ValueError(f"component {text!r}: {ch!r} at {i} is never written unescaped")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"component {text!r} does not decode to UTF-8") from None
 
 
 def encode_component(name: str, *, limit: int = MAX_COMPONENT_BYTES, keep_dots: bool = True) -> str:
     """``name`` as one path component (see the module docstring). ``keep_dots=False`` escapes
     every ``.`` too, for parts joined by dots into one name (the staging names)."""
-    raw = name.encode("utf-8")  # a lone surrogate raises here: name_problem refuses it earlier
-    if not raw:
+    if not name:
         return ESCAPE
-    out = []
-    for i, byte in enumerate(raw):
-        ch = chr(byte)
-        if ch in _ORDINARY and not (i == 0 and ch in "._") and (keep_dots or ch != "."):
-            out.append(ch)
-        else:
-            out.append(f"{ESCAPE}{byte:02X}")
-    return fit_component("".join(out), limit)
+    return fit_component(_escape(name, _ORDINARY if keep_dots else _NO_DOTS, first=True), limit)
 
 
 def fit_component(component: str, limit: int = MAX_COMPONENT_BYTES) -> str:
@@ -80,28 +126,64 @@ def decode_component(component: str, *, keep_dots: bool = True) -> str:
         raise ValueError(f"component {component[:40]!r}... is a long name's hash: the ledger holds the name")
     if component == ESCAPE:
         return ""
-    raw = bytearray()
-    i = 0
-    while i < len(component):
-        ch = component[i]
-        if ch == ESCAPE:
-            code = component[i + 1:i + 3]
-            if len(code) != 2 or not set(code) <= _HEX:
-                raise ValueError(f"component {component!r}: {ESCAPE!r} at {i} is not two hex digits' escape")
-            raw.append(int(code, 16))
-            i += 3
-        elif ch in _ORDINARY:
-            raw.append(ord(ch))
-            i += 1
-        else:
-            raise ValueError(f"component {component!r}: {ch!r} at {i} is never written unescaped")
-    try:
-        name = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"component {component!r} does not decode to UTF-8") from None
+    name = _unescape(component, _ORDINARY)
     if encode_component(name, limit=len(component), keep_dots=keep_dots) != component:
         raise ValueError(f"component {component!r} is not an encoding streamledger writes")
     return name
+
+
+def broker_component(identity: str, *, limit: int = MAX_COMPONENT_BYTES) -> str:
+    """The directory of a log server's ranges, from its ledger identity (any spelling: the one rule,
+    :func:`streamledger.sources.canonical_identity`, makes it canonical first). See the module
+    docstring; :func:`decode_broker_component` gives the canonical identity back."""
+    from streamledger.sources import canonical_identity
+
+    canonical = canonical_identity(identity)
+    component = _readable_broker(canonical)
+    if component is None or _broker_of(component) != canonical:  # by construction the name is reversible
+        component = _OTHER + _escape(canonical, _ORDINARY, first=False)
+    return fit_component(component, limit)
+
+
+def _readable_broker(canonical: str) -> str | None:
+    """``<server>`` / ``<server>~v<vhost>`` / ``<server>~m``, or None for another form of identity."""
+    scheme, sep, rest = canonical.partition("://")
+    if not sep or "#" in canonical:  # a retired epoch's identity names no directory of its own
+        return None
+    if scheme == "rabbitmq":
+        where, _, vhost = rest.partition("/")
+        try:
+            name = unquote_to_bytes(vhost).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if not where or not name:
+            return None
+        server = _escape(where, _ORDINARY, first=True)
+        return server if name == "/" else server + _VHOST + _escape(name, _ORDINARY, first=False)
+    if scheme == "mewbase" and rest and "/" not in rest:
+        return _escape(rest, _ORDINARY, first=True) + _MEWBASE
+    return None
+
+
+def _broker_of(component: str) -> str:
+    if component.startswith(_OTHER):
+        return _unescape(component[len(_OTHER):], _ORDINARY)
+    if component.endswith(_MEWBASE):
+        return "mewbase://" + _unescape(component[:-len(_MEWBASE)], _ORDINARY)
+    server, sep, vhost = component.partition(_VHOST)
+    name = _unescape(vhost, _ORDINARY) if sep else "/"
+    return f"rabbitmq://{_unescape(server, _ORDINARY)}/{quote(name, safe='')}"
+
+
+def decode_broker_component(component: str) -> str:
+    """The canonical identity :func:`broker_component` turned into ``component`` (``ValueError`` for a
+    long identity's hash and anything it would not write)."""
+    if _HASHED in component:
+        raise ValueError(f"component {component[:40]!r}... is a long name's hash: the ledger holds the name")
+    identity = _broker_of(component)
+    if broker_component(identity, limit=len(component)) != component:
+        raise ValueError(f"component {component!r} is not a broker directory streamledger writes")
+    return identity
 
 
 def name_problem(what: str, name: object) -> str | None:

@@ -33,3 +33,19 @@ def test_store_verified_reads_back_until_the_value_or_the_timeout() -> None:
     with pytest.raises(offsets.OffsetNotVerified, match=r"^stream 's' reads 4$"):
         offsets.store_verified(lambda: 4, 7, timeout=0.2, describe=lambda last: f"stream 's' reads {last}")
     assert 0.2 <= time.monotonic() - began < 1.0
+
+
+def test_one_offset_vocabulary_with_the_spark_words_as_aliases() -> None:
+    """Issue 31: the Spark options' bounds are OffsetSpecs; earliest/latest name first/next."""
+    from streamledger.offsets import WORDS, OffsetSpec
+    from streamledger.spark.planning import OffsetBound, bound_text, parse_bound
+
+    assert OffsetBound is OffsetSpec
+    assert parse_bound("earliest", what="s") == OffsetSpec.first() == OffsetSpec.parse("earliest")
+    assert parse_bound("latest", what="s") == OffsetSpec.next() == OffsetSpec.parse("latest")
+    assert OffsetSpec.parse("tail") == OffsetSpec.parse("end") == OffsetSpec.next()
+    assert parse_bound("last", what="s") == OffsetSpec.next()  # a bound's last is the tail, as before
+    assert OffsetSpec.parse("last") == OffsetSpec.last()
+    bounds = (OffsetSpec.first(), OffsetSpec.next(), OffsetSpec.offset(7), OffsetSpec.timestamp(5))
+    assert [bound_text(b) for b in bounds] == ["earliest", "latest", "7", '{"timestamp": 5}']
+    assert set(WORDS.values()) == {"first", "last", "next"}

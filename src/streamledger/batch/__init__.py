@@ -113,6 +113,7 @@ from streamledger.batch.config import (
 )
 from streamledger.batch.plan import broker_identity, offset_to_store, output_dir, staging_dir
 from streamledger.batch.run import BatchRun, Heartbeat, backlog, run_batch
+from streamledger.batch.spec import PipelineSpec, SpecError
 
 if TYPE_CHECKING:
     from streamledger.spark.runners import LocalSparkRunner, SparkConnectRunner, read_manifest
@@ -146,8 +147,10 @@ __all__ = [
     "JobRunner",
     "LocalSparkRunner",
     "PartitionResult",
+    "PipelineSpec",
     "RunId",
     "SparkConnectRunner",
+    "SpecError",
     "StepHook",
     "StreamReplaced",
     "backlog",

@@ -8,18 +8,14 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from streamledger.batch.rules import (
-    initial_position_problem,
-    on_data_loss_problem,
-    sink_problem,
-    source_problem,
-    splits_problem,
-)
-from streamledger.errors import BatchError as BatchError  # its home moved below the layers
-from streamledger.fs import credentials_problem, redact
+from streamledger.batch.rules import sink_problem, source_problem
+from streamledger.batch.spec import InitialPosition as InitialPosition
+from streamledger.batch.spec import PipelineSpec
+from streamledger.errors import BatchError as BatchError  # the sinks import it from here
 from streamledger.ledger.types import RunIdentity
+from streamledger.manifest import Manifest
 
 
 class IntervalNotReady(BatchError):
@@ -60,11 +56,13 @@ class Broker(Protocol):
     ) -> None: ...
 
 
-JobRunner = Callable[..., Mapping[str, Any]]
+JobRunner = Callable[..., Manifest | Mapping[str, Any]]
 """``runner(url=..., ranges={stream: (start, end), ...}, output=staging_dir, fmt=..., splits=n)``
--> manifest. ``ranges`` holds every partition of the batch (one job per batch); the manifest's
-``streams[s]["path"]`` is where stream ``s``'s records were written (default: ``output`` itself
-when there is one stream)."""
+-> :class:`~streamledger.manifest.Manifest`. ``ranges`` holds every partition of the batch (one job
+per batch); the manifest's ``streams[s].path`` is where stream ``s``'s records were written
+(default: ``output`` itself when there is one stream). The runners here return a ``Manifest``; a
+runner written against the first contract may still return the manifest's JSON data, which the
+batch parses once, where it takes the result."""
 
 StepHook = Callable[[str, Any], None]
 """``hook(step, batch_run)`` after each step: ``claimed``, ``read``, ``committed``, ``published``,
@@ -74,65 +72,35 @@ Finer marks for timing (``bench/partitions.py``): ``planned`` (sources checked, 
 claim), ``probed`` (ranges without user records committed), ``job`` (the job returned, before
 verifying it)."""
 
-InitialPosition = Literal["first", "tail", "interval_start"] | int
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchConfig(PipelineSpec):
+    """A :class:`~streamledger.batch.spec.PipelineSpec` bound to one run: what to read and where to
+    write it (the spec's fields, validated by the spec), plus what only a run knows.
 
-
-@dataclass(frozen=True, slots=True)
-class BatchConfig:
-    """What to read and where to write it.
-
-    ``url`` is the broker URL (it may hold a password: never log it). ``broker_name`` names the
-    broker in the ledger; by default the cluster name the broker reports, so every node, alias or
-    load balancer of one cluster shares one history. ``max_offsets`` caps a new range's span in
-    *offsets* (tracking chunks take offsets, so it may hold fewer records); ``max_records`` is its
-    old, misleading name. ``heartbeat_interval`` is how often a running batch renews its claims;
-    a claim not renewed for ``claim_timeout`` seconds is abandoned and redone by the next run.
-
-    ``sink`` says what publishing a committed range means (``streamledger.batch.sinks``):
-    ``directory`` (the default) publishes each range's own directory; ``iceberg`` / ``delta`` also
-    add the batch's files to a table in one table commit. ``table``: ``namespace.name`` for Iceberg
-    (default ``streamledger.<pipeline>``), the table's location for Delta (default
-    ``<output_root>/<pipeline>``). ``catalog``: pyiceberg catalog properties (default: a SQL
-    catalog in the ledger's own database, warehouse ``<output_root>/_iceberg``).
-    ``bound_by_interval`` pins each partition's range to the data interval: ``[first offset stamped
-    at or after interval_start, first offset stamped at or after interval_end)``, the same whichever
-    run goes first and however often it is rerun (``Ledger.claim(span=...)``); it is resolved once a
-    chunk stamped at or after the interval end is committed (until then: ``IntervalNotReady``), or,
-    on an idle stream, once ``interval_grace`` seconds have passed after the interval end (the end
-    is then the committed tail). ``origin`` is where a pinned history begins (the moment
+    ``url`` is the broker URL (it may hold a password: never log it). ``max_records`` is the old,
+    misleading name of ``max_offsets`` (deprecated: it counts offsets, not records).
+    ``catalog``: the Iceberg sink's pyiceberg catalog properties (default: a SQL catalog in the
+    ledger's own database, warehouse ``<output_root>/_iceberg``); ``table`` is ``namespace.name``
+    for Iceberg (default ``streamledger.<pipeline>``), the table's location for Delta (default
+    ``<output_root>/<pipeline>``). ``interval_start`` / ``interval_end``: the run's data interval.
+    ``bound_by_interval`` pins each partition's range to it: ``[first offset stamped at or after
+    interval_start, first offset stamped at or after interval_end)``, the same whichever run goes
+    first and however often it is rerun (``Ledger.claim(span=...)``); it is resolved once a chunk
+    stamped at or after the interval end is committed (until then: ``IntervalNotReady``), or, on an
+    idle stream, once ``interval_grace`` seconds have passed after the interval end (the end is then
+    the committed tail). ``origin`` is where a pinned history begins (the moment
     ``initial_position="interval_start"`` resolves; the DAG's start date), so that it does not
     depend on which interval runs first; default: the run's own interval start.
     """
 
-    pipeline: str
     url: str
-    output_root: str
-    stream: str | None = None
-    super_stream: str | None = None
-    initial_position: InitialPosition = "first"
     max_records: int | None = None
     interval_start: datetime | None = None
     interval_end: datetime | None = None
-    fmt: str = "parquet"
-    splits: int = 1
-    store_offset: bool = True
-    store_timeout: float = 10.0
-    on_data_loss: Literal["fail", "record"] = "fail"
-    max_offsets: int | None = None
-    broker_name: str | None = None
-    heartbeat_interval: float = 30.0
-    claim_timeout: float = 600.0
-    sink: Literal["directory", "iceberg", "delta"] = "directory"
-    table: str | None = None
     catalog: Mapping[str, str] | None = None
-    bound_by_interval: bool = False
-    interval_grace: float = 60.0
     origin: datetime | None = None
 
     def __post_init__(self) -> None:
-        problem = source_problem(self.pipeline, self.stream, self.super_stream, self.url)
-        if problem is not None:
-            raise BatchError(problem)
         name = f"pipeline {self.pipeline!r}"
         if self.max_records is not None:
             warnings.warn(
@@ -144,42 +112,40 @@ class BatchConfig:
             if self.max_offsets is not None and self.max_offsets != self.max_records:
                 raise BatchError(f"{name}: give max_offsets only (max_records is its old name)")
             object.__setattr__(self, "max_offsets", self.max_records)
-        if self.max_offsets is not None and self.max_offsets < 1:
-            raise BatchError(f"{name}: max_offsets must be >= 1, got {self.max_offsets}")
-        problem = splits_problem(self.splits) or on_data_loss_problem(self.on_data_loss)
+        PipelineSpec.__post_init__(self)
+        # What only a run knows: the URL's kind of log, the catalog's properties, the interval.
+        problem = (source_problem(self.pipeline, self.stream, self.super_stream, self.url)
+                   or self._run_problem())
         if problem is not None:
-            raise BatchError(f"{name}: {problem}")
-        if self.heartbeat_interval <= 0 or self.claim_timeout <= self.heartbeat_interval:
-            raise BatchError(
-                f"{name}: need 0 < heartbeat_interval ({self.heartbeat_interval}) < claim_timeout "
-                f"({self.claim_timeout})"
-            )
-        problem = initial_position_problem(self.initial_position)
-        if problem is not None:
-            raise BatchError(f"{name}: {problem}")
-        self._check_sink(name)
-        if self.initial_position == "interval_start" and self.interval_start is None:
-            raise BatchError(f"{name}: initial_position 'interval_start' needs an interval")
-        if (self.interval_start is None) != (self.interval_end is None):
-            raise BatchError(f"{name}: give both interval ends or neither")
-        if self.interval_start and self.interval_end and self.interval_end < self.interval_start:
-            raise BatchError(f"{name}: data interval ends before it starts")
-        if self.bound_by_interval:
-            if self.interval_start is None:
-                raise BatchError(f"{name}: bound_by_interval needs the data interval (interval_start/end)")
-            if self.max_offsets is not None:
-                raise BatchError(f"{name}: bound_by_interval pins each range to its interval; "
-                                 "max_offsets cannot split it")
-            if self.interval_grace < 0:
-                raise BatchError(f"{name}: interval_grace must be >= 0 seconds, got {self.interval_grace}")
+            raise BatchError(problem if problem.startswith("pipeline ") else f"{name}: {problem}")
 
-    def _check_sink(self, name: str) -> None:
-        """The sink's settings, refused before anything is claimed (the one rule: ``rules``)."""
-        problem = sink_problem(self.sink, self.table, self.catalog, self.fmt)
-        if problem is None and credentials_problem(self.output_root) is not None:
-            problem = f"output root {redact(self.output_root)}: {credentials_problem(self.output_root)}"
-        if problem is not None:
-            raise BatchError(f"{name}: {problem}")
+    def _run_problem(self) -> str | None:
+        if self.catalog is not None:
+            problem = sink_problem(self.sink, self.table, self.catalog, self.fmt)
+            if problem is not None:
+                return problem
+        if self.initial_position == "interval_start" and self.interval_start is None:
+            return "initial_position 'interval_start' needs an interval"
+        if (self.interval_start is None) != (self.interval_end is None):
+            return "give both interval ends or neither"
+        if self.interval_start and self.interval_end and self.interval_end < self.interval_start:
+            return "data interval ends before it starts"
+        if self.bound_by_interval and self.interval_start is None:
+            return "bound_by_interval needs the data interval (interval_start/end)"
+        return None
+
+    @classmethod
+    def for_run(cls, spec: PipelineSpec, *, url: str, interval_start: datetime | None = None,
+                interval_end: datetime | None = None, catalog: Mapping[str, str] | None = None,
+                origin: datetime | None = None) -> BatchConfig:
+        """``spec`` bound to one run: its broker URL, data interval and catalog properties."""
+        return cls(**spec.settings(), url=url, interval_start=interval_start, interval_end=interval_end,
+                   catalog=catalog, origin=origin)
+
+    @property
+    def spec(self) -> PipelineSpec:
+        """The pipeline as its definition states it (without what this run brought)."""
+        return PipelineSpec(**self.settings())
 
 
 RunId = RunIdentity
@@ -244,12 +210,17 @@ class PartitionResult:
 
 @dataclass(slots=True)
 class BatchResult:
-    """Summary of one batch across partitions."""
+    """Summary of one batch across partitions, and the table a table sink published into."""
 
     pipeline: str
     broker: str
     super_stream: str | None
     partitions: list[PartitionResult] = field(default_factory=list)
+    table: dict[str, Any] | None = None
+    """A table sink's table after the batch (the sink's ``describe()``: no credentials); None for
+    the directory sink."""
+    catalog: Mapping[str, str] | None = field(default=None, repr=False)
+    """The Iceberg catalog's properties the batch used (for lineage; never in ``to_dict``)."""
 
     @property
     def empty(self) -> bool:
@@ -271,6 +242,7 @@ class BatchResult:
             "records": self.records,
             "ranges": self.ranges(),
             "partitions": [p.to_dict() for p in self.partitions],
+            **({} if self.table is None else {"table": self.table}),
         }
 
 

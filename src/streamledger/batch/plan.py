@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from streamledger.batch.config import BatchConfig, Broker, IntervalNotReady, RunId
 from streamledger.fs import join, parent
 from streamledger.ledger.types import Watermark
-from streamledger.paths import encode_component, fit_component
+from streamledger.paths import broker_component, encode_component, fit_component
 from streamledger.sources import source_identity
 
 
@@ -34,12 +34,13 @@ def pipeline_dir(root: str, pipeline: str) -> str:
 
 def range_dir(base: str, broker: str, stream: str, start: int, end: int, *, epoch: int = 0) -> str:
     """``<base>/<broker>/<stream>/<start>-<end>``: a range's directory under a pipeline's directory
-    (or a Delta table's root), each name one encoded component. Ranges of a re-created stream
+    (or a Delta table's root), each name one encoded component (the broker's readable:
+    :func:`streamledger.paths.broker_component`). Ranges of a re-created stream
     (``epoch`` > 0, see ``Ledger.new_epoch``) are named ``e<epoch>-<start>-<end>`` so they never
     meet the old stream's ranges of the same span."""
     span = f"{start:012d}-{end:012d}"
     leaf = f"e{epoch}-{span}" if epoch else span
-    return join(base, encode_component(broker), encode_component(stream), leaf)
+    return join(base, broker_component(broker), encode_component(stream), leaf)
 
 
 def output_dir(root: str, pipeline: str, broker: str, stream: str, start: int, end: int, *,
@@ -76,7 +77,7 @@ def attempt_name(run: RunId) -> str:
 def staging_prefix(root: str, pipeline: str, broker: str, run: RunId) -> str:
     """The common prefix of every attempt's staging directory of this run identity."""
     who = attempt_name(run).rsplit(".t", 1)[0]
-    return join(root, "_staging", encode_component(pipeline), encode_component(broker), f"{who}.t")
+    return join(root, "_staging", encode_component(pipeline), broker_component(broker), f"{who}.t")
 
 
 def millis(moment: datetime) -> int:

@@ -85,7 +85,12 @@ _NO_HISTORY = SourcePosition(None, 0, None, Watermark(None, None))
 
 @dataclass(frozen=True, slots=True)
 class StreamPosition:
-    """One stream of a pipeline as every poller sees it.
+    """One stream of a pipeline as every poller sees it (the batch, the Airflow triggers, the Dagster
+    sensor and automation condition: one type).
+
+    Two types, one for each side: :class:`~streamledger.ledger.types.SourcePosition` is what the ledger
+    alone knows (one transaction; the ledger never talks to a broker); this one adds what the broker
+    says (tail, last user chunk) and what the scheduler says (claims whose holder is gone).
 
     ``start``: where the pipeline's next new range begins (the ledger's end, else the broker's
     stored offset + 1, else the first retained offset); ``tail``: the committed tail (exclusive);

@@ -113,19 +113,24 @@ def check_output(rng: OffsetRange, fs: filesystems.OutputFS, *, deep: bool = Fal
 
 def check_outputs(ranges: Iterable[OffsetRange], *, deep: bool = False,
                   fs_for: Callable[[str], filesystems.OutputFS] = filesystems.filesystem_for,
-                  ) -> list[Violation]:
-    """Check every committed range with records whose output is published (see :func:`check_output`)."""
+                  progress: Callable[[int, int], None] | None = None) -> list[Violation]:
+    """Check every committed range with records whose output is published (see :func:`check_output`).
+    ``progress(checked, total)`` is called after each (one file-store read, or a scan with ``deep``)."""
     found: list[Violation] = []
     cache: dict[str, filesystems.OutputFS] = {}
-    for rng in ranges:
-        if rng.status != RangeStatus.COMMITTED or not rng.records or rng.published_at is None:
-            continue
+    todo = [rng for rng in ranges
+            if rng.status == RangeStatus.COMMITTED and rng.records and rng.published_at is not None]
+    for checked, rng in enumerate(todo, 1):
+        if progress is not None:
+            progress(checked - 1, len(todo))
         key = filesystems.scheme(rng.output or "")
         if key not in cache:
             cache[key] = fs_for(rng.output or "")
         problem = check_output(rng, cache[key], deep=deep)
         if problem is not None:
             found.append(problem)
+        if progress is not None:
+            progress(checked, len(todo))
     return found
 
 
@@ -159,12 +164,15 @@ def check_tables(ledger: Ledger, ranges: list[OffsetRange], *,
 def audit(ledger: Ledger, pipeline: str | None = None, *, broker: Any = None,
           stale_after: timedelta = timedelta(hours=1), outputs_too: bool = True, deep: bool = False,
           fs_for: Callable[[str], filesystems.OutputFS] = filesystems.filesystem_for,
-          catalog: Mapping[str, str] | None = None) -> AuditReport:
+          catalog: Mapping[str, str] | None = None,
+          progress: Callable[[int, int], None] | None = None) -> AuditReport:
     """The ledger's audit and, unless ``outputs_too`` is False, the published outputs' check and
-    the tables' (for pipelines with a table sink)."""
+    the tables' (for pipelines with a table sink). ``progress(checked, total)``: the outputs' check,
+    the long part of an audit of many ranges."""
     report = ledger.audit(pipeline, broker=broker, stale_after=stale_after)
     if not outputs_too:
         return report
     ranges = ledger.ranges(pipeline)
-    findings = check_outputs(ranges, deep=deep, fs_for=fs_for) + check_tables(ledger, ranges, catalog=catalog)
+    findings = (check_outputs(ranges, deep=deep, fs_for=fs_for, progress=progress)
+                + check_tables(ledger, ranges, catalog=catalog))
     return report.with_findings(findings, outputs_checked=True)

@@ -15,11 +15,13 @@ from streamledger.ledger.types import pipeline_name_problem
 from streamledger.paths import name_problem
 
 __all__ = [
-    "INITIAL_POSITIONS", "ON_DATA_LOSS", "SINKS", "catalog_problem", "default_iceberg_table",
-    "initial_position_problem", "on_data_loss_problem", "sink_problem", "source_problem", "splits_problem",
+    "FORMATS", "INITIAL_POSITIONS", "ON_DATA_LOSS", "SINKS", "catalog_problem", "default_iceberg_table",
+    "fmt_problem", "initial_position_problem", "on_data_loss_problem", "sink_problem", "source_problem",
+    "splits_problem",
 ]
 
 SINKS = ("directory", "iceberg", "delta")
+FORMATS = ("parquet", "orc", "json")
 INITIAL_POSITIONS = ("first", "tail", "interval_start")
 ON_DATA_LOSS = ("fail", "record")
 
@@ -72,13 +74,33 @@ def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None
             return f"iceberg table {table!r} is not 'namespace.name'"
         if catalog is not None and not isinstance(catalog, Mapping):
             return "catalog must be a mapping of pyiceberg catalog properties"
-        return None
+        return iceberg_catalog_problem(catalog)
     if catalog:
         return f"the delta sink takes a table location, not a catalog (table {table!r})"
     if table is not None and not table.strip():
         return "delta table location must not be empty"
     where = filesystems.location_problem(table) if table is not None else None
     return None if where is None or table is None else f"delta table {filesystems.redact(table)}: {where}"
+
+
+def iceberg_catalog_problem(catalog: Mapping[str, str] | None) -> str | None:
+    """Why pyiceberg cannot load a catalog of this ``type``, or None: its known types (pyiceberg's own
+    list, when it is installed; without it the batch names the missing extra) or a ``py-catalog-impl``."""
+    kind = (catalog or {}).get("type")
+    if kind is None:
+        return None
+    if "py-catalog-impl" in (catalog or {}):
+        return "iceberg catalog: set either type or py-catalog-impl, not both"
+    from importlib.util import find_spec
+
+    if find_spec("pyiceberg") is None:
+        return None
+    from pyiceberg.catalog import CatalogType
+
+    known = [t.value for t in CatalogType]
+    if str(kind).lower() not in known:
+        return f"iceberg catalog type {kind!r} is not one pyiceberg loads ({', '.join(known)})"
+    return None
 
 
 def initial_position_problem(position: object) -> str | None:
@@ -88,6 +110,11 @@ def initial_position_problem(position: object) -> str | None:
     if position in INITIAL_POSITIONS:
         return None
     return f"initial_position {position!r} is not 'first', 'tail', 'interval_start' or an offset"
+
+
+def fmt_problem(fmt: object) -> str | None:
+    """Why ``fmt`` is not a file format the job writes, or None."""
+    return None if fmt in FORMATS else f"fmt {fmt!r} is not parquet, orc or json"
 
 
 def splits_problem(splits: int) -> str | None:

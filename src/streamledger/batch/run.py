@@ -44,6 +44,7 @@ from streamledger.batch.sinks import choose
 from streamledger.ledger.types import RangeStatus
 from streamledger.manifest import Manifest, ManifestError
 from streamledger.offsets import ChunkPrint, OffsetNotVerified, same_stream, take_print
+from streamledger.progress import JobWatch, LoggedProgress, Planned, ReadProgress, every_seconds
 
 if TYPE_CHECKING:
     from streamledger.ledger import ClaimRequest, Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
@@ -134,8 +135,10 @@ class BatchRun:
         runner: JobRunner,
         holder_alive: Callable[[RunId], bool] | None = None,
         on_step: StepHook | None = None,
+        progress: ReadProgress | None = None,
     ) -> None:
         self.config = config
+        self.progress: ReadProgress = progress or LoggedProgress()
         self.run = run
         self.ledger = ledger
         self.broker = broker
@@ -450,8 +453,11 @@ class BatchRun:
         began = time.monotonic()
         ids = [p.range.id for p in todo if p.range is not None]
         cancel = getattr(self.runner, "cancel", None)
+        planned = [Planned(stream, start, end) for stream, (start, end) in ranges.items()]
+        self._report(lambda: self.progress.planned(cfg.pipeline, planned))
         with Heartbeat(self.ledger, self.run, ids, cfg.heartbeat_interval,
-                       on_lost=(lambda _ids: cancel()) if callable(cancel) else None) as beat:
+                       on_lost=(lambda _ids: cancel()) if callable(cancel) else None) as beat, \
+                JobWatch(cfg.pipeline, self.runner, self.progress, self._progress_every()):
             manifest = self._job(ranges, self.staging)
         self._step("job")
         if beat.lost:
@@ -462,10 +468,25 @@ class BatchRun:
             p.result.read = True
             log.info("read %s [%d, %d): %d records in %.1f s", p.result.stream, p.result.start, p.result.end,
                      p.result.records, time.monotonic() - began)
+        records = sum(p.result.records for p in todo)
+        self._report(lambda: self.progress.finished(cfg.pipeline, records, time.monotonic() - began))
         self._step("read")
 
+    def _progress_every(self) -> float:
+        """A reporter's own pace (a live display's), else ``$STREAMLEDGER_PROGRESS_SECONDS``."""
+        own = getattr(self.progress, "every", None)
+        return float(own) if isinstance(own, int | float) else every_seconds()
+
+    def _report(self, say: Callable[[], None]) -> None:
+        """A progress report; its failure is logged, never the batch's."""
+        try:
+            say()
+        except Exception:
+            log.debug("progress reporter failed", exc_info=True)
+
     def _job(self, ranges: Mapping[str, tuple[int, int]], output: str) -> Manifest:
-        """Run the job and parse what it says it wrote (the runner returns the manifest's JSON data)."""
+        """Run the job: what it says it wrote, as a :class:`Manifest` (the one parse of a mapping, for a
+        runner still returning the manifest's JSON data)."""
         cfg = self.config
         raw = self.runner(url=cfg.url, ranges=ranges, output=output, fmt=cfg.fmt, splits=cfg.splits)
         try:
@@ -852,7 +873,17 @@ class BatchRun:
             self.release_publish_leases()
             raise
         self.store_offsets()
+        self.describe_table()
         return self.result
+
+    def describe_table(self) -> None:
+        """With a table sink, the table as readers find it after this batch, told by the sink the batch
+        published with (front doors report it from the result; none builds a sink of its own)."""
+        if self.sink.name == "directory":
+            return
+        self.result.table = self.sink.describe()
+        props = getattr(self.sink, "props", None)  # the Iceberg catalog in use (the default resolved)
+        self.result.catalog = dict(props) if props else None
 
 
 def run_batch(
@@ -864,11 +895,13 @@ def run_batch(
     runner: JobRunner,
     holder_alive: Callable[[RunId], bool] | None = None,
     on_step: StepHook | None = None,
+    progress: ReadProgress | None = None,
 ) -> BatchResult:
-    """Run one batch end to end (see the package docstring for what each step guarantees)."""
+    """Run one batch end to end (see the package docstring for what each step guarantees).
+    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.progress`)."""
     return BatchRun(
         config, run=run, ledger=ledger, broker=broker, runner=runner, holder_alive=holder_alive,
-        on_step=on_step,
+        on_step=on_step, progress=progress,
     ).execute()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -20,14 +19,17 @@ from typing import TYPE_CHECKING, Any
 from streamledger.cli.exits import BadInput
 from streamledger.cli.options import (
     add_broker,
+    add_catalog,
     add_json,
     add_ledger,
+    add_spark_conf,
     broker_url,
-    key_value_arg,
+    catalog_of,
     open_ledger,
     position_arg,
+    spark_conf_of,
 )
-from streamledger.cli.progress import JobProgress
+from streamledger.cli.progress import StderrHandler, batch_display
 
 if TYPE_CHECKING:
     from streamledger.batch import BatchConfig
@@ -35,10 +37,6 @@ if TYPE_CHECKING:
 
 TASK = "batch"
 DAG = "streamledger-cli"
-
-
-def _catalog(items: list[str]) -> dict[str, str] | None:
-    return dict(item.split("=", 1) for item in items) or None
 
 
 def _positive(text: str) -> int:
@@ -106,7 +104,7 @@ def _config(args: argparse.Namespace, url: str) -> BatchConfig:
         return BatchConfig(
             pipeline=args.pipeline, url=url, output_root=args.output_root, stream=args.stream,
             super_stream=args.super_stream, max_offsets=args.max_offsets, sink=args.sink, table=args.table,
-            catalog=_catalog(args.catalog), initial_position=args.initial_position, splits=args.splits,
+            catalog=catalog_of(args), initial_position=args.initial_position, splits=args.splits,
             on_data_loss=args.on_data_loss, interval_start=args.interval_start,
             interval_end=args.interval_end,
             bound_by_interval=args.bound_by_interval, interval_grace=args.interval_grace,
@@ -124,12 +122,11 @@ def _runner(args: argparse.Namespace) -> Any:
     from streamledger.batch import LocalSparkRunner, SparkConnectRunner
 
     if args.remote:
-        if args.conf or args.master:
-            raise BadInput("--master and --conf configure local Spark; a Spark Connect server (--remote) "
-                           "has its own")
+        if args.conf or args.conf_file or args.master:
+            raise BadInput("--master and --conf(-file) configure local Spark; a Spark Connect server "
+                           "(--remote) has its own")
         return SparkConnectRunner(args.remote)
-    conf = dict(item.split("=", 1) for item in args.conf)
-    return LocalSparkRunner(master=args.master or "local[2]", conf=conf)
+    return LocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -139,31 +136,30 @@ def _run(args: argparse.Namespace) -> int:
     url = broker_url(args)
     config = _config(args, url)
     runner = _runner(args)
-    log_lines = logging.StreamHandler(sys.stderr)
+    log_lines = StderrHandler()
     log_lines.setFormatter(logging.Formatter("streamledger: %(message)s"))
     batch_log = logging.getLogger("streamledger.batch")
     batch_log.addHandler(log_lines)
     batch_log.setLevel(logging.INFO)
     batch_log.propagate = False  # one line per step: not again through the root logger's handler
-    watch = JobProgress(config.pipeline, runner)
+    display = batch_display()  # on a terminal; else the batch's own progress lines, through log_lines
     try:
         with open_ledger(args, write=True) as ledger, connect_log(url) as log:
             run_id = args.run_id or f"cli-{uuid.uuid4().hex[:12]}"
             run = RunId(DAG, run_id, TASK, try_number=_try_number(ledger, args.pipeline, run_id))
-            batch = BatchRun(config, run=run, ledger=ledger, broker=log, runner=runner, on_step=watch.step)
+            batch = BatchRun(config, run=run, ledger=ledger, broker=log, runner=runner, progress=display)
             try:
                 result = batch.execute()
             finally:
-                watch.stop()
-            table = batch.sink.describe()
+                if display is not None:
+                    display.close()
+            table = result.table  # described by the batch, from the sink it published with
     finally:
         batch_log.removeHandler(log_lines)
         batch_log.propagate = True
     if getattr(args, "json", False):
         out = result.to_dict()
-        out["run_id"] = run_id
-        if table is not None:
-            out["table"] = table
+        out["run_id"] = run_id  # with a table sink, to_dict holds the table
         print(json.dumps(out, default=str))
     else:
         for p in result.partitions:
@@ -211,12 +207,10 @@ def register(sub: Any) -> None:
     p.add_argument("--table", default=None,
                    help="iceberg: NAMESPACE.NAME (default streamledger.<pipeline>); "
                    "delta: the table's location")
-    p.add_argument("--catalog", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
-                   help="a pyiceberg catalog property (repeatable; default: a SQL catalog in the ledger)")
+    add_catalog(p, "a SQL catalog in the ledger")
     p.add_argument("--run-id", default=None, help="the run identity: the same id is a retry of that run")
     p.add_argument("--master", default=None, help="local Spark's master (default local[2])")
-    p.add_argument("--conf", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
-                   help="a Spark setting, e.g. spark.jars.packages=... for s3a:// (repeatable)")
+    add_spark_conf(p, "a Spark setting, e.g. spark.jars.packages=... for s3a://")
     p.add_argument("--remote", type=_remote, default=None, metavar="sc://HOST:PORT",
                    help="run the job on a Spark Connect server instead of local Spark")
     p.set_defaults(func=_run)

@@ -66,24 +66,28 @@ def _ledger(args: argparse.Namespace) -> Finding:
         return Finding("ledger", True, f"{safe_url(ledger_url(args))}: schema at head, "
                        f"{len(pipelines)} pipeline(s)")
     except Exception as exc:
-        new = _new_sqlite(args, exc)
+        new = _new_ledger(args, exc)
         return new or Finding("ledger", False, message_of(exc), status_of(exc))
 
 
-def _new_sqlite(args: argparse.Namespace, exc: Exception) -> Finding | None:
-    """A SQLite ledger that does not exist yet is fine when the first batch can create it."""
-    from streamledger.ledger import LedgerNotFound
+def _new_ledger(args: argparse.Namespace, exc: Exception) -> Finding | None:
+    """A ledger without its schema yet (a new SQLite file, an empty PostgreSQL database that answered)
+    is fine: the first batch creates and migrates it."""
+    from streamledger.ledger import LedgerNotFound, LedgerSchemaMissing
     from streamledger.ledger.engine import parse_url, safe_url
 
-    if not isinstance(exc, LedgerNotFound):
+    if not isinstance(exc, LedgerNotFound | LedgerSchemaMissing):
         return None
     url = ledger_url(args)
+    first = "`streamledger batch run` or `streamledger ledger upgrade`"
+    if isinstance(exc, LedgerSchemaMissing):
+        return Finding("ledger", True, f"{safe_url(url)}: reachable, no ledger schema yet; {first} "
+                       "creates it")
     path = Path(parse_url(url).database or "")
     existing = next((p for p in path.parents if p.exists()), None)
     if existing is None or not os.access(existing, os.W_OK | os.X_OK):
         return None
-    return Finding("ledger", True, f"{safe_url(url)}: does not exist yet; `streamledger batch run` or "
-                   "`streamledger ledger upgrade` creates it")
+    return Finding("ledger", True, f"{safe_url(url)}: does not exist yet; {first} creates it")
 
 
 def _spark() -> Finding:

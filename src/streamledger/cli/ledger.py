@@ -23,13 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from streamledger.cli.exits import BadInput
 from streamledger.cli.options import (
+    BROKER_ENV,
+    OLD_BROKER_ENV,
+    add_catalog,
     add_json,
     add_ledger,
     broker_url_arg,
-    key_value_arg,
+    catalog_of,
     ledger_url,
     open_ledger,
 )
+from streamledger.cli.progress import AuditProgress
 from streamledger.cli.table import render, when
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
@@ -121,14 +125,19 @@ def _audit(args: argparse.Namespace) -> int:
 
     with _ledger(args) as ledger, contextlib.ExitStack() as stack:
         stale = timedelta(seconds=args.stale_after)
+        shown = AuditProgress(f"audit {args.pipeline or 'all pipelines'}")
         check: dict[str, Any] = {"outputs_too": args.outputs, "deep": args.deep,
-                                 "catalog": dict(i.split("=", 1) for i in args.catalog) or None}
-        urls = getattr(args, "broker_url", None) or []
+                                 "catalog": catalog_of(args), "progress": shown.step}
+        # the flag, else the broker every other command uses (a password stays off the command line)
+        urls = getattr(args, "broker_url", None) or [
+            os.environ[e] for e in (BROKER_ENV, OLD_BROKER_ENV) if os.environ.get(e)][:1]
+        stack.callback(shown.close)  # the live display ends on failure too
         if urls:
             brokers = _broker_lookups(stack, [urls] if isinstance(urls, str) else urls)
             report = audit(ledger, args.pipeline, broker=brokers, stale_after=stale, **check)
         else:
             report = audit(ledger, args.pipeline, stale_after=stale, **check)
+        shown.done()
         if args.html:
             from streamledger.ledger.html import render_html
 
@@ -310,7 +319,7 @@ def register(sub: Any) -> None:
         metavar="URL",
         help="also compare the stored offsets of the sources on this log server "
         "(rabbitmq-stream[+tls]://... or mewbase://host:port; repeatable: each source is compared on "
-        "its own server, sources of servers not given are skipped with a note)",
+        f"its own server, sources of servers not given are skipped with a note; default: ${BROKER_ENV})",
     )
     p.add_argument(
         "--stale-after",
@@ -326,9 +335,7 @@ def register(sub: Any) -> None:
                    help="do not check the published outputs against the ledger (checked by default)")
     p.add_argument("--deep", action="store_true",
                    help="also count the rows in every published range's data files")
-    p.add_argument("--catalog", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
-                   help="pyiceberg catalog property of the pipeline's Iceberg table (repeatable; default: "
-                   "the SQL catalog in the ledger's database)")
+    add_catalog(p, "the SQL catalog in the ledger's database, for the pipeline's Iceberg table")
     add_json(p)
     p.set_defaults(func=_audit)
 

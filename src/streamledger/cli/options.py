@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from streamledger.cli.exits import BadInput
+from streamledger.offsets import WORDS
 
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger
@@ -63,11 +65,85 @@ def key_value_arg(text: str) -> str:
     return text
 
 
+# -- properties (catalog, Spark): secrets from a file, never from the command line --------------------
+
+
+def secret_free_arg(file_flag: str) -> Callable[[str], str]:
+    """A ``KEY=VALUE`` argument type that refuses secrets: a command line is readable by every process
+    on the machine (``ps``, shell history), so secrets come from ``file_flag``'s file."""
+
+    def parse(text: str) -> str:
+        from streamledger.redaction import is_secret_key, url_password
+
+        key, _, value = key_value_arg(text).partition("=")
+        if is_secret_key(key) or url_password(value):
+            what = repr(key) if is_secret_key(key) else f"{key!r} holds a password and"
+            raise argparse.ArgumentTypeError(
+                f"{what} is a secret, which a command line shows to every process on the machine: "
+                f"put it in {file_flag}")
+        return text
+
+    return parse
+
+
+catalog_property_arg = secret_free_arg("--catalog-file")
+
+
+def properties_of(path: str | None, items: list[str], file_flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines of the file at ``path`` (``#`` comments), then ``items`` (which win).
+    An unreadable or malformed file is bad input, named by path and line, never by content."""
+    props: dict[str, str] = {}
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+            raise BadInput(f"{file_flag} {path}: {reason}") from None
+        for number, raw in enumerate(lines, 1):
+            text = raw.strip()
+            if not text or text.startswith("#"):
+                continue
+            key, eq, value = text.partition("=")
+            if not eq or not key.strip():
+                raise BadInput(f"{file_flag} {path}: line {number} is not KEY=VALUE")
+            props[key.strip()] = value.strip()
+    for item in items:
+        key, _, value = item.partition("=")
+        props[key] = value
+    return props
+
+
+def add_catalog(p: argparse.ArgumentParser, default_help: str) -> None:
+    p.add_argument("--catalog", action="append", default=[], type=catalog_property_arg, metavar="KEY=VALUE",
+                   help=f"a pyiceberg catalog property, no secret (repeatable; default: {default_help})")
+    p.add_argument("--catalog-file", default=None, metavar="PATH",
+                   help="pyiceberg catalog properties, KEY=VALUE lines (# comments): where secrets go; "
+                   "--catalog adds to or overrides them")
+
+
+def catalog_of(args: argparse.Namespace) -> dict[str, str] | None:
+    """The catalog properties of ``--catalog-file`` and ``--catalog`` (which wins), None for none."""
+    return properties_of(getattr(args, "catalog_file", None), getattr(args, "catalog", None) or [],
+                         "--catalog-file") or None
+
+
+def add_spark_conf(p: argparse.ArgumentParser, help_text: str) -> None:
+    p.add_argument("--conf", action="append", default=[], type=secret_free_arg("--conf-file"),
+                   metavar="KEY=VALUE", help=f"{help_text}, no secret (repeatable)")
+    p.add_argument("--conf-file", default=None, metavar="PATH",
+                   help="Spark settings, KEY=VALUE lines (# comments): where secrets (S3 keys, tokens) go; "
+                   "--conf adds to or overrides them")
+
+
+def spark_conf_of(args: argparse.Namespace) -> dict[str, str]:
+    """The Spark settings of ``--conf-file`` and ``--conf`` (which wins)."""
+    return properties_of(getattr(args, "conf_file", None), getattr(args, "conf", None) or [], "--conf-file")
+
+
 # -- positions: one vocabulary -----------------------------------------------------------------------
 
 Word = Literal["first", "last", "next"]
-_WORDS: dict[str, Word] = {"first": "first", "earliest": "first", "last": "last", "next": "next",
-                           "tail": "next", "latest": "next", "end": "next"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +163,8 @@ class Position:
 def position_arg(text: str) -> Position:
     """``first``, ``last``, ``next`` (and their aliases), an offset ``N >= 0`` or ``timestamp:MS``."""
     lowered = text.strip().lower()
-    if lowered in _WORDS:
-        return Position(word=_WORDS[lowered])
+    if lowered in WORDS:  # the one word table (offsets.WORDS): first/last/next and their aliases
+        return Position(word=cast(Word, WORDS[lowered]))
     number = lowered.split(":", 1)[1] if lowered.startswith("timestamp:") else lowered
     if not number.isdigit():
         raise argparse.ArgumentTypeError(

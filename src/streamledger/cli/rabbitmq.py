@@ -19,7 +19,7 @@ from typing import Any, Literal
 from streamledger.cli.options import Position, add_broker, add_json, broker_url, position_arg
 from streamledger.cli.progress import Progress
 from streamledger.cli.topology import add_stream_commands, add_super_stream_commands
-from streamledger.protocol.rabbitmq import InvalidRequest, OffsetSpec, StreamClient
+from streamledger.protocol.rabbitmq import InvalidRequest, OffsetSpec, OutboundMessage, StreamClient
 
 
 def _client(args: argparse.Namespace) -> StreamClient:
@@ -93,11 +93,26 @@ def _count(text: str) -> int:
     return value
 
 
+def _filtered(bodies: Iterator[bytes], name: str, values: list[str]) -> Iterator[OutboundMessage]:
+    """Message ``i`` carries application property ``name`` = ``values[i % len(values)]``, which
+    ``publish(filter_property=name)`` also makes its filter value."""
+    for i, body in enumerate(bodies):
+        yield OutboundMessage(body, {name: values[i % len(values)]})
+
+
 def _publish(args: argparse.Namespace) -> int:
+    values = [v.strip() for v in (args.filter_values or "").split(",") if v.strip()]
+    if bool(values) != bool(args.filter_property):
+        raise InvalidRequest("publish: --filter-property and --filter-values go together")
+    if values and args.raw:
+        raise InvalidRequest("publish: --raw records have no application properties to filter on")
     with _client(args) as client:
         started = time.perf_counter()
-        result = client.publish(args.stream, _bodies(args.count, args.size), amqp=not args.raw,
-                                batch_size=args.batch_size)
+        bodies: Iterator[Any] = _bodies(args.count, args.size)
+        if values:
+            bodies = _filtered(bodies, args.filter_property, values)
+        result = client.publish(args.stream, bodies, amqp=not args.raw, batch_size=args.batch_size,
+                                filter_property=args.filter_property or None)
         elapsed = time.perf_counter() - started
     rate = result.confirmed / elapsed if elapsed > 0 else 0.0
     data = {"stream": args.stream, "published": result.published, "confirmed": result.confirmed,
@@ -121,7 +136,7 @@ def _bound(client: StreamClient, stream: str, position: Position) -> int:
 
 
 def _write_jsonl(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, int | None]:
-    from streamledger.spark.arrow import stringify
+    from streamledger.protocol.amqp10.text import stringify
 
     records, first, last = 0, None, None
     with path.open("w", encoding="utf-8") as fh:
@@ -147,7 +162,7 @@ def _write_jsonl(path: Path, batches: Iterator[Any]) -> tuple[int, int | None, i
 
 
 def _strmap(value: dict[Any, Any] | None) -> dict[str, str | None] | None:
-    from streamledger.spark.arrow import stringify
+    from streamledger.protocol.amqp10.text import stringify
 
     if value is None:
         return None
@@ -259,6 +274,11 @@ def register(sub: Any) -> None:
     p.add_argument("--size", type=_count, default=100)
     p.add_argument("--raw", action="store_true", help="raw records instead of AMQP 1.0 messages")
     p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--filter-property", metavar="NAME",
+                   help="an application property each message carries and publishes as its stream filter "
+                        "value (RabbitMQ 3.13+)")
+    p.add_argument("--filter-values", metavar="V1,V2,...",
+                   help="the values of --filter-property, message i taking value i mod their count")
     _common(p)
     p.set_defaults(func=_publish)
 

@@ -11,13 +11,13 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from streamledger.cli.options import add_json, key_value_arg
+from streamledger.cli.options import add_json, add_spark_conf, spark_conf_of
 
 
 def _start(args: argparse.Namespace) -> int:
     from streamledger.spark import connect
 
-    conf = dict(item.split("=", 1) for item in args.conf)
+    conf = spark_conf_of(args)
     before = connect.status()
     state = connect.start(port=args.port, master=args.master, conf=conf, timeout=args.timeout)
     if getattr(args, "json", False):
@@ -60,8 +60,7 @@ def register(sub: Any) -> None:
     start = cmds.add_parser("start", help="start (or reuse) the server; prints its sc:// URL last")
     start.add_argument("--port", type=int, default=None, help="gRPC port on 127.0.0.1 (default: a free one)")
     start.add_argument("--master", default="local[2]", help="the server's Spark master (default local[2])")
-    start.add_argument("--conf", action="append", default=[], type=key_value_arg, metavar="KEY=VALUE",
-                       help="extra Spark conf")
+    add_spark_conf(start, "an extra Spark setting")
     start.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for it to listen")
     add_json(start)
     start.set_defaults(func=_start)

@@ -26,7 +26,6 @@ adds the Dagster side:
 """
 
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
@@ -46,8 +45,7 @@ from dagster import (
 
 from streamledger.batch import BatchConfig, BatchResult, run_batch
 from streamledger.batch.position import PipelineSource
-from streamledger.batch.rules import catalog_problem
-from streamledger.batch.sinks.choose import make_sink
+from streamledger.batch.spec import Door, PipelineSpec
 from streamledger.dagster.freshness import lag_by_stream
 from streamledger.dagster.identity import holder_alive, run_id_for
 from streamledger.errors import StreamledgerError
@@ -65,29 +63,28 @@ class StreamBatchOrderError(StreamledgerError):
 
 def batch_metadata(result: BatchResult) -> dict[str, Any]:
     """Materialization metadata of one batch (one entry per stream in each JSON value)."""
-    summary = result.to_dict()
-    parts: list[dict[str, Any]] = summary["partitions"]
+    parts = result.partitions
     rows = [
-        f"| {p['stream']} | [{p['start']}, {p['end']}) | {p['records']} | {p['status']} | "
-        f"{'' if p.get('offset_stored') is None else p['offset_stored']} | {p.get('output') or ''} |"
+        f"| {p.stream} | [{p.start}, {p.end}) | {p.records} | {p.status} | "
+        f"{'' if p.offset_stored is None else p.offset_stored} | {p.output or ''} |"
         for p in parts
     ]
     table = "\n".join(
         ["| stream | range | records | status | stored offset | output |", "|---|---|---|---|---|---|", *rows]
     )
     return {
-        "dagster/row_count": MetadataValue.int(int(summary["records"])),
-        "records": MetadataValue.int(int(summary["records"])),
-        "pipeline": MetadataValue.text(str(summary["pipeline"])),
-        "broker": MetadataValue.text(str(summary["broker"])),
-        "empty": MetadataValue.bool(bool(summary["empty"])),
-        "ranges": MetadataValue.json(summary["ranges"]),
-        "outputs": MetadataValue.json({p["stream"]: p.get("output") for p in parts if p.get("output")}),
+        "dagster/row_count": MetadataValue.int(result.records),
+        "records": MetadataValue.int(result.records),
+        "pipeline": MetadataValue.text(result.pipeline),
+        "broker": MetadataValue.text(result.broker),
+        "empty": MetadataValue.bool(result.empty),
+        "ranges": MetadataValue.json(result.ranges()),
+        "outputs": MetadataValue.json({p.stream: p.output for p in parts if p.output}),
         "stored_offsets": MetadataValue.json(
-            {p["stream"]: p["offset_stored"] for p in parts if p.get("offset_stored") is not None}
+            {p.stream: p.offset_stored for p in parts if p.offset_stored is not None}
         ),
         "ledger_range_ids": MetadataValue.json(
-            {p["stream"]: p["range_id"] for p in parts if p.get("range_id") is not None}
+            {p.stream: p.range_id for p in parts if p.range_id is not None}
         ),
         "batch": MetadataValue.md(table),
     }
@@ -154,6 +151,36 @@ def check_window_order(
             )
 
 
+def asset_spec(
+    *,
+    pipeline: str,
+    output_root: str,
+    windowed: bool,
+    super_stream: str | None = None,
+    stream: str | None = None,
+    initial_position: Literal["first", "tail", "interval_start"] | int | None = None,
+    max_offsets: int | None = None,
+    fmt: str = "parquet",
+    splits: int = 1,
+    store_offset: bool = True,
+    on_data_loss: Literal["fail", "record"] = "fail",
+    sink: Literal["directory", "iceberg", "delta"] = "directory",
+    table: str | None = None,
+    catalog_given: bool = False,
+    door: Door = Door.ASSET,
+) -> PipelineSpec:
+    """The pipeline an asset runs, with the asset's defaults: a time-window asset starts at its first
+    window (``initial_position="interval_start"``), any other at the stream's first offset.
+    Validated here, when the definitions load, not at the first run."""
+    default_position: Literal["first", "interval_start"] = "interval_start" if windowed else "first"
+    return PipelineSpec(
+        pipeline=pipeline, output_root=output_root, stream=stream, super_stream=super_stream,
+        initial_position=initial_position if initial_position is not None else default_position,
+        max_offsets=max_offsets, fmt=fmt, splits=splits, store_offset=store_offset, on_data_loss=on_data_loss,
+        sink=sink, table=table, catalog_given=catalog_given, intervals=windowed, door=door,
+    )
+
+
 def build_stream_batch_asset(
     *,
     pipeline: str,
@@ -206,32 +233,69 @@ def build_stream_batch_asset(
         ``kinds=["mewbase", "spark", "parquet"]`` for a mewbase source); ``owners``,
         ``metadata`` (merged), ``automation_condition`` and ``freshness_policy`` go to the asset as is.
     """
+    _check_partitions(pipeline, partitions_def)
+    spec = asset_spec(
+        pipeline=pipeline, output_root=output_root, windowed=partitions_def is not None, stream=stream,
+        super_stream=super_stream, initial_position=initial_position, max_offsets=max_offsets, fmt=fmt,
+        splits=splits, store_offset=store_offset, on_data_loss=on_data_loss, sink=sink, table=table,
+        catalog_given=catalog_resource_key is not None,
+    )
+    return stream_batch_asset(
+        spec, key=key, partitions_def=partitions_def, catalog_resource_key=catalog_resource_key,
+        broker_resource_key=broker_resource_key, ledger_resource_key=ledger_resource_key,
+        spark_resource_key=spark_resource_key, group_name=group_name, description=description, tags=tags,
+        kinds=kinds, owners=owners, metadata=metadata, automation_condition=automation_condition,
+        freshness_policy=freshness_policy,
+    )
+
+
+def _check_partitions(pipeline: str, partitions_def: PartitionsDefinition[str] | None) -> None:
     if partitions_def is not None and not isinstance(partitions_def, TimeWindowPartitionsDefinition):
         raise StreamledgerError(
             f"pipeline {pipeline!r}: partitions_def must be a TimeWindowPartitionsDefinition "
             f"(got {type(partitions_def).__name__}); time windows are mapped to offsets by chunk timestamps"
         )
+
+
+def stream_batch_asset(
+    spec: PipelineSpec,
+    *,
+    key: AssetKey | str | Sequence[str] = "stream_batch",
+    partitions_def: PartitionsDefinition[str] | None = None,
+    catalog_resource_key: str | None = None,
+    broker_resource_key: str = DEFAULT_BROKER_KEY,
+    ledger_resource_key: str = DEFAULT_LEDGER_KEY,
+    spark_resource_key: str = DEFAULT_SPARK_KEY,
+    group_name: str | None = None,
+    description: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    kinds: Sequence[str] | None = None,
+    owners: Sequence[str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    automation_condition: AutomationCondition[Any] | None = None,
+    freshness_policy: FreshnessPolicy | None = None,
+) -> AssetsDefinition:
+    """The asset of a :class:`~streamledger.batch.spec.PipelineSpec` (``asset_spec`` builds one with
+    the asset's defaults; the component resolves its YAML into one); the other arguments are the
+    asset's own, as for :func:`build_stream_batch_asset`."""
+    pipeline, stream, super_stream = spec.pipeline, spec.stream, spec.super_stream
+    output_root = spec.output_root
+    _check_partitions(pipeline, partitions_def)
     windowed = partitions_def is not None
-    default_position: Literal["first", "interval_start"] = "interval_start" if windowed else "first"
-    position = initial_position if initial_position is not None else default_position
-    # Built now so a bad configuration fails when the definitions load, not at the first run.
-    placeholder = datetime.fromtimestamp(0).astimezone()
-    base = BatchConfig(
-        pipeline=pipeline, url="rabbitmq-stream://configured-at-run-time/", output_root=output_root,
-        stream=stream, super_stream=super_stream, initial_position=position, max_offsets=max_offsets,
-        interval_start=placeholder if windowed else None, interval_end=placeholder if windowed else None,
-        fmt=fmt, splits=splits, store_offset=store_offset, on_data_loss=on_data_loss, sink=sink, table=table,
-    )
-    catalog = None if catalog_resource_key is None else catalog_problem(sink, "catalog_resource_key is")
-    if catalog is not None:
-        raise StreamledgerError(f"pipeline {pipeline!r}: {catalog}")
-    kind = fmt if sink == "directory" else sink
+    if spec.intervals is not windowed:
+        raise StreamledgerError(f"pipeline {pipeline!r}: the spec's intervals ({spec.intervals}) do not "
+                                f"match the asset's partitions ({'time windows' if windowed else 'none'})")
+    if (catalog_resource_key is not None) != spec.catalog_given:
+        raise StreamledgerError(f"pipeline {pipeline!r}: catalog_resource_key goes with a spec whose catalog "
+                                "is given at run time (catalog_given)")
+    kind = spec.fmt if spec.sink == "directory" else spec.sink
     keys = {broker_resource_key, ledger_resource_key, spark_resource_key}
     if catalog_resource_key is not None:
         keys.add(catalog_resource_key)
     source = f"super stream {super_stream}" if super_stream else f"stream {stream}"
     first_window_start: datetime | None = None
-    if isinstance(partitions_def, TimeWindowPartitionsDefinition) and position == "interval_start":
+    starts_at_window = spec.initial_position == "interval_start"
+    if isinstance(partitions_def, TimeWindowPartitionsDefinition) and starts_at_window:
         first_window_start = partitions_def.start
     asset_key = AssetKey.from_coercible(key)
 
@@ -241,7 +305,7 @@ def build_stream_batch_asset(
         required_resource_keys=keys,
         group_name=group_name,
         description=description
-        or f"Bounded batches of {source} (pipeline {pipeline}) written as {fmt} under {output_root}.",
+        or f"Bounded batches of {source} (pipeline {pipeline}) written as {spec.fmt} under {output_root}.",
         kinds=set(kinds) if kinds is not None else {"rabbitmq", "spark", kind},
         tags=dict(tags or {}),
         owners=list(owners) if owners else None,
@@ -253,13 +317,13 @@ def build_stream_batch_asset(
         broker = getattr(context.resources, broker_resource_key)
         ledger = getattr(context.resources, ledger_resource_key).get_ledger()
         runner = getattr(context.resources, spark_resource_key).get_runner()
-        changes: dict[str, Any] = {"url": broker.connection_url()}
+        catalog = None
         if catalog_resource_key is not None:
-            changes["catalog"] = getattr(context.resources, catalog_resource_key).catalog_properties()
-        if windowed:
-            window = context.partition_time_window
-            changes.update(interval_start=window.start, interval_end=window.end)
-        config = dataclasses.replace(base, **changes)
+            catalog = getattr(context.resources, catalog_resource_key).catalog_properties()
+        window = context.partition_time_window if windowed else None
+        config = BatchConfig.for_run(spec, url=broker.connection_url(), catalog=catalog,
+                                     interval_start=window.start if window else None,
+                                     interval_end=window.end if window else None)
         run = run_id_for(context)
         context.log.info(
             "pipeline %s on %s: batch as %s/%s/%s try %d",
@@ -278,19 +342,16 @@ def build_stream_batch_asset(
                 config, run=run, ledger=ledger, broker=client, runner=runner,
                 holder_alive=holder_alive(context.instance, context.run.run_id),
             )
-            ends = ((p["stream"], int(p["end"])) for p in result.to_dict()["partitions"])
-            lag = lag_by_stream(client, ends)
-        for p in result.to_dict()["partitions"]:
+            lag = lag_by_stream(client, ((p.stream, p.end) for p in result.partitions))
+        for p in result.partitions:
             context.log.info(
                 "%s [%d, %d) %s: %d records, stored offset %s, output %s",
-                p["stream"], p["start"], p["end"], p["status"], p["records"], p.get("offset_stored"),
-                p.get("output"),
+                p.stream, p.start, p.end, p.status, p.records, p.offset_stored, p.output,
             )
         extra: dict[str, Any] = {}
-        if sink != "directory":
-            described = make_sink(config, ledger).describe()
-            extra = table_metadata(described) if described is not None else {}
-            context.log.info("table %s", described)
+        if result.table is not None:
+            extra = table_metadata(result.table)
+            context.log.info("table %s", result.table)
         return MaterializeResult(metadata={**batch_metadata(result), **lag_metadata(lag), **extra})
 
     return _stream_batch

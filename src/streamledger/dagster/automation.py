@@ -90,7 +90,7 @@ class BacklogAbove(AutomationCondition[AssetKey]):
             waiting = backlog_of(client, self.ledger(), source, need=self.min_backlog or 0)
             lag = 0.0
             if self.max_lag_seconds is not None:
-                lag = max(lag_by_stream(client, ((s.stream, s.start) for s in waiting.states)).values(),
+                lag = max(lag_by_stream(client, ((s.stream, s.resume) for s in waiting.states)).values(),
                           default=0.0)
         return waiting.records, lag
 

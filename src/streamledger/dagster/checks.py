@@ -28,6 +28,7 @@ from streamledger.batch.proof import audit, check_outputs
 from streamledger.dagster.assets import DEFAULT_BROKER_KEY, DEFAULT_LEDGER_KEY
 from streamledger.dagster.identity import DAG_ID, task_id
 from streamledger.errors import StreamledgerError
+from streamledger.ledger.types import RangeStatus
 
 
 def audit_metadata(report: Any) -> dict[str, Any]:
@@ -99,14 +100,13 @@ def partition_findings(ledger: Any, pipeline: str, ranges: Sequence[Any], broker
     findings: list[str] = []
     done: dict[str, list[Any]] = {}
     for r in ranges:
-        if str(r.status) in ("committed", "lost"):
+        if r.status in (RangeStatus.COMMITTED, RangeStatus.LOST):
             done.setdefault(r.source.stream, []).append(r)
     spans = {(r.source.stream, r.start, r.end) for rs in done.values() for r in rs}
     for r in ranges:
-        status = str(r.status)
-        if status == "claimed":
+        if r.status is RangeStatus.CLAIMED:
             findings.append(f"{r.source.stream} [{r.start}, {r.end}) is still claimed by {r.run.run_id}")
-        elif status == "failed" and (r.source.stream, r.start, r.end) not in spans:
+        elif r.status is RangeStatus.FAILED and (r.source.stream, r.start, r.end) not in spans:
             findings.append(f"{r.source.stream} [{r.start}, {r.end}) failed and was not redone")
     for stream, rs in sorted(done.items()):
         rs.sort(key=lambda r: (r.start, r.end))

@@ -1,6 +1,7 @@
 """``StreamBatchComponent``: a stream batch pipeline configured in a ``defs.yaml``, no Python needed.
 
-The component is a thin YAML front to the factories (:func:`build_stream_batch_asset`,
+The component is a thin YAML front to the factories (:func:`stream_batch_asset`, its YAML resolved
+into a :class:`~streamledger.batch.spec.PipelineSpec` as the asset factory's keywords are,
 :func:`build_ledger_audit_check`, :func:`build_partition_audit_check`,
 :func:`build_stream_backlog_sensor`): it resolves the YAML, asks its translator for the asset's
 spec, and calls them, so a component and a Python code location run the very same batch.
@@ -63,8 +64,8 @@ from dagster.components.utils.translation import TranslationFn, TranslationFnRes
 from dagster_shared.serdes.objects.models.defs_state_info import DefsStateManagementType
 
 from streamledger.batch.position import PipelineSource, source_problem
-from streamledger.batch.rules import catalog_problem
-from streamledger.dagster.assets import build_stream_batch_asset
+from streamledger.batch.spec import Door, PipelineSpec, SpecError
+from streamledger.dagster.assets import asset_spec, stream_batch_asset
 from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
 from streamledger.dagster.resources import (
     IcebergCatalogResource,
@@ -321,17 +322,28 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
 
     def __post_init__(self) -> None:
         who = f"StreamBatchComponent(pipeline={self.pipeline!r})"
+        self.pipeline_spec(windowed=self.partitions_def is not None)  # the YAML's pipeline, validated
         problem = source_problem(self.pipeline, self.stream, self.super_stream, self.broker_url)
-        if problem is not None:  # the one rule (batch.position), as for every other adapter
+        if problem is not None:  # a broker URL in the YAML: its kind of log is known now
             raise ComponentConfigError(f"StreamBatchComponent: {problem}")
         if (self.broker_url is None) == (self.broker_url_env is None):
             raise ComponentConfigError(f"{who}: give exactly one of broker_url or broker_url_env")
         if self.ledger_url is not None and self.ledger_url_env is not None:
             raise ComponentConfigError(f"{who}: give at most one of ledger_url or ledger_url_env")
-        catalog = (catalog_problem(self.sink, "catalog settings are", iceberg="sink: iceberg")
-                   if self.has_catalog else None)
-        if catalog is not None:
-            raise ComponentConfigError(f"{who}: {catalog}")
+
+    def pipeline_spec(self, *, windowed: bool) -> PipelineSpec:
+        """The YAML resolved into the pipeline it describes (one record, validated where every front
+        door's is: :class:`~streamledger.batch.spec.PipelineSpec`)."""
+        position: Any = self.initial_position
+        try:
+            return asset_spec(
+                pipeline=self.pipeline, output_root=self.output_root, windowed=windowed, stream=self.stream,
+                super_stream=self.super_stream, initial_position=position, max_offsets=self.max_offsets,
+                fmt=self.fmt, splits=self.splits, on_data_loss=self.on_data_loss, sink=self.sink,
+                table=self.table, catalog_given=self.has_catalog, door=Door.COMPONENT,
+            )
+        except SpecError as exc:
+            raise ComponentConfigError(f"StreamBatchComponent: {exc}") from exc
 
     @property
     def has_catalog(self) -> bool:
@@ -409,12 +421,10 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
                 fail_window=timedelta(seconds=self.freshness.fail_after_seconds),
                 warn_window=timedelta(seconds=warn) if warn is not None else None,
             )
-        position: Any = self.initial_position
-        asset = build_stream_batch_asset(
-            pipeline=self.pipeline, output_root=self.output_root, super_stream=self.super_stream,
-            stream=self.stream, key=spec.key, partitions_def=spec.partitions_def or self.partitions_def,
-            initial_position=position, max_offsets=self.max_offsets, fmt=self.fmt, splits=self.splits,
-            on_data_loss=self.on_data_loss, sink=self.sink, table=self.table,
+        partitions_def = spec.partitions_def or self.partitions_def
+        asset = stream_batch_asset(
+            self.pipeline_spec(windowed=partitions_def is not None), key=spec.key,
+            partitions_def=partitions_def,
             catalog_resource_key=keys["catalog"] if self.has_catalog else None,
             broker_resource_key=keys["broker"],
             ledger_resource_key=keys["ledger"], spark_resource_key=keys["spark"],

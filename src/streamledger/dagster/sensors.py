@@ -28,7 +28,7 @@ each batch request the next one, forever, for a range holding only that tracking
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import (
@@ -61,35 +61,16 @@ BACKLOG_TAG = "streamledger/backlog_offsets"
 DEFAULT_CLAIM_TIMEOUT: float = BatchConfig.__dataclass_fields__["claim_timeout"].default  # type: ignore[assignment]
 
 
-@dataclass
-class StreamState:
-    """What the ledger and the broker say about one stream of the pipeline."""
-
-    stream: str
-    frontier: int | None  # end of the contiguous committed/lost prefix; None without history
-    tail: int
-    start: int  # where the next batch begins: the frontier, else stored offset + 1, else first
-    claimed: list[Any] = field(default_factory=list)
-    failed: list[Any] = field(default_factory=list)
-    gone: list[Any] = field(default_factory=list)  # claims whose holder is gone: work to redo
-
-    @property
-    def offsets(self) -> int:
-        """Offsets past the start: an upper bound on the records waiting."""
-        return max(0, self.tail - self.start)
+def waiting_offsets(position: StreamPosition) -> int:
+    """Offsets past where the done work ends: an upper bound on the records waiting."""
+    return max(0, position.tail - position.resume)
 
 
-def records_waiting(client: Any, state: StreamState, need: int) -> int:
-    """User records in ``[start, tail)``, counting no further than ``need`` (cheap when small)."""
-    if state.offsets == 0 or need <= 0:
+def records_waiting(client: Any, position: StreamPosition, need: int) -> int:
+    """User records in ``[resume, tail)``, counting no further than ``need`` (cheap when small)."""
+    if waiting_offsets(position) == 0 or need <= 0:
         return 0
-    return user_records(client, state.stream, state.start, state.tail, need)
-
-
-def state_of(position: StreamPosition) -> StreamState:
-    """The sensor's view of one stream, from the position room (ledger frontier, claims, holes)."""
-    return StreamState(position.stream, position.frontier, position.tail, position.resume,
-                       list(position.claimed), list(position.ledger.holes), list(position.gone))
+    return user_records(client, position.stream, position.resume, position.tail, need)
 
 
 def stream_state(
@@ -101,25 +82,25 @@ def stream_state(
     claim_timeout: float = DEFAULT_CLAIM_TIMEOUT,
     *,
     identity: str,
-) -> StreamState:
-    """One stream's state for ``pipeline`` on the broker the ledger names ``identity``."""
+) -> StreamPosition:
+    """One stream's position for ``pipeline`` on the broker the ledger names ``identity``."""
     source = PipelineSource(pipeline, "", stream=stream)
     (position,) = measure(client, ledger, source, streams=[stream], holder_alive=alive,
                           claim_timeout=claim_timeout, identity=identity, last_user=False)
-    return state_of(position)
+    return position
 
 
 @dataclass
 class Backlog:
     """What waits for a pipeline: each stream's state, claims in flight, user records counted."""
 
-    states: list[StreamState]
+    states: list[StreamPosition]
     claimed: list[tuple[str, Any]]  # (stream, range) held by a live run
     records: int  # user records beyond the frontiers, counted up to the ``need`` asked for
 
     @property
     def offsets(self) -> int:
-        return sum(s.offsets for s in self.states)
+        return sum(waiting_offsets(s) for s in self.states)
 
 
 def backlog_of(client: Any, ledger: Any, source: PipelineSource, *, need: int,
@@ -130,22 +111,20 @@ def backlog_of(client: Any, ledger: Any, source: PipelineSource, *, need: int,
     from each frontier until ``need`` are seen. With a claim in flight nothing is counted."""
     positions = measure(client, ledger, source, holder_alive=alive, claim_timeout=claim_timeout,
                         last_user=False)  # user records are counted below instead (records_waiting)
-    states = [state_of(p) for p in positions]
-    claimed = [(s.stream, r) for s in states for r in s.claimed]
+    claimed = [(p.stream, r) for p in positions for r in p.claimed]
     found = 0
     if not claimed:
-        for state in states:
-            found += records_waiting(client, state, need - found)
-    return Backlog(states, claimed, found)
+        for position in positions:
+            found += records_waiting(client, position, need - found)
+    return Backlog(positions, claimed, found)
 
 
-def cursor_of(states: Sequence[StreamState]) -> dict[str, Any]:
+def cursor_of(positions: Sequence[StreamPosition]) -> dict[str, Any]:
     """The sensor's memory: the frontier per stream and the failed or abandoned ranges to redo."""
+    redo = {p.stream: [*p.ledger.holes, *p.gone] for p in positions}
     return {
-        "committed": {s.stream: s.frontier for s in states},
-        "failed": {
-            s.stream: sorted(int(r.id) for r in s.failed + s.gone) for s in states if s.failed or s.gone
-        },
+        "committed": {p.stream: p.frontier for p in positions},
+        "failed": {stream: sorted(int(r.id) for r in ranges) for stream, ranges in redo.items() if ranges},
     }
 
 

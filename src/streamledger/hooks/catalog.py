@@ -11,16 +11,13 @@ never become a template field, so the rendered-template view cannot show them.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from airflow.sdk import BaseHook
 
 from streamledger.errors import StreamledgerError
 from streamledger.hooks.masking import mask_password, mask_url
-
-# Keys of pyiceberg properties that hold secrets (REST credential/token, S3/GCS/ADLS keys, passwords).
-_SECRET_KEY = re.compile(r"password|passwd|secret|token|credential|key|sas|signature", re.IGNORECASE)
+from streamledger.redaction import is_secret_key
 
 
 class CatalogConnectionError(StreamledgerError):
@@ -32,7 +29,7 @@ def mask_catalog_properties(props: dict[str, str]) -> None:
     for key, value in props.items():
         if not value:
             continue
-        if _SECRET_KEY.search(key):
+        if is_secret_key(key):
             mask_password(value)
         if "://" in value:
             mask_url(value)

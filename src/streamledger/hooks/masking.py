@@ -14,18 +14,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from streamledger.redaction import secret_forms
 
 # Query parameters of a URL that carry secrets (libpq's ``password``/``sslpassword``, tokens, keys).
 _SECRET_PARAM = re.compile(r"password|passwd|secret|token|key", re.IGNORECASE)
 # SQLAlchemy's reading of the user info: the password runs to the first "@" and may hold a "/" (Jinja's
 # ``urlencode`` leaves it), where ``urlsplit`` would end the host part there.
 _USERINFO_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^:/@]*:(?P<password>[^@]*)@")
-
-
-def secret_forms(secret: str) -> list[str]:
-    """The secret and each encoding of it a URL or a form may hold (no duplicates, raw first)."""
-    return list(dict.fromkeys([secret, quote(secret, safe=""), quote(secret), quote_plus(secret)]))
 
 
 def _mask(value: str) -> None:

@@ -56,7 +56,7 @@ from streamledger.ledger.audit import (
     Violation,
     ViolationKind,
 )
-from streamledger.ledger.errors import LedgerError, LedgerNotFound
+from streamledger.ledger.errors import LedgerError, LedgerNotFound, LedgerSchemaMissing
 from streamledger.ledger.store import Ledger
 from streamledger.ledger.types import (
     ClaimRequest,
@@ -77,6 +77,7 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerNotFound",
+    "LedgerSchemaMissing",
     "OffsetQuerier",
     "OffsetRange",
     "RangeStatus",

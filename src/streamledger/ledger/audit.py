@@ -49,7 +49,7 @@ from streamledger.ledger.statements import (
     AUDIT_SOURCES,
     AUDIT_UNPUBLISHED,
 )
-from streamledger.ledger.types import SKIP_RUN_DAG, SKIP_RUN_TASK, Watermark, is_retired
+from streamledger.ledger.types import SKIP_RUN_DAG, SKIP_RUN_TASK, RangeStatus, Watermark, is_retired
 from streamledger.offsets import ChunkPrint, same_stream
 from streamledger.sources import canonical_identity
 
@@ -274,7 +274,7 @@ def run_audit(
         session.execute(details, {"ids": sorted(bad_ids)[:MAX_FINDINGS_PER_CHECK]}).all() if bad_ids else []
     )
     for rid, sid, start, end, status, claimed_at, records, first, last, dag, run, task, idx in rows:
-        if status == "claimed":
+        if status == RangeStatus.CLAIMED:
             claimed = _as_utc(claimed_at)
             age = (now.replace(tzinfo=UTC) - claimed) if claimed else timedelta(0)
             add(

@@ -16,3 +16,8 @@ class LedgerError(StreamledgerError):
 
 class LedgerNotFound(LedgerError):
     """A ledger opened for reading is not there (a SQLite file that does not exist); nothing was created."""
+
+
+class LedgerSchemaMissing(LedgerError):
+    """The database answered but holds no ledger schema yet (a new, empty database): a writing command
+    or ``Ledger(url, create=True)`` migrates it."""

@@ -15,7 +15,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from streamledger.ledger import migrate
 from streamledger.ledger.engine import IMMEDIATE, default_url, make_engine, safe_url
-from streamledger.ledger.errors import LedgerError
+from streamledger.ledger.errors import LedgerError, LedgerSchemaMissing
 from streamledger.ledger.rows import utc
 from streamledger.ledger.statements import DB_NOW
 from streamledger.ledger.types import SourceRef
@@ -76,7 +76,7 @@ class LedgerSession:
     def _check_schema(self) -> None:
         rev = migrate.current(self._engine)
         if rev is None:
-            raise LedgerError(
+            raise LedgerSchemaMissing(
                 f"no ledger schema in {safe_url(self.url)}: run `streamledger ledger upgrade --ledger URL` "
                 "(in Python: Ledger(url, create=True))"
             )

@@ -28,22 +28,13 @@ from streamledger.batch import (
     run_batch,
     summarize,
 )
-from streamledger.batch.position import source_problem
-from streamledger.batch.rules import (
-    SINKS,
-    catalog_problem,
-    initial_position_problem,
-    on_data_loss_problem,
-    sink_problem,
-    splits_problem,
-)
-from streamledger.batch.sinks.choose import make_sink
+from streamledger.batch.spec import Door, PipelineSpec, SpecError
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls, mask_url
 from streamledger.hooks.source import source_hook
+from streamledger.manifest import Manifest
 from streamledger.spark.runners import (
-    LocalSparkRunner,
     SparkConnectRunner,
     SubmitRunner,
     connect_runner,
@@ -60,9 +51,6 @@ __all__ = [
     "SparkConnectRunner", "SparkSubmitRunner", "StreamBatchOperator",
     "connect_runner", "default_output_root", "local_runner", "run_identity",
 ]
-
-_LOCAL_RUNNERS: dict[tuple[str, str], LocalSparkRunner] = {}
-
 
 def default_output_root() -> str:
     return os.path.join(state_dir(), "output")
@@ -118,7 +106,7 @@ class SparkSubmitRunner(SubmitRunner):
                                env_vars=job_environment(), **kwargs)
 
     def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
-                 splits: int) -> Mapping[str, Any]:
+                 splits: int) -> Manifest:
         mask_url(url)  # spark-submit's own output is logged line by line
         return super().__call__(url=url, ranges=ranges, output=output, fmt=fmt, splits=splits)
 
@@ -128,6 +116,11 @@ class SparkSubmitRunner(SubmitRunner):
             self._hook.submit(application=application)
         finally:
             self._hook = None
+
+
+def _pending(value: Any) -> bool:
+    """Whether ``value`` is still a template (rendered only when the task runs)."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
 _ALIVE_STATES = ["scheduled", "queued", "running", "deferred", "up_for_retry", "up_for_reschedule",
@@ -196,7 +189,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         Default ``False``: read up to the committed tail.
     :param interval_grace: seconds after the interval end after which an idle stream's end is its
         committed tail (default 60). :param interval_poll: seconds between readiness checks (default 10).
-    :param max_records: cap each range at this many offsets (default: no cap).
+    :param max_offsets: cap each new range at this many offsets (default: no cap; ``max_records`` is its
+        deprecated former name, still accepted).
     :param fmt: output format (``parquet``, ``orc``, ``json``). :param splits: Spark partitions per range.
     :param spark_conn_id: when given, run the job through ``SparkSubmitHook`` on this Spark
         connection; default ``None`` runs in-process local Spark (``spark_master``, ``local[2]``).
@@ -218,8 +212,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         the ledger's own database. The properties never become a template field.
 
     Templated: ``pipeline``, ``stream``, ``super_stream``, the connection ids, ``ledger_url``,
-    ``output_root``, ``initial_position``, ``max_records``, ``spark_conn_id``, ``spark_conf``,
-    ``on_data_loss``, ``sink`` and ``table`` (checked again once rendered). Mapped tasks
+    ``output_root``, ``initial_position``, ``max_offsets`` (and ``max_records``), ``spark_conn_id``,
+    ``spark_conf``, ``on_data_loss``, ``sink`` and ``table`` (checked again once rendered). Mapped tasks
     (``.partial(...).expand(stream=...)``, one task per super-stream partition) each claim under
     their own map index. ``on_kill`` cancels the Spark work in progress; with the OpenLineage
     provider installed the task reports its input partitions (offset ranges as a facet) and output
@@ -293,9 +287,7 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         self.sink = sink
         self.table = table
         self.catalog_conn_id = catalog_conn_id
-        self._table: dict[str, Any] | None = None
         self._catalog: dict[str, str] | None = None
-        self._lineage_catalog: dict[str, str] | None = None
         self.on_step: StepHook | None = None  # tests only (a cluster policy may set it)
         self._runner_in_use: Any = None
         self._result: BatchResult | None = None
@@ -303,43 +295,50 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
 
     def _validate(self, *, rendered: bool) -> None:
         """Check the arguments at DAG parse time (templated values are checked once rendered, at execute)."""
+        self._spec(rendered=rendered)
 
-        def pending(value: Any) -> bool:
-            return not rendered and isinstance(value, str) and ("{{" in value or "{%" in value)
+    def _cap(self, *, rendered: bool) -> int | None:
+        """``max_offsets`` (or its deprecated name ``max_records``) as rendered text turned into a number."""
+        for name in ("max_offsets", "max_records"):
+            value = getattr(self, name)
+            if value in (None, "", "None") or (not rendered and _pending(value)):
+                continue
+            try:
+                cap = int(value)
+            except (TypeError, ValueError):
+                cap = 0
+            if cap < 1:
+                raise ValueError(f"{self.task_id}: {name} must be a positive integer, got {value!r}")
+            return cap
+        return None
 
+    def _spec(self, *, rendered: bool) -> PipelineSpec:
+        """The pipeline this task runs (:class:`~streamledger.batch.spec.PipelineSpec`, where every rule is
+        asked). Before rendering, a templated setting stands at its default until it is rendered."""
         if not self.pipeline:
             raise ValueError(f"{self.task_id}: pipeline is required")
-        problem = source_problem(str(self.pipeline), self.stream, self.super_stream, keywords=True)
-        if problem is not None:
-            raise ValueError(f"{self.task_id}: {problem}")
-        position = self.initial_position
-        # An int's sign, like every other setting, is checked again by BatchConfig once rendered.
-        if not (pending(position) or isinstance(position, int)
-                or (isinstance(position, str) and position.isdigit())):
-            problem = initial_position_problem(position)
-            if problem is not None:
-                raise ValueError(f"{self.task_id}: {problem}")
-        if self.fmt not in ("parquet", "orc", "json"):
-            raise ValueError(f"{self.task_id}: fmt {self.fmt!r} is not parquet, orc or json")
-        problem = splits_problem(self.splits)
-        if problem is None and not pending(self.on_data_loss):
-            problem = on_data_loss_problem(self.on_data_loss)
-        if problem is not None:
-            raise ValueError(f"{self.task_id}: {problem}")
-        records = self.max_records
-        if not pending(records) and records not in (None, "", "None"):
-            try:
-                ok = int(records) >= 1
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                raise ValueError(f"{self.task_id}: max_records must be a positive integer, got {records!r}")
-        if not any(pending(v) for v in (self.sink, self.table, self.catalog_conn_id)):
-            problem = sink_problem(self.sink, self.table or None, None, self.fmt)
-            if problem is None and self.catalog_conn_id:
-                problem = catalog_problem(self.sink, "catalog_conn_id is")
-            if problem is not None:
-                raise ValueError(f"{self.task_id}: {problem}")
+
+        def given(name: str, default: Any) -> Any:
+            value = getattr(self, name)
+            return default if not rendered and _pending(value) else value
+
+        initial: Any = given("initial_position", "first")
+        if isinstance(initial, str) and initial.isdigit():
+            initial = int(initial)
+        try:
+            return PipelineSpec(
+                pipeline=self.pipeline, stream=self.stream or None, super_stream=self.super_stream or None,
+                # the default root is made when a run needs it, not when the DAG is parsed
+                output_root=given("output_root", None) or (default_output_root() if rendered else "output"),
+                initial_position=initial, max_offsets=self._cap(rendered=rendered), fmt=self.fmt,
+                splits=self.splits, store_offset=self.store_offset,
+                on_data_loss=given("on_data_loss", "fail"), bound_by_interval=self.bound_by_interval,
+                interval_grace=self.interval_grace, sink=given("sink", "directory"),
+                table=given("table", None) or None, catalog_given=bool(given("catalog_conn_id", None)),
+                door=Door.OPERATOR,
+            )
+        except SpecError as exc:
+            raise ValueError(f"{self.task_id}: {exc}") from exc
 
     def _runner(self) -> JobRunner:
         if self.spark_connect_conn_id:
@@ -353,38 +352,16 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         return runner_for(master=self.spark_master, conf=self.spark_conf)
 
     def _config(self, url: str, context: Context) -> BatchConfig:
+        spec = self._spec(rendered=True)
         start: datetime | None = None
         end: datetime | None = None
-        if self.bound_by_interval or self.initial_position == "interval_start":
+        if spec.bound_by_interval or spec.initial_position == "interval_start":
             start, end = context.get("data_interval_start"), context.get("data_interval_end")
             if start is None or end is None:
                 raise BatchError(f"{self.task_id}: this DAG run has no data interval to bound the batch by")
-        cap = self.max_offsets if self.max_offsets not in (None, "", "None") else self.max_records
-        max_offsets = int(cap) if cap not in (None, "", "None") else None
-        initial: Any = self.initial_position
-        if isinstance(initial, str) and initial.isdigit():
-            initial = int(initial)
-        return BatchConfig(
-            pipeline=self.pipeline,
-            url=url,
-            output_root=self.output_root or default_output_root(),
-            stream=self.stream or None,
-            super_stream=self.super_stream or None,
-            initial_position=initial,
-            max_offsets=max_offsets,
-            interval_start=start if (self.bound_by_interval or initial == "interval_start") else None,
-            interval_end=end if (self.bound_by_interval or initial == "interval_start") else None,
-            fmt=self.fmt,
-            splits=self.splits,
-            store_offset=self.store_offset,
-            on_data_loss="record" if self.on_data_loss == "record" else "fail",
-            bound_by_interval=self.bound_by_interval,
-            interval_grace=self.interval_grace,
-            origin=getattr(context.get("dag"), "start_date", None) if self.bound_by_interval else None,
-            sink=self.sink if self.sink in SINKS else "directory",  # type: ignore[arg-type]
-            table=self.table or None,
-            catalog=self._catalog,
-        )
+        origin = getattr(context.get("dag"), "start_date", None) if spec.bound_by_interval else None
+        return BatchConfig.for_run(spec, url=url, interval_start=start, interval_end=end,
+                                   catalog=self._catalog, origin=origin)
 
     def execute(self, context: Context) -> dict[str, Any]:
         self._validate(rendered=True)
@@ -416,17 +393,12 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             self._runner_in_use = None
         self._result = result
         self.log.info("%s", summarize(result))
-        summary = result.to_dict()
-        if config.sink != "directory":
-            sink = make_sink(config, ledger)
-            self._table = sink.describe()
-            self._lineage_catalog = dict(getattr(sink, "props", None) or {})  # the catalog in use
-            summary["table"] = self._table
-            self.log.info("table %s", self._table)
+        if result.table is not None:
+            self.log.info("table %s", result.table)
         self._emit_asset_events(context, result)
         if result.empty and self.skip_on_empty:
             raise AirflowSkipException(f"pipeline {self.pipeline}: no new offsets")
-        return summary
+        return result.to_dict()
 
     def _skip_a_repeated_announcement(self, context: Context) -> None:
         """A run started only by announcements redelivered after a triggerer restart (their
@@ -479,7 +451,7 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             return None
         from streamledger.operators.lineage import batch_lineage
 
-        return batch_lineage(self._result, table=self._table, catalog=self._lineage_catalog)
+        return batch_lineage(self._result, table=self._result.table, catalog=self._result.catalog)
 
     def _emit_asset_events(self, context: Context, result: BatchResult) -> None:
         """Attach the ranges to every outlet's Asset event (consumers see what was processed)."""
@@ -493,8 +465,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             "ranges": result.ranges(),
             "outputs": {p.stream: p.output for p in result.partitions if p.output},
         }
-        if self._table is not None:
-            extra["table"] = self._table
+        if result.table is not None:
+            extra["table"] = result.table
         key = _partition_key(context) if self.bound_by_interval else None
         events = context["outlet_events"]
         for outlet in self.outlets:

@@ -15,10 +15,7 @@ column is ``MAP<STRING,STRING>``, so values are stringified by :func:`stringify`
 
 from __future__ import annotations
 
-import base64
-import datetime as _dt
 import sys
-import uuid
 from array import array
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -26,39 +23,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from streamledger.protocol.amqp10.text import stringify
 from streamledger.protocol.rabbitmq.records import BufferBatch
 from streamledger.schemas import ARROW_SCHEMA, SPARK_SCHEMA_DDL, STRING_MAP, TIMESTAMP
 
-__all__ = ["ARROW_SCHEMA", "MAP_COLUMNS", "SPARK_SCHEMA_DDL", "STRING_MAP", "TIMESTAMP"]
+__all__ = ["ARROW_SCHEMA", "MAP_COLUMNS", "SPARK_SCHEMA_DDL", "STRING_MAP", "TIMESTAMP", "stringify"]
 
 MAP_COLUMNS = ("properties", "application_properties", "message_annotations")
-
-
-def stringify(value: Any) -> str | None:
-    """One AMQP value as the string stored in a ``MAP<STRING,STRING>`` cell.
-
-    Text stays text; binary is UTF-8 when it decodes, else ``base64:<b64>`` so that no byte is lost;
-    timestamps become ISO-8601 UTC; booleans are ``true``/``false`` like Spark prints them.
-    """
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        raw = bytes(value)
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return "base64:" + base64.b64encode(raw).decode("ascii")
-    if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.UTC)
-        return str(value.astimezone(_dt.UTC).isoformat())
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    return str(value)
 
 
 def map_column(rows: Sequence[Mapping[Any, Any] | None] | None, length: int) -> pa.Array:

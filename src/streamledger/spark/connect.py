@@ -95,9 +95,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_command(port: int, master: str, conf: dict[str, str] | None = None) -> list[str]:
-    """The ``spark-submit`` command line of a Connect server on 127.0.0.1:port."""
+def server_command(port: int, master: str, conf: dict[str, str] | None = None, *,
+                   root: Path | None = None) -> list[str]:
+    """The ``spark-submit`` command line of a Connect server on 127.0.0.1:port.
+
+    Secret settings (S3 keys, tokens: the one rule of :mod:`streamledger.redaction`) go into a
+    properties file only the owner can read, under ``root``, never onto the command line, which every
+    process on the machine can read."""
     import pyspark
+
+    from streamledger.redaction import is_secret_key
 
     home = Path(pyspark.__file__).resolve().parent
     cmd = [
@@ -115,8 +122,18 @@ def server_command(port: int, master: str, conf: dict[str, str] | None = None) -
         "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
         **(conf or {}),
     }
+    secret = {key: value for key, value in settings.items() if is_secret_key(key)}
     for key, value in settings.items():
-        cmd += ["--conf", f"{key}={value}"]
+        if key not in secret:
+            cmd += ["--conf", f"{key}={value}"]
+    if secret:
+        props = state_dir(root) / "secret.properties"
+        props.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(props, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.writelines(f"{key}={value}\n" for key, value in secret.items())
+        cmd += ["--properties-file", str(props)]
     return [*cmd, "spark-internal"]
 
 
@@ -142,7 +159,7 @@ def start(
     env["SPARK_HOME"] = str(Path(pyspark.__file__).resolve().parent)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            server_command(port, master, conf), env=env, cwd=str(root), stdout=out,
+            server_command(port, master, conf, root=root), env=env, cwd=str(root), stdout=out,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     state = ServerState(proc.pid, port, f"sc://127.0.0.1:{port}", str(log), master)

@@ -18,7 +18,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from streamledger.spark.planning import PlannedRange
+from streamledger.spark.planning import PlannedRange, option_getter
 from streamledger.spark.pushdown import Projection, PushedFilters
 from streamledger.spark.reading import (  # the reading kit, below this module and streaming
     DATA_SOURCE_NAME,
@@ -30,6 +30,7 @@ from streamledger.spark.reading import (  # the reading kit, below this module a
     StreamSlice,
     check_runs,
     pack,
+    parse_filter_property,
     parse_map_columns,
     plan,
     read_slice,
@@ -96,7 +97,7 @@ class SliceReader(DataSourceReader):
     def tasks(self, planned: Sequence[PlannedRange]) -> list[InputPartition]:
         """The read tasks of ranges planned already: slices, small ones packed (the job's Arrow
         writer hands these to its own Spark tasks without planning twice)."""
-        slices = [StreamSlice(*piece) for piece in self.options.slices(planned)]
+        slices = slices_for(planned, self.options)
         return pack(slices, getattr(self.options, "pack_offsets", PACK_OFFSETS))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -187,7 +188,9 @@ class RabbitMQStreamDataSource(DataSource):
         return DATA_SOURCE_NAME
 
     def schema(self) -> str:
-        return Projection.parse(self.options.get("columns"), source=DATA_SOURCE_NAME).ddl
+        get = option_getter(self.options)
+        return Projection.parse(get("columns"), source=DATA_SOURCE_NAME,
+                                filter_column=parse_filter_property(get) is not None).ddl
 
     def reader(self, schema: StructType) -> RabbitMQStreamReader:
         options = with_schema(ReadOptions.parse(self.options), schema)
@@ -208,4 +211,6 @@ def with_schema(options: ReadOptions, schema: StructType) -> ReadOptions:
     from pyspark.sql.pandas.types import to_arrow_type
 
     fields = [(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in schema.fields]
-    return replace(options, projection=Projection.of_schema(fields, source=DATA_SOURCE_NAME))
+    declared = options.filter_property is not None
+    return replace(options, projection=Projection.of_schema(fields, source=DATA_SOURCE_NAME,
+                                                            filter_column=declared))

@@ -145,7 +145,12 @@ def _observe_written(
     return observed, written
 
 
-def run_job(
+def run_job(spark: Any, **job: Any) -> dict[str, Any]:
+    """:func:`job_manifest`'s manifest in its JSON form (what the job's command line prints)."""
+    return job_manifest(spark, **job).to_dict()
+
+
+def job_manifest(
     spark: Any,
     *,
     url: str,
@@ -157,7 +162,7 @@ def run_job(
     fail_on_data_loss: bool = True,
     writer: str | None = None,
     writer_options: WriterOptions | None = None,
-) -> dict[str, Any]:
+) -> Manifest:
     """Read ``ranges`` (``{stream: (start, end)}``, half-open) into ``output`` and return the manifest.
 
     With ``fail_on_data_loss=False`` a start below retention is clamped and the skipped span is
@@ -326,7 +331,7 @@ def _write_spark(spark: Any, *, kind: Any, url: str, read_ranges: Mapping[str, l
 
 def _finish(planned: Sequence[PlannedRange], stats: Stats, paths: Mapping[str, str],
             files: Mapping[str, list[str]], *, out_dir: str, out_fs: fs.OutputFS, fmt: str, decode: str,
-            splits: int, order: Sequence[str]) -> dict[str, Any]:
+            splits: int, order: Sequence[str]) -> Manifest:
     """Check what was written against the plan and write the manifest (last: it marks the output
     complete)."""
     streams: dict[str, Any] = {}
@@ -361,7 +366,7 @@ def _finish(planned: Sequence[PlannedRange], stats: Stats, paths: Mapping[str, s
         written_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
     out_fs.write_bytes(fs.join(out_dir, MANIFEST), manifest.to_json())  # temp + rename where atomic
-    return manifest.to_dict()
+    return manifest
 
 
 def resolve_ranges(

@@ -26,45 +26,30 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from streamledger.errors import StreamledgerError
-from streamledger.offsets import DataLossError
+from streamledger.offsets import WORDS, DataLossError, OffsetSpec
 from streamledger.sources import MAX_OFFSET
-
-OffsetKind = Literal["earliest", "latest", "offset", "timestamp"]
 
 
 class PlanningError(StreamledgerError, ValueError):
     """The requested read cannot be planned (bad option, range past the tail, start after end)."""
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetBound:
-    """Where a range starts or ends, before it is resolved against a stream."""
+OffsetBound = OffsetSpec
+"""Where a range starts or ends, before it is resolved against a stream: the one offset vocabulary
+(:class:`streamledger.offsets.OffsetSpec`). In the Spark options ``earliest`` is ``first`` and
+``latest`` is ``next`` (the committed tail), Kafka's names; ``last`` and ``tail`` mean the tail there
+too (:func:`parse_bound`), never the last record."""
 
-    kind: OffsetKind
-    value: int | None = None
 
-    @classmethod
-    def earliest(cls) -> OffsetBound:
-        return cls("earliest")
-
-    @classmethod
-    def latest(cls) -> OffsetBound:
-        return cls("latest")
-
-    @classmethod
-    def offset(cls, n: int) -> OffsetBound:
-        return cls("offset", n)
-
-    @classmethod
-    def timestamp(cls, millis: int) -> OffsetBound:
-        return cls("timestamp", millis)
-
-    def __str__(self) -> str:
-        if self.kind in ("earliest", "latest"):
-            return self.kind
-        if self.kind == "offset":
-            return str(self.value)
-        return json.dumps({"timestamp": self.value})
+def bound_text(bound: OffsetSpec) -> str:
+    """A bound as the Spark options spell it: ``earliest``, ``latest``, an offset, ``{"timestamp": ms}``."""
+    if bound.kind in ("first", "next"):
+        return "earliest" if bound.kind == "first" else "latest"
+    if bound.kind == "offset":
+        return str(bound.value)
+    if bound.kind == "timestamp":
+        return json.dumps({"timestamp": bound.value})
+    return str(bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,16 +117,16 @@ def _json(text: str, what: str, *, show: bool = True) -> Any:
 
 
 def parse_bound(value: Any, *, what: str) -> OffsetBound:
-    """``earliest`` | ``latest`` | an offset | ``{"timestamp": ms}`` (or its JSON text) -> bound."""
+    """``earliest`` | ``latest`` (or any word of :data:`streamledger.offsets.WORDS`; ``last`` is the
+    tail here) | an offset | ``{"timestamp": ms}`` (or its JSON text) -> bound."""
     if isinstance(value, OffsetBound):
         return value
     if isinstance(value, str):
         text = value.strip()
         low = text.lower()
-        if low in ("earliest", "first"):
-            return OffsetBound.earliest()
-        if low in ("latest", "last", "tail"):
-            return OffsetBound.latest()
+        if low in WORDS:
+            # a bound's "last" is the tail, as Spark's latest: an end there reads every record
+            return OffsetSpec("next" if low == "last" else WORDS[low])
         if text.startswith("{"):
             value = _json(text, what)
         else:
@@ -274,15 +259,15 @@ def resolve_bound(
     A timestamp no committed chunk reaches resolves to the tail, or is an error when ``past_tail`` is
     ``error`` (option ``startingOffsetsByTimestampStrategy``, Kafka's: a start there would silently
     wait for data the user did not ask for)."""
-    if bound.kind == "earliest":
+    if bound.kind == "first":
         return first
-    if bound.kind == "latest":
+    if bound.kind == "next":
         return tail
     if bound.kind == "offset":
         assert bound.value is not None
         return bound.value
-    from streamledger.offsets import OffsetSpec
-
+    if bound.kind == "last":  # the last record's offset (an OffsetSpec built in code: no option says it)
+        return int(client.resolve_offset(stream, bound))
     assert bound.value is not None
     offset = int(client.resolve_offset(stream, OffsetSpec.timestamp(bound.value)))
     if offset >= tail:
@@ -296,7 +281,7 @@ def resolve_bound(
 
 
 def _how(bound: OffsetBound) -> str:
-    return "" if bound.kind == "offset" else f" ({bound})"
+    return "" if bound.kind == "offset" else f" ({bound_text(bound)})"
 
 
 def plan_ranges(

@@ -8,6 +8,12 @@ Filters on ``stream`` prune streams before planning; on ``offset`` and ``chunk_t
 each stream's planned range before any chunk is read (a chunk timestamp resolves to an offset through
 the broker). Every pushed filter is then applied exactly to each Arrow batch (chunk timestamps need not
 be monotone across a stream), so the rows are always those Spark would keep: pushing only saves reading.
+
+Stream filtering: option ``filterValueProperty`` names the application property whose value each
+publisher also set as the message's stream filter value; the source then has a column ``filter_value``
+(that property's value as text). ``=``/``IN`` on it are pushed to the broker (``filter.N`` and
+``match-unfiltered`` on each subscription: chunks ruled out by their Bloom filter are skipped) and then
+applied exactly to the rows, so Bloom false positives and unfiltered messages never leak through.
 """
 
 from __future__ import annotations
@@ -26,6 +32,22 @@ from streamledger.spark.planning import OffsetSource, PlannedRange, PlanningErro
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _DDL = dict(part.split(" ", 1) for part in SPARK_SCHEMA_DDL.split(", "))
 
+#: The column a declared filter property adds (option ``filterValueProperty``), last in the schema.
+FILTER_VALUE = pa.field("filter_value", pa.string())
+_DDL[FILTER_VALUE.name] = "STRING"
+
+
+def _source_fields(filter_column: bool) -> list[pa.Field]:
+    return [*ARROW_SCHEMA, FILTER_VALUE] if filter_column else list(ARROW_SCHEMA)
+
+
+def with_filter_value(batch: pa.RecordBatch, prop: str) -> pa.RecordBatch:
+    """A full-schema batch with column ``filter_value``: application property ``prop`` of each row
+    (the map column's text, the same text the publisher's ``filter_property`` took as filter value)."""
+    column = pc.map_lookup(batch.column("application_properties"), query_key=prop, occurrence="first")
+    return pa.RecordBatch.from_arrays([*batch.columns, column],
+                                      schema=batch.schema.append(FILTER_VALUE))
+
 
 @dataclass(frozen=True)
 class Projection:
@@ -36,6 +58,11 @@ class Projection:
     @property
     def full(self) -> bool:
         return self.columns == tuple(ARROW_SCHEMA.names)
+
+    @property
+    def filter_value(self) -> bool:
+        """Whether the read keeps column ``filter_value`` (only a source with a filter property has it)."""
+        return FILTER_VALUE.name in self.columns
 
     def map_columns(self, asked: Sequence[str]) -> tuple[str, ...]:
         """The map columns to decode: those asked for (option ``properties``) that the read keeps."""
@@ -50,29 +77,33 @@ class Projection:
         return ", ".join(f"{c} {_DDL[c]}" for c in self.columns)
 
     @classmethod
-    def parse(cls, text: str | None, *, source: str) -> Projection:
-        """Option ``columns``: a comma list of the source's columns (default: all)."""
+    def parse(cls, text: str | None, *, source: str, filter_column: bool = False) -> Projection:
+        """Option ``columns``: a comma list of the source's columns (default: all; ``filter_column``:
+        the source has ``filter_value`` too)."""
+        known = [f.name for f in _source_fields(filter_column)]
         if text is None or not text.strip():
-            return cls()
+            return cls(tuple(known))
         names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-        unknown = [n for n in names if n not in ARROW_SCHEMA.names]
+        unknown = [n for n in names if n not in known]
         if unknown or not names:
             raise PlanningError(
                 f"{source}: option 'columns' names unknown columns {unknown}; the source has "
-                f"{', '.join(ARROW_SCHEMA.names)}"
+                f"{', '.join(known)}"
             )
         return cls(names)
 
     @classmethod
-    def of_schema(cls, fields: Sequence[tuple[str, pa.DataType]], *, source: str) -> Projection:
+    def of_schema(cls, fields: Sequence[tuple[str, pa.DataType]], *, source: str,
+                  filter_column: bool = False) -> Projection:
         """A read schema given as (name, Arrow type) pairs: each must be one of the source's columns
         with its type (the batches are built for exactly those)."""
+        known = {f.name: f.type for f in _source_fields(filter_column)}
         names = []
         for name, kind in fields:
-            if name not in ARROW_SCHEMA.names or ARROW_SCHEMA.field(name).type != kind:
+            if known.get(name) != kind:
                 raise PlanningError(
                     f"{source}: schema column {name} {kind} is not one of the source's columns "
-                    f"({', '.join(f'{f.name} {f.type}' for f in ARROW_SCHEMA)})"
+                    f"({', '.join(f'{n} {t}' for n, t in known.items())})"
                 )
             names.append(name)
         if len(set(names)) != len(names) or not names:
@@ -97,7 +128,8 @@ def _ceil_ms(us: int) -> int:
 class PushedFilters:
     """The filters the source took from Spark, as bounds: ``streams`` (None: all), offsets in
     ``[offset_from, offset_to)`` (and in ``offsets`` when an IN or = named them), chunk timestamps in
-    ``[time_from, time_to)`` milliseconds. ``nothing``: a pushed filter no row can pass."""
+    ``[time_from, time_to)`` milliseconds, ``filter_values`` (None: any) the values of column
+    ``filter_value`` a row may have. ``nothing``: a pushed filter no row can pass."""
 
     streams: frozenset[str] | None = None
     offset_from: int = 0
@@ -105,6 +137,7 @@ class PushedFilters:
     offsets: frozenset[int] | None = None
     time_from: int | None = None
     time_to: int | None = None
+    filter_values: frozenset[str] | None = None
     nothing: bool = False
 
     @property
@@ -127,6 +160,8 @@ class PushedFilters:
 
         path = getattr(f, "attribute", None)  # Not(...) has a child instead: left to Spark
         column = path[0] if path is not None and len(path) == 1 else None
+        if column == FILTER_VALUE.name:
+            return self._filter_values(f, isinstance(f, (EqualTo, EqualNullSafe)), isinstance(f, In))
         if column not in ("stream", "offset", "chunk_timestamp"):
             return None
         if isinstance(f, IsNotNull):  # these columns are never null
@@ -169,6 +204,15 @@ class PushedFilters:
         return replace(self, time_from=low if low is not None else self.time_from,
                        time_to=high if high is not None else self.time_to)
 
+    def _filter_values(self, f: Any, equal: bool, is_in: bool) -> PushedFilters | None:
+        """``filter_value = v`` or ``IN (...)`` of strings; anything else (IS NOT NULL too: the column
+        is null for a message without the property) stays with Spark."""
+        values = [f.value] if equal else list(f.value) if is_in else None
+        if not values or not all(isinstance(v, str) for v in values):
+            return None
+        kept = frozenset(values) if self.filter_values is None else self.filter_values & set(values)
+        return replace(self, filter_values=kept, nothing=self.nothing or not kept)
+
     def _streams(self, names: set[str]) -> PushedFilters:
         kept = frozenset(names) if self.streams is None else self.streams & names
         return replace(self, streams=kept)
@@ -196,28 +240,42 @@ class PushedFilters:
     def narrow(self, client: OffsetSource, planned: Sequence[PlannedRange]) -> list[PlannedRange]:
         """Each planned range cut to the pushed offsets and chunk timestamps (a timestamp bound is the
         first offset of the first chunk stamped at or after it, asked of the broker); ranges of pruned
-        streams become empty. Retention bookkeeping (``requested_start``) is kept."""
+        streams become empty.
+
+        Retention: a range's ``start`` above its ``requested_start`` is the cut retention made. The lost
+        span kept is the part of ``[requested_start, start)`` the filters asked for: from the first
+        offset they want up to the cut (or up to their end, when they end before it; the range is then
+        empty), none when they start past the cut or prune the stream. A chunk-timestamp start that
+        resolves past the cut wants none of it (what retention removed is stamped earlier)."""
         from streamledger.offsets import OffsetSpec
 
         out = []
         for r in planned:
-            start, end = max(r.start, self.offset_from), r.end
+            cut = r.start  # the first offset retention left (requested_start when nothing was lost)
+            start, end = max(cut, self.offset_from), r.end
             if self.offset_to is not None:
                 end = min(end, self.offset_to)
+            wanted_from = max(r.requested_start, self.offset_from)
+            lost_to = min(cut, max(end, wanted_from))
             if not self.keeps_stream(r.stream):
-                end = start
+                end, lost_to = start, wanted_from
             if start < end and self.time_from is not None:
                 start = max(start, int(client.resolve_offset(r.stream, OffsetSpec.timestamp(self.time_from))))
+                if start > cut:
+                    lost_to = wanted_from
             if start < end and self.time_to is not None:
                 end = min(end, int(client.resolve_offset(r.stream, OffsetSpec.timestamp(self.time_to))))
             start = min(start, r.end)
-            # a start moved by a filter is no retention loss: only an unmoved start keeps its lost span
-            out.append(PlannedRange(r.stream, start, max(start, end), r.requested_start if start == r.start
-                                    else start))
+            if wanted_from < lost_to:  # retention removed offsets the filters ask for
+                begin = lost_to if start >= end else start  # a non-empty range starts at the cut
+                out.append(PlannedRange(r.stream, begin, max(begin, end), wanted_from))
+            else:
+                out.append(PlannedRange(r.stream, start, max(start, end), start))
         return out
 
     def keep(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Exactly the rows of a full-schema batch the pushed filters pass."""
+        """Exactly the rows of a full-schema batch the pushed filters pass (with ``filter_values``, the
+        batch carries column ``filter_value``)."""
         if not self.narrows or batch.num_rows == 0:
             return batch
         mask = None
@@ -237,6 +295,9 @@ class PushedFilters:
             both(pc.less(offsets, self.offset_to))
         if self.offsets is not None:
             both(pc.is_in(offsets, value_set=pa.array(sorted(self.offsets), pa.int64())))
+        if self.filter_values is not None:
+            values = pa.array(sorted(self.filter_values), pa.string())
+            both(pc.fill_null(pc.is_in(batch.column(FILTER_VALUE.name), value_set=values), False))
         if self.time_from is not None or self.time_to is not None:
             ms = pc.divide(batch.column("chunk_timestamp").cast(pa.int64()), 1000)
             if self.time_from is not None:

@@ -13,11 +13,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from streamledger.errors import StreamledgerError
+from streamledger.offsets import DataLossError
+from streamledger.protocol.rabbitmq.reader import ReadStats
 from streamledger.sources import find_kind, super_stream_partitions
-from streamledger.spark.arrow import MAP_COLUMNS, buffers_to_arrow
+from streamledger.spark.arrow import MAP_COLUMNS, STRING_MAP, buffers_to_arrow
 from streamledger.spark.planning import (
     OffsetBound,
     PlannedRange,
@@ -28,7 +31,7 @@ from streamledger.spark.planning import (
     parse_positive_int,
     plan_ranges,
 )
-from streamledger.spark.pushdown import Projection, PushedFilters
+from streamledger.spark.pushdown import Projection, PushedFilters, with_filter_value
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,9 @@ class ReadOptions(Selection):
     #: every read of a reader that has it while ``spark.sql.python.filterPushdown.enabled`` is false,
     #: its default, and a source cannot see that setting).
     filter_pushdown: bool = False
+    #: Option ``filterValueProperty`` (alias ``filterValueColumn``): the application property whose
+    #: value each publisher set as the stream filter value; the source then has column ``filter_value``.
+    filter_property: str | None = None
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -133,6 +139,7 @@ class ReadOptions(Selection):
             raise PlanningError(
                 f"{DATA_SOURCE_NAME}: option 'decode' must be amqp or raw, got {decode_text!r}"
             )
+        filter_property = parse_filter_property(get)
         read_from_text = (get("readFrom") or "replica").strip().lower()
         if read_from_text not in ("replica", "leader", "url"):
             raise PlanningError(
@@ -147,8 +154,10 @@ class ReadOptions(Selection):
             read_from=read_from_text,  # type: ignore[arg-type]
             map_columns=parse_map_columns(get("properties")),
             pack_offsets=_pack_option(get("packOffsets")),
-            projection=Projection.parse(get("columns"), source=DATA_SOURCE_NAME),
+            projection=Projection.parse(get("columns"), source=DATA_SOURCE_NAME,
+                                        filter_column=filter_property is not None),
             filter_pushdown=parse_bool(get("filterPushdown"), what="filterPushdown", default=False),
+            filter_property=filter_property,
         )
 
     def bounds(self, client: Any) -> dict[str, tuple[OffsetBound, OffsetBound]]:
@@ -156,6 +165,19 @@ class ReadOptions(Selection):
         if self.super_stream and self.ranges is None:
             return self.log_bounds(super_stream_partitions(client, self.super_stream, error=PlanningError))
         return self.log_bounds()
+
+
+def parse_filter_property(get: Any) -> str | None:
+    """Option ``filterValueProperty`` or its alias ``filterValueColumn`` (not both): an application
+    property name, or None."""
+    keys = ("filterValueProperty", "filterValueColumn")
+    given = [(k, v.strip()) for k in keys if (v := get(k)) is not None]
+    if len(given) > 1:
+        raise PlanningError(f"{DATA_SOURCE_NAME}: give 'filterValueProperty' or its alias "
+                            "'filterValueColumn', not both")
+    if given and not given[0][1]:
+        raise PlanningError(f"{DATA_SOURCE_NAME}: option '{given[0][0]}' must name an application property")
+    return given[0][1] if given else None
 
 
 def _check_format(url: str) -> None:
@@ -176,13 +198,22 @@ def plan(options: ReadOptions) -> list[PlannedRange]:
     pushed = options.pushed
     with StreamClient.connect(options.url) as client:
         bounds = {s: b for s, b in options.bounds(client).items() if pushed.keeps_stream(s)}
-        planned = plan_ranges(client, bounds, fail_on_data_loss=options.fail_on_data_loss,
+        # With pushed filters, retention's loss is judged on what they ask for (narrow), not on the
+        # options' start: a filter past the cut loses nothing; one inside it loses from its own start.
+        fail = options.fail_on_data_loss
+        planned = plan_ranges(client, bounds, fail_on_data_loss=fail and not pushed.narrows,
                               timestamp_strategy=options.times.strategy)
-        return pushed.narrow(client, planned) if pushed.narrows else planned
+        if not pushed.narrows:
+            return planned
+        narrowed = pushed.narrow(client, planned)
+        lost = next((r for r in narrowed if r.lost is not None), None) if fail else None
+        if lost is not None and lost.lost is not None:
+            raise DataLossError(lost.stream, lost.lost[0], client.first_offset(lost.stream))
+        return narrowed
 
 
-def slices_for(planned: list[PlannedRange], options: ReadOptions) -> list[StreamSlice]:
-    """Contiguous slices of every non-empty planned range."""
+def slices_for(planned: Sequence[PlannedRange], options: ReadOptions) -> list[StreamSlice]:
+    """Contiguous slices of every non-empty planned range (the batch and the streaming reader's tasks)."""
     return [StreamSlice(*piece) for piece in options.slices(planned)]
 
 
@@ -211,7 +242,8 @@ def parse_map_columns(value: str | None) -> tuple[str, ...]:
     return names
 
 
-def read_slices(options: ReadOptions, parts: Sequence[StreamSlice]) -> Iterator[Any]:
+def read_slices(options: ReadOptions, parts: Sequence[StreamSlice], stats: ReadStats | None = None
+                ) -> Iterator[Any]:
     """Several slices in one task (a :class:`SliceGroup`): one client, and the member connection
     kept from one slice's read to the next (``pooled_reads``), so packed slices cost a
     subscription each, not two connections each."""
@@ -221,12 +253,16 @@ def read_slices(options: ReadOptions, parts: Sequence[StreamSlice]) -> Iterator[
 
     with StreamClient.connect(options.url) as client, client.pooled_reads():
         for part in parts:
-            yield from read_slice(options, part, client)
+            yield from read_slice(options, part, client, stats)
 
 
-def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None) -> Iterator[Any]:
+def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None, stats: ReadStats | None = None
+               ) -> Iterator[Any]:
     """Yield the slice's records as Arrow batches of at most ``batch_rows`` rows (over ``client``
-    when given, else a connection of its own).
+    when given, else a connection of its own; ``stats`` adds up the chunks and bytes the broker sent).
+
+    A pushed ``filter_value`` filter subscribes with the broker's stream filtering (only chunks whose
+    Bloom filter admits a value, or that hold unfiltered messages); the rows are then filtered exactly.
 
     The client hands out :class:`BufferBatch` es already cut at ``batch_rows`` (flat body buffers,
     offsets as runs), which :func:`buffers_to_arrow` wraps without a Python object per record; the map
@@ -238,7 +274,7 @@ def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None) -> I
         from streamledger.protocol.rabbitmq import StreamClient
 
         with StreamClient.connect(options.url) as own:
-            yield from read_slice(options, part, own)
+            yield from read_slice(options, part, own, stats)
         return
     start = part.start
     if not options.fail_on_data_loss:
@@ -253,15 +289,25 @@ def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None) -> I
     if start >= part.end:
         return
     after = start - 1  # the last offset handed out
-    project, keep = options.projection, options.pushed
+    project, keep, prop = options.projection, options.pushed, options.filter_property
     maps = project.map_columns(options.map_columns)
+    with_fv = prop is not None and (project.filter_value or keep.filter_values is not None)
+    decoded = (*maps, "application_properties") if with_fv and "application_properties" not in maps else maps
+    values = sorted(keep.filter_values) if keep.filter_values is not None and with_fv else None
     for batch in client.read_range(
         part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
-        prefer=options.read_from, layout="buffers", maps=bool(maps),
+        prefer=options.read_from, layout="buffers", maps=bool(decoded), filter_values=values, stats=stats,
     ):
         if len(batch):
             after = check_runs(part, after, batch.run_starts, batch.run_lengths)
-            yield project.apply(keep.keep(buffers_to_arrow(batch, maps)))
+            arrow = buffers_to_arrow(batch, decoded)
+            if with_fv:
+                assert prop is not None
+                arrow = with_filter_value(arrow, prop)  # read from application_properties
+                if decoded is not maps:  # decoded for filter_value only: the column stays as asked (null)
+                    i = arrow.schema.get_field_index("application_properties")
+                    arrow = arrow.set_column(i, arrow.schema.field(i), pa.nulls(len(arrow), STRING_MAP))
+            yield project.apply(keep.keep(arrow))
 
 
 class SliceCheckError(StreamledgerError):

@@ -1,7 +1,7 @@
 """Job runners: who turns a batch's ranges into files, and the one cache that keeps them.
 
 A runner is called once per batch, ``runner(url=, ranges={stream: (start, end)}, output=STAGING,
-fmt=, splits=) -> manifest`` (the contract of ``streamledger.batch.JobRunner``), and may define
+fmt=, splits=) -> Manifest`` (the contract of ``streamledger.batch.JobRunner``), and may define
 ``cancel()`` (callable from another thread) and ``filesystem(location)``. Three live here:
 
 * :class:`LocalSparkRunner`: an in-process SparkSession (``local[N]``), the default;
@@ -30,14 +30,14 @@ from typing import Any, TypeVar
 
 from streamledger.errors import BatchError
 from streamledger.fs import ArrowFS, OutputFS, filesystem_for, join
-from streamledger.manifest import MANIFEST
+from streamledger.manifest import MANIFEST, Manifest, ManifestError
 from streamledger.spark.fs import for_session
 
 _R = TypeVar("_R")
 
 
 class LocalSparkRunner:
-    """Runs :func:`streamledger.spark.job.run_job` on an in-process SparkSession (``local[N]``).
+    """Runs :func:`streamledger.spark.job.job_manifest` on an in-process SparkSession (``local[N]``).
 
     The session is created on first use and reused, because its start-up costs seconds. One batch
     is small next to Spark's default of 200 shuffle partitions (the job's manifest aggregate
@@ -84,17 +84,28 @@ class LocalSparkRunner:
 
     def __call__(
         self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str, splits: int
-    ) -> Mapping[str, Any]:
-        from streamledger.spark.job import run_job
+    ) -> Manifest:
+        from streamledger.spark.job import job_manifest
 
         with self.tagged():
-            return run_job(self.session(), url=url, ranges=dict(ranges), output=output, fmt=fmt,
-                           splits=splits)
+            return job_manifest(self.session(), url=url, ranges=dict(ranges), output=output, fmt=fmt,
+                                splits=splits)
 
     def filesystem(self, location: str) -> OutputFS:
         """The session's Hadoop file system for a URI (starts the session if needed), so outputs
         reach whatever Spark is configured for, with its credentials."""
         return for_session(self.session(), location)
+
+    def job_tasks(self) -> tuple[int, int] | None:
+        """Tasks finished and in all of the session's active stages, for the batch's progress
+        (:mod:`streamledger.progress`); None before the session or any stage exists."""
+        if self._spark is None:
+            return None
+        tracker = self._spark.sparkContext.statusTracker()
+        infos = [i for i in (tracker.getStageInfo(s) for s in tracker.getActiveStageIds()) if i is not None]
+        if not infos:
+            return None
+        return sum(i.numCompletedTasks for i in infos), sum(i.numTasks for i in infos)
 
     def cancel(self) -> list[str]:
         """Cancel the Spark jobs of the calls in progress; returns the tags cancelled.
@@ -126,7 +137,7 @@ class LocalSparkRunner:
 
 
 class SparkConnectRunner:
-    """Runs :func:`streamledger.spark.job.run_job` on a Spark Connect server (``sc://host:port``).
+    """Runs :func:`streamledger.spark.job.job_manifest` on a Spark Connect server (``sc://host:port``).
 
     The warm data plane: the server's JVM and Python workers are already up, so a batch pays only a
     gRPC session (opened on first use, reused). Output paths are the server's: a local server writes
@@ -154,8 +165,8 @@ class SparkConnectRunner:
 
     def __call__(
         self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str, splits: int
-    ) -> Mapping[str, Any]:
-        from streamledger.spark.job import run_job
+    ) -> Manifest:
+        from streamledger.spark.job import job_manifest
 
         spark = self.session()
         tag = f"streamledger-{uuid.uuid4().hex[:12]}"
@@ -163,7 +174,7 @@ class SparkConnectRunner:
             self._tag = tag
         spark.addTag(tag)
         try:
-            return run_job(spark, url=url, ranges=dict(ranges), output=output, fmt=fmt, splits=splits)
+            return job_manifest(spark, url=url, ranges=dict(ranges), output=output, fmt=fmt, splits=splits)
         finally:
             spark.removeTag(tag)
             with self._lock:
@@ -194,17 +205,21 @@ class SubmitRunner:
     The broker URL reaches the job in a file (``job.url_file``: mode 0600 in a private directory,
     removed after the submit), and only the file's path is on the command line (``--url-file``), so
     no process list or logged command shows a password. The job writes its manifest into
-    ``output``, which is read back as the call's result.
+    ``output``, which is read back as the call's result: the JSON crosses the process boundary and is
+    parsed here, once, into the :class:`~streamledger.manifest.Manifest` the batch takes.
     """
 
     def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
-                 splits: int) -> Mapping[str, Any]:
+                 splits: int) -> Manifest:
         import streamledger.spark.job as job
 
         with job.url_file(url) as path:
             self.submit(str(Path(job.__file__)), path,
                         job_arguments(path, ranges=ranges, output=output, fmt=fmt, splits=splits))
-        return read_manifest(output)
+        try:
+            return Manifest.from_dict(read_manifest(output))
+        except ManifestError as exc:
+            raise BatchError(f"the Spark job's manifest at {output}/{MANIFEST} is unusable: {exc}") from exc
 
     def submit(self, application: str, url_file: Path, args: list[str]) -> None:
         """Run ``application args`` with spark-submit until it ends (the subclass's part)."""

@@ -50,7 +50,7 @@ from streamledger.spark.planning import (
     option_getter,
     resolve_bound,
 )
-from streamledger.spark.reading import DATA_SOURCE_NAME, ReadOptions, StreamSlice, read_slice
+from streamledger.spark.reading import DATA_SOURCE_NAME, ReadOptions, StreamSlice, read_slice, slices_for
 
 if TYPE_CHECKING:
     from streamledger.batch.microbatch import MicroBatchRecorder
@@ -373,7 +373,7 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                 reason = f"removed by retention before micro-batch {stop.batch} of query {stop.query}"
                 recorder.claim(stop.query, stop.batch, r.stream, r.start, r.end,
                                requested_start=r.requested_start, lost_reason=reason if r.lost else None)
-        return [StreamSlice(*piece) for piece in self.options.read.slices(ranges)]
+        return slices_for(ranges, self.options.read)
 
     def commit(self, end: dict[str, Any]) -> None:
         if self.options.ledger_on:

@@ -12,23 +12,14 @@ in the position room, :mod:`streamledger.batch.position`; this module only polls
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from streamledger.batch.position import PipelineSource, StreamPosition, measure
 
-__all__ = ["StreamBacklogTrigger", "StreamPosition", "measure_backlog", "measure_positions", "poll_positions"]
-
-
-def measure_positions(client: Any, ledger: Any, *, pipeline: str, url: str, streams: Sequence[str],
-                      super_stream: str | None) -> list[StreamPosition]:
-    """Positions of ``streams`` for ``pipeline`` (``ledger=None``: no ledger yet): the position room's
-    :func:`streamledger.batch.position.measure`, the one rule the batch and every poller use."""
-    source = PipelineSource(pipeline, url, stream=None if super_stream else streams[0],
-                            super_stream=super_stream)
-    return measure(client, ledger, source, streams=streams)
+__all__ = ["StreamBacklogTrigger", "StreamPosition", "measure_backlog", "poll_positions"]
 
 
 def poll_positions(*, pipeline: str, stream: str | None, super_stream: str | None,

@@ -207,3 +207,45 @@ def test_hostile_pipeline_names_publish_inside_the_output_root_with_every_sink(
         report = audit(ledger, pipeline)
         assert report.clean, report.to_text()
         assert files_outside(tmp_path, root) == [], pipeline
+
+
+# -- the readable broker directory and the layout before it (issue 33) ------------------------------
+
+def test_ranges_published_under_the_old_layout_are_still_audited(
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The release before named the broker's directory by its whole escaped identity
+    (``rabbitmq~3A~2F~2F<cluster>~2F~252F``): the first batch here runs with that one rule as it was
+    (the only difference between the two layouts), the next one with the readable name. Both ranges
+    audit clean where the ledger recorded them, and damage to the old-layout output is found."""
+    from streamledger.batch import plan
+    from streamledger.batch.proof import audit
+    from streamledger.ledger import ViolationKind
+    from streamledger.paths import broker_component, encode_component
+
+    s = stream_name("old-layout")
+    create_stream(rabbitmq_url, s, 40)
+    root = tmp_path / "out"
+    cfg = BatchConfig(pipeline="p-layout", url=rabbitmq_url, output_root=str(root), stream=s, max_offsets=20)
+    with monkeypatch.context() as old_release:
+        old_release.setattr(plan, "broker_component", encode_component)
+        run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner)
+    run_batch(cfg, run=RunId("dag", "r2", "t"), ledger=ledger, broker=client, runner=runner)
+    old, new = sorted(committed(ledger, "p-layout"), key=lambda r: r.start)
+    assert (old.start, old.end, new.start) == (0, 20, 20)
+    identity = old.source.broker
+    assert old.output is not None and new.output is not None
+    assert Path(old.output).relative_to(root).parts[:2] == ("p-layout", encode_component(identity))
+    assert Path(new.output).relative_to(root).parts[:2] == ("p-layout", broker_component(identity))
+    assert "~3A~2F~2F" not in new.output and "%" not in new.output
+    assert published_bodies(old) + published_bodies(new) == sorted(body(s, i) for i in range(40))
+
+    report = audit(ledger, "p-layout", broker=client, deep=True)
+    assert report.clean, report.to_text()
+
+    (victim,) = [p for p in Path(old.output).iterdir() if p.suffix == ".parquet"][:1]
+    victim.unlink()
+    report = audit(ledger, "p-layout", broker=client)
+    assert [v.kind for v in report.violations] == [ViolationKind.OUTPUT_MISMATCH], report.to_text()
+    assert old.output in report.to_text()

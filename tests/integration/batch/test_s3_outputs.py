@@ -200,3 +200,57 @@ def test_credentials_in_the_location_are_refused_without_showing_them(s3_bucket:
         fs.check_location(uri)
     assert s3_bucket.secret_key not in str(refused.value)
     assert "credentials in the URI" in str(refused.value)
+
+
+def test_a_reader_listing_while_the_publish_runs_never_counts_a_range_without_its_manifest(
+    spark: Any, s3_bucket: Bucket, ledger: Ledger, client: StreamClient, rabbitmq_url: str, stream_name: Any,
+) -> None:
+    """The reader contract of docs/ledger.md on a store without rename: a thread lists the layout
+    over and over while the batch publishes (each copy slowed so the copy is seen half done). Every
+    look sees the range whole or not at all, and never a manifest naming a file not there yet, while
+    a reader globbing data files would have seen part of it."""
+    import threading
+    import time
+
+    s = stream_name("s3list")
+    create_stream(rabbitmq_url, s, 0)
+    publish(rabbitmq_url, s, 90, batch_size=30)
+    cfg = BatchConfig(pipeline="p-list", url=rabbitmq_url, output_root=s3_bucket.uri("out"), stream=s,
+                      splits=3)
+    copying = threading.Event()
+    real_copy = fs.ArrowFS.copy_file
+
+    def slow_copy(self: fs.ArrowFS, src: str, dst: str) -> None:
+        copying.set()
+        real_copy(self, src, dst)
+        time.sleep(0.4)
+
+    looks: list[tuple[bool, int, int]] = []  # (during the copy, rows the reader counts, data objects)
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            during = copying.is_set()
+            try:
+                data = [k for k in s3_bucket.keys("out/p-list") if k.endswith(".parquet")]
+                looks.append((during, listing_reader(s3_bucket, "out/p-list"), len(data)))
+            except BaseException as exc:  # a manifest naming a file not there yet, say
+                failures.append(exc)
+                return
+
+    thread = threading.Thread(target=reader, daemon=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fs.ArrowFS, "copy_file", slow_copy)
+        thread.start()
+        try:
+            run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client,
+                      runner=CountingRunner(spark))
+        finally:
+            done.set()
+            thread.join(timeout=60)
+    assert not failures, failures
+    assert {rows for _during, rows, _n in looks} <= {0, 90}, looks
+    partial = [n for during, rows, n in looks if during and rows == 0 and n > 0]
+    assert partial, f"no look saw the publish half done (looks: {looks})"
+    assert listing_reader(s3_bucket, "out/p-list") == 90

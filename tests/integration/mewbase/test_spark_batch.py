@@ -23,7 +23,7 @@ import pytest
 
 from streamledger.batch import BatchConfig, LocalSparkRunner, RunId, run_batch
 from streamledger.ledger import Ledger
-from streamledger.paths import encode_component
+from streamledger.paths import broker_component
 from streamledger.protocol.mewbase import MewbaseLog, OffsetOutOfRange
 from streamledger.sources import UnsupportedSource
 from streamledger.spark import job
@@ -152,7 +152,7 @@ def test_batch_into_ledger_and_parquet_idempotent_and_audited(
 
         report = ledger.audit("billing", broker=log)
         assert report.clean, report.to_text()
-    assert parquet_events(tmp_path / "out" / "billing" / encode_component(first.broker) / "orders") == {
+    assert parquet_events(tmp_path / "out" / "billing" / broker_component(first.broker) / "orders") == {
         p: i for i, p in enumerate(positions + more)
     }
     assert {r.source.broker for r in ledger.ranges("billing")} == {first.broker}

@@ -177,3 +177,21 @@ def test_the_written_records_metrics_do_not_grow_with_the_streams(
     assert len(metrics[20]) == len(metrics[3]) <= 4, (
         f"observed metrics: {len(metrics[3])} for 3 streams, {len(metrics[20])} for 20"
     )
+
+
+def test_the_local_runner_hands_the_batch_a_typed_manifest(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    """Issue 31: a runner's result crosses into the batch as a ``Manifest``, not JSON data to re-parse."""
+    from streamledger.manifest import Manifest
+    from streamledger.spark.runners import LocalSparkRunner
+
+    s = stream_name("typed")
+    create_stream(rabbitmq_url, s, 30)
+    runner = LocalSparkRunner()
+    runner._spark = spark
+    out = tmp_path / "typed"
+    manifest = runner(url=rabbitmq_url, ranges={s: (0, 30)}, output=str(out), fmt="parquet", splits=1)
+    assert isinstance(manifest, Manifest)
+    assert manifest.streams[s].counts == (30, 0, 29)
+    assert manifest == Manifest.from_json((out / MANIFEST).read_bytes())

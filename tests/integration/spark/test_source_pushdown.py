@@ -153,3 +153,34 @@ def test_chunk_timestamp_window_reads_only_its_chunks(pushdown: Any, rabbitmq_ur
         got = offsets(True, condition)
         assert got == list(expected)
         assert got == offsets(False, condition)  # the unfiltered read, filtered by Spark
+
+
+def test_a_pushed_offset_filter_reports_only_the_lost_offsets_it_asked_for(rabbitmq_url: str, stream_name: Any
+                                                                            ) -> None:
+    """Red team: retention had removed [0, first); a pushed offset filter decides which of those the
+    query wanted. The lost span reported (failOnDataLoss=false) and the failure (true) are about exactly
+    those offsets: none when the filter starts past the cut, [low, first) when it starts inside it."""
+    from streamledger.spark.planning import PlannedRange
+    from tests.integration.spark.test_datasource import retention_stream
+
+    s, first, tail = retention_stream(rabbitmq_url, stream_name)
+    low = first // 2
+
+    def plan(filters: list[Any], **options: Any) -> list[PlannedRange]:
+        reader = source(rabbitmq_url, stream=s, startingOffsets="0", **options).reader(FULL)
+        assert list(reader.pushFilters(filters)) == []
+        return reader.plan()
+
+    loose = {"failOnDataLoss": "false"}
+    assert [r.lost for r in plan([GreaterThanOrEqual(("offset",), low)], **loose)] == [(low, first)]
+    assert [r.lost for r in plan([LessThan(("offset",), low)], **loose)] == [(0, low)]
+    assert [r.lost for r in plan([GreaterThanOrEqual(("offset",), first + 10)], **loose)] == [None]
+    assert [r.lost for r in plan([In(("offset",), (low, first + 1))], **loose)] == [(low, first)]
+
+    # failOnDataLoss=true: a filter past the cut loses nothing the query asked for; inside it, the
+    # error names the first offset the query wanted
+    (r,) = plan([GreaterThanOrEqual(("offset",), first + 10)])
+    assert (r.start, r.end, r.lost) == (first + 10, tail, None)
+    with pytest.raises(Exception, match=rf"offset {low} is no longer retained \(first available offset is "
+                                        rf"{first}\)"):
+        plan([GreaterThanOrEqual(("offset",), low)])

@@ -27,7 +27,7 @@ from streamledger.batch import (
     run_batch,
 )
 from streamledger.ledger import Ledger
-from streamledger.paths import encode_component
+from streamledger.paths import broker_component
 
 URL = "rabbitmq-stream://guest:secret@127.0.0.1:5552/"
 
@@ -288,7 +288,7 @@ def test_crash_after_each_step_then_retry_is_exactly_once(tmp_path: Path, ledger
     # the killed attempt's staging is gone, and nothing unpublished lies in the pipeline's tree
     assert no_staging_left(tmp_path)
     assert [p.relative_to(tmp_path / "out" / "pipe") for p in (tmp_path / "out" / "pipe").glob("*/*")] == [
-        Path(encode_component(BROKER), "ev-0")]
+        Path(broker_component(BROKER), "ev-0")]
 
 
 def test_a_committed_range_whose_output_was_deleted_is_reread_only_if_unchanged(

@@ -15,7 +15,7 @@ import pytest
 from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
 from streamledger.ledger import Ledger
 from streamledger.operators.batch import StreamBatchOperator
-from streamledger.paths import encode_component
+from streamledger.paths import broker_component
 from streamledger.protocol.rabbitmq import StreamClient, parse_url
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq]
@@ -81,7 +81,7 @@ def test_openlineage_reports_partitions_ranges_and_outputs(mapped_runs: dict[str
     assert (facet.firstOffset, facet.lastOffset, facet.status) == (0, 5, "committed")
 
     (target,) = lineage.outputs
-    expected_dir = (mapped_runs["root"] / "h14-mapped" / encode_component(broker) / partition
+    expected_dir = (mapped_runs["root"] / "h14-mapped" / broker_component(broker) / partition
                     / "000000000000-000000000006")
     assert (target.namespace, target.name) == ("file", str(expected_dir))
     assert Path(target.name, "_manifest.json").is_file()
@@ -137,3 +137,34 @@ def test_openlineage_names_the_table_of_a_table_sink(sink: str, spark: Any, rabb
         assert target.name == str(tmp_path / "out" / "ol-delta")
         assert "symlinks" not in target.facets
         assert target.facets["version"].datasetVersion == str(xcom["table"]["version"])
+
+
+def test_a_table_sink_is_built_once_per_batch(spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31: the operator describes the table from the batch's result; it builds no second sink."""
+    from streamledger.batch.sinks import choose
+    from streamledger.operators import batch as operator_module
+
+    built: list[str] = []
+    real = choose.make_sink
+
+    def counting(config: Any, ledger: Any) -> Any:
+        built.append(config.sink)
+        return real(config, ledger)
+
+    monkeypatch.setattr(choose, "make_sink", counting)
+    monkeypatch.setattr(operator_module, "make_sink", counting, raising=False)  # where it built its own
+    params = parse_url(rabbitmq_url)
+    monkeypatch.setenv("AIRFLOW_CONN_RABBITMQ_STREAM_DEFAULT", json.dumps(
+        {"conn_type": "rabbitmq_stream", "host": params.host, "port": params.port,
+         "login": params.username, "password": params.password, "schema": params.vhost}))
+    stream = stream_name("once-delta")
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_stream(stream)
+        client.publish(stream, [json.dumps({"id": k}).encode() for k in range(3)])
+    op = StreamBatchOperator(task_id="read", pipeline="once-delta", stream=stream,
+                             ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+                             output_root=str(tmp_path / "out"), sink="delta")
+    xcom = op.execute({"ti": _ti(-1)})  # type: ignore[arg-type]
+    assert xcom["table"]["format"] == "delta" and xcom["records"] == 3
+    assert built == ["delta"]

@@ -22,11 +22,11 @@ def test_uri_helpers_keep_plain_paths_as_before_and_join_uris_by_string() -> Non
     run = RunId("dag", "r 1", "t")
     b = "rabbitmq://c1/%2F"
     assert plan.output_dir("/out", "p", b, "s", 0, 10) == (
-        "/out/p/rabbitmq~3A~2F~2Fc1~2F~252F/s/000000000000-000000000010")
+        "/out/p/c1/s/000000000000-000000000010")
     assert plan.output_dir("gs://b/out", "p/q", "mewbase://m", "s", 0, 10) == (
-        "gs://b/out/p~2Fq/mewbase~3A~2F~2Fm/s/000000000000-000000000010")
+        "gs://b/out/p~2Fq/m~m/s/000000000000-000000000010")
     staging = plan.staging_dir("hdfs://nn:8020/out", "p", b, run, "abcd")
-    assert staging == "hdfs://nn:8020/out/_staging/p/rabbitmq~3A~2F~2Fc1~2F~252F/dag.r~201.t.-1.t1.abcd"
+    assert staging == "hdfs://nn:8020/out/_staging/p/c1/dag.r~201.t.-1.t1.abcd"
     assert staging.startswith(plan.staging_prefix("hdfs://nn:8020/out", "p", b, run))
 
 
@@ -144,3 +144,22 @@ def test_an_unknown_scheme_is_one_line_naming_the_location_without_its_password(
     text = str(caught.value)
     assert text.startswith("output nosuch://***@host/out: no file system for it here") and "\n" not in text
     assert "pw" not in text, text
+
+
+def test_missing_s3_credentials_are_named_only_where_they_are_known_missing(tmp_path: Path) -> None:
+    from streamledger.fs import credentials_missing
+
+    none = {"AWS_EC2_METADATA_DISABLED": "true", "HOME": str(tmp_path)}
+    assert credentials_missing("s3://b/out", {**none, "AWS_ACCESS_KEY_ID": "AKIA1"}) == (
+        "AWS_ACCESS_KEY_ID is set but not AWS_SECRET_ACCESS_KEY")
+    assert credentials_missing("s3a://b/out", {**none, "AWS_SECRET_ACCESS_KEY": "s"}) == (
+        "AWS_SECRET_ACCESS_KEY is set but not AWS_ACCESS_KEY_ID")
+    assert "no credentials for the store" in str(credentials_missing("s3://b/out", none))
+    both = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    assert credentials_missing("s3://b/out", {**none, **both}) is None
+    assert credentials_missing("s3://b/out", {**none, "AWS_PROFILE": "dev"}) is None
+    assert credentials_missing("s3://b/out", {"HOME": str(tmp_path)}) is None  # a role may answer
+    assert credentials_missing("gs://b/out", none) is None
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text("[default]\n")
+    assert credentials_missing("s3://b/out", none) is None

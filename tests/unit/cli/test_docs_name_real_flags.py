@@ -30,10 +30,12 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 def _uses() -> list[tuple[str, int, str]]:
     found = []
     for doc in DOCS:
-        fenced = False
+        fenced, console = False, False
         for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1):
             if line.lstrip().startswith("```"):
-                fenced = not fenced
+                fenced, console = not fenced, line.strip() == "```console"
+                continue
+            if console and not line.startswith("$ "):  # a console block's output, not a command
                 continue
             for match in (CODE if fenced else INLINE).finditer(line):
                 found.append((doc.name, number, match.group(1).strip()))

@@ -93,3 +93,44 @@ def test_admit_bytes_keeps_each_streams_share_and_moves_at_least_one() -> None:
     assert out == {"a": 50, "b": 200}  # 3000 bytes asked, 1500 allowed: half of each
     assert admit_bytes(starts, ends, {"a": 10.0, "b": 10.0}, 1) == {"a": 1, "b": 101}
     assert admit_bytes(starts, ends, {"a": 10.0}, 1500) == {"a": 100, "b": 300}  # b's size unknown
+
+
+def test_filter_value_takes_equality_and_in_of_strings_and_post_filters_exactly() -> None:
+    from streamledger.spark.pushdown import with_filter_value
+
+    fv = ("filter_value",)
+    kept = [IsNotNull(fv), Not(EqualTo(fv, "eu")), In(fv, ("eu", 1)), GreaterThan(fv, "a")]
+    pushed, rest = PushedFilters.split([In(fv, ("eu", "us")), EqualTo(fv, "us"), *kept])
+    assert pushed == PushedFilters(filter_values=frozenset({"us"})) and rest == kept
+    assert PushedFilters.split([EqualTo(fv, "eu"), EqualTo(fv, "us")])[0].nothing
+
+    apps = pa.array([[("region", "us")], [("region", "eu")], None, [("other", "us")]],
+                    type=ARROW_SCHEMA.field("application_properties").type)
+    n = len(apps)
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(["s"] * n), pa.array(range(n), pa.int64()),
+         pa.array([0] * n, ARROW_SCHEMA.field("chunk_timestamp").type), pa.array([b""] * n),
+         pa.nulls(n, apps.type), apps, pa.nulls(n, apps.type)], schema=ARROW_SCHEMA)
+    with_fv = with_filter_value(batch, "region")
+    assert with_fv.column("filter_value").to_pylist() == ["us", "eu", None, None]
+    assert pushed.keep(with_fv).column("offset").to_pylist() == [0]  # a null filter value never passes
+    assert Projection.parse(None, source="x", filter_column=True).columns[-1] == "filter_value"
+
+
+def test_no_ledger_recorded_read_takes_a_filter() -> None:
+    """docs/spark.md, "Filters and the ledger": the job's reader (run_batch) and the recorded streaming
+    reader offer Spark no pushFilters, so a committed range is never a broker-filtered read. A reader
+    that starts taking filters must first make the pipeline declare them."""
+    from pyspark.sql.datasource import DataSourceReader
+
+    from streamledger.sources import find_kind
+    from streamledger.spark.job import source_reader
+    from streamledger.spark.streaming import RabbitMQStreamMicroBatchReader
+
+    for url, decode in (("rabbitmq-stream://h:5552/", "amqp"), ("mewbase://h:7451/", "bson")):
+        kind = find_kind(url)
+        assert kind is not None
+        reader = source_reader(kind, url=url, ranges={"s": (0, 10)}, splits=1, decode=decode)
+        # Spark pushes filters only into a reader that overrides DataSourceReader.pushFilters
+        assert type(reader).pushFilters is DataSourceReader.pushFilters, type(reader)
+    assert not hasattr(RabbitMQStreamMicroBatchReader, "pushFilters")

@@ -256,11 +256,13 @@ def schema_problem(schema: Any, files_schema: Any = None) -> str | None:
     return None
 
 
-def data_files(location: str, fs: filesystems.OutputFS = filesystems.LOCAL) -> list[str]:
-    """The data files of a range directory, as locations (``_``/``.`` files are not data)."""
+def data_files(location: str, fs: filesystems.OutputFS | None = None) -> list[str]:
+    """The data files of a range directory, as locations (``_``/``.`` files are not data), listed
+    with ``fs`` (default: the location's own file system, pyarrow's for an object store)."""
     from streamledger.batch.outputs import data_file_names
 
-    return [filesystems.join(location, n) for n in data_file_names(location, fs)]
+    return [filesystems.join(location, n)
+            for n in data_file_names(location, fs or filesystems.filesystem_for(location))]
 
 
 def summary(batch: SinkBatch, ranges: list[SinkRange]) -> dict[str, str]:

@@ -57,6 +57,7 @@ class DeltaSink(TableSink):
         self.location = (table or plan.pipeline_dir(output_root, pipeline)).rstrip("/")
         self.table_name = f"delta:{self.location}"
         self.label = f"delta table {self.location}"
+        self.storage = storage_options(self.location)
 
     def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:
         return plan.range_dir(self.location, broker, stream, start, end, epoch=epoch)
@@ -67,8 +68,8 @@ class DeltaSink(TableSink):
         from deltalake import DeltaTable
 
         try:
-            if DeltaTable.is_deltatable(self.location):
-                return DeltaTable(self.location)
+            if DeltaTable.is_deltatable(self.location, self.storage):
+                return DeltaTable(self.location, storage_options=self.storage)
         except Exception as exc:
             raise BatchError(f"delta table {self.location}: cannot be opened: {line(exc)}") from exc
         if schema_of is None:
@@ -78,12 +79,13 @@ class DeltaSink(TableSink):
 
         schema = with_table_columns(pq.read_schema(_local(schema_of)).remove_metadata())
         try:
-            DeltaTable.create(self.location, schema, mode="ignore", name=self.pipeline[:255])
+            DeltaTable.create(self.location, schema, mode="ignore", name=self.pipeline[:255],
+                              storage_options=self.storage)
             log.info("created delta table %s", self.location)
         except Exception as exc:  # a concurrent create: open what the winner made
-            if not DeltaTable.is_deltatable(self.location):
+            if not DeltaTable.is_deltatable(self.location, self.storage):
                 raise BatchError(f"delta table {self.location}: cannot be created: {line(exc)}") from exc
-        return DeltaTable(self.location)
+        return DeltaTable(self.location, storage_options=self.storage)
 
     def _refuse_foreign_log(self) -> None:
         """No Delta table here: refuse a ``_delta_log`` that is not one's, asking the location's own
@@ -143,7 +145,13 @@ class DeltaSink(TableSink):
         """The location is a Delta table with the job's columns, or nothing yet (created on first
         use), or a directory holding only this sink's range directories (a batch that placed its
         files died before the table's first commit). A file, a ``_delta_log`` that is not a Delta
-        log, or a directory of someone's plain data files is refused."""
+        log, or a directory of someone's plain data files is refused; so is an object store's
+        location pyarrow cannot reach, as the output root is (one metadata call; delta-rs would
+        retry an unreachable store for minutes)."""
+        try:
+            filesystems.check_location(self.location, what="delta table")
+        except filesystems.LocationError as exc:
+            raise BatchError(str(exc)) from None
         if filesystems.scheme(self.location) in ("", "file"):
             local = filesystems.local_path(self.location)
             if local.exists() and not local.is_dir():
@@ -221,6 +229,16 @@ class DeltaSink(TableSink):
     def _known_commits(self, dt: Any) -> set[int]:
         oldest = min((int(c["version"]) for c in dt.history()), default=0)
         return set(range(oldest, dt.version() + 1))
+
+
+def storage_options(location: str) -> dict[str, str] | None:
+    """What delta-rs needs beyond the ``AWS_*`` environment it reads itself: leave to use plain
+    http when the environment's S3 endpoint is ``http://`` (pyarrow, which writes the job's files,
+    follows such an endpoint as given). Never a key: delta-rs takes those from the environment.
+    Nothing about commits: delta-rs commits to S3 with a conditional put (``If-None-Match``), so
+    neither a locking provider nor ``AWS_S3_ALLOW_UNSAFE_RENAME`` is wanted."""
+    access = filesystems.StoreAccess.from_environment(location)
+    return {"AWS_ALLOW_HTTP": "true"} if access is not None and access.plain_http else None
 
 
 def _arrow_schema(dt: Any) -> Any:

@@ -37,6 +37,7 @@ from streamledger.batch.sinks import (
     with_table_columns,
 )
 from streamledger.batch.sinks.table import LostCommit, TableSink
+from streamledger.redaction import scrub, secrets_of
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,25 @@ def _uri(location: str) -> str:
 
 def catalog_properties(catalog: Mapping[str, str] | None, *, ledger_url: str,
                        output_root: str) -> dict[str, str]:
-    """The catalog's properties: the given ones, else a SQL catalog in the ledger's database."""
+    """The catalog's properties: the given ones, else a SQL catalog in the ledger's database whose
+    file IO reaches S3 as the job's tasks do (:func:`s3_file_io`)."""
     if catalog:
         return dict(catalog)
-    return {"type": "sql", "uri": ledger_url, "warehouse": _uri(filesystems.join(output_root, "_iceberg"))}
+    return {"type": "sql", "uri": ledger_url, "warehouse": _uri(filesystems.join(output_root, "_iceberg")),
+            **s3_file_io()}
+
+
+def s3_file_io() -> dict[str, str]:
+    """The S3 settings of the environment (``AWS_ENDPOINT_URL``, ``AWS_REGION``) as pyiceberg file IO
+    properties: its ``PyArrowFileIO`` builds its S3 client from its properties, not from these
+    variables, and without a region asks AWS itself where the bucket is. Never the keys: its client
+    finds those in the environment as pyarrow's does, so they stay out of the properties (which
+    reach lineage and logs)."""
+    access = filesystems.StoreAccess.s3_environment()
+    if access is None:
+        return {}
+    found = {"s3.endpoint": access.endpoint, "s3.region": access.region}
+    return {k: v for k, v in found.items() if v}
 
 
 def load_catalog(props: Mapping[str, str]) -> Any:
@@ -90,8 +106,12 @@ class IcebergSink(TableSink):
                     if attempt < 2 and self.props.get("type") == "sql":
                         time.sleep(sinks.backoff(attempt + 2))
                         continue
+                    # pyiceberg's errors may quote every property: its secrets never reach the line,
+                    # nor (through the cause) a traceback
+                    said = line(exc)
+                    shown = scrub(said, secrets_of(self.props))
                     raise BatchError(f"iceberg table {self.identifier}: the catalog cannot be reached: "
-                                     f"{line(exc)}") from exc
+                                     f"{shown}") from (exc if shown == said else None)
         return self._catalog
 
     def range_dir(self, broker: str, stream: str, start: int, end: int, epoch: int) -> str:

@@ -35,7 +35,8 @@ from streamledger.protocol.rabbitmq.errors import (
     UnsupportedByBroker,
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
-from streamledger.protocol.rabbitmq.publisher import PublishResult
+from streamledger.protocol.rabbitmq.publisher import OutboundMessage, PublishResult
+from streamledger.protocol.rabbitmq.reader import ReadStats
 from streamledger.protocol.rabbitmq.records import BufferBatch, RecordBatch
 from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams, parse_url
@@ -55,10 +56,12 @@ __all__ = [
     "InvalidRequest",
     "OffsetOutOfRange",
     "OffsetSpec",
+    "OutboundMessage",
     "PreconditionFailed",
     "ProtocolError",
     "PublishRejected",
     "PublishResult",
+    "ReadStats",
     "RecordBatch",
     "ResponseError",
     "StoreNotVerified",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
@@ -34,8 +34,13 @@ from streamledger.protocol.rabbitmq.errors import (
     StreamNotAvailable,
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
-from streamledger.protocol.rabbitmq.publisher import PublishResult, publish
-from streamledger.protocol.rabbitmq.reader import probe_chunk, read_range
+from streamledger.protocol.rabbitmq.publisher import (
+    OutboundMessage,
+    PublishResult,
+    publish,
+    supports_filtering,
+)
+from streamledger.protocol.rabbitmq.reader import ReadStats, probe_chunk, read_range
 from streamledger.protocol.rabbitmq.records import BufferBatch, RecordBatch
 from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams, to_params
@@ -618,20 +623,27 @@ class StreamClient:
     def publish(
         self,
         stream: str,
-        bodies: Iterable[bytes],
+        bodies: Iterable[bytes | OutboundMessage],
         *,
         amqp: bool = True,
         publisher_ref: str | None = None,
         batch_size: int = 500,
         application_properties: dict[str, Any] | None = None,
         first_publishing_id: int | None = None,
+        filter_property: str | None = None,
     ) -> PublishResult:
-        """Publish and wait for every confirm; see :func:`publisher.publish`."""
+        """Publish and wait for every confirm; see :func:`publisher.publish` (``filter_property``: the
+        application property whose value is each message's filter value, RabbitMQ 3.13+)."""
         return publish(
             self._conn, self._next_publisher_id(), stream, bodies, amqp=amqp, publisher_ref=publisher_ref,
             batch_size=batch_size, application_properties=application_properties,
-            first_publishing_id=first_publishing_id, timeout=self.timeout,
+            first_publishing_id=first_publishing_id, timeout=self.timeout, filter_property=filter_property,
         )
+
+    @property
+    def supports_filtering(self) -> bool:
+        """Whether the broker has stream filtering (filter values, chunk Bloom filters): 3.13+."""
+        return supports_filtering(self._conn)
 
     @overload
     def read_range(
@@ -639,6 +651,7 @@ class StreamClient:
         verify_crc: bool = ..., credit: int = ..., max_batch_records: int = ...,
         prefer: Literal["replica", "leader", "url"] = ...,
         layout: Literal["lists"] = ..., maps: bool = ...,
+        filter_values: Collection[str] | None = ..., stats: ReadStats | None = ...,
     ) -> Iterator[RecordBatch]: ...
 
     @overload
@@ -647,6 +660,7 @@ class StreamClient:
         verify_crc: bool = ..., credit: int = ..., max_batch_records: int = ...,
         prefer: Literal["replica", "leader", "url"] = ...,
         layout: Literal["buffers"], maps: bool = ...,
+        filter_values: Collection[str] | None = ..., stats: ReadStats | None = ...,
     ) -> Iterator[BufferBatch]: ...
 
     def read_range(
@@ -662,11 +676,16 @@ class StreamClient:
         prefer: Literal["replica", "leader", "url"] = "replica",
         layout: Literal["lists", "buffers"] = "lists",
         maps: bool = True,
+        filter_values: Collection[str] | None = None,
+        stats: ReadStats | None = None,
     ) -> Iterator[RecordBatch] | Iterator[BufferBatch]:
         """Exactly the user records with ``start <= offset < end``; see :func:`reader.read_range`
         (``prefer``: which member serves the read, default a replica; ``layout="buffers"``: flat
-        :class:`BufferBatch` es, ``maps=False`` to skip their map columns)."""
+        :class:`BufferBatch` es, ``maps=False`` to skip their map columns; ``filter_values``: only the
+        chunks the broker's stream filtering lets through, a superset the caller post-filters;
+        ``stats``: what the broker delivered)."""
         return read_range(  # type: ignore[return-value]
             self, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
             max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
+            filter_values=filter_values, stats=stats,
         )

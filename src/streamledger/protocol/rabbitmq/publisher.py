@@ -8,13 +8,20 @@ Deduplication (spec 7.1): with a ``publisher_ref`` the broker keeps the last pub
 (reference, stream) and drops - but still confirms - any id at or below it. Without an explicit
 ``first_publishing_id`` we continue after QueryPublisherSequence; passing the same
 ``first_publishing_id`` again makes a retried publish idempotent.
+
+Filter values (spec 7.2, RabbitMQ 3.13+): a message may carry a filter value, from which the broker
+builds each chunk's Bloom filter so that filtering subscribers skip chunks. Frames with a filter value
+are Publish v2 (every entry then carries the field, -1 for none); frames without stay v1. The value
+comes from an :class:`OutboundMessage`'s own ``filter_value`` or from the application property named by
+``filter_property`` (as the Java client's filter-value extractor), so a reader can post-filter exactly
+on what it decodes.
 """
 
 from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -26,6 +33,7 @@ from streamledger.protocol.rabbitmq.errors import (
     InvalidRequest,
     PublishRejected,
     StreamTimeout,
+    UnsupportedByBroker,
 )
 from streamledger.protocol.rabbitmq.wire import (
     PUBLISH_ENTRY,
@@ -37,6 +45,40 @@ from streamledger.protocol.rabbitmq.wire import (
 
 _CONFIRM_HEAD: Final = struct.Struct(">BI")
 _MAX_ENTRY: Final = 0x7FFFFFFF
+_NO_FILTER: Final = b"\xff\xff"  # a v2 entry without a filter value (string of length -1)
+_FILTER_LENGTH: Final = struct.Struct(">h")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundMessage:
+    """One message to publish with its own application properties (merged over the call's) and,
+    optionally, its own filter value (RabbitMQ 3.13+ stream filtering)."""
+
+    body: bytes
+    application_properties: Mapping[str, Any] | None = None
+    filter_value: str | None = None
+
+
+def supports_filtering(conn: Connection) -> bool:
+    """Whether the broker takes Publish v2 (filter values) and filtering subscriptions: 3.13+, known
+    from ExchangeCommandVersions (Publish max version 2) or, before 3.11, from the version."""
+    if conn.server_commands is not None:
+        versions = conn.server_commands.get(c.PUBLISH)
+        return versions is not None and versions[1] >= 2
+    version = conn.version_tuple
+    return version is not None and version >= (3, 13)
+
+
+def _filter_of(props: Mapping[str, Any] | None, name: str | None) -> str | None:
+    """The filter value a message's application property gives (None: the message is unfiltered)."""
+    if name is None or not props:
+        return None
+    value = props.get(name)
+    if value is None:
+        return None
+    from streamledger.protocol.amqp10.text import stringify
+
+    return stringify(value)
 
 
 @dataclass(slots=True)
@@ -54,7 +96,7 @@ def publish(
     conn: Connection,
     publisher_id: int,
     stream: str,
-    bodies: Iterable[bytes],
+    bodies: Iterable[bytes | OutboundMessage],
     *,
     amqp: bool = True,
     publisher_ref: str | None = None,
@@ -63,9 +105,14 @@ def publish(
     first_publishing_id: int | None = None,
     timeout: float = 10.0,
     window: int = 20_000,
+    filter_property: str | None = None,
 ) -> PublishResult:
-    """Publish ``bodies`` (AMQP 1.0 data sections, or raw records) and wait for all confirms.
+    """Publish ``bodies`` (AMQP 1.0 data sections, or raw records; bytes or :class:`OutboundMessage`)
+    and wait for all confirms.
 
+    ``filter_property``: each message's filter value is the (stringified) value of this application
+    property, when the message has it. A broker without filtering (before 3.13) is refused before
+    anything is sent when ``filter_property`` is given, else at the first message with a filter value.
     Raises :class:`PublishRejected` (with ``.result``) if the broker answered any message with
     PublishError.
     """
@@ -78,6 +125,10 @@ def publish(
         raise InvalidRequest("publisher_ref must be at most 255 UTF-8 bytes")
     if first_publishing_id is not None and first_publishing_id < 0:
         raise InvalidRequest("first_publishing_id must not be negative")
+    if filter_property is not None and not filter_property:
+        raise InvalidRequest("filter_property must be a non-empty application property name")
+    if filter_property is not None and not supports_filtering(conn):
+        raise _no_filtering(conn, stream)
 
     corr = conn.next_corr()
     frame = declare_publisher_frame(corr, publisher_id, ref, stream)
@@ -97,7 +148,8 @@ def publish(
         else:
             next_id = 1
         _send_all(conn, publisher_id, stream, bodies, result, next_id, amqp=amqp,
-                  batch_size=batch_size, app_props=application_properties, timeout=timeout, window=window)
+                  batch_size=batch_size, app_props=application_properties, timeout=timeout, window=window,
+                  filter_property=filter_property)
     finally:
         conn.on_publish_confirm = None
         conn.on_publish_error = None
@@ -117,7 +169,7 @@ def _send_all(
     conn: Connection,
     publisher_id: int,
     stream: str,
-    bodies: Iterable[bytes],
+    bodies: Iterable[bytes | OutboundMessage],
     result: PublishResult,
     next_id: int,
     *,
@@ -126,6 +178,7 @@ def _send_all(
     app_props: dict[str, Any] | None,
     timeout: float,
     window: int,
+    filter_property: str | None = None,
 ) -> None:
     def on_confirm(_version: int, buf: bytearray, pos: int, end: int) -> None:
         pid, count = _CONFIRM_HEAD.unpack_from(buf, pos)
@@ -148,41 +201,74 @@ def _send_all(
     conn.on_publish_error = on_error
     limit = conn.frame_max or c.DEFAULT_FRAME_MAX
     header_size = 13  # size(4) key(2) version(2) publisher(1) count(4)
-    parts: list[bytes] = []
-    count = 0
-    size = header_size
+    entries: list[tuple[int, bytes | None, bytes]] = []  # (publishing id, filter value, message)
+    filtered = False  # whether the frame being built has a filter value (then it is Publish v2)
+    size = header_size  # counted as v2 (2 + filter bytes more per entry): a v1 frame stays under too
     result.first_publishing_id = next_id
+    checked = filter_property is not None  # the broker's support was checked by publish()
 
     def flush() -> None:
-        nonlocal parts, count, size
-        if count:
-            head = PUBLISH_HEAD.pack(size - 4, c.PUBLISH, 1, publisher_id, count)
-            conn.send(head + b"".join(parts))
-            result.published += count
-            parts, count, size = [], 0, header_size
-            if result.published - result.confirmed - len(result.errors) > window:
-                _pump(conn, result, stream, timeout, target=window // 2)
+        nonlocal entries, filtered, size, checked
+        if not entries:
+            return
+        if filtered and not checked:
+            if not supports_filtering(conn):
+                raise _no_filtering(conn, stream)
+            checked = True
+        parts: list[bytes] = []
+        for pid, fv, message in entries:
+            if filtered:
+                parts.append(pack_id(pid))
+                parts.append(_NO_FILTER if fv is None else _FILTER_LENGTH.pack(len(fv)) + fv)
+                parts.append(pack_size(len(message)))
+            else:
+                parts.append(pack(pid, len(message)))
+            parts.append(message)
+        body = b"".join(parts)
+        conn.send(PUBLISH_HEAD.pack(9 + len(body), c.PUBLISH, 2 if filtered else 1, publisher_id,
+                                    len(entries)) + body)
+        result.published += len(entries)
+        entries, filtered, size = [], False, header_size
+        if result.published - result.confirmed - len(result.errors) > window:
+            _pump(conn, result, stream, timeout, target=window // 2)
 
     pack = PUBLISH_ENTRY.pack
-    for body in bodies:
-        message = encode_message(body, application_properties=app_props) if amqp else bytes(body)
-        entry_size = 12 + len(message)
+    pack_id = struct.Struct(">Q").pack
+    pack_size = struct.Struct(">I").pack
+    for item in bodies:
+        if isinstance(item, OutboundMessage):
+            props = app_props if item.application_properties is None else {**(app_props or {}),
+                                                                           **item.application_properties}
+            fv = item.filter_value if item.filter_value is not None else _filter_of(props, filter_property)
+            body = item.body
+        else:
+            props, body = app_props, item
+            fv = _filter_of(props, filter_property)
+        message = encode_message(body, application_properties=props) if amqp else bytes(body)
+        fv_bytes = None if fv is None else fv.encode("utf-8")
+        if fv_bytes is not None and len(fv_bytes) > 0x7FFF:
+            raise InvalidRequest(f"stream {stream!r}: a filter value of {len(fv_bytes)} bytes is too long")
+        entry_size = 14 + len(message) + (len(fv_bytes) if fv_bytes else 0)
         if len(message) > _MAX_ENTRY or header_size + entry_size > limit:
             raise FrameTooLarge(
                 f"message of {len(message)} bytes does not fit in one frame (frame max {limit} bytes)"
             )
-        if count >= batch_size or size + entry_size > limit:
+        if len(entries) >= batch_size or size + entry_size > limit:
             flush()
-        parts.append(pack(next_id, len(message)))
-        parts.append(message)
+        entries.append((next_id, fv_bytes, message))
+        filtered = filtered or fv_bytes is not None
         result.last_publishing_id = next_id
         next_id += 1
-        count += 1
         size += entry_size
     flush()
     if result.published == 0:
         result.first_publishing_id = None
     _pump(conn, result, stream, timeout, target=0)
+
+
+def _no_filtering(conn: Connection, stream: str) -> UnsupportedByBroker:
+    return UnsupportedByBroker("Publish v2 (filter values)", conn.server_version,
+                               f"stream {stream!r}: stream filtering needs RabbitMQ 3.13 or later")
 
 
 def _pump(conn: Connection, result: PublishResult, stream: str, timeout: float, *, target: int) -> None:

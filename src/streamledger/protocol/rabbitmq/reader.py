@@ -16,6 +16,19 @@ as the Java client does for consumers (``prefer="replica"``; ``"leader"``, or ``
 own node). A member that cannot be reached is skipped for the next one, the URL's node last; when a
 member fails mid-read, the read resumes exactly from the next chunk on another member.
 
+Stream filtering (``filter_values``, RabbitMQ 3.13+): the subscription also carries ``filter.N`` and
+``match-unfiltered=true``, so the broker skips every chunk whose Bloom filter rules out all of the
+values and that holds no message published without a filter value. The records handed out are then
+those of the chunks delivered: a superset of the matching ones (Bloom false positives, other values
+in a matching chunk), which the caller filters exactly. A skipped chunk may be the one that reaches
+``end``, so the end is found by a **barrier** instead: after each credit grant the read sends a
+Metadata request; the broker handles a connection's frames in order and, on credit above its send
+limit, sends until the credit or the log runs out, so when the barrier's answer finds more credit
+outstanding than that limit, the member's log is exhausted - and ``end`` lies within it because a
+filtered read is served by the stream's leader only (a replica's log may lag behind the committed
+tail the range was planned against). Any other member, or a broker without filtering, gets the
+plain subscription: the read is then complete, merely unpruned.
+
 Flow control: credit is counted in chunks; the server resumes only when the available credit
 exceeds half the initial credit (spec 7.9), so credit is returned in blocks of half the initial
 credit. The hot loop hands chunk bytes to :func:`decode_chunk` as positions in the connection's
@@ -30,7 +43,7 @@ import struct
 import time
 import weakref
 from array import array
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
@@ -55,10 +68,12 @@ from streamledger.protocol.rabbitmq.errors import (
     TlsError,
 )
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
+from streamledger.protocol.rabbitmq.publisher import supports_filtering
 from streamledger.protocol.rabbitmq.records import MAX_BUFFER_BYTES, BufferBatch, RecordBatch
 from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams
 from streamledger.protocol.rabbitmq.wire import (
+    Reader,
     credit_frame,
     metadata_frame,
     subscribe_frame,
@@ -86,6 +101,18 @@ class RangeSource(Protocol):
     def committed_tail(self, name: str, *, stats: StreamStats | None = None) -> int: ...
 
     def metadata(self, names: list[str]) -> dict[str, StreamMetadata]: ...
+
+
+@dataclass(slots=True)
+class ReadStats:
+    """What a range read received (pass one to ``read_range(stats=...)``, it is added to): the chunks
+    and chunk bytes the broker delivered, and whether the broker filtered them (``filtered``: the
+    subscription carried the filter values). A pushed filter is measured against these."""
+
+    chunks: int = 0
+    chunk_bytes: int = 0
+    records: int = 0  # records of the delivered chunks (some may lie outside the range)
+    filtered: bool = False
 
 
 Prefer = Literal["replica", "leader", "url"]
@@ -179,8 +206,14 @@ def read_range(
     prefer: Prefer = "replica",
     layout: Layout = "lists",
     maps: bool = True,
+    filter_values: Collection[str] | None = None,
+    stats: ReadStats | None = None,
 ) -> Iterator[Batch]:
     """Yield exactly the user records with ``start <= offset < end`` as :class:`RecordBatch` es.
+
+    With ``filter_values`` (module docstring), only the records of the chunks the broker's stream
+    filtering lets through: every record whose filter value is one of them, or that has none, is
+    among them; the caller post-filters. ``stats`` counts what was delivered.
 
     ``prefer`` picks the node that serves the read (module docstring): ``replica`` (default),
     ``leader`` or ``url``. ``layout="buffers"`` yields :class:`BufferBatch` es instead (flat body
@@ -207,16 +240,35 @@ def read_range(
         raise InvalidRequest(f"prefer must be 'replica', 'leader' or 'url', not {prefer!r}")
     if layout not in ("lists", "buffers"):
         raise InvalidRequest(f"layout must be 'lists' or 'buffers', not {layout!r}")
+    values = _filter_values(stream, filter_values)
     if start == end:
         return iter(())
-    stats = client.stream_stats(stream) if client.supports(c.STREAM_STATS) else None
-    if stats is not None and stats.first_chunk_id is not None and start < stats.first_chunk_id:
-        raise DataLossError(stream, start, stats.first_chunk_id)
-    tail = client.committed_tail(stream, stats=stats)
+    known = client.stream_stats(stream) if client.supports(c.STREAM_STATS) else None
+    if known is not None and known.first_chunk_id is not None and start < known.first_chunk_id:
+        raise DataLossError(stream, start, known.first_chunk_id)
+    tail = client.committed_tail(stream, stats=known)
     if end > tail:
         raise OffsetOutOfRange(stream, end, tail)
     return _read(client, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
-                 max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps)
+                 max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
+                 filter_values=values, stats=stats if stats is not None else ReadStats())
+
+
+def _filter_values(stream: str, values: Collection[str] | None) -> tuple[str, ...] | None:
+    if values is None:
+        return None
+    if isinstance(values, str) or not all(isinstance(v, str) and v for v in values) or not values:
+        raise InvalidRequest(f"read_range on stream {stream!r}: filter_values must be a non-empty collection "
+                             f"of non-empty strings, not {values!r}")
+    return tuple(sorted(set(values)))
+
+
+def _filter_properties(values: tuple[str, ...]) -> dict[str, str]:
+    """The Subscribe properties of a filtering read (spec 7.7): ``filter.N`` per value, and the chunks
+    holding unfiltered messages too (their filter value is unknown to the broker, not absent)."""
+    props = {f"filter.{i}": v for i, v in enumerate(values)}
+    props["match-unfiltered"] = "true"
+    return props
 
 
 def _split(batch: Batch, size: int) -> Iterator[Batch]:
@@ -272,6 +324,7 @@ class _Progress:
     position: int  # next offset not yet decoded (a chunk boundary after the first chunk)
     batch: Batch
     member: tuple[str, int] | None = None  # the node being read from
+    role: str = "url"  # what Metadata says the member is: replica, leader or url
     failed: set[tuple[str, int]] = field(default_factory=set)  # members that broke during this read
 
 
@@ -342,10 +395,11 @@ def _open_member(client: RangeSource, stream: str, prefer: Prefer, progress: _Pr
     fresh = [(p, role) for p, role in found if (p.host, p.port) not in progress.failed] or found
     pool = _pool(client)
     if pool:
-        for params, _role in fresh:
+        for params, role in fresh:
             conn = pool.pop((params.host, params.port), None)
             if conn is not None and not conn.closed:
                 progress.member = (params.host, params.port)
+                progress.role = role
                 return conn
     last: ConnectionFailed | None = None
     for params, role in fresh:
@@ -360,6 +414,7 @@ def _open_member(client: RangeSource, stream: str, prefer: Prefer, progress: _Pr
             last = exc
             continue
         progress.member = (params.host, params.port)
+        progress.role = role
         log.info("reading stream %r from %s (%s) at offset %d", stream, params.address, role,
                  progress.position)
         return conn
@@ -387,16 +442,21 @@ def _read(
     prefer: Prefer = "replica",
     layout: Layout = "lists",
     maps: bool = True,
+    filter_values: tuple[str, ...] | None = None,
+    stats: ReadStats | None = None,
 ) -> Iterator[Batch]:
     """Read with resume: if the connection drops, reconnect and subscribe again at the first offset
     not yet decoded (always a chunk boundary), so no record is lost or repeated."""
     progress = _Progress(start, _empty(stream, decode, layout))
+    stats = stats if stats is not None else ReadStats()
+    if filter_values is not None and prefer == "replica":
+        prefer = "leader"  # a filtered read is exact only on the leader (module docstring)
     retries = 0
     while True:
         try:
             yield from _read_once(client, stream, progress, end, decode=decode, verify_crc=verify_crc,
                                   credit=credit, max_batch_records=max_batch_records, prefer=prefer,
-                                  layout=layout, maps=maps)
+                                  layout=layout, maps=maps, filter_values=filter_values, stats=stats)
             break
         except ConnectionFailed as exc:
             if progress.position >= end:
@@ -411,6 +471,25 @@ def _read(
             time.sleep(min(2.0, 0.2 * 2**retries))
     if len(progress.batch):
         yield from _split(progress.batch, max_batch_records)
+
+
+def _barrier(conn: Connection, stream: str) -> int:
+    """Send a Metadata request whose answer marks where the broker's answers to everything sent
+    before it end (the filtered read's end test); returns its correlation id."""
+    corr = conn.next_corr()
+    conn.send(metadata_frame(corr, [stream]))
+    return corr
+
+
+def _check_skipped(client: RangeSource, stream: str, wanted: int, first: int, filtering: bool) -> None:
+    """The first chunk delivered starts after the subscription's offset: retention removed what lay
+    between, unless the broker's filtering skipped it (then the stream's first offset tells)."""
+    if not filtering:
+        raise DataLossError(stream, wanted, first)
+    stats = client.stream_stats(stream) if client.supports(c.STREAM_STATS) else None
+    retained = stats.first_chunk_id if stats is not None else None
+    if retained is not None and retained > wanted:
+        raise DataLossError(stream, wanted, retained)
 
 
 def _empty(stream: str, decode: Literal["amqp", "raw"], layout: Layout) -> Batch:
@@ -430,17 +509,32 @@ def _read_once(
     prefer: Prefer = "replica",
     layout: Layout = "lists",
     maps: bool = True,
+    filter_values: tuple[str, ...] | None = None,
+    stats: ReadStats | None = None,
 ) -> Iterator[Batch]:
     buffers = layout == "buffers"
+    stats = stats if stats is not None else ReadStats()
     conn = _open_member(client, stream, prefer, progress)
     sub_id = _next_sub.get(conn, 0)
     from_offset = progress.position
+    filtering = filter_values is not None and progress.role == "leader" and supports_filtering(conn)
+    if filter_values is not None and not filtering:
+        log.info("read of stream %r from %s (%s, RabbitMQ %s): no broker-side filtering, reading every chunk",
+                 stream, progress.member, progress.role, conn.server_version)
     try:
         credit_errors: list[int] = []
         conn.on_credit_error = lambda _sub, code: credit_errors.append(code)
         # chunk_selector=all: every offset is covered by a delivered chunk (module docstring).
-        subscribe(conn, sub_id, stream, OffsetSpec.offset(from_offset), credit, {"chunk_selector": "all"})
+        props = {"chunk_selector": "all"}
+        if filtering:
+            assert filter_values is not None
+            props.update(_filter_properties(filter_values))
+            stats.filtered = True
+        subscribe(conn, sub_id, stream, OffsetSpec.offset(from_offset), credit, props)
         top_up = max(1, credit // 2)
+        send_limit = credit // 2  # the broker sends only on more credit than this (spec 7.9)
+        outstanding = credit  # credit granted and not yet used by a delivered chunk
+        barrier = _barrier(conn, stream) if filtering else None
         pending = 0
         first_chunk = True
         timeout = client.timeout
@@ -449,6 +543,17 @@ def _read_once(
         waiting = f"chunks of stream {stream!r}"
         while True:
             key, version, pos, frame_end = read_frame(time.monotonic() + timeout, waiting)
+            if barrier is not None and key == c.METADATA | c.RESPONSE_BIT:
+                if Reader(conn.buffer, pos, frame_end, "Metadata response").u32() != barrier:
+                    continue  # an earlier barrier's answer; a later one is on its way
+                if outstanding > send_limit:  # the broker stopped with credit to spare: its log ends
+                    progress.position = end
+                    break
+                send(credit_frame(sub_id, pending))  # pending > 0 here: nothing else lowers the credit
+                outstanding += pending
+                pending = 0
+                barrier = _barrier(conn, stream)
+                continue
             if key != c.DELIVER:
                 conn.dispatch(key, version, pos, frame_end, waiting_for=waiting)
                 if conn.metadata_updates:
@@ -480,17 +585,24 @@ def _read_once(
             else:
                 header = decode_chunk(view[:frame_end], chunk, start=progress.position, end=end,
                                       decode=decode, verify_crc=verify_crc, out=batch)  # type: ignore[arg-type]
+            stats.chunks += 1
+            stats.chunk_bytes += frame_end - chunk
+            stats.records += header.num_records
             if first_chunk:
                 first_chunk = False
                 if header.first_offset > from_offset:
-                    raise DataLossError(stream, from_offset, header.first_offset)
+                    _check_skipped(client, stream, from_offset, header.first_offset, filtering)
             progress.position = max(progress.position, header.first_offset + header.num_records)
             if progress.position >= end:
                 break
             pending += 1
+            outstanding -= 1
             if pending >= top_up:
                 send(credit_frame(sub_id, pending))
+                outstanding += pending
                 pending = 0
+                if barrier is not None:
+                    barrier = _barrier(conn, stream)
             if len(batch) >= max_batch_records:
                 progress.batch = _empty(stream, decode, layout)
                 yield from _split(batch, max_batch_records)
