@@ -64,15 +64,16 @@ chaos-parallel: venv
 	$(PY) -m tests.chaos --parallel $(CHAOS_ARGS)
 
 # The production topology on one machine (docs/deployment.md): Airflow's Celery workers, a Spark
-# standalone cluster, the RabbitMQ cluster, PostgreSQL; nothing shared but the services.
+# standalone cluster, the RabbitMQ cluster, PostgreSQL, an S3 server; nothing shared but the services.
 topology-up: venv
 	scripts/topology.sh up
 
 topology-down:
 	scripts/topology.sh down
 
-# Chaos on that topology (docs/deployment.md): worker, Spark, broker node, PostgreSQL faults under
-# the backfill DAG; exit 1 on any exactly-once violation. Not part of `make test`.
+# Chaos on that topology (docs/deployment.md): worker, Spark, broker node, PostgreSQL and S3 faults
+# under the backfill DAG (bounded: 60 s intervals, ~15 min); exit 1 on any exactly-once violation.
+# Not part of `make test`. Options: make chaos-topology TOPOLOGY_ARGS="--plant-missing".
 TOPOLOGY_ARGS ?=
 chaos-topology: venv
 	$(PY) -m tests.topology.chaos $(TOPOLOGY_ARGS)

@@ -180,6 +180,24 @@ def _manifests(root: Path) -> set[str]:
     return {os.path.join(d, "_manifest.json") for d, _, files in os.walk(root) if "_manifest.json" in files}
 
 
+def output_tables(output: str) -> list[Any]:
+    """The Parquet files directly in a range's output location (a path or an object-store URI,
+    reached with the ``AWS_*`` environment as the batch does), read as tables: what a reader of the
+    directory layout sees, independently of the manifest."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from streamledger.fs import StoreAccess, arrow_filesystem
+
+    fs, root = arrow_filesystem(output, access=StoreAccess.from_environment(output))
+    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    files = sorted(i.path for i in infos if i.type == pafs.FileType.File
+                   and i.base_name.endswith(".parquet") and not i.base_name.startswith("."))
+    if not files:
+        raise FileNotFoundError(f"no parquet files in {output}")
+    return [pq.read_table(f, columns=["stream", "offset", "body"], filesystem=fs) for f in files]
+
+
 def _counts(counter: Counter[str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "-"
 
@@ -768,8 +786,6 @@ class ChaosRun:
     # -- verification ------------------------------------------------------------------------
 
     def verify(self) -> None:
-        import pyarrow.parquet as pq
-
         from streamledger.batch.proof import audit as proof_audit
         from streamledger.ledger import RangeStatus
 
@@ -793,11 +809,8 @@ class ChaosRun:
                 if r.status != RangeStatus.COMMITTED or not r.records:
                     continue
                 where = f"{r.source.stream} [{r.start}, {r.end})"
-                files = sorted(Path(r.output).glob("*.parquet")) if r.output else []
                 try:
-                    if not files:
-                        raise FileNotFoundError(f"no parquet files in {r.output}")
-                    tables = [pq.read_table(f, columns=["stream", "offset", "body"]) for f in files]
+                    tables = output_tables(r.output or "")
                 except Exception as exc:
                     self.violation(f"committed range {where} ({r.records} records): output unreadable: {exc}")
                     continue

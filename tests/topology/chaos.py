@@ -1,39 +1,52 @@
 """``python -m tests.topology.chaos`` (``make chaos-topology``): the backfill DAG on the production
 topology (:mod:`tests.topology.stack`) while it breaks, then the exactly-once checks.
 
-The run brings the topology up with its own DAG settings (a fresh 3-partition super stream on the
-RabbitMQ cluster, a 20 s interval, 4 intervals at once, the job on the Spark standalone cluster
-through spark-submit, outputs in the shared output root, the ledger in PostgreSQL), publishes
-numbered records, and injects, in this order, each while a ``read_interval`` task is working:
+The run brings the topology up with its own DAG settings: a fresh 3-partition super stream on the
+RabbitMQ cluster, 60 s intervals, 4 at once, a bounded schedule (``STREAMLEDGER_END_DATE``), the
+job on the Spark standalone cluster through spark-submit, the outputs on the S3 server, the ledger
+in PostgreSQL. The first interval starts after the topology is up; numbered records are published
+from its start for ``--duration`` seconds (never so long that the bounded schedule would miss
+one). Then, in this order, each while a ``read_interval`` task is working:
 
 * SIGKILL of a Celery worker's whole process group (worker, task, Spark driver), restarted after a
   few seconds: the task's try is lost with its worker and re-run on a worker;
 * SIGKILL of a Spark executor (on a Spark worker) and of a Spark driver (the spark-submit JVM on a
   Celery worker);
 * stop and restart of the RabbitMQ node leading partition 0, then of another node;
-* a PostgreSQL restart (ledger and Airflow's metadata database at once).
+* a PostgreSQL restart (ledger and Airflow's metadata database at once); the scheduler, the
+  dag-processor and the triggerer exit with it and are started again as a supervisor would
+  (:func:`tests.topology.stack.revive`, on every look of the operator);
+* the S3 server paused (SIGSTOP) for ``--s3-pause`` seconds, then resumed (SIGCONT).
 
-Then it stops publishing and checks with :class:`tests.chaos.harness.ChaosRun`'s own verification
-(every record exactly once in the committed outputs, stored offsets at the watermarks, no claim left,
-the deep audit clean, every DAG run successful). ``--plant-missing`` deletes one committed output
-file afterwards and verifies again: the run must then fail (exit 1).
+Then, once publishing stopped, the intervals covering the last record and an idle one must
+succeed, and :class:`tests.chaos.harness.ChaosRun`'s checks run: every record exactly once in the
+committed outputs (read from S3), stored offsets at the watermarks, no claim left, the deep audit
+clean, every DAG run successful; plus: the S3 secret on no command line seen during the run and in
+no log of the topology. ``--plant-missing`` deletes one committed output object afterwards and
+verifies again: the run must then fail (exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import re
 import signal
 import sys
+import threading
 import time
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import psutil
 
 from tests.chaos.harness import DAG_ID, READ_TASK, ChaosOptions, ChaosRun, report
-from tests.chaos.servers import AirflowCluster
+from tests.chaos.servers import AirflowCluster, ServerError
 from tests.topology import stack
 
 
@@ -63,41 +76,113 @@ def _java_with(pattern: str, under: list[int]) -> list[psutil.Process]:
     return found
 
 
+def _try_of(spark_submit: psutil.Process) -> tuple[str, str, int] | None:
+    """(run id, task id, try) of the batch a spark-submit runs, from its staging ``--output``
+    (``<dag>.<run>.<task>.<map index>.t<try>.<nonce>``, quoted with ``~``)."""
+    try:
+        args = spark_submit.cmdline()
+        output = args[args.index("--output") + 1]
+    except (psutil.Error, ValueError, IndexError):
+        return None
+    name = unquote(output.rstrip("/").rsplit("/", 1)[-1].replace("~", "%"))
+    found = re.fullmatch(rf"{re.escape(DAG_ID)}\.(.+)\.([^.]+)\.-?\d+\.t(\d+)\.[0-9a-f]+", name)
+    return (found.group(1), found.group(2), int(found.group(3))) if found else None
+
+
+class SecretWatch(threading.Thread):
+    """Looks at every process's command line every few seconds for the S3 secret."""
+
+    def __init__(self, secret: str, period: float = 3.0) -> None:
+        super().__init__(name="topology-secret-watch", daemon=True)
+        self.secret, self.period = secret, period
+        self.stop_event = threading.Event()
+        self.looks = 0
+        self.seen: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.period):
+            for p in psutil.process_iter(["pid", "name", "cmdline"]):
+                line = " ".join(p.info.get("cmdline") or [])
+                if self.secret in line and p.info["pid"] not in {int(s.split()[0]) for s in self.seen}:
+                    self.seen.append(f"{p.info['pid']} {p.info.get('name')}")
+            self.looks += 1
+
+
+def secret_in_logs(secret: str, roots: list[Path]) -> list[str]:
+    """Every file under ``roots`` (logs, task logs, Spark work directories) holding ``secret``."""
+    needle = secret.encode()
+    found = []
+    for root in roots:
+        for path in root.rglob("*") if root.is_dir() else []:
+            try:
+                if path.is_file() and needle in path.read_bytes():
+                    found.append(str(path))
+            except OSError:
+                continue
+    return found
+
+
 class TopologyChaos(ChaosRun):
-    def __init__(self, opts: ChaosOptions, *, plant_missing: bool = False) -> None:
+    def __init__(self, opts: ChaosOptions, *, plant_missing: bool = False, s3_pause: float = 20.0,
+                 up_budget: float = 240.0) -> None:
         super().__init__(opts)
         self.plant_missing = plant_missing
+        self.s3_pause = s3_pause
+        self.up_budget = up_budget
         self.lay = stack.layout()
-        self.output_root = self.lay.shared_output / self.tag
+        self.output_root = f"{self.lay.output_root}/{self.tag}"  # type: ignore[assignment]
         self.broker = _Service(self.lay.broker_url)  # type: ignore[assignment]
         self.pg = _Service()  # type: ignore[assignment]
         self.kinds: Counter[str] = Counter()
-        self.fig.mode = "topology (CeleryExecutor, 2 workers; max_active_runs 4, retries 2; spark-submit)"
+        self.skipped: list[str] = []
+        self._staging_seen: set[str] = set()
+        self.lost_tries: list[tuple[str, str, int, str]] = []  # (run, task, try, worker) killed
+        self.publish_stop = 0.0
+        self.published_until = 0.0
+        self.secret_watch: SecretWatch | None = None
+        self.fig.mode = ("topology (CeleryExecutor, 2 workers x 2; max_active_runs 4, retries 2; "
+                         "spark-submit to the standalone cluster, 1 core a job; outputs on S3)")
 
     # -- set-up ----------------------------------------------------------------------------
+
+    def schedule(self) -> tuple[datetime, datetime, int]:
+        """(first interval start, end date, intervals): the first interval begins once the topology
+        should be up; the schedule ends ``--duration`` of publishing, a margin for a late ``up``, the
+        interval covering the last record, one more, and the idle intervals later."""
+        interval = self.opts.interval
+        start = math.ceil((time.time() + self.up_budget) / interval) * interval
+        n = math.ceil(self.opts.duration / interval) + 2 + 2 + self.opts.idle_runs
+        first = datetime.fromtimestamp(start, UTC)
+        return first, first + timedelta(seconds=n * interval - 1), n
 
     def setup(self) -> None:
         from streamledger.protocol.rabbitmq import StreamClient
 
         interval = self.opts.interval
-        start = datetime.fromtimestamp(time.time() // interval * interval, UTC)
+        first, end, n = self.schedule()
         settings = {
             "STREAMLEDGER_SUPER_STREAM": self.super_stream,
             "STREAMLEDGER_PARTITIONS": str(self.opts.partitions),
             "STREAMLEDGER_PIPELINE": self.pipeline,
             "STREAMLEDGER_INTERVAL": f"{interval}s",
-            "STREAMLEDGER_START_DATE": start.isoformat(),
+            "STREAMLEDGER_START_DATE": first.isoformat(),
+            "STREAMLEDGER_END_DATE": end.isoformat(),
             "STREAMLEDGER_OUTPUT_ROOT": str(self.output_root),
             "STREAMLEDGER_MAX_ACTIVE_RUNS": "4",
             "STREAMLEDGER_RETRIES": "2",
             "STREAMLEDGER_INTERVAL_GRACE": str(self.opts.interval_grace),
         }
-        self.event(f"topology down, then up with the run's DAG settings ({self.lay.root})")
+        self.event(f"topology down, Airflow's metadata reset, then up with the run's DAG settings "
+                   f"({self.lay.root})")
         stack.down()
+        stack.reset_airflow(self.lay)
         stack.write_dag_settings(self.lay, settings)
         began = time.monotonic()
         stack.up()
         self.event(f"topology up in {time.monotonic() - began:.0f}s")
+        os.environ.update(stack.s3_env(self.lay))  # the checks read the outputs as a worker does
+        self.secret_watch = SecretWatch(os.environ["AWS_SECRET_ACCESS_KEY"])
+        self.secret_watch.start()
         self.ledger_url = self.lay.ledger_url
         with StreamClient.connect(self.broker.url) as client:
             client.create_super_stream(self.super_stream, partitions=self.opts.partitions)
@@ -110,15 +195,31 @@ class TopologyChaos(ChaosRun):
             time.sleep(2)
         from tests.chaos.harness import OffsetMonitor, Publisher
 
-        self.publisher = Publisher(self.broker.url, self.streams, self.opts.rate, self.tag)
-        self.publisher.start()
         self.monitor = OffsetMonitor(self)
         self.monitor.start()
         self.af.api("PATCH", f"dags/{DAG_ID}", {"is_paused": False})
-        self.event(f"{DAG_ID} unpaused: {self.super_stream} x{len(self.streams)}, interval {interval}s, "
-                   "4 intervals at once, retries 2")
+        self.event(f"{DAG_ID} unpaused: {self.super_stream} x{len(self.streams)}, {n} intervals of "
+                   f"{interval}s from {first:%H:%M:%S} to {end:%H:%M:%S}, 4 at once, retries 2, "
+                   f"outputs {self.output_root}")
+        # nothing before the first interval: initial_position="interval_start" would skip it
+        self._pause(max(0.0, first.timestamp() + 1 - time.time()), self.clear_failed)
+        latest = end.timestamp() + 1 - (2 + 2 + self.opts.idle_runs) * interval
+        self.publish_stop = min(time.time() + self.opts.duration, latest)
+        self.publisher = Publisher(self.broker.url, self.streams, self.opts.rate, self.tag)
+        self.publisher.start()
+        timer = threading.Timer(max(0.0, self.publish_stop - time.time()), self._stop_publishing)
+        timer.daemon = True
+        timer.start()
+        until = datetime.fromtimestamp(self.publish_stop, UTC)
+        self.event(f"publishing {self.opts.rate:g}/s until {until:%H:%M:%S}")
 
-    # -- the supervisor ----------------------------------------------------------------------
+    def _stop_publishing(self) -> None:
+        assert self.publisher is not None
+        self.publisher.stop_event.set()
+        self.publisher.join(timeout=120)
+        self.published_until = time.time()
+
+    # -- the supervisor and the operator -----------------------------------------------------
 
     def clear_failed(self) -> None:
         """Each look of the operator is also a look of the process supervisor."""
@@ -130,7 +231,10 @@ class TopologyChaos(ChaosRun):
         for name in revived:
             self.kinds[f"supervisor restart of {name}"] += 1
             self.event(f"supervisor restarted {name} (it had exited)")
-        super().clear_failed()
+        try:
+            super().clear_failed()
+        except ServerError as exc:  # the api-server or its database restarting: look again later
+            self.event(f"operator could not look: {exc}".splitlines()[0][:200])
 
     # -- faults ----------------------------------------------------------------------------
 
@@ -140,15 +244,19 @@ class TopologyChaos(ChaosRun):
     def _spark_workers(self) -> list[int]:
         return [pid for w in stack.SPARK_WORKERS if (pid := self.lay.pid(w))]
 
-    def _wait_for(self, what: str, find: Any, timeout: float = 300.0) -> Any:
+    def _wait_for(self, what: str, find: Any, timeout: float = 600.0) -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = find()
             if found:
                 return found
             self._pause(1.0, self.clear_failed)
-        self.event(f"no {what} within {timeout:.0f}s: fault skipped")
+        self.skipped.append(what)
+        self.event(f"no {what} within {timeout:.0f}s: fault not injected")
         return None
+
+    def _spark_job_running(self) -> list[psutil.Process]:
+        return _java_with("SparkSubmit", self._workers())
 
     def kill_celery_worker(self) -> None:
         def busy() -> str | None:
@@ -161,6 +269,9 @@ class TopologyChaos(ChaosRun):
         w = self._wait_for("Celery worker running a Spark job", busy)
         if not w:
             return
+        pid = self.lay.pid(f"celery-{w}")
+        self.lost_tries += [(*t, w) for p in _java_with("SparkSubmit", [pid] if pid else [])
+                            if (t := _try_of(p))]
         stack.stop_process(self.lay, f"celery-{w}", sig=signal.SIGKILL, grace=10)
         self.kinds["celery worker"] += 1
         self.event(f"SIGKILL celery worker {w} (its task and Spark driver with it)")
@@ -177,7 +288,7 @@ class TopologyChaos(ChaosRun):
             self.event(f"SIGKILL spark executor pid {found[0].pid}")
 
     def kill_driver(self) -> None:
-        found = self._wait_for("Spark driver", lambda: _java_with("SparkSubmit", self._workers()))
+        found = self._wait_for("Spark driver", self._spark_job_running)
         if found:
             found[0].send_signal(signal.SIGKILL)
             self.kinds["spark driver"] += 1
@@ -188,42 +299,104 @@ class TopologyChaos(ChaosRun):
 
         with StreamClient.connect(self.broker.url) as client:
             meta = client.metadata([self.streams[0]])[self.streams[0]]
-        leader = stack.CLUSTER_STREAM_PORTS.index(meta.leader[1]) + 1 if meta.leader else 2
+        leader = stack.CLUSTER_STREAM_PORTS.index(meta.leader[1]) + 1 if meta.leader else 0
+        if not leader:
+            self.violation(f"no leader known for {self.streams[0]}: the leader's node not stopped")
+            leader = 2
         other = next(n for n in (2, 3, 1) if n != leader)
         for node in (leader, other):
+            self._wait_for("running Spark job", self._spark_job_running)
             began = time.monotonic()
             stack.rabbitmq("stop-node", "cluster", str(node), timeout=300)
             self.event(f"RabbitMQ node rabbitc{node} stopped"
                        + (f" (leader of {self.streams[0]})" if node == leader else ""))
-            self._pause(5.0, self.clear_failed)
+            self._pause(10.0, self.clear_failed)
             stack.rabbitmq("start-node", "cluster", str(node), timeout=600)
             self.broker.restarts += 1
-            self.kinds["rabbitmq node restart"] += 1
+            self.kinds["rabbitmq node restart" + (" (partition leader)" if node == leader else "")] += 1
             self.event(f"RabbitMQ node rabbitc{node} back after {time.monotonic() - began:.0f}s")
             self._pause(10.0, self.clear_failed)
 
     def restart_postgres(self) -> None:
-        self._wait_for("running read_interval task",
-                       lambda: [ti for ti in self.af.task_instances(DAG_ID, state=["running"])
-                                if ti["task_id"] == READ_TASK])
+        found = self._wait_for("running read_interval task",
+                               lambda: [ti for ti in self.af.task_instances(DAG_ID, state=["running"])
+                                        if ti["task_id"] == READ_TASK])
+        if not found:
+            return
         began = time.monotonic()
         stack.restart_postgres(self.lay)
         self.pg.restarts += 1
         self.kinds["postgres restart"] += 1
         self.event(f"PostgreSQL restarted in {time.monotonic() - began:.0f}s")
 
+    def _new_staging_manifest(self) -> str | None:
+        """A job's ``_manifest.json`` in staging not seen before: its batch is about to verify,
+        commit and publish (copy to the range's prefix, manifest last), all of it on S3."""
+        import pyarrow.fs as pafs
+
+        from streamledger.fs import StoreAccess, arrow_filesystem
+
+        out = f"{self.output_root}/_staging"
+        try:
+            fs, root = arrow_filesystem(out, access=StoreAccess.from_environment(out))
+            found = {i.path for i in fs.get_file_info(pafs.FileSelector(root, recursive=True,
+                                                                          allow_not_found=True))
+                     if i.path.endswith("/_manifest.json")}
+        except OSError:
+            return None
+        fresh = sorted(found - self._staging_seen)
+        self._staging_seen |= found
+        return fresh[0] if fresh else None
+
+    def pause_s3(self) -> None:
+        """Pause the S3 server as soon as a job's staging manifest appears (the batch's verify,
+        commit and publish then meet a store that does not answer)."""
+        self._new_staging_manifest()  # what exists already does not count
+        if not self._wait_for("job finishing its write to S3", self._new_staging_manifest):
+            return
+        pid = self.lay.pid("s3")
+        if not pid:
+            raise stack.TopologyError("the S3 server is not running")
+        psutil.Process(pid).send_signal(signal.SIGSTOP)
+        self.event(f"S3 server paused (SIGSTOP pid {pid}) for {self.s3_pause:.0f}s")
+        try:
+            time.sleep(self.s3_pause)
+        finally:
+            psutil.Process(pid).send_signal(signal.SIGCONT)
+        self.kinds["s3 server pause"] += 1
+        self.event("S3 server resumed (SIGCONT)")
+
     def chaos(self) -> None:
-        began = time.monotonic()
         for fault in (self.kill_celery_worker, self.kill_executor, self.kill_driver,
-                      self.restart_rabbitmq_nodes, self.restart_postgres):
+                      self.restart_rabbitmq_nodes, self.restart_postgres, self.pause_s3):
             try:
                 fault()
             except Exception as exc:  # a fault that cannot be injected is a failed run
                 self.violation(f"fault {fault.__name__} failed: {exc}".splitlines()[0])
-            self.clear_failed()
-        self._pause(max(0.0, began + self.opts.duration - time.monotonic()), self.clear_failed)
+            # the system reacts (Spark re-runs the task of a killed executor, a node rejoins)
+            # before the next fault, which then meets another job
+            self._pause(15.0, self.clear_failed)
+        for what in self.skipped:
+            self.violation(f"a fault was not injected: no {what} showed up")
 
     # -- the end ---------------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Publishing stops at its own time (whatever the faults did); then the intervals covering
+        the last record, and the idle ones, must succeed."""
+        assert self.publisher is not None
+        while not self.published_until:
+            self._pause(2.0, self.clear_failed)
+        if self.publisher.error:
+            self.violation(f"publisher failed: {self.publisher.error!r}")
+        with self.client() as client:
+            self._tails_at_stop = {s: client.committed_tail(s) for s in self.streams}
+        self.event(f"publishing stopped: {len(self.publisher.confirmed)} records confirmed, "
+                   f"tails {self._tails_at_stop}")
+        last = self._wait_runs_until(self.published_until + self.opts.interval, "the last record")
+        if last is not None and self.opts.idle_runs:
+            self._watch_idle(last)
+        self._quiesce()
 
     def _quiesce(self) -> None:
         self.af.api("PATCH", f"dags/{DAG_ID}", {"is_paused": True})
@@ -236,17 +409,61 @@ class TopologyChaos(ChaosRun):
             self.fig.offset_samples = self.monitor.samples
 
     def verify(self) -> None:
-        self.fig.kills = sum(v for k, v in self.kinds.items() if "restart" not in k)
-        self.fig.kills_by_target = Counter({k: v for k, v in self.kinds.items() if "restart" not in k})
+        self.fig.kills = sum(v for k, v in self.kinds.items() if "restart" not in k and "pause" not in k)
+        self.fig.kills_by_target = Counter({k: v for k, v in self.kinds.items()
+                                            if "restart" not in k and "pause" not in k})
         super().verify()
+        self._report_lost_tries()
+        self._check_secret()
         if self.plant_missing and not self.violations:
-            files = sorted(self.output_root.rglob("*.parquet"))
+            import pyarrow.fs as pafs
+
+            from streamledger.fs import StoreAccess, arrow_filesystem
+
+            out = str(self.output_root)
+            fs, root = arrow_filesystem(out, access=StoreAccess.from_environment(out))
+            files = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(root, recursive=True))
+                           if i.type == pafs.FileType.File and i.path.endswith(".parquet")
+                           and "/_staging/" not in i.path)
             if files:
-                files[0].unlink()
-                self.event(f"planted a missing object: deleted {files[0]}")
+                self.event(f"verified clean ({self.fig.in_outputs} records exactly once); now planting "
+                           "a missing object")
+                fs.delete_file(files[0])
+                self.event(f"planted a missing object: deleted s3://{files[0]}")
                 super().verify()
 
+    def _report_lost_tries(self) -> None:
+        """Where the tries lost with a killed Celery worker were done again: each worker keeps its
+        task logs in its own AIRFLOW_HOME (the TI's hostname is the machine's, the same for both)."""
+        for run_id, task_id, lost, worker in self.lost_tries:
+            ti = self.af.api("GET", f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{task_id}")
+            later = []
+            for w in stack.WORKERS:
+                logs = (self.lay.worker_dir(w) / "airflow" / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}"
+                        / f"task_id={task_id}")
+                later += [(int(f.stem.split("=")[1]), w) for f in logs.glob("attempt=*.log")
+                          if int(f.stem.split("=")[1]) > lost]
+            where = ", ".join(f"try {n} on {w}" for n, w in sorted(later)) or "no later try"
+            self.event(f"{task_id} of {run_id}: try {lost} lost with worker {worker}; then {where}; "
+                       f"final state {ti['state']}")
+
+    def _check_secret(self) -> None:
+        if self.secret_watch is None:
+            return
+        self.secret_watch.stop_event.set()
+        self.secret_watch.join(timeout=30)
+        for proc in self.secret_watch.seen:
+            self.violation(f"the S3 secret was on the command line of process {proc}")
+        roots = [self.lay.logs, self.lay.root / "spark", *(self.lay.worker_dir(w) for w in stack.WORKERS),
+                 self.lay.airflow_home / "logs"]
+        for path in secret_in_logs(self.secret_watch.secret, roots):
+            self.violation(f"the S3 secret is in the log {path}")
+        self.event(f"S3 secret: on no command line in {self.secret_watch.looks} looks at every process, "
+                   f"in no file under the logs, task logs and Spark work directories")
+
     def teardown(self) -> None:
+        if self.secret_watch is not None:
+            self.secret_watch.stop_event.set()
         try:
             stack.down()
         except Exception as exc:
@@ -256,12 +473,15 @@ class TopologyChaos(ChaosRun):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.topology.chaos", description=__doc__)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--duration", type=float, default=240.0, help="publishing seconds (at least)")
-    p.add_argument("--interval", type=int, default=20, help="DAG data interval in seconds")
+    p.add_argument("--duration", type=float, default=300.0, help="publishing seconds")
+    p.add_argument("--interval", type=int, default=60, help="DAG data interval in seconds")
     p.add_argument("--rate", type=float, default=20.0, help="records published per second")
-    p.add_argument("--settle-timeout", type=float, default=2400.0)
+    p.add_argument("--s3-pause", type=float, default=20.0, help="seconds the S3 server stays paused")
+    p.add_argument("--up-budget", type=float, default=240.0,
+                   help="seconds from now to the first interval (the topology comes up meanwhile)")
+    p.add_argument("--settle-timeout", type=float, default=3600.0)
     p.add_argument("--plant-missing", action="store_true",
-                   help="delete one committed output file after convergence: the run must fail")
+                   help="delete one committed output object after convergence: the run must fail")
     a = p.parse_args(argv)
     opts = ChaosOptions(seed=a.seed, kills=0, duration=a.duration, interval=a.interval, rate=a.rate,
                         broker_restart=False, postgres_restart=False, settle_timeout=a.settle_timeout,
@@ -273,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
-    run = TopologyChaos(opts, plant_missing=a.plant_missing)
+    run = TopologyChaos(opts, plant_missing=a.plant_missing, s3_pause=a.s3_pause, up_budget=a.up_budget)
     result = run.run()
     print(report(result).replace("chaos figures:", "chaos-topology figures:"))
     print(f"  faults by kind: {json.dumps(dict(run.kinds))}")
@@ -282,4 +502,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

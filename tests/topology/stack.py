@@ -1,7 +1,9 @@
 """The production topology on one machine, sharing nothing but services (issue 35).
 
 ``scripts/topology.sh up|down|status`` drives this module. Everything is on loopback, on a fixed
-port block (57xxx) that none of the test suite's servers use, with its state under
+port block (29xxx) that none of the test suite's servers use, below Linux's ephemeral range
+(32768-60999: on the 57xxx block first used, a client's outgoing connection held the S3 server's
+and the api-server's port at start, one failed run each), with its state under
 ``$STREAMLEDGER_TOPOLOGY_HOME`` (default ``/var/tmp/streamledger-topology``):
 
 * Redis (Debian's ``redis-server``, installed with apt if absent): the Celery broker;
@@ -13,8 +15,13 @@ port block (57xxx) that none of the test suite's servers use, with its state und
 * Airflow 3 with the CeleryExecutor: api-server, scheduler, dag-processor, triggerer, and two
   Celery workers, each with its own working directory, ``AIRFLOW_HOME`` (logs),
   ``STREAMLEDGER_HOME`` and ``TMPDIR``;
-* the shared output root (a directory every worker and Spark executor reaches; the object store
-  replaces it when issue 32's S3 outputs land).
+* the object store: moto's S3-compatible server (the one ``tests/support/s3.py`` runs, here on its own
+  port) with one bucket, the output root of the DAG; its credentials are random, kept in files
+  under the topology home, and reach the workers in their environment (``AWS_*``) only, never on a
+  command line;
+* Spark defaults for the jobs every worker submits (``spark/conf/spark-defaults.conf`` through
+  ``SPARK_CONF_DIR``): one 1-core 512 MB executor per job, so four jobs share the cluster's four
+  cores instead of the first one taking them all.
 
 Each long-running process is started in its own session with its pid in ``run/<name>.pid`` and
 its output in ``logs/<name>.log``; ``up`` skips what is already running, ``down`` stops by those
@@ -37,21 +44,38 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamledger.spark.session import QUICK_START_JAVA_OPTIONS
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
 
-REDIS_PORT = 57379
-PG_PORT = 57432
-API_PORT = 57080
-SPARK_MASTER_PORT = 57077
-SPARK_MASTER_UI = 57078
-SPARK_WORKER_UI = (57091, 57092)
-WORKER_LOG_PORTS = (57093, 57094)
+REDIS_PORT = 29379
+PG_PORT = 29432
+API_PORT = 29080
+SPARK_MASTER_PORT = 29077
+SPARK_MASTER_UI = 29078
+SPARK_WORKER_UI = (29091, 29092)
+WORKER_LOG_PORTS = (29093, 29094)
+S3_PORT = 29960
 CLUSTER_STREAM_PORTS = (5601, 5602, 5603)  # scripts/rabbitmq.sh's cluster nodes rabbitc1..3
 WORKERS = ("w1", "w2")
 SPARK_WORKERS = ("spark-worker-1", "spark-worker-2")
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+BUCKET = "streamledger-topology"
+# What a job submitted from a worker asks of the standalone cluster (spark-defaults.conf). Without
+# spark.cores.max a standalone application takes every free core: the first of four concurrent
+# batches got both workers' cores and the other three waited for it (measured: 2-5 min a batch).
+SPARK_DEFAULTS = {
+    "spark.cores.max": "1",
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "512m",
+    "spark.driver.memory": "512m",
+    "spark.ui.enabled": "false",
+    # a batch reads a few thousand records: C1 only and the serial collector (the product's quick start)
+    "spark.driver.extraJavaOptions": QUICK_START_JAVA_OPTIONS,
+    "spark.executor.extraJavaOptions": QUICK_START_JAVA_OPTIONS,
+}
 
 
 class TopologyError(RuntimeError):
@@ -102,8 +126,16 @@ class Layout:
         return self.root / "logs"
 
     @property
-    def shared_output(self) -> Path:
-        return self.root / "shared" / "output"
+    def output_root(self) -> str:
+        return f"s3://{BUCKET}/output"
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://{HOST}:{S3_PORT}"
+
+    @property
+    def spark_conf_dir(self) -> Path:
+        return self.root / "spark" / "conf"
 
     @property
     def airflow_home(self) -> Path:
@@ -162,6 +194,18 @@ def _secret(lay: Layout, name: str) -> str:
     return path.read_text().strip()
 
 
+def s3_env(lay: Layout) -> dict[str, str]:
+    """How every worker (and the chaos run's checks) reaches the object store: the usual ``AWS_*``
+    environment pyarrow reads. The secret is random per topology home and lives in a 0600 file."""
+    return {
+        "AWS_ACCESS_KEY_ID": "AKIA" + _secret(lay, "s3_access_key")[:16].upper(),
+        "AWS_SECRET_ACCESS_KEY": _secret(lay, "s3_secret_key"),
+        "AWS_ENDPOINT_URL": lay.s3_endpoint,
+        "AWS_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
 def spark_home() -> Path:
     import pyspark
 
@@ -190,7 +234,7 @@ def dag_settings(lay: Layout) -> dict[str, str]:
             "conn_type": "spark", "host": f"spark://{HOST}", "port": SPARK_MASTER_PORT,
             "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"}}),
         "STREAMLEDGER_LEDGER_URL": lay.ledger_url,
-        "STREAMLEDGER_OUTPUT_ROOT": str(lay.shared_output),
+        "STREAMLEDGER_OUTPUT_ROOT": lay.output_root,
     }
     env["STREAMLEDGER_SPARK_CONN_ID"] = "spark_topology"
     return env
@@ -239,6 +283,7 @@ def airflow_env(lay: Layout, extra: Mapping[str, str] | None = None) -> dict[str
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "SPARK_LOCAL_IP": HOST,
         "SPARK_HOME": str(spark_home()),
+        "SPARK_CONF_DIR": str(lay.spark_conf_dir),
         "PYSPARK_PYTHON": sys.executable,
         "STREAMLEDGER_HOME": str(lay.root / "home"),
         **dag_settings(lay),
@@ -263,6 +308,7 @@ def worker_env(lay: Layout, name: str) -> dict[str, str]:
     """A Celery worker's environment: its own AIRFLOW_HOME (logs), STREAMLEDGER_HOME and TMPDIR."""
     d = lay.worker_dir(name)
     return airflow_env(lay, {
+        **s3_env(lay),
         "AIRFLOW_HOME": str(d / "airflow"),
         "STREAMLEDGER_HOME": str(d / "home"),
         "TMPDIR": str(d / "tmp"),
@@ -346,6 +392,10 @@ def _pg_env(lay: Layout) -> dict[str, str]:
 def start_postgres(lay: Layout) -> None:
     lay.root.mkdir(parents=True, exist_ok=True)
     os.chmod(lay.root, 0o755)  # the server runs as the postgres user under it
+    conf = lay.root / "pg" / "data" / "postgresql.conf"
+    if conf.exists() and f"port = {PG_PORT}\n" not in conf.read_text():
+        with conf.open("a") as f:  # a cluster made on the earlier port block: the last setting wins
+            f.write(f"port = {PG_PORT}\n")
     _run([str(REPO / "scripts" / "postgres.sh"), "start"], _pg_env(lay), 600, "postgres.sh start")
     import psycopg
 
@@ -357,6 +407,19 @@ def start_postgres(lay: Layout) -> None:
     from streamledger.ledger import Ledger
 
     Ledger(lay.ledger_url, create=True).close()
+
+
+def reset_airflow(lay: Layout) -> None:
+    """A fresh Airflow: its metadata database dropped (``up`` creates and migrates it again) and the
+    task logs of every worker removed, so runs of an earlier pipeline are neither counted nor
+    scheduled (an old ``running`` run would hold one of ``max_active_runs``). Airflow must be down."""
+    import psycopg
+
+    start_postgres(lay)
+    with psycopg.connect(f"postgresql://postgres@{HOST}:{PG_PORT}/postgres", autocommit=True) as c:
+        c.execute('DROP DATABASE IF EXISTS "airflow" WITH (FORCE)')
+    for logs in (lay.airflow_home / "logs", *(lay.worker_dir(w) / "airflow" / "logs" for w in WORKERS)):
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def stop_postgres(lay: Layout) -> None:
@@ -379,9 +442,34 @@ def start_rabbitmq() -> None:
     rabbitmq("wait", "cluster", "240")
 
 
+def start_s3(lay: Layout) -> None:
+    """moto's S3 server (in memory: a restart forgets the bucket, so nothing here restarts it) and
+    the bucket, created with the workers' own credentials."""
+    import pyarrow.fs as pafs
+
+    moto = BIN / "moto_server"
+    if not moto.exists():
+        raise TopologyError(f"{moto} is missing: install the dev extra (moto[server])")
+    d = lay.root / "s3"
+    _spawn(lay, "s3", [str(moto), "-H", HOST, "-p", str(S3_PORT)], os.environ, d)
+    _wait_for("s3 server", lambda: port_open(S3_PORT), 120, "s3", lay)
+    env = s3_env(lay)
+    fs = pafs.S3FileSystem(access_key=env["AWS_ACCESS_KEY_ID"], secret_key=env["AWS_SECRET_ACCESS_KEY"],
+                           scheme="http", endpoint_override=f"{HOST}:{S3_PORT}", region=env["AWS_REGION"],
+                           allow_bucket_creation=True)
+    fs.create_dir(BUCKET)
+
+
+def write_spark_defaults(lay: Layout) -> None:
+    lay.spark_conf_dir.mkdir(parents=True, exist_ok=True)
+    (lay.spark_conf_dir / "spark-defaults.conf").write_text(
+        "".join(f"{k} {v}\n" for k, v in SPARK_DEFAULTS.items()))
+
+
 def start_spark(lay: Layout) -> None:
     spark_class = str(spark_home() / "bin" / "spark-class")
     root = lay.root / "spark"
+    write_spark_defaults(lay)
     env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": HOST,
            "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(root)}
     if not lay.pid("spark-master"):
@@ -460,16 +548,16 @@ def revive(lay: Layout) -> list[str]:
 # up / down / status
 # ---------------------------------------------------------------------------------------------
 
-ORDERED = ("redis", *SPARK_WORKERS, "spark-master", *AIRFLOW_COMPONENTS,
+ORDERED = ("redis", "s3", *SPARK_WORKERS, "spark-master", *AIRFLOW_COMPONENTS,
            *(f"celery-{w}" for w in WORKERS))
 
 
 def up() -> Layout:
     lay = layout()
     lay.root.mkdir(parents=True, exist_ok=True)
-    lay.shared_output.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     start_redis(lay)
+    start_s3(lay)
     start_postgres(lay)
     start_rabbitmq()
     start_spark(lay)
