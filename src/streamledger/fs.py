@@ -278,7 +278,7 @@ def arrow_filesystem(uri: str, cache: dict[tuple[str, str], Any] | None = None,
             try:
                 fs, _ = pafs.FileSystem.from_uri(asked)
             except (ValueError, OSError) as exc:  # ArrowInvalid is a ValueError
-                said = _first_line(exc).replace(asked, redact(asked)).replace(uri, redact(uri))
+                said = first_line(exc).replace(asked, redact(asked)).replace(uri, redact(uri))
                 raise LocationError(f"output {redact(uri)}: no file system for it here ({said})") from None
         if cache is not None:
             cache[key] = fs
@@ -340,7 +340,7 @@ def check_location(uri: str, what: str = "output") -> None:
     try:
         found = fs.get_file_info(root).type
     except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
-        raise LocationError(f"{what} {redact(uri)}: {where} cannot be reached ({_first_line(exc)})") from None
+        raise LocationError(f"{what} {redact(uri)}: {where} cannot be reached ({first_line(exc)})") from None
     if found == pafs.FileType.NotFound:
         raise LocationError(f"{what} {redact(uri)}: {where} does not exist")
 
@@ -353,7 +353,8 @@ def redact(uri: str) -> str:
     return uri.replace(parts.netloc, "***@" + parts.netloc.rsplit("@", 1)[1], 1)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (one-line messages quote the cause, not its traceback)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 

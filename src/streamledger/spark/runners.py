@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from streamledger.errors import BatchError
-from streamledger.fs import ArrowFS, OutputFS, filesystem_for, join
+from streamledger.fs import ArrowFS, OutputFS, filesystem_for, first_line, join, redact
 from streamledger.manifest import MANIFEST, Manifest, ManifestError
 from streamledger.spark.fs import for_session
 
@@ -244,7 +244,11 @@ def job_environment() -> dict[str, str]:
 def read_manifest(output: str, fs: OutputFS | None = None) -> dict[str, Any]:
     """Load ``DIR/_manifest.json`` written by the job (used after a spark-submit run); a URI is read
     through ``fs`` (default: local for plain paths and ``file://``, else ``pyarrow.fs``)."""
-    raw = (fs or filesystem_for(output)).read_bytes(join(output, MANIFEST))
+    path = join(output, MANIFEST)
+    try:
+        raw = (fs or filesystem_for(output)).read_bytes(path)
+    except OSError as exc:  # a store that does not answer: this try fails, a retry reads it again
+        raise BatchError(f"cannot read the Spark job's manifest {redact(path)} ({first_line(exc)})") from None
     if raw is None:
         raise BatchError(f"the Spark job wrote no manifest at {output}/{MANIFEST}")
     data: dict[str, Any] = json.loads(raw)
