@@ -18,10 +18,14 @@ one). Then, in this order, each while a ``read_interval`` task is working:
   (:func:`tests.topology.stack.revive`, on every look of the operator);
 * the S3 server paused (SIGSTOP) for ``--s3-pause`` seconds, then resumed (SIGCONT).
 
+The DAG's sink is Iceberg: each range's files land in its directory on S3 and are appended to one
+table whose pyiceberg SQL catalog lives in the PostgreSQL ledger.
+
 Then, once publishing stopped, the intervals covering the last record and an idle one must
 succeed, and :class:`tests.chaos.harness.ChaosRun`'s checks run: every record exactly once in the
-committed outputs (read from S3), stored offsets at the watermarks, no claim left, the deep audit
-clean, every DAG run successful; plus: the S3 secret on no command line seen during the run and in
+committed outputs (read from S3) and in the Iceberg table (read back with pyiceberg), stored
+offsets at the watermarks, no claim left, the deep audit (the table's too) clean, every DAG run
+successful; plus: the S3 secret on no command line seen during the run and in
 no log of the topology. ``--plant-missing`` deletes one committed output object afterwards and
 verifies again: the run must then fail (exit 1).
 """
@@ -141,7 +145,9 @@ class TopologyChaos(ChaosRun):
         self.published_until = 0.0
         self.secret_watch: SecretWatch | None = None
         self.fig.mode = ("topology (CeleryExecutor, 2 workers x 2; max_active_runs 4, retries 2; "
-                         "spark-submit to the standalone cluster, 1 core a job; outputs on S3)")
+                         "spark-submit to the standalone cluster, 1 core a job; outputs and an Iceberg table "
+                         "on S3, its catalog in the PostgreSQL ledger)")
+        self.in_table = 0
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -171,6 +177,7 @@ class TopologyChaos(ChaosRun):
             "STREAMLEDGER_MAX_ACTIVE_RUNS": "4",
             "STREAMLEDGER_RETRIES": "2",
             "STREAMLEDGER_INTERVAL_GRACE": str(self.opts.interval_grace),
+            "STREAMLEDGER_SINK": "iceberg",  # its SQL catalog in the PostgreSQL ledger, files on S3
         }
         self.event(f"topology down, Airflow's metadata reset, then up with the run's DAG settings "
                    f"({self.lay.root})")
@@ -413,6 +420,7 @@ class TopologyChaos(ChaosRun):
         self.fig.kills_by_target = Counter({k: v for k, v in self.kinds.items()
                                             if "restart" not in k and "pause" not in k})
         super().verify()
+        self._check_table()
         self._report_lost_tries()
         self._check_secret()
         if self.plant_missing and not self.violations:
@@ -431,6 +439,56 @@ class TopologyChaos(ChaosRun):
                 fs.delete_file(files[0])
                 self.event(f"planted a missing object: deleted s3://{files[0]}")
                 super().verify()
+                self._check_table()
+
+    def _check_table(self) -> None:
+        """Every confirmed record exactly once in the Iceberg table, read back with pyiceberg as a
+        reader would (the SQL catalog in the ledger's database, the files on S3), and every committed
+        range with records published into that one table."""
+        from pyiceberg.catalog import load_catalog
+
+        from streamledger.batch.sinks.iceberg import CATALOG_NAME
+        from streamledger.ledger import RangeStatus
+
+        assert self.publisher is not None
+        ledger = self.ledger()
+        try:
+            done = [r for r in ledger.ranges(self.pipeline)
+                    if r.status == RangeStatus.COMMITTED and r.records]
+        finally:
+            ledger.close()
+        tables = {r.sink_table for r in done}
+        if len(tables) != 1 or not str(next(iter(tables))).startswith("iceberg:"):
+            self.violation(f"committed ranges with records name the tables {sorted(map(str, tables))}, "
+                           "not one Iceberg table")
+            return
+        identifier = str(tables.pop()).partition(":")[2]
+        try:
+            catalog = load_catalog(CATALOG_NAME, type="sql", uri=self.lay.ledger_url,
+                                   **{"s3.endpoint": os.environ["AWS_ENDPOINT_URL"],
+                                      "s3.region": os.environ["AWS_REGION"]})
+            table = catalog.load_table(identifier)
+            rows = table.scan(selected_fields=("stream", "offset", "body")).to_arrow()
+        except Exception as exc:
+            self.violation(f"Iceberg table {identifier} unreadable: {str(exc).splitlines()[0][:300]}")
+            return
+        ids = Counter(json.loads(b)["id"] for b in rows.column("body").to_pylist())
+        keys = Counter(zip(rows.column("stream").to_pylist(), rows.column("offset").to_pylist(), strict=True))
+        self.in_table = sum(ids.values())
+        want = set(self.publisher.confirmed)
+        missing, dupes = want - set(ids), [i for i, n in ids.items() if n > 1]
+        if missing:
+            self.violation(f"Iceberg table {identifier}: {len(missing)} confirmed records absent "
+                           f"(ids {sorted(missing)[:8]}...)")
+        if dupes or any(n > 1 for n in keys.values()):
+            self.violation(f"Iceberg table {identifier}: {len(dupes)} records more than once")
+        if set(ids) - want:
+            self.violation(f"Iceberg table {identifier}: {len(set(ids) - want)} records never confirmed")
+        if self.in_table != sum(r.records for r in done):
+            self.violation(f"Iceberg table {identifier}: {self.in_table} rows, the ledger's committed "
+                           f"ranges {sum(r.records for r in done)}")
+        self.event(f"Iceberg table {identifier} read back with pyiceberg: {self.in_table} rows, "
+                   f"{len(ids)} distinct records")
 
     def _report_lost_tries(self) -> None:
         """Where the tries lost with a killed Celery worker were done again: each worker keeps its
@@ -496,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     run = TopologyChaos(opts, plant_missing=a.plant_missing, s3_pause=a.s3_pause, up_budget=a.up_budget)
     result = run.run()
     print(report(result).replace("chaos figures:", "chaos-topology figures:"))
+    print(f"  records in the Iceberg table: {run.in_table}")
     print(f"  faults by kind: {json.dumps(dict(run.kinds))}")
     return 0 if result.clean else 1
 
