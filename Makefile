@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(VENV))/bin/python
 export STREAMLEDGER_HOME ?= /var/tmp/streamledger
 
-.PHONY: demo demo-dagster test venv lint unit brokers brokers-stop bench bench-sinks clean chaos chaos-parallel chaos-topology topology-up topology-down cluster-test install-test soak
+.PHONY: demo demo-dagster test test-matrix venv lint unit brokers brokers-stop bench bench-sinks clean chaos chaos-parallel chaos-topology topology-up topology-down cluster-test install-test soak
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml scripts/bootstrap.sh $(wildcard src/streamledger/protocol/*/*.c)
@@ -23,6 +23,11 @@ lint: venv
 # --strict-markers and the collection count check below keep an empty suite from looking green.
 test: venv lint
 	scripts/run_tests.sh
+
+# Every cell of the fault matrices the suite samples (tests marked `matrix`: e.g. each crash row on S3
+# for both table sinks, where the suite runs each row once with the sinks taking turns).
+test-matrix: venv
+	scripts/run_tests.sh tests/integration -m matrix
 
 unit: venv
 	$(PY) -m pytest tests/unit -q
