@@ -5,7 +5,7 @@ any other."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from streamledger import fs
 from streamledger.batch import BatchConfig, RunId, run_batch
 from streamledger.errors import BatchError
 from streamledger.ledger import Ledger
+from streamledger.manifest import Manifest
 from streamledger.protocol.rabbitmq import StreamClient
 from streamledger.sources import log_kind
 from streamledger.spark.arrow_writer import WriterError, WriterOptions, write_task
@@ -126,9 +127,11 @@ class AddsAFile:
     def __init__(self, inner: CountingRunner) -> None:
         self.inner = inner
 
-    def __call__(self, **kwargs: Any) -> Mapping[str, Any]:
-        manifest = self.inner(**kwargs)
-        path = Path(next(iter(manifest["streams"].values()))["path"])
+    def __call__(self, **kwargs: Any) -> Manifest:
+        manifest = self.inner(**kwargs)  # runners hand the batch a typed Manifest (issue 31)
+        entry = next(iter(manifest.streams.values()))
+        assert entry.path is not None
+        path = Path(entry.path)
         good = next(p for p in path.iterdir() if p.suffix == ".parquet")
         (path / "part-99999-000-1-late.parquet").write_bytes(good.read_bytes())
         return manifest
