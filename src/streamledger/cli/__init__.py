@@ -56,7 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
     for name in _GROUPS:
         module = importlib.import_module(name)
         module.register(sub)
+    _verbose_after_the_command(parser)
     return parser
+
+
+def _verbose_after_the_command(parser: argparse.ArgumentParser) -> None:
+    """``-v`` on every command's own parser too, so it is accepted before or after the command like
+    the other common flags (docs/cli.md); SUPPRESS keeps a value given before the command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in {id(c): c for c in action.choices.values()}.values():
+                if not any(a.dest == "verbose" for a in child._actions):
+                    child.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                       help="log progress to stderr")
+                _verbose_after_the_command(child)
 
 
 def _closed_pipe() -> int:
