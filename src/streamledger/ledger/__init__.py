@@ -49,7 +49,8 @@ server-side function ``streamledger_claim`` of migration 0003, so a claim is one
 SQLite write transactions start with ``BEGIN IMMEDIATE`` under WAL with a 30 s busy timeout.
 """
 
-from streamledger.ledger.audit import (
+from streamledger.ledger.errors import LedgerError, LedgerNotFound, LedgerSchemaMissing
+from streamledger.ledger.findings import (
     AuditReport,
     BrokerOffsetLookup,
     Brokers,
@@ -57,7 +58,6 @@ from streamledger.ledger.audit import (
     Violation,
     ViolationKind,
 )
-from streamledger.ledger.errors import LedgerError, LedgerNotFound, LedgerSchemaMissing
 from streamledger.ledger.store import Ledger
 from streamledger.ledger.types import (
     ClaimRequest,

@@ -19,6 +19,7 @@ from streamledger.ledger.rows import check_offset, check_pipeline, chunks, snaps
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import INSERT_RANGE, LIVE, OWN_REDO_SPANS, PG_CLAIM, REDO_SPANS, tail_of
 from streamledger.ledger.types import ClaimRequest, OffsetRange, RangeStatus, RunIdentity, SourceRef
+from streamledger.runs import LEDGER_DAG
 
 _Pinned = tuple[tuple[int, int], tuple[datetime | None, datetime | None]]
 """A pinned claim's span and its interval (naive UTC, as stored; None when not given)."""
@@ -35,7 +36,7 @@ class _Ask:
     pinned: _Pinned | None
 
 
-_ORIGIN = RunIdentity("streamledger", "origin", "ledger")
+_ORIGIN = RunIdentity(LEDGER_DAG, "origin", "ledger")
 """Who holds the empty range that marks where a pinned history begins (``Ledger.claim``)."""
 
 

@@ -26,6 +26,7 @@ from streamledger.ledger.statements import (
     TAIL,
 )
 from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef, retired_broker
+from streamledger.runs import LEDGER_DAG
 from streamledger.sources import canonical_identity
 
 log = logging.getLogger(__name__)
@@ -291,7 +292,7 @@ class Sources(LedgerSession):
             src.broker = retired
             session.flush()
             now = self._clock(session)
-            marker = RunIdentity("streamledger", f"new-epoch-{old + 1}", "ledger")
+            marker = RunIdentity(LEDGER_DAG, f"new-epoch-{old + 1}", "ledger")
             for start, end in self._unread(session, src.id, src.seen_tail):
                 session.add(self._new_row(src.id, start, end, RangeStatus.LOST, marker, now, error=clip(
                     f"stream deleted and re-created (epoch {old + 1}) before [{start}, {end}) was read")))
