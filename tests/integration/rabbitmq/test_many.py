@@ -3,6 +3,8 @@ the requests in flight together (``Connection.pipeline``), against the real 4.3 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from streamledger.protocol.rabbitmq import OffsetOutOfRange, StreamClient, StreamNotFound
@@ -128,3 +130,30 @@ def test_fingerprints_of_many_streams_at_once_tell_a_recreated_one(broker_43: Br
         client.publish(names[1], [b"x", b"y", b"z"], batch_size=3)
         assert same_streams(client, prints) == {names[0]: True, names[1]: False, names[2]: True}
         assert same_streams(client, prints) == {n: same_stream(client, n, p) for n, p in prints.items()}
+
+
+def test_a_probe_of_many_streams_ignores_a_deleted_streams_notice_for_another_stream(
+    broker_43: Broker, stream_name: StreamNames
+) -> None:
+    """A long-lived client (the batch's) holds a publisher on a stream another client deletes: the
+    broker's MetadataUpdate for that stream must not stop a later probe of other streams."""
+    from streamledger.protocol.rabbitmq import constants as c
+    from streamledger.protocol.rabbitmq.wire import declare_publisher_frame
+
+    gone, kept = stream_name("gone"), stream_name("kept")
+    with StreamClient.connect(broker_43.url) as client, StreamClient.connect(broker_43.url) as other:
+        client.create_stream(gone)
+        client.create_stream(kept)
+        client.publish(kept, [b"a", b"b"])
+        conn = client.connection
+        corr = conn.next_corr()
+        conn.call(c.DECLARE_PUBLISHER, corr, declare_publisher_frame(corr, 7, "", gone), timeout=10)
+        other.delete_stream(gone)
+        deadline = time.monotonic() + 10
+        while not conn.metadata_updates and time.monotonic() < deadline:
+            client.committed_tail(kept)  # a call reads the broker's notice off the socket
+        assert [name for _code, name in conn.metadata_updates] == [gone]
+        # the notice came before the probes and names another stream: not theirs to stop on
+        assert client.user_records_many({kept: (0, 2)}) == {kept: 1}
+        headers = client.chunks_at([(kept, 0)])
+        assert headers[(kept, 0)] is not None and headers[(kept, 0)].first_offset == 0
