@@ -495,8 +495,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise PlanningError(f"--session-id {args.session_id!r} is not a UUID") from None
 
             # Attach to the jobs' long-lived server session: its Python workers are already warm.
+            # Unregistered: the JVM writer registers the sources itself, the Arrow writer needs none.
             spark = connect_session(
-                args.remote, session_id=args.session_id or JOB_SESSION_ID, keep_session=True
+                args.remote, session_id=args.session_id or JOB_SESSION_ID, keep_session=True, register=False
             )
         else:
             submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched us and owns the master
