@@ -22,11 +22,17 @@ end-to-end time that is fixed start-up. Figures are noisy on a shared 2-core VM;
    planning, read, Parquet, manifest), three times; the ratio is the baseline time / the job process's
    wall time. The first large job on a fresh server also pays the JVM's JIT warm-up; the later ones are
    the steady state of a server that has run such jobs before. The warm-up job also warms that shared
-   session's Python workers, as earlier jobs would.
+   session's Python workers, as earlier jobs would. In each round, beside it and timed the same way
+   (a whole process, wall and CPU seconds): ``streamledger read`` of both partitions into Parquet in
+   one process (the CLI's entry point, one partition after the other), and with ``--s3`` the same job
+   into a bucket of the tests' S3 server (moto, credentials in the job's environment only). Printed:
+   rstream / job, CLI / job and S3 / local ratios (best of three each), then a task's peak memory for
+   two range sizes (:func:`memory` says what is measured). The broker URL reaches every process
+   through its environment, not its command line.
    ``--skip-local`` leaves out step 2.
 
 Usage: ``python bench/spark_read.py [--messages N] [--size B] [--decode amqp|raw] [--splits K]
-[--quick-start] [--connect | --remote URL] [--skip-local] [--url URL] [--keep]``
+[--quick-start] [--connect | --remote URL] [--s3] [--skip-local] [--url URL] [--keep]``
 """
 
 from __future__ import annotations
@@ -328,7 +334,7 @@ def memory(job: list[str], env: dict[str, str], parts: list[str], expected: int,
     records), with the default row groups and with 4 MiB ones, each measured twice.
 
     * **fresh process**: the task's own code (the job's reader and ``write_task``, what a Spark task
-      runs) in a new Python process per range: its peak resident set (``ru_maxrss``) minus its resident
+      runs) in a new Python process per range: its peak resident set (``VmHWM``) minus its resident
       set after the imports, before the read. Clean, because nothing ran there before.
     * **Spark task**: the job on the warm Connect server, one task; the Python worker's resident-set
       high-water mark during the task (``VmHWM``, reset at the task's start through
@@ -367,8 +373,6 @@ def memory(job: list[str], env: dict[str, str], parts: list[str], expected: int,
 
 def memory_probe(spec: dict[str, Any]) -> None:
     """One task's work (:func:`memory`) in this fresh process; prints JSON with its memory."""
-    import resource
-
     import pyarrow.fs as pafs
 
     from streamledger.sources import log_kind
@@ -383,12 +387,16 @@ def memory_probe(spec: dict[str, Any]) -> None:
     options = WriterOptions(row_group_bytes=spec["row_group"]) if spec["row_group"] else WriterOptions()
     shutil.rmtree(spec["out"], ignore_errors=True)
     os.makedirs(spec["out"])
-    with open("/proc/self/status") as f:
-        start = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    def status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+    start = status("VmRSS")
     files = write_task(task, reader, fs=pafs.LocalFileSystem(), root=spec["out"], dirs={spec["stream"]: ""},
                        options=options, task=0, attempt=0)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over an exec, so it would be the bench's own peak.
     print(json.dumps({"records": sum(f.records for f in files), "start_kib": start,
-                      "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+                      "peak_kib": status("VmHWM")}))
 
 
 def main() -> int:
