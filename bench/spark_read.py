@@ -307,6 +307,15 @@ def connect_bench(args: Any, parts: list[str], expected: int, t_base: float, wor
                 record("job arrow -> s3 (moto)", took, cpu + server_cpu() - before, n)
                 _task_lines(stats_dir)
 
+        # What a long-lived client pays per job (the batch's Connect runner keeps its session): one
+        # process attaches once, then runs the job three times; only the jobs are timed.
+        spec = {"remote": url, "super_stream": args.name, "output": str(work / "in-session")}
+        proc, _took, _cpu = _timed([sys.executable, __file__, "--warm-client", json.dumps(spec)], env)
+        for took, n in json.loads(proc.stdout.splitlines()[-1]):
+            assert n == expected, (n, expected)
+            record("job in a warm client", took, float("nan"), n)
+        _task_lines(stats_dir)
+
         def best(name: str) -> tuple[float, float]:
             return min(t for t, _ in rows[name]), min(c for _, c in rows[name])
 
@@ -317,6 +326,9 @@ def connect_bench(args: Any, parts: list[str], expected: int, t_base: float, wor
                   "(issue 32: >= 6x); "
                   f"streamledger read / job {cli_t / job_t:.2f}x wall, {cli_c / job_c:.2f}x CPU "
                   "(issue 32: >= 1.0x, aim 1.3x)")
+            warm_t = min(t for t, _ in rows["job in a warm client"])
+            print(f"job in a warm client (a batch runner's session, no process start): rstream / job "
+                  f"{t_base / warm_t:.2f}x, streamledger read / job {cli_t / warm_t:.2f}x wall")
             if "job arrow -> s3 (moto)" in rows:
                 s3_t, s3_c = best("job arrow -> s3 (moto)")
                 print(f"ratio job into S3 (moto) / into the local file system: {s3_t / job_t:.2f}x wall, "
@@ -371,6 +383,27 @@ def memory(job: list[str], env: dict[str, str], parts: list[str], expected: int,
               "(about 0: the task streams row groups)", flush=True)
 
 
+def warm_client(spec: dict[str, Any]) -> None:
+    """Attach to the jobs' Connect session once, run the job three times (:func:`connect_bench`);
+    prints JSON ``[[seconds, records], ...]``."""
+    from streamledger.spark.connect import JOB_SESSION_ID, connect_session
+    from streamledger.spark.job import resolve_ranges, run_job
+
+    broker = os.environ["STREAMLEDGER_RABBITMQ_URL"]
+    spark = connect_session(spec["remote"], session_id=JOB_SESSION_ID, keep_session=True, register=False)
+    try:
+        ranges = resolve_ranges(broker, streams=[], super_stream=spec["super_stream"], start="earliest",
+                                end="latest")
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            manifest = run_job(spark, url=broker, ranges=ranges, output=spec["output"])
+            times.append([time.perf_counter() - t0, sum(e["records"] for e in manifest["streams"].values())])
+    finally:
+        spark.stop()
+    print(json.dumps(times))
+
+
 def memory_probe(spec: dict[str, Any]) -> None:
     """One task's work (:func:`memory`) in this fresh process; prints JSON with its memory."""
     import pyarrow.fs as pafs
@@ -419,9 +452,13 @@ def main() -> int:
     ap.add_argument("--writers", default="arrow,spark",
                     help="the job's writers to time (arrow: the tasks write Parquet, issue 32; spark: JVM)")
     ap.add_argument("--memory-probe", help=argparse.SUPPRESS)  # one task's work, for memory()
+    ap.add_argument("--warm-client", help=argparse.SUPPRESS)  # jobs on one attached session
     args = ap.parse_args()
     if args.memory_probe:
         memory_probe(json.loads(args.memory_probe))
+        return 0
+    if args.warm_client:
+        warm_client(json.loads(args.warm_client))
         return 0
     if args.size < 8:
         raise SystemExit("--size must be >= 8")
