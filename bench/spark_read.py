@@ -380,7 +380,8 @@ def memory(job: list[str], env: dict[str, str], parts: list[str], expected: int,
                   flush=True)
         (s1, h1), (s2, h2) = held
         print(f"  -> {label} row groups: {(h2 - h1) / (s2 - s1) * 1e6:+.1f} MiB per 1 M more records "
-              "(about 0: the task streams row groups)", flush=True)
+              "(about 0 once both ranges are past one row group: the task streams row groups; the "
+              "default's 64 MiB is about 500,000 of these records)", flush=True)
 
 
 def warm_client(spec: dict[str, Any]) -> None:
