@@ -4,6 +4,7 @@ the requests in flight together (``Connection.pipeline``), against the real 4.3 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -157,3 +158,79 @@ def test_a_probe_of_many_streams_ignores_a_deleted_streams_notice_for_another_st
         assert client.user_records_many({kept: (0, 2)}) == {kept: 1}
         headers = client.chunks_at([(kept, 0)])
         assert headers[(kept, 0)] is not None and headers[(kept, 0)].first_offset == 0
+
+
+def _records(batches: Any) -> list[tuple[int, bytes]]:
+    return [(o, bytes(body)) for b in batches for o, body in zip(b.offsets, b.bodies, strict=True)]
+
+
+def test_many_small_ranges_read_at_once_equal_read_range_of_each(broker_43: Broker,
+                                                                 stream_name: StreamNames) -> None:
+    """Issue 32: a Spark task holding many small ranges reads them through subscriptions in flight
+    together on one connection; every range's records are those read_range yields (offsets and
+    bodies), ranges starting and ending mid-chunk, across tracking chunks, and empty ones included,
+    in either layout and with a window smaller than the ranges."""
+    from tests.integration.rabbitmq.test_read_range import _layout
+
+    names = [stream_name(f"rr-{i}") for i in range(4)]
+    with StreamClient.connect(broker_43.url) as client:
+        for name in names:
+            _layout(client, name)  # user chunks 0..9, 10..19, 21..30; tracking chunks 20, 31, 32
+        tail = client.committed_tail(names[0])
+        spans = [(0, tail), (3, 7), (5, 15), (9, 11), (20, 21), (19, 22), (25, 31), (31, tail), (5, 5)]
+        ranges = [(n, s, e) for n in names for s, e in spans]
+        want = [_records(client.read_range(n, s, e)) for n, s, e in ranges]
+        for window in (255, 5):
+            got: list[list[tuple[int, bytes]]] = [[] for _ in ranges]
+            order = []
+            for i, batch in client.read_ranges(ranges, window=window):
+                assert batch.stream == ranges[i][0]
+                got[i] += _records([batch])
+                order.append(i)
+            assert got == want, window
+            assert order == sorted(order)  # range by range, in the order asked
+        buffers = [[] for _ in ranges]  # type: list[list[int]]
+        for i, batch in client.read_ranges(ranges, layout="buffers", decode="raw", window=7):
+            buffers[i] += [s + k for s, n in zip(batch.run_starts, batch.run_lengths, strict=True)
+                           for k in range(n)]
+        assert buffers == [[o for o, _ in w] for w in want]
+        # max_batch_records holds as in read_range
+        assert all(len(b) <= 4 for _i, b in client.read_ranges(ranges[:3], max_batch_records=4))
+        # the client's connection still serves one-at-a-time requests afterwards
+        assert client.committed_tail(names[0]) == tail
+
+
+def test_many_ranges_refuse_retention_and_a_deleted_stream_as_read_range(broker_43: Broker,
+                                                                         stream_name: StreamNames) -> None:
+    """A range whose start retention removed raises the DataLossError read_range raises (naming the
+    stream and offset); a deleted stream the error read_range raises; both before any record."""
+    from streamledger.protocol.rabbitmq import DataLossError
+
+    kept, trimmed, gone = stream_name("rr-kept"), stream_name("rr-trim"), stream_name("rr-gone")
+    with StreamClient.connect(broker_43.url) as client:
+        client.create_stream(kept)
+        client.publish(kept, [b"k%d" % i for i in range(10)], batch_size=5)
+        client.create_stream(trimmed, max_length_bytes=3000, max_segment_size_bytes=1000)
+        deadline = time.monotonic() + 30
+        while client.first_offset(trimmed) == 0 and time.monotonic() < deadline:
+            for _ in range(10):
+                client.publish(trimmed, [b"r" * 100] * 5, batch_size=5)
+        assert client.first_offset(trimmed) > 0, "retention never truncated the stream"
+        tail = client.committed_tail(trimmed)
+        with pytest.raises(DataLossError) as single:
+            list(client.read_range(trimmed, 0, tail))
+        with pytest.raises(DataLossError) as many:
+            list(client.read_ranges([(kept, 0, 10), (trimmed, 0, tail)]))
+        assert (many.value.stream, many.value.requested) == (trimmed, 0) == (single.value.stream,
+                                                                             single.value.requested)
+        assert f"stream {trimmed!r}" in str(many.value) and "offset 0 is no longer retained" in str(many.value)
+        client.create_stream(gone)
+        client.publish(gone, [b"g"] * 3)
+        client.delete_stream(gone)
+        with pytest.raises(StreamNotFound) as single_gone:
+            list(client.read_range(gone, 0, 3))
+        with pytest.raises(StreamNotFound) as many_gone:
+            list(client.read_ranges([(kept, 0, 10), (gone, 0, 3)]))
+        assert str(many_gone.value) == str(single_gone.value)
+        assert _records(b for _i, b in client.read_ranges([(kept, 2, 8)])) == _records(
+            client.read_range(kept, 2, 8))

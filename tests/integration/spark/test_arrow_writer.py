@@ -185,3 +185,68 @@ def test_many_small_ranges_share_a_few_tasks_that_use_every_core(
     table = pq.read_table(str(tmp_path / "o"), columns=["stream", "offset"])
     assert sorted((r["stream"], r["offset"]) for r in table.to_pylist()) == [
         (s, o) for s in sorted(streams) for o in range(10)]
+
+
+class RoundTrips:
+    """Counts the broker round trips of the real connection (a spy: each waited-for answer, whether
+    of one request or of a pipelined window, and each connection opened), calling through."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from streamledger.protocol.rabbitmq.connection import Connection
+
+        self.count = 0
+        for name in ("call", "pipeline"):
+            real = getattr(Connection, name)
+            monkeypatch.setattr(Connection, name, self._counting(real))
+        real_open = Connection.open.__func__  # type: ignore[attr-defined]
+
+        def opened(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return real_open(cls, *args, **kwargs)
+
+        monkeypatch.setattr(Connection, "open", classmethod(opened))
+
+    def _counting(self, real: Any) -> Any:
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return real(*args, **kwargs)
+
+        return spy
+
+
+def test_a_task_of_many_small_ranges_costs_round_trips_per_window_not_per_range(
+    rabbitmq_url: str, stream_name: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32: at 1,000 partitions x 10 records a writer task holds ~100 small ranges; read one
+    by one each costs ~4 round trips (StreamStats, Metadata, Subscribe, Unsubscribe). Read through
+    subscriptions in flight together, the task's round trips do not grow with its ranges (one
+    window holds up to 255), and its files hold exactly the records read_range reads."""
+    from streamledger.spark.reading import SliceGroup
+
+    trips: dict[int, int] = {}
+    for n in (12, 48):
+        streams = [stream_name(f"aw-rt{n}-{i}") for i in range(n)]
+        for i, s in enumerate(streams):
+            create_stream(rabbitmq_url, s, 10 + i % 3)
+        ranges = {s: (i % 3, 10 + i % 3) for i, s in enumerate(streams)}
+        planned = plan_job(rabbitmq_url, ranges)
+        reader = source_reader(log_kind(rabbitmq_url), url=rabbitmq_url, ranges=ranges, splits=1,
+                               decode="amqp")
+        (task,) = reader.tasks(planned, spread=1)
+        assert isinstance(task, SliceGroup) and len(task.slices) == n
+        arrow_fs, root = fs.arrow_filesystem(str(tmp_path / f"out{n}"))
+        counter = RoundTrips(monkeypatch)
+        written = write_task(task, reader, fs=arrow_fs, root=root, dirs={s: s for s in streams},
+                             options=WriterOptions(), task=0, attempt=1)
+        trips[n] = counter.count
+        monkeypatch.undo()
+        with StreamClient.connect(rabbitmq_url) as client:
+            for s in streams:
+                (f,) = [w for w in written if w.stream == s]
+                table = pq.read_table(str(tmp_path / f"out{n}" / f.file))
+                want = [(o, bytes(b)) for batch in client.read_range(s, *ranges[s]) for o, b in
+                        zip(batch.offsets, batch.bodies, strict=True)]
+                assert list(zip(table.column("offset").to_pylist(), table.column("body").to_pylist(),
+                                strict=True)) == want
+    assert trips[48] <= 10, trips  # one by one: ~4 per range (~190)
+    assert trips[48] == trips[12], trips
