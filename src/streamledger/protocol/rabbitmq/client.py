@@ -465,6 +465,24 @@ class StreamClient:
                                                                   timeout=self.timeout), strict=True))
         return {n: (None if n in lost else counts.get(n, 0)) for n in ranges}
 
+    def read_ranges(
+        self, ranges: Sequence[tuple[str, int, int]], *, decode: Literal["amqp", "raw"] = "amqp",
+        verify_crc: bool = True, credit: int = 2, max_batch_records: int = 65_536,
+        prefer: Literal["replica", "leader", "url"] = "replica",
+        layout: Literal["lists", "buffers"] = "lists", maps: bool = True, window: int = scan.MAX_WINDOW,
+        stats: ReadStats | None = None,
+    ) -> Iterator[tuple[int, RecordBatch | BufferBatch]]:
+        """:meth:`read_range` of many small ``(stream, start, end)`` at once: ``(index, batch)``
+        pairs, range by range in the order given, each range's batches those :meth:`read_range`
+        yields. Up to ``window`` subscriptions are in flight together on one connection per serving
+        member (:mod:`.scan`): a few round trips per window instead of about four per range. The
+        records of a window are held until it is complete, so this is for small ranges (a packed
+        task's); bounds are checked now, as :meth:`read_range` checks them. No ``filter_values``
+        (a filtered read stays with :meth:`read_range`)."""
+        return scan.read_ranges(self, ranges, decode=decode, verify_crc=verify_crc, credit=credit,
+                                max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
+                                window=window, stats=stats)
+
     def first_offset(self, name: str) -> int:
         """Lowest offset still retained (0 for an empty stream).
 

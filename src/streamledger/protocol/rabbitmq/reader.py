@@ -122,8 +122,8 @@ Batch = RecordBatch | BufferBatch
 _CHUNK_HEADER_SIZE: Final = 48
 _READ_RETRIES: Final = 3
 log = logging.getLogger("streamledger.rabbitmq")
-_CHUNK_RECORDS: Final = struct.Struct(">I")  # NumRecords, at byte 4 of the chunk header
-_CHUNK_DATA_LENGTH: Final = struct.Struct(">I")  # DataLength, at byte 36
+CHUNK_RECORDS: Final = struct.Struct(">I")  # NumRecords, at byte 4 of the chunk header
+CHUNK_DATA_LENGTH: Final = struct.Struct(">I")  # DataLength, at byte 36
 
 
 def chunk_position(version: int, buf: bytearray, pos: int, end: int) -> tuple[int, int]:
@@ -225,11 +225,29 @@ def read_range(
     :class:`OffsetOutOfRange` (it would wait for data that does not exist yet), and a ``start``
     below the first retained offset raises :class:`DataLossError`.
     """
+    check_range(stream, start, end)
+    check_read_options(decode=decode, credit=credit, max_batch_records=max_batch_records, prefer=prefer,
+                       layout=layout)
+    values = _filter_values(stream, filter_values)
+    if start == end:
+        return iter(())
+    known = client.stream_stats(stream) if client.supports(c.STREAM_STATS) else None
+    check_bounds(client, stream, start, end, known)
+    return _read(client, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
+                 max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
+                 filter_values=values, stats=stats if stats is not None else ReadStats())
+
+
+def check_range(stream: str, start: int, end: int) -> None:
+    """Both ends are offsets and ``start <= end`` (refused before anything is asked of the broker)."""
     for name, value in (("start", start), ("end", end)):
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
             raise InvalidRequest(f"read_range on stream {stream!r}: {name}={value!r} is not an offset")
     if start > end:
         raise InvalidRequest(f"read_range on stream {stream!r}: start {start} is after end {end}")
+
+
+def check_read_options(*, decode: str, credit: int, max_batch_records: int, prefer: str, layout: str) -> None:
     if decode not in ("amqp", "raw"):
         raise InvalidRequest(f"decode must be 'amqp' or 'raw', not {decode!r}")
     if not isinstance(credit, int) or not 1 <= credit <= 32_767:
@@ -240,18 +258,17 @@ def read_range(
         raise InvalidRequest(f"prefer must be 'replica', 'leader' or 'url', not {prefer!r}")
     if layout not in ("lists", "buffers"):
         raise InvalidRequest(f"layout must be 'lists' or 'buffers', not {layout!r}")
-    values = _filter_values(stream, filter_values)
-    if start == end:
-        return iter(())
-    known = client.stream_stats(stream) if client.supports(c.STREAM_STATS) else None
+
+
+def check_bounds(client: RangeSource, stream: str, start: int, end: int, known: StreamStats | None) -> None:
+    """A non-empty range's bounds against the stream (``known``: its StreamStats, None without them):
+    a ``start`` retention removed is :class:`DataLossError`, an ``end`` past the committed tail
+    :class:`OffsetOutOfRange` (the read would wait for data that does not exist yet)."""
     if known is not None and known.first_chunk_id is not None and start < known.first_chunk_id:
         raise DataLossError(stream, start, known.first_chunk_id)
     tail = client.committed_tail(stream, stats=known)
     if end > tail:
         raise OffsetOutOfRange(stream, end, tail)
-    return _read(client, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
-                 max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
-                 filter_values=values, stats=stats if stats is not None else ReadStats())
 
 
 def _filter_values(stream: str, values: Collection[str] | None) -> tuple[str, ...] | None:
@@ -271,7 +288,7 @@ def _filter_properties(values: tuple[str, ...]) -> dict[str, str]:
     return props
 
 
-def _split(batch: Batch, size: int) -> Iterator[Batch]:
+def split_batch(batch: Batch, size: int) -> Iterator[Batch]:
     if len(batch) <= size:
         yield batch
         return
@@ -470,7 +487,7 @@ def _read(
                         stream, start, end, progress.position, exc, retries, _READ_RETRIES)
             time.sleep(min(2.0, 0.2 * 2**retries))
     if len(progress.batch):
-        yield from _split(progress.batch, max_batch_records)
+        yield from split_batch(progress.batch, max_batch_records)
 
 
 def _barrier(conn: Connection, stream: str) -> int:
@@ -571,9 +588,9 @@ def _read_once(
             # Hand out the batch before it would outgrow max_batch_records (cheaper than slicing), or
             # (buffers) the int32 body offsets; then only a chunk decompressing past that can fail.
             if len(batch) and (
-                len(batch) + _CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > max_batch_records
+                len(batch) + CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > max_batch_records
                 or (buffers and len(batch.body_data)  # type: ignore[union-attr]
-                    + _CHUNK_DATA_LENGTH.unpack_from(view, chunk + 36)[0] > MAX_BUFFER_BYTES)
+                    + CHUNK_DATA_LENGTH.unpack_from(view, chunk + 36)[0] > MAX_BUFFER_BYTES)
             ):
                 progress.batch = _empty(stream, decode, layout)
                 yield batch
@@ -605,7 +622,7 @@ def _read_once(
                     barrier = _barrier(conn, stream)
             if len(batch) >= max_batch_records:
                 progress.batch = _empty(stream, decode, layout)
-                yield from _split(batch, max_batch_records)
+                yield from split_batch(batch, max_batch_records)
         _release(client, conn, sub_id, stream, progress)
         return
     except GeneratorExit:  # the caller stopped early (it has what it needed)

@@ -14,17 +14,47 @@ are free; every subscription is ended (or the connection fails) before the call 
 
 from __future__ import annotations
 
+import logging
+import random
+import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 from streamledger.protocol.rabbitmq import constants as c
-from streamledger.protocol.rabbitmq.chunk import ChunkHeader, decode_chunk, parse_chunk_header
+from streamledger.protocol.rabbitmq.chunk import (
+    ChunkHeader,
+    decode_chunk,
+    decode_chunk_buffers,
+    parse_chunk_header,
+)
 from streamledger.protocol.rabbitmq.connection import Connection, raise_for_code
-from streamledger.protocol.rabbitmq.errors import ResponseError, StreamTimeout
+from streamledger.protocol.rabbitmq.errors import (
+    ConnectionFailed,
+    DataLossError,
+    ResponseError,
+    StreamTimeout,
+    TlsError,
+)
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
-from streamledger.protocol.rabbitmq.reader import chunk_position
-from streamledger.protocol.rabbitmq.records import RecordBatch
+from streamledger.protocol.rabbitmq.reader import (
+    CHUNK_DATA_LENGTH,
+    CHUNK_RECORDS,
+    Batch,
+    Layout,
+    Prefer,
+    RangeSource,
+    ReadStats,
+    check_bounds,
+    check_range,
+    check_read_options,
+    chunk_position,
+    read_range,
+    split_batch,
+)
+from streamledger.protocol.rabbitmq.records import MAX_BUFFER_BYTES, BufferBatch, RecordBatch
+from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.wire import (
     credit_frame,
     metadata_frame,
@@ -34,6 +64,7 @@ from streamledger.protocol.rabbitmq.wire import (
 
 MAX_WINDOW = 255
 """Subscription ids are one byte."""
+log = logging.getLogger("streamledger.rabbitmq")
 
 
 @dataclass(slots=True)
@@ -48,14 +79,53 @@ class _Sub:
     records: int = 0
     skipped: bool = False  # the first chunk began after ``offset``: retention removed it
     done: bool = False
+    batches: list[Batch] = field(default_factory=list)  # a data read's records (``_Reading``)
+    pending: int = 0  # chunks delivered since credit was last granted
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """How a data read decodes its chunks and grants credit (as :func:`reader.read_range` does)."""
+
+    decode: Literal["amqp", "raw"]
+    verify_crc: bool
+    layout: Layout
+    maps: bool
+    max_batch_records: int
+    credit: int
+    stats: ReadStats
+
+
+def _decode_into(s: _Sub, reading: _Reading, view: memoryview, chunk: int) -> ChunkHeader:
+    """Decode one delivered chunk into the subscription's last batch, starting a new batch before
+    the last would outgrow ``max_batch_records`` (or, buffers, their int32 body offsets)."""
+    assert s.end is not None
+    buffers = reading.layout == "buffers"
+    batch = s.batches[-1] if s.batches else None
+    if batch is None or (len(batch) and (
+        len(batch) + CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > reading.max_batch_records
+        or (buffers and len(batch.body_data)  # type: ignore[union-attr]
+            + CHUNK_DATA_LENGTH.unpack_from(view, chunk + 36)[0] > MAX_BUFFER_BYTES)
+    )):
+        batch = BufferBatch.empty(s.stream) if buffers else RecordBatch.empty(s.stream, reading.decode)
+        s.batches.append(batch)
+    if buffers:
+        return decode_chunk_buffers(view, chunk, start=s.position, end=s.end, decode=reading.decode,
+                                    verify_crc=reading.verify_crc, maps=reading.maps,
+                                    out=batch)  # type: ignore[arg-type]
+    return decode_chunk(view, chunk, start=s.position, end=s.end, decode=reading.decode,
+                        verify_crc=reading.verify_crc, out=batch)  # type: ignore[arg-type]
 
 
 def _run(conn: Connection, subs: list[_Sub], *, all_chunks: bool, need: int, barrier: bool,
-         timeout: float, grace: float = 0.05) -> None:
+         timeout: float, grace: float = 0.05, reading: _Reading | None = None,
+         what: str = "probe") -> None:
     """Subscribe all of ``subs`` (ids 0..len-1) together, feed their deliveries to them until each is
     done (``barrier``: or the broker has sent what it had at subscribe time, plus ``grace``), then
-    unsubscribe them together."""
+    unsubscribe them together. ``reading``: keep the records (a data read), not just count them."""
     credit_errors: list[int] = []
+    credit = reading.credit if reading is not None else 1
+    top_up = max(1, credit // 2)  # the broker resumes on more than half the initial credit (spec 7.9)
 
     def on_deliver(version: int, buf: bytearray, pos: int, end: int) -> None:
         sid, chunk = chunk_position(version, buf, pos, end)
@@ -66,20 +136,31 @@ def _run(conn: Connection, subs: list[_Sub], *, all_chunks: bool, need: int, bar
         if s.end is None:  # a header probe: the first chunk delivered is the answer
             s.header, s.done = parse_chunk_header(view, chunk), True
             return
-        batch = RecordBatch.empty(s.stream, "raw")
-        head = decode_chunk(view, chunk, start=s.position, end=s.end, decode="raw", verify_crc=True,
-                            out=batch)
+        if reading is not None:
+            head = _decode_into(s, reading, view, chunk)
+            reading.stats.chunks += 1
+            reading.stats.chunk_bytes += end - chunk
+            reading.stats.records += head.num_records
+            added = 0
+        else:
+            batch = RecordBatch.empty(s.stream, "raw")
+            head = decode_chunk(view, chunk, start=s.position, end=s.end, decode="raw", verify_crc=True,
+                                out=batch)
+            added = len(batch)
         if s.header is None:
             s.header = head
             if head.first_offset > s.offset:
                 s.skipped, s.done = True, True
                 return
-        s.records += len(batch)
+        s.records += added
         s.position = max(s.position, head.next_offset)
         if s.records >= need or s.position >= s.end:
             s.done = True
-        else:
-            conn.send(credit_frame(sid, 1))
+            return
+        s.pending += 1
+        if s.pending >= top_up:
+            conn.send(credit_frame(sid, s.pending))
+            s.pending = 0
 
     previous, conn.on_deliver = conn.on_deliver, on_deliver
     previous_credit = conn.on_credit_error
@@ -94,7 +175,7 @@ def _run(conn: Connection, subs: list[_Sub], *, all_chunks: bool, need: int, bar
         for sid, s in enumerate(subs):
             corr = conn.next_corr()
             spec = OffsetSpec.offset(s.offset)
-            asks.append((c.SUBSCRIBE, corr, subscribe_frame(corr, sid, s.stream, spec, 1, props)))
+            asks.append((c.SUBSCRIBE, corr, subscribe_frame(corr, sid, s.stream, spec, credit, props)))
         codes = conn.pipeline(asks, lambda _i, r: r.u16(), timeout=timeout)
         subscribed = [sid for sid, code in enumerate(codes) if code == c.OK]
         for sid, code in enumerate(codes):
@@ -109,7 +190,7 @@ def _run(conn: Connection, subs: list[_Sub], *, all_chunks: bool, need: int, bar
             mine = [(code, name) for code, name in conn.metadata_updates[known:] if name in ours]
             if mine:
                 code, name = mine[-1]
-                raise ResponseError("a probe of many streams stopped", code, c.code_name(code), name)
+                raise ResponseError(f"a {what} of many streams stopped", code, c.code_name(code), name)
             if credit_errors:
                 raise ResponseError("Credit", credit_errors[0], c.code_name(credit_errors[0]),
                                     subs[0].stream)
@@ -120,7 +201,7 @@ def _run(conn: Connection, subs: list[_Sub], *, all_chunks: bool, need: int, bar
                     break
                 waiting = [s for s in subs if not s.done]
                 raise StreamTimeout(
-                    f"probe of stream {waiting[0].stream!r} up to offset {waiting[0].end}: no chunk after "
+                    f"{what} of stream {waiting[0].stream!r} up to offset {waiting[0].end}: no chunk after "
                     f"offset {waiting[0].position} within {timeout:g}s ({len(waiting)} stream(s) waiting)"
                 ) from None
             progress = sum(s.done for s in subs)
@@ -175,3 +256,149 @@ def user_records(conn: Connection, ranges: Sequence[tuple[str, int, int]], *, ne
         s = next(found)
         out.append(None if s.skipped else min(s.records, need))
     return out
+
+
+class ManySource(RangeSource, Protocol):
+    """What a read of many ranges needs from its client (``StreamClient`` is one): a range read's
+    needs, many streams' stats at once, and the client's own connection."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+    def stream_stats_many(self, names: Sequence[str]) -> dict[str, StreamStats]: ...
+
+
+def _member(md: StreamMetadata | None, prefer: Prefer, taken: set[tuple[str, int]]) -> tuple[str, int] | None:
+    """The node that serves a stream's ranges (None: the URL's own node), chosen as
+    :func:`reader.candidates` orders them, but a replica already serving another stream of this call
+    first: fewer connections, more subscriptions in flight on each."""
+    if prefer == "url" or md is None or not md.exists:
+        return None
+    leader = [md.leader] if md.leader is not None else []
+    replicas = list(md.replicas)
+    tiers = [leader, replicas] if prefer == "leader" else [replicas, leader]
+    for tier in tiers:
+        if tier:
+            used = [m for m in tier if m in taken]
+            return used[0] if used else random.choice(tier)
+    return None
+
+
+def read_ranges(client: ManySource, ranges: Sequence[tuple[str, int, int]], *, decode: Literal["amqp", "raw"],
+                verify_crc: bool, credit: int, max_batch_records: int, prefer: Prefer, layout: Layout,
+                maps: bool, window: int, stats: ReadStats | None) -> Iterator[tuple[int, Batch]]:
+    """:meth:`StreamClient.read_ranges`: the bounds are checked now (one pipelined StreamStats round,
+    one Metadata), the records read when the iterator is."""
+    for stream, start, end in ranges:
+        check_range(stream, start, end)
+    check_read_options(decode=decode, credit=credit, max_batch_records=max_batch_records, prefer=prefer,
+                       layout=layout)
+    live = [i for i, (_s, start, end) in enumerate(ranges) if start < end]
+    names = list(dict.fromkeys(ranges[i][0] for i in live))
+    if not names:
+        return iter(())
+    known = client.stream_stats_many(names) if client.supports(c.STREAM_STATS) else {}
+    for i in live:
+        stream, start, end = ranges[i]
+        check_bounds(client, stream, start, end, known.get(stream))
+    found = client.metadata(names) if prefer != "url" else {}
+    taken: set[tuple[str, int]] = set()
+    members: dict[str, tuple[str, int] | None] = {}
+    for name in names:
+        members[name] = _member(found.get(name), prefer, taken)
+        if members[name] is not None:
+            taken.add(members[name])  # type: ignore[arg-type]
+    reading = _Reading(decode, verify_crc, layout, maps, max_batch_records, credit,
+                       stats if stats is not None else ReadStats())
+    return _read_windows(client, ranges, live, members, reading, max(1, min(window, MAX_WINDOW)), prefer)
+
+
+def _read_windows(client: ManySource, ranges: Sequence[tuple[str, int, int]], live: list[int],
+                  members: dict[str, tuple[str, int] | None], reading: _Reading, size: int,
+                  prefer: Prefer) -> Iterator[tuple[int, Batch]]:
+    """A window of ranges at a time, in the order asked: each member's share of the window in flight
+    together on that member's connection; then the window's records, range by range. A member that
+    cannot be reached or drops its connection has its share read by :func:`reader.read_range` (which
+    fails over and resumes); nothing of a window is handed out before the window is complete."""
+    conns: dict[tuple[str, int] | None, Connection] = {}
+    broken: set[tuple[str, int] | None] = set()
+    own = (client.params.host, client.params.port)
+    try:
+        for w in range(0, len(live), size):
+            part = live[w:w + size]
+            subs = {i: _Sub(ranges[i][0], ranges[i][1], ranges[i][2], ranges[i][1]) for i in part}
+            share: dict[tuple[str, int] | None, list[int]] = {}
+            for i in part:
+                share.setdefault(members[ranges[i][0]], []).append(i)
+            alone: list[int] = []
+            for member, indices in share.items():
+                conn = None if member in broken else _connection(client, conns, member, own)
+                if conn is None:
+                    broken.add(member)
+                    alone += indices
+                    continue
+                try:
+                    _run(conn, [subs[i] for i in indices], all_chunks=True, need=sys.maxsize, barrier=False,
+                         timeout=client.timeout, reading=reading, what="read")
+                except ConnectionFailed as exc:
+                    log.warning("a read of %d ranges from %s lost its connection (%s); reading them one "
+                                "by one", len(indices), member or "the URL's node", exc)
+                    conns.pop(member, None)
+                    if conn is not client.connection:
+                        conn.close()
+                    broken.add(member)
+                    alone += indices
+                    continue
+                for i in indices:
+                    s = subs[i]
+                    if s.skipped:
+                        assert s.header is not None
+                        raise DataLossError(s.stream, s.offset, s.header.first_offset)
+            for i in part:
+                if i in alone:
+                    stream, start, end = ranges[i]
+                    batches: list[Batch] = list(read_range(
+                        client, stream, start, end, decode=reading.decode, verify_crc=reading.verify_crc,
+                        credit=reading.credit, max_batch_records=reading.max_batch_records, prefer=prefer,
+                        layout=reading.layout, maps=reading.maps, stats=reading.stats))
+                else:
+                    batches = subs[i].batches
+                    subs[i].batches = []
+                for batch in batches:
+                    if len(batch):
+                        for piece in split_batch(batch, reading.max_batch_records):
+                            yield i, piece
+    finally:
+        pool = getattr(client, "member_pool", None)
+        for member, conn in conns.items():
+            if conn is client.connection:
+                continue
+            if pool is not None and member is not None and member not in pool and not conn.closed \
+                    and not conn.metadata_updates:
+                pool[member] = conn
+            else:
+                conn.close()
+
+
+def _connection(client: ManySource, conns: dict[tuple[str, int] | None, Connection],
+                member: tuple[str, int] | None, own: tuple[str, int]) -> Connection | None:
+    """The connection serving ``member``: the client's own for its node, an idle pooled one
+    (``pooled_reads``), else a new one; None when it cannot be reached."""
+    if member in conns:
+        return conns[member]
+    if member is None or member == own:
+        conns[member] = client.connection
+        return client.connection
+    pool: dict[tuple[str, int], Connection] | None = getattr(client, "member_pool", None)
+    conn = pool.pop(member, None) if pool else None
+    if conn is None or conn.closed:
+        try:
+            conn = Connection.open(client.params.replace(host=member[0], port=member[1]),
+                                   timeout=client.timeout)
+        except ConnectionFailed as exc:
+            if isinstance(exc, TlsError):
+                raise
+            log.warning("cannot reach %s:%d (%s); reading its ranges one by one", member[0], member[1], exc)
+            return None
+    conns[member] = conn
+    return conn
