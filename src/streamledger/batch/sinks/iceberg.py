@@ -214,10 +214,20 @@ class IcebergSink(TableSink):
                 "metadata_location": table.metadata_location,
                 "snapshot_id": snap.snapshot_id if snap is not None else None}
 
-    def _rows(self, table: Any) -> Any:
+    def _rows(self, table: Any, without: frozenset[str] = frozenset()) -> Any:
         have = set(table.schema().as_arrow().names)
-        return table.scan(selected_fields=("stream", "offset", *(c for c in TABLE_COLUMNS if c in have))
-                          ).to_arrow()
+        scan = table.scan(selected_fields=("stream", "offset", *(c for c in TABLE_COLUMNS if c in have)))
+        if not without:
+            return scan.to_arrow()
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        tasks = [t for t in scan.plan_files() if t.file.file_path not in without]
+        return ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter,
+                         scan.case_sensitive).to_table(tasks)
+
+    def _missing_files(self, table: Any) -> list[str] | None:
+        return [t.file.file_path for t in table.scan().plan_files()
+                if not table.io.new_input(t.file.file_path).exists()]
 
     def _evolve(self, table: Any) -> bool:
         import pyarrow as pa
