@@ -774,8 +774,8 @@ class BatchRun:
             if p.range is not None and p.result.status == PartitionStatus.COMMITTED:
                 try:
                     self.ledger.release_publish(p.range.id, self.token)
-                except Exception:  # reported, never masks the original error
-                    log.exception("could not release the publish lease of range %s", p.range.id)
+                except Exception as exc:  # reported, never masks the original error
+                    log.warning("could not release the publish lease of range %s: %s", p.range.id, exc)
 
     def sweep_staging(self) -> None:
         """Remove staging left by earlier attempts of this run identity (killed mid-read): every
@@ -888,8 +888,8 @@ class BatchRun:
                     continue
                 self.ledger.fail(p.range.id, reason[:500])
                 p.result.status = PartitionStatus.FAILED
-            except Exception:  # reported, never masks the original error
-                log.exception("could not mark range %s failed (its staging copy is kept)", p.range.id)
+            except Exception as exc:  # reported in one line, never masks the original error
+                log.warning("could not mark range %s failed (its staging copy is kept): %s", p.range.id, exc)
                 keep = True
         if self.staging is not None and not keep:
             outputs.remove(self.staging, self.fs)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from sqlalchemy import DateTime, Engine, literal, select
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -117,7 +117,9 @@ class LedgerSession:
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
-        """Turn database errors into one-line LedgerErrors (never with the URL's password)."""
+        """Turn database errors into one-line LedgerErrors (never with the URL's password). A lost
+        or unreachable database is the line alone: the driver's own traceback under it (its class,
+        the statement and its parameters) says nothing more to a task log's reader."""
         try:
             yield
         except LedgerError:
@@ -126,7 +128,10 @@ class LedgerSession:
             raise LedgerError(f"{what}: the ledger database refused it: {_db_message(exc)}") from exc
         except DBAPIError as exc:
             if exc.connection_invalidated or isinstance(exc.orig, ConnectionError):
-                raise LedgerError(f"{what}: lost the ledger database {safe_url(self.url)}") from exc
+                raise LedgerError(f"{what}: lost the ledger database {safe_url(self.url)} "
+                                  f"({_db_message(exc)})") from None
+            if isinstance(exc, OperationalError):
+                raise LedgerError(f"{what}: ledger database error: {_db_message(exc)}") from None
             raise LedgerError(f"{what}: ledger database error: {_db_message(exc)}") from exc
         except SQLAlchemyError as exc:
             raise LedgerError(f"{what}: ledger database error: {_db_message(exc)}") from exc

@@ -55,8 +55,9 @@ def catalog_properties(catalog: Mapping[str, str] | None, *, ledger_url: str,
     file IO reaches S3 as the job's tasks do (:func:`s3_file_io`)."""
     if catalog:
         return dict(catalog)
+    # pool_pre_ping: a connection the database dropped (a restart) is replaced, not failed on
     return {"type": "sql", "uri": ledger_url, "warehouse": _uri(filesystems.join(output_root, "_iceberg")),
-            **s3_file_io()}
+            "pool_pre_ping": "true", **s3_file_io()}
 
 
 def s3_file_io() -> dict[str, str]:
@@ -201,6 +202,10 @@ class IcebergSink(TableSink):
         except (ValueError, TypeError) as exc:  # pyiceberg's schema / file checks
             raise BatchError(f"iceberg table {self.identifier}: the job's files for {what} cannot be "
                              f"added: {line(exc)}") from exc
+        except Exception as exc:  # the catalog's database or the store gone: one line, the retry looks again
+            said = scrub(line(getattr(exc, "orig", None) or exc), secrets_of(self.props))
+            raise BatchError(f"iceberg table {self.identifier}: the commit of {what} failed: "
+                             f"{said}") from None
         log.info("iceberg table %s: snapshot %s appends %d file(s) of %s", self.identifier,
                  table.current_snapshot().snapshot_id, len(paths), what)
 
