@@ -582,7 +582,8 @@ class TopologyChaos(ChaosRun):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.topology.chaos", description=__doc__)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--duration", type=float, default=300.0, help="publishing seconds")
+    p.add_argument("--duration", type=float, default=None,
+                   help="publishing seconds (default 300; 540 with --spark connect, below)")
     p.add_argument("--interval", type=int, default=60, help="DAG data interval in seconds")
     p.add_argument("--rate", type=float, default=20.0, help="records published per second")
     p.add_argument("--s3-pause", type=float, default=20.0, help="seconds the S3 server stays paused")
@@ -595,7 +596,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plant-missing", action="store_true",
                    help="delete one committed output object after convergence: the run must fail")
     a = p.parse_args(argv)
-    opts = ChaosOptions(seed=a.seed, kills=0, duration=a.duration, interval=a.interval, rate=a.rate,
+    # Every fault waits for a Spark job with records, which only runs while records are published
+    # (an idle interval's batch runs no job). Through spark-submit a batch takes minutes, so jobs
+    # run long after publishing stops; through Connect a batch is done seconds after its interval,
+    # and the last faults (PostgreSQL, the S3 pause) found no job after 300 s of publishing.
+    duration = a.duration or (540.0 if a.spark == "connect" else 300.0)
+    opts = ChaosOptions(seed=a.seed, kills=0, duration=duration, interval=a.interval, rate=a.rate,
                         broker_restart=False, postgres_restart=False, settle_timeout=a.settle_timeout,
                         interval_grace=float(a.interval), idle_runs=1,
                         scratch=stack.layout().root / "chaos" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S"))

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime, Engine, literal, select
+from sqlalchemy import Connection, DateTime, Engine, literal, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
@@ -94,6 +94,13 @@ class LedgerSession:
             session.connection(execution_options={IMMEDIATE: True} if write else {})
             yield session
             session.commit()
+
+    @contextlib.contextmanager
+    def read_connection(self, what: str) -> Iterator[Connection]:
+        """A plain connection for a read of the ledger's own SQL (coverage, source summaries), with
+        the database's errors as one-line LedgerErrors like every other call's."""
+        with self._errors(what), self._engine.connect() as conn:
+            yield conn
 
     def _outer(self) -> Session | None:
         return getattr(self._local, "session", None)

@@ -114,3 +114,26 @@ def test_the_ledger_down_at_the_commit_is_one_line_and_the_retry_is_clean(
     result = run_batch(cfg, run=rid("t", try_number=2), ledger=pg_ledger, broker=client, runner=runner)
     assert sum(p.records or 0 for p in result.partitions) == 40
     assert not raw_driver_text(caplog)
+
+
+def test_the_ledgers_own_sql_with_the_database_gone_is_one_line(
+    private_pg: PrivatePostgres, pg_ledger: Ledger,
+) -> None:
+    """The audit's per-source summary (what the table check of the backfill DAG's audit task reads)
+    with the database down: a one-line LedgerError naming the ledger, not the driver's error (a
+    topology run's audit task failed with a raw psycopg AdminShutdown there)."""
+    from streamledger.ledger import LedgerError
+    from streamledger.ledger.coverage import sources
+
+    assert sources(pg_ledger, PIPE) == []
+    private_pg.stop()
+    try:
+        with pytest.raises(LedgerError) as failed:
+            sources(pg_ledger, PIPE)
+    finally:
+        private_pg.start()
+    said = str(failed.value)
+    assert "\n" not in said and "127.0.0.1" in said, said
+    shown = "".join(traceback.format_exception(failed.value))
+    assert "psycopg.errors" not in shown and "OperationalError" not in shown, shown
+    assert sources(pg_ledger, PIPE) == []  # the database back: the next call is clean
