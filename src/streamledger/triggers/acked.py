@@ -37,13 +37,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from airflow import __version__ as airflow_version
 from packaging.version import Version
-
-if TYPE_CHECKING:
-    from streamledger.triggers.new_data import StreamDataEventTrigger
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +60,25 @@ except ImportError:  # Airflow < 3.3: never instantiated (the gate is off)
     AdvanceItem = Any  # type: ignore[assignment,misc]
 
 
+class AnnouncingTrigger(Protocol):
+    """What the shared poll asks of its trigger (``StreamDataEventTrigger`` is one): named here, so
+    this module needs nothing from the trigger's and the trigger's may import it plainly."""
+
+    pipeline: str
+    stream: str | None
+    super_stream: str | None
+    poll_interval: float
+    settle: float
+
+    def check_pinned(self, *, pin: bool) -> dict[str, Any] | None: ...
+
+    def acknowledge(self, upto: dict[str, int]) -> None: ...
+
+
 class AnnouncementProducer(SharedStreamProducer):
     """The shared poll of one (connection, stream or super stream, pipeline)."""
 
-    def __init__(self, trigger: StreamDataEventTrigger) -> None:
+    def __init__(self, trigger: AnnouncingTrigger) -> None:
         self.trigger = trigger
         self.inflight: str | None = None  # the announcement yielded and not yet advanced
 

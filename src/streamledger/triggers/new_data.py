@@ -53,6 +53,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from streamledger.batch.position import source_problem
+from streamledger.triggers.acked import AnnouncementProducer, ack_mode
 from streamledger.triggers.backlog import StreamPosition, poll_positions
 
 ANNOUNCED_SUFFIX = ".announced"
@@ -253,17 +254,13 @@ class StreamDataEventTrigger(BaseEventTrigger):
     def shared_stream_key(self) -> Hashable | None:
         """One poll per (connection, stream or super stream, pipeline) in ack mode, else ``None``
         (Airflow 3.0-3.2, or the gate forced off): :meth:`run` then polls as before."""
-        from streamledger.triggers import acked
-
-        if not acked.ack_mode():
+        if not ack_mode():
             return None
         return ("streamledger.announcements", self.rabbitmq_stream_conn_id,
                 self.super_stream or "", self.stream or "", self.pipeline)
 
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> Any:
-        from streamledger.triggers.acked import AnnouncementProducer
-
         return AnnouncementProducer(cls(**kwargs))
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
