@@ -42,6 +42,8 @@ from typing import Any, Protocol
 from airflow import __version__ as airflow_version
 from packaging.version import Version
 
+from streamledger.triggers.announcement import Announcement
+
 log = logging.getLogger(__name__)
 
 #: The version gate (as the Kafka provider gates its ack mode): shared streams with a producer
@@ -70,7 +72,7 @@ class AnnouncingTrigger(Protocol):
     poll_interval: float
     settle: float
 
-    def check_pinned(self, *, pin: bool) -> dict[str, Any] | None: ...
+    def check_pinned(self, *, pin: bool) -> Announcement | None: ...
 
     def acknowledge(self, upto: dict[str, int]) -> None: ...
 
@@ -82,29 +84,29 @@ class AnnouncementProducer(SharedStreamProducer):
         self.trigger = trigger
         self.inflight: str | None = None  # the announcement yielded and not yet advanced
 
-    async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], tuple[str, dict[str, int]]]]:
+    async def open_stream(self) -> AsyncIterator[tuple[Announcement, tuple[str, dict[str, int]]]]:
         t = self.trigger
         watched = t.super_stream or t.stream
         while True:
-            payload = None
+            found = None
             if self.inflight is None:
                 try:
-                    payload = await self._next()
+                    found = await self._next()
                 except Exception as exc:  # retried: an event would start a DAG run
                     log.warning("pipeline %s on %s: check failed, retrying in %gs: %s: %s", t.pipeline,
                                 watched, t.poll_interval, type(exc).__name__, exc)
-            if payload is not None:
-                self.inflight = payload["announcement"]
-                yield payload, (payload["announcement"], payload["upto"])
+            if found is not None:
+                self.inflight = found.identity
+                yield found, (found.identity, dict(found.upto))
             await asyncio.sleep(t.poll_interval)
 
-    async def _next(self) -> dict[str, Any] | None:
+    async def _next(self) -> Announcement | None:
         t = self.trigger
-        payload = await asyncio.to_thread(t.check_pinned, pin=t.settle == 0)
-        if payload is not None and not payload.get("redelivered") and t.settle > 0:
+        found = await asyncio.to_thread(t.check_pinned, pin=t.settle == 0)
+        if found is not None and not found.redelivered and t.settle > 0:
             await asyncio.sleep(t.settle)  # let a burst across partitions land first
-            payload = await asyncio.to_thread(t.check_pinned, pin=True)
-        return payload
+            found = await asyncio.to_thread(t.check_pinned, pin=True)
+        return found
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Acknowledge each announcement every subscriber persisted; leave others pinned, so the
