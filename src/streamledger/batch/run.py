@@ -326,6 +326,33 @@ class BatchRun:
         interval = (cfg.interval_start, cfg.interval_end) if span is not None else None
         return ClaimRequest(self._source(stream), limit, initial, span, interval)  # type: ignore[arg-type]
 
+    def settle_lost_before(self, asks: Sequence[ClaimRequest]) -> None:
+        """Offsets of a pinned history that retention took before any interval claimed them (a new
+        stream's head, after ``new-epoch`` or on a fresh stream, when a later interval runs first):
+        nobody read them and no interval's span can reach them any more (spans are worked out from
+        the chunks the broker still has). Decided by ``on_data_loss`` before anything is claimed:
+        ``"fail"`` refuses the batch naming them, ``"record"`` records them lost. Never a gap."""
+        cfg = self.config
+        firsts = first_offsets(self.broker, [a.source.stream for a in asks])
+        below = [firsts[a.source.stream] for a in asks]
+        for ask, first, pieces in zip(asks, below, self.ledger.lost_before(cfg.pipeline, asks, below),
+                                      strict=True):
+            if not pieces:
+                continue
+            stream = ask.source.stream
+            named = ", ".join(f"[{a}, {b})" for a, b in pieces)
+            if cfg.on_data_loss == "fail":
+                raise BatchError(
+                    f"stream {stream!r}: pipeline {cfg.pipeline!r} never read {named} and retention removed "
+                    f"everything below {first}; nothing was claimed; set on_data_loss='record' to record "
+                    "them as lost and go on")
+            for a, b in pieces:
+                self.ledger.record_lost(
+                    cfg.pipeline, ask.source, a, b, self.run,
+                    f"retention removed offsets below {first} before pipeline {cfg.pipeline} read them")
+                log.warning("stream %s: recorded [%d, %d) as lost (retention, before any interval read it)",
+                            stream, a, b)
+
     def settle_claim(self, stream: str, rng: OffsetRange, first: int | None, req: ClaimRequest) -> _Part:
         """Make sure the broker still holds a claimed range (recording retention's losses if so
         configured, and claiming again past them), then describe it."""
@@ -436,6 +463,8 @@ class BatchRun:
         spans = [plan.pinned_span(cfg, self.broker, s, tail, self._started) if cfg.bound_by_interval else None
                  for s, tail, _stored, _pos in seen]
         asks = [self.claim_request(*args, firsts, span) for args, span in zip(seen, spans, strict=True)]
+        if cfg.bound_by_interval:
+            self.settle_lost_before(asks)
         got = self.ledger.claim_many(cfg.pipeline, asks, self.run,
                                      max_span=cfg.max_offsets,
                                      abandon_after=timedelta(seconds=cfg.claim_timeout))
