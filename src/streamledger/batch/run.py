@@ -943,6 +943,14 @@ class BatchRun:
         self.describe_table()
         return self.result
 
+    def pieces_left(self) -> bool:
+        """Whether this pinned run's failed claims still hold offsets no live range covers on any
+        partition (its next claim takes the next piece: :func:`run_batch` goes on)."""
+        cfg = self.config
+        if not cfg.bound_by_interval:
+            return False
+        return any(self.ledger.own_redo_left(cfg.pipeline, [p.source for p in self.parts], self.run))
+
     def describe_table(self) -> None:
         """With a table sink, the table as readers find it after this batch, told by the sink the batch
         published with (front doors report it from the result; none builds a sink of its own)."""
@@ -965,11 +973,31 @@ def run_batch(
     progress: ReadProgress | None = None,
 ) -> BatchResult:
     """Run one batch end to end (see the package docstring for what each step guarantees).
-    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.progress`)."""
-    return BatchRun(
-        config, run=run, ledger=ledger, broker=broker, runner=runner, holder_alive=holder_alive,
-        on_step=on_step, progress=progress,
-    ).execute()
+    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.progress`).
+
+    A pinned run whose failed claim a narrower range split into separate pieces gets one piece per
+    claim (the ledger's rule 1 for pinned runs): the batch goes on, round after round, until the
+    ledger has no piece left for it, and reports every range it read."""
+    def one() -> BatchRun:
+        return BatchRun(config, run=run, ledger=ledger, broker=broker, runner=runner,
+                        holder_alive=holder_alive, on_step=on_step, progress=progress)
+
+    batch = one()
+    result = batch.execute()
+    for _ in range(_MAX_PIECES):
+        if not batch.pieces_left():
+            break
+        batch = one()
+        more = batch.execute()
+        seen = {p.range_id for p in result.partitions}
+        result.partitions.extend(p for p in more.partitions if p.range_id not in seen)
+        result.table, result.catalog = more.table, more.catalog
+    return result
+
+
+_MAX_PIECES = 1_000
+"""Rounds one pinned batch takes at most: each commits a piece, and a failed span splits into at most
+one piece more than the ranges claimed inside it."""
 
 
 def backlog(ledger: Ledger, broker: Broker, *, pipeline: str, url: str, streams: list[str] | Any,

@@ -98,3 +98,52 @@ def test_retention_taking_a_new_pinned_streams_head_before_any_claim_is_data_los
     assert not report.of_kind(ViolationKind.GAP)
     lost = [r for r in ledger.ranges(PIPELINE) if r.status == RangeStatus.LOST]
     assert len(lost) == 1 and "retention" in (lost[0].error or ""), lost
+
+
+def test_an_interval_retried_after_a_narrower_run_split_its_span_reads_both_pieces(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """Interval i1 claims [0, 150) and fails; a run of the narrower interval [ta, tb) inside it
+    commits [50, 100). What i1's failed claim held and nothing covers is two pieces: its retry must
+    read both, [0, 50) and [100, 150) (before, only the lower one: [100, 150) stayed a gap for ever
+    and the broker offset stopped at 49)."""
+    ledger = any_ledger
+    s = stream_name("pieces")
+    create_stream(rabbitmq_url, s)
+    t0 = datetime.now(UTC)
+    time.sleep(0.3)
+    publish(rabbitmq_url, s, 50, batch_size=10)
+    time.sleep(0.6)
+    ta = datetime.now(UTC)
+    time.sleep(0.6)
+    publish(rabbitmq_url, s, 50, start=50, batch_size=10)
+    time.sleep(0.6)
+    tb = datetime.now(UTC)
+    time.sleep(0.6)
+    publish(rabbitmq_url, s, 50, start=100, batch_size=10)
+    time.sleep(0.6)
+    t1 = datetime.now(UTC)
+    time.sleep(0.6)
+    publish(rabbitmq_url, s, 5, start=150, batch_size=5)
+    i1 = _interval(rabbitmq_url, tmp_path, s, t0, t1, initial_position="interval_start")
+    runner.die = RuntimeError("executor lost")
+    with pytest.raises(RuntimeError, match="executor lost"):
+        run_batch(i1, run=rid("read", run="i1"), ledger=ledger, broker=client, runner=runner)
+    inner = _interval(rabbitmq_url, tmp_path, s, ta, tb, initial_position="interval_start")
+    run_batch(inner, run=rid("read", run="manual__inner"), ledger=ledger, broker=client, runner=runner)
+    assert [(a, b, st) for a, b, st in _spans(ledger) if a < b] == [
+        (0, 150, "failed"), (50, 100, "committed")], _spans(ledger)
+
+    got = run_batch(i1, run=rid("read", run="i1", try_number=2), ledger=ledger, broker=client, runner=runner)
+    live = [(a, b, st) for a, b, st in _spans(ledger) if st != "failed" and a < b]
+    assert live == [(0, 50, "committed"), (50, 100, "committed"), (100, 150, "committed")], _spans(ledger)
+    assert got.records == 100, got.to_dict()
+    assert sorted(committed_bodies(ledger, PIPELINE)) == sorted(body(s, i) for i in range(150))
+    assert client.query_offset(s, PIPELINE) == 149
+    report = ledger.audit(PIPELINE, broker=client, stale_after=timedelta(0))
+    assert report.clean, report.to_text()
+    # a rerun of the interval is idempotent: nothing read again
+    calls = runner.calls
+    run_batch(i1, run=rid("read", run="i1", try_number=3), ledger=ledger, broker=client, runner=runner)
+    assert runner.calls == calls
