@@ -212,11 +212,26 @@ class LedgerMachine(RuleBasedStateMachine):
         assert len(rest) == 1 and rest[0].end == r.end
         self.rows.append(Row(rest[0].id, cut, r.end, RangeStatus.FAILED, r.key))
 
+    @precondition(lambda self: self.redo() is not None
+                  and not any(h.start == self.redo()[0] for h in self.holes()))  # type: ignore[index]
+    @rule(data=st.data(), key=st.integers(0, 6))
+    def lost_at_an_uncovered_rest(self, data: st.DataObject, key: int) -> None:
+        """Retention's loss recorded where the claim rule would redo the rest of a failed range a
+        later range covers in part (the end of that live range): the truthful record, accepted;
+        what follows it in the failed range stays to redo (no remainder row is needed)."""
+        at, until = self.redo()  # type: ignore[misc]
+        end = data.draw(st.integers(at + 1, until))
+        note(f"lost_at_an_uncovered_rest: [{at}, {end}) of redo span [{at}, {until})")
+        got = self.ledger.record_lost(self.pipeline, SRC, at, end, run(key), "retention")
+        assert (got.start, got.end, got.status) == (at, end, RangeStatus.LOST)
+        self.rows.append(Row(got.id, got.start, got.end, got.status, key))
+
     @rule(key=st.integers(0, 6))
     def illegal_lost_is_refused(self, key: int) -> None:
         tail = self.tail()
-        if tail is None or any(h.start == tail + 1 for h in self.holes()):
-            return  # the start of a hole is a legal place for a lost span, even away from the tail
+        failed = [f for f in self.rows if f.status == RangeStatus.FAILED]
+        if tail is None or any(f.start <= tail + 1 < f.end for f in failed):
+            return  # inside a failed range is a legal place for a lost span, even away from the tail
         note(
             f"illegal lost at [{tail + 1}, {tail + 5}); "
             f"rows {[(r.id, r.start, r.end, r.status.value) for r in self.rows]}"
