@@ -101,7 +101,7 @@ class LostAndStale(Sources):
                 if hole is not None and end <= hole.end_offset:
                     split = hole
                 elif tail is not None and tail != start:
-                    pinned = self._lost_in_gap(session, src.id, start, end, what)
+                    pinned = self._lost_in_gap(session, src.id, start, end, tail, what)
             lost = self._new_row(src.id, start, end, RangeStatus.LOST, run, now, error=clip(reason))
             lost.pinned = pinned
             session.add(lost)
@@ -124,7 +124,7 @@ class LostAndStale(Sources):
             return snapshot(lost, pipeline, src)
 
     @staticmethod
-    def _lost_in_gap(session: Session, source_id: int, start: int, end: int, what: str) -> bool:
+    def _lost_in_gap(session: Session, source_id: int, start: int, end: int, tail: int, what: str) -> bool:
         """Check a lost span away from the tail (:meth:`record_lost`): no live range covers any of
         it, and it starts at the history's origin, at the end of a live range or inside a failed
         range. Returns whether the row must be pinned to pass the database's contiguity guard (it
@@ -138,7 +138,8 @@ class LostAndStale(Sources):
                 f"{what}: range {covering.id} [{covering.start_offset}, {covering.end_offset}) "
                 f"({covering.status}) covers part of it")
         origin = session.scalars(ORIGIN_START, {"source_id": source_id}).first()
-        failed = select(Range.id).where(Range.source_id == source_id, Range.status == RangeStatus.FAILED.value,
+        failed = select(Range.id).where(Range.source_id == source_id,
+                                        Range.status == RangeStatus.FAILED.value,
                                         Range.start_offset <= start).limit(1)
         stops_here = (start == origin
                       or session.scalars(select(Range.id).where(
@@ -146,8 +147,8 @@ class LostAndStale(Sources):
                       or session.scalars(failed.where(Range.end_offset > start)).first())
         if not stops_here:
             raise LedgerError(
-                f"{what}: a lost span must start at the ledger's tail, at the history's origin, at the end of "
-                "a live range, inside a failed range, or at the start of the claim this run holds")
+                f"{what}: a lost span must start at the ledger's tail {tail}, at the history's origin, at "
+                "the end of a live range, inside a failed range, or at the start of the claim this run holds")
         inside = session.scalars(failed.where(Range.end_offset >= end)).first() is not None
         return not inside
 

@@ -110,7 +110,8 @@ FROM (
 ) r
 WHERE r.pick = 1"""
 
-OWN_FAILED = """ AND f.pinned AND f.dag_id = :dag_id AND f.run_id = :run_id AND f.task_id = :task_id
+OWN_FAILED = """
+    AND f.pinned AND f.dag_id = :dag_id AND f.run_id = :run_id AND f.task_id = :task_id
     AND f.map_index = :map_index"""
 """A pinned run's own failed ranges: its retry gets back what they held and nothing covers."""
 

@@ -39,14 +39,16 @@ OWN_REDO_POINTS = """
 SELECT c.source_id, c.failed_id, c.redo_at, c.failed_end FROM (
   SELECT f.source_id, f.id AS failed_id, f.start_offset AS redo_at, f.end_offset AS failed_end
   FROM streamledger_range f
-  WHERE f.source_id = sid AND f.status = 'failed' AND f.end_offset > f.start_offset AND f.pinned AND f.dag_id = p_dag_id AND f.run_id = p_run_id AND f.task_id = p_task_id
+  WHERE f.source_id = sid AND f.status = 'failed' AND f.end_offset > f.start_offset
+    AND f.pinned AND f.dag_id = p_dag_id AND f.run_id = p_run_id AND f.task_id = p_task_id
     AND f.map_index = p_map_index
   UNION ALL
   SELECT f.source_id, f.id, l.end_offset, f.end_offset
   FROM streamledger_range f JOIN streamledger_range l
     ON l.source_id = f.source_id AND l.status <> 'failed' AND l.end_offset > l.start_offset
    AND l.end_offset > f.start_offset AND l.end_offset < f.end_offset
-  WHERE f.source_id = sid AND f.status = 'failed' AND f.end_offset > f.start_offset AND f.pinned AND f.dag_id = p_dag_id AND f.run_id = p_run_id AND f.task_id = p_task_id
+  WHERE f.source_id = sid AND f.status = 'failed' AND f.end_offset > f.start_offset
+    AND f.pinned AND f.dag_id = p_dag_id AND f.run_id = p_run_id AND f.task_id = p_task_id
     AND f.map_index = p_map_index
 ) c
 WHERE COALESCE((SELECT l.end_offset FROM streamledger_range l
@@ -54,11 +56,13 @@ WHERE COALESCE((SELECT l.end_offset FROM streamledger_range l
                   AND l.start_offset <= c.redo_at
                 ORDER BY l.start_offset DESC LIMIT 1), -1) <= c.redo_at"""
 
-_OLD_HELD = """   WHERE r.source_id = sid AND r.dag_id = p_dag_id AND r.run_id = p_run_id AND r.task_id = p_task_id
+_KEY = "   WHERE r.source_id = sid AND r.dag_id = p_dag_id AND r.run_id = p_run_id AND r.task_id = p_task_id"
+_OLD_HELD = _KEY + """
      AND r.map_index = p_map_index AND r.status IN ('claimed', 'committed');"""
-_NEW_HELD = f"""   WHERE r.source_id = sid AND r.dag_id = p_dag_id AND r.run_id = p_run_id AND r.task_id = p_task_id
+_NEW_HELD = _KEY + f"""
      AND r.map_index = p_map_index AND r.status IN ('claimed', 'committed')
-     AND (p_span_start IS NULL OR r.status = 'claimed' OR NOT EXISTS ({OWN_REDO_POINTS}
+     AND (p_span_start IS NULL OR r.status = 'claimed'
+          OR NOT EXISTS ({OWN_REDO_POINTS}
      ))
    ORDER BY r.status = 'claimed' DESC, r.id LIMIT 1;"""
 
@@ -78,7 +82,7 @@ def _previous(name: str) -> ModuleType:
 
 def function(pieces: bool) -> str:
     """The claim function of this revision (``pieces``) or of 0011."""
-    text = _previous("2026_11_27_0011_redo_uncovered_rest.py")._texts(redo=True)[0]
+    text = str(_previous("2026_11_27_0011_redo_uncovered_rest.py")._texts(redo=True)[0])
     if pieces:
         assert text.count(_OLD_HELD) == 1
         text = text.replace(_OLD_HELD, _NEW_HELD)
