@@ -64,8 +64,9 @@ def test_retention_taking_a_new_pinned_streams_head_before_any_claim_is_data_los
     """A pinned pipeline whose history begins at origin t0 on a fresh stream; retention takes
     [0, first) before any interval runs, then i2 runs first. Before, i2 committed its range behind
     an origin marker at 0 and [0, first) became a `gap` for `ledger skip`, whatever on_data_loss
-    said. Now with 'fail' the batch fails in one line naming the stream, the lost offsets and retention, and nothing is
-    claimed; with 'record' [0, first) is recorded lost, i1 reads the rest later, audit CLEAN."""
+    said. Now with 'fail' the batch fails in one line naming the stream, the lost offsets and
+    retention, and nothing is claimed; with 'record' [0, first) is recorded lost, i1 reads the rest
+    later, audit CLEAN."""
     ledger = any_ledger
     s = stream_name("pinloss")
     create_stream(rabbitmq_url, s, 0, max_length_bytes=40_000, max_segment_size_bytes=6_000)
