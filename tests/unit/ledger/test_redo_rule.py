@@ -142,6 +142,28 @@ def test_a_pinned_retry_gets_back_every_separate_piece_of_its_failed_span(ledger
     assert report.clean, report.to_text()
 
 
+def test_retentions_loss_is_recorded_at_the_uncovered_rest_of_a_failed_range(ledger: Ledger) -> None:
+    """A failed claim [0, 30) whose head [0, 10) a lost span covers, and a pinned range [20, 25)
+    inside it: the rest [10, 20) is what the claim rule redoes next. When retention took it, the
+    truthful record is a lost span right there (before: refused, "must start at the ledger's tail"),
+    and what follows it in the failed range, [25, 30), stays to redo."""
+    a = ledger.claim(P, SRC, 30, run(1), initial_start=0)
+    ledger.fail(a.id, "executor lost")
+    ledger.record_lost(P, SRC, 0, 10, run(2), "retention")  # at the hole: remainder [10, 30)
+    inner = _pin(ledger, 1, (20, 25), name="manual")
+    _done(ledger, inner.id, 20, 24)
+    lost = ledger.record_lost(P, SRC, 10, 20, run(3), "retention removed [10, 20)")
+    assert _span(lost) == (10, 20, "lost")
+    assert ledger.watermark(P, SRC).end == 25
+    rest = ledger.claim(P, SRC, 40, run(4))
+    assert _span(rest) == (25, 30, "claimed")
+    _done(ledger, rest.id, 25, 29)
+    assert ledger.watermark(P, SRC).end == 30
+    check_invariants(ledger)
+    report = ledger.audit(P, stale_after=timedelta(0))
+    assert report.clean, report.to_text()
+
+
 def test_postgresql_claims_by_the_same_redo_statement_as_sqlite(ledger: Ledger) -> None:
     """One rule in one place: migration 0010's claim function holds a frozen copy of the redo
     statement both dialects run; the copy is the statement, and PostgreSQL runs it."""
