@@ -165,18 +165,21 @@ class LostAndStale(Sources):
             found = self._find_sources(session, pipeline, [r.source for r in requests])
             for req, first, src in zip(requests, firsts, found, strict=True):
                 span = req.span
-                rows: list[tuple[int, int, str]] = []
+                rows: list[tuple[int, int, str, bool]] = []
                 if src is not None:
-                    rows = [(int(a), int(b), str(st)) for a, b, st in session.execute(
-                        select(Range.start_offset, Range.end_offset, Range.status)
+                    rows = [(int(a), int(b), str(st), bool(pin)) for a, b, st, pin in session.execute(
+                        select(Range.start_offset, Range.end_offset, Range.status, Range.pinned)
                         .where(Range.source_id == src.id).order_by(Range.start_offset))]
-                origin = min((a for a, _b, _s in rows), default=req.initial_start)
+                origin = min((a for a, _b, _s, _p in rows), default=req.initial_start)
                 if span is None or origin is None or first <= origin:
                     out.append([])
                     continue
-                ends = [b for _a, b, st in rows if st != RangeStatus.FAILED.value]
+                ends = [b for _a, b, st, _p in rows if st != RangeStatus.FAILED.value]
                 bound = min(first, max([*ends, origin, span[1]]))
-                held = sorted([(a, b) for a, b, _st in rows if a < b] + [span])
+                # a pinned failed range is its interval's (its retry settles it); an unpinned one
+                # over such offsets is an earlier refusal (record_refused): still to decide
+                held = sorted([(a, b) for a, b, st, pin in rows
+                               if a < b and (st != RangeStatus.FAILED.value or pin)] + [span])
                 pieces: list[tuple[int, int]] = []
                 at = origin
                 for a, b in held:
@@ -187,6 +190,26 @@ class LostAndStale(Sources):
                     pieces.append((at, bound))
                 out.append(pieces)
         return out
+
+    def record_refused(self, pipeline: str, source: SourceRef, start: int, end: int, run: RunIdentity,
+                       reason: str) -> None:
+        """Record that ``run`` refused to go on over ``[start, end)`` (retention took it before anyone
+        read it and ``on_data_loss="fail"``): a failed range, so the span is a finding of the audit
+        (``failed_not_retried``, rule 4.1) until it is recorded lost or skipped, while nothing is
+        claimed. Not recorded again while a failed range holds all of it."""
+        check_pipeline(pipeline)
+        what = f"record refused [{start}, {end}) for pipeline {pipeline!r} stream {source.stream!r}"
+        if end <= start:
+            raise LedgerError(f"{what}: the span is empty or reversed")
+        with self._tx(what) as session:
+            src = self._lock_source(session, pipeline, source)
+            if session.scalars(select(Range.id).where(
+                    Range.source_id == src.id, Range.status == RangeStatus.FAILED.value,
+                    Range.start_offset <= start, Range.end_offset >= end).limit(1)).first() is not None:
+                return
+            session.add(self._new_row(src.id, start, end, RangeStatus.FAILED, run, self._clock(session),
+                                      error=clip(reason)))
+            session.flush()
 
     def record_skipped(self, pipeline: str, source: SourceRef, start: int, end: int, *,
                        reason: str) -> OffsetRange:

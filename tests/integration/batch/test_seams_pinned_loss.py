@@ -80,8 +80,22 @@ def test_retention_taking_a_new_pinned_streams_head_before_any_claim_is_data_los
             run_batch(i2, run=rid("read", run="i2"), ledger=ledger, broker=client, runner=runner)
         msg = str(info.value)
         assert "\n" not in msg and repr(s) in msg and f"[0, {first})" in msg and "retention" in msg, msg
-        assert _spans(ledger) == [], _spans(ledger)  # nothing claimed
+        assert _spans(ledger) == [(0, first, "failed")], _spans(ledger)  # nothing claimed: a refusal
         assert runner.calls == 0
+        report = ledger.audit(PIPELINE, broker=client)
+        assert [(v.kind, v.start, v.end) for v in report.violations] == [
+            (ViolationKind.FAILED_NOT_RETRIED, 0, first)], report.to_text()
+        with pytest.raises(BatchError, match=rf"never read \[0, {first}\)"):  # every run, until decided
+            run_batch(i2, run=rid("read", run="i2", try_number=2), ledger=ledger, broker=client,
+                      runner=runner)
+        assert _spans(ledger) == [(0, first, "failed")], _spans(ledger)
+        # the user decides: the loss recorded (on_data_loss='record'), then the audit is CLEAN
+        record = _interval(rabbitmq_url, tmp_path, s, t1, t2, origin=t0, on_data_loss="record",
+                           initial_position="interval_start")
+        run_batch(record, run=rid("read", run="i2", try_number=3), ledger=ledger, broker=client,
+                  runner=runner)
+        live = [(a, b, st) for a, b, st in _spans(ledger) if st != "failed" and a < b]
+        assert live == [(0, first, "lost"), (150, sent, "committed")], _spans(ledger)
         return
 
     run_batch(i2, run=rid("read", run="i2"), ledger=ledger, broker=client, runner=runner)
