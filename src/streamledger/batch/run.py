@@ -342,9 +342,9 @@ class BatchRun:
             stream = ask.source.stream
             named = ", ".join(f"[{a}, {b})" for a, b in pieces)
             if cfg.on_data_loss == "fail":
-                why = (f"stream {stream!r}: pipeline {cfg.pipeline!r} never read {named} and retention removed "
-                       f"everything below {first}; nothing was claimed; set on_data_loss='record' to record "
-                       "them as lost and go on")
+                why = (f"stream {stream!r}: pipeline {cfg.pipeline!r} never read {named} and retention "
+                       f"removed everything below {first}; nothing was claimed; set on_data_loss='record' "
+                       "to record them as lost and go on")
                 for a, b in pieces:  # the audit's finding until the span is recorded lost or skipped
                     self.ledger.record_refused(cfg.pipeline, ask.source, a, b, self.run, why)
                 raise BatchError(why)
