@@ -134,6 +134,13 @@ class MicroBatchRecorder:
         if start < end:
             self._take(src, run, where, start, end)
 
+    def saw_tails(self, tails: Mapping[str, int]) -> None:
+        """Remember the committed tails the query saw on its streams (audit rule 10, as the batch
+        does when it claims): if a stream is deleted and re-created, ``new-epoch`` records what the
+        old stream held past the history's end as lost, naming it, instead of letting it vanish."""
+        if tails:
+            self.ledger.saw_tails(self.pipeline, {self.source(s): t for s, t in tails.items()})
+
     def _released(self, src: SourceRef, run: RunIdentity, where: tuple[str, str], end: int
                   ) -> OffsetRange | None:
         """Micro-batch ``run`` is done (the engine said so) but holds no claim: if the ledger does not

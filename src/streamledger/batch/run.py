@@ -326,6 +326,35 @@ class BatchRun:
         interval = (cfg.interval_start, cfg.interval_end) if span is not None else None
         return ClaimRequest(self._source(stream), limit, initial, span, interval)  # type: ignore[arg-type]
 
+    def settle_lost_before(self, asks: Sequence[ClaimRequest]) -> None:
+        """Offsets of a pinned history that retention took before any interval claimed them (a new
+        stream's head, after ``new-epoch`` or on a fresh stream, when a later interval runs first):
+        nobody read them and no interval's span can reach them any more (spans are worked out from
+        the chunks the broker still has). Decided by ``on_data_loss`` before anything is claimed:
+        ``"fail"`` refuses the batch naming them, ``"record"`` records them lost. Never a gap."""
+        cfg = self.config
+        firsts = first_offsets(self.broker, [a.source.stream for a in asks])
+        below = [firsts[a.source.stream] for a in asks]
+        for ask, first, pieces in zip(asks, below, self.ledger.lost_before(cfg.pipeline, asks, below),
+                                      strict=True):
+            if not pieces:
+                continue
+            stream = ask.source.stream
+            named = ", ".join(f"[{a}, {b})" for a, b in pieces)
+            if cfg.on_data_loss == "fail":
+                why = (f"stream {stream!r}: pipeline {cfg.pipeline!r} never read {named} and retention "
+                       f"removed everything below {first}; nothing was claimed; set on_data_loss='record' "
+                       "to record them as lost and go on")
+                for a, b in pieces:  # the audit's finding until the span is recorded lost or skipped
+                    self.ledger.record_refused(cfg.pipeline, ask.source, a, b, self.run, why)
+                raise BatchError(why)
+            for a, b in pieces:
+                self.ledger.record_lost(
+                    cfg.pipeline, ask.source, a, b, self.run,
+                    f"retention removed offsets below {first} before pipeline {cfg.pipeline} read them")
+                log.warning("stream %s: recorded [%d, %d) as lost (retention, before any interval read it)",
+                            stream, a, b)
+
     def settle_claim(self, stream: str, rng: OffsetRange, first: int | None, req: ClaimRequest) -> _Part:
         """Make sure the broker still holds a claimed range (recording retention's losses if so
         configured, and claiming again past them), then describe it."""
@@ -436,6 +465,8 @@ class BatchRun:
         spans = [plan.pinned_span(cfg, self.broker, s, tail, self._started) if cfg.bound_by_interval else None
                  for s, tail, _stored, _pos in seen]
         asks = [self.claim_request(*args, firsts, span) for args, span in zip(seen, spans, strict=True)]
+        if cfg.bound_by_interval:
+            self.settle_lost_before(asks)
         got = self.ledger.claim_many(cfg.pipeline, asks, self.run,
                                      max_span=cfg.max_offsets,
                                      abandon_after=timedelta(seconds=cfg.claim_timeout))
@@ -914,6 +945,14 @@ class BatchRun:
         self.describe_table()
         return self.result
 
+    def pieces_left(self) -> bool:
+        """Whether this pinned run's failed claims still hold offsets no live range covers on any
+        partition (its next claim takes the next piece: :func:`run_batch` goes on)."""
+        cfg = self.config
+        if not cfg.bound_by_interval:
+            return False
+        return any(self.ledger.own_redo_left(cfg.pipeline, [p.source for p in self.parts], self.run))
+
     def describe_table(self) -> None:
         """With a table sink, the table as readers find it after this batch, told by the sink the batch
         published with (front doors report it from the result; none builds a sink of its own)."""
@@ -936,11 +975,31 @@ def run_batch(
     progress: ReadProgress | None = None,
 ) -> BatchResult:
     """Run one batch end to end (see the package docstring for what each step guarantees).
-    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.progress`)."""
-    return BatchRun(
-        config, run=run, ledger=ledger, broker=broker, runner=runner, holder_alive=holder_alive,
-        on_step=on_step, progress=progress,
-    ).execute()
+    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.progress`).
+
+    A pinned run whose failed claim a narrower range split into separate pieces gets one piece per
+    claim (the ledger's rule 1 for pinned runs): the batch goes on, round after round, until the
+    ledger has no piece left for it, and reports every range it read."""
+    def one() -> BatchRun:
+        return BatchRun(config, run=run, ledger=ledger, broker=broker, runner=runner,
+                        holder_alive=holder_alive, on_step=on_step, progress=progress)
+
+    batch = one()
+    result = batch.execute()
+    for _ in range(_MAX_PIECES):
+        if not batch.pieces_left():
+            break
+        batch = one()
+        more = batch.execute()
+        seen = {p.range_id for p in result.partitions}
+        result.partitions.extend(p for p in more.partitions if p.range_id not in seen)
+        result.table, result.catalog = more.table, more.catalog
+    return result
+
+
+_MAX_PIECES = 1_000
+"""Rounds one pinned batch takes at most: each commits a piece, and a failed span splits into at most
+one piece more than the ranges claimed inside it."""
 
 
 def backlog(ledger: Ledger, broker: Broker, *, pipeline: str, url: str, streams: list[str] | Any,

@@ -206,10 +206,18 @@ class Claims(Sources):
                     Range.task_id == run.task_id, Range.map_index == run.map_index,
                     Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
             ).order_by(Range.id)):
-                held.setdefault(row.source_id, row)
-        fresh = [i for i in ids if i not in held]
-        pinned_ids = [s.id for s, a in zip(srcs, asks, strict=True) if a.pinned is not None and s.id in fresh]
+                now_held = held.get(row.source_id)
+                if now_held is None or (now_held.status != RangeStatus.CLAIMED.value
+                                        and row.status == RangeStatus.CLAIMED.value):
+                    held[row.source_id] = row  # a claimed range first, else the first committed one
+        # A pinned run whose failed claim still holds uncovered pieces claims the next one even when
+        # it committed an earlier piece (rule 1 then answers with a claimed range only).
+        pinned_ids = [s.id for s, a in zip(srcs, asks, strict=True) if a.pinned is not None and (
+            s.id not in held or held[s.id].status != RangeStatus.CLAIMED.value)]
         retry = self._own_retry_spans(session, pinned_ids, run)
+        for sid in retry:
+            held.pop(sid, None)
+        fresh = [i for i in ids if i not in held]
         if abandon_after is not None and fresh:
             self._abandon(session, fresh, now - abandon_after, now)
         free = [s.id for s, a in zip(srcs, asks, strict=True) if s.id not in held and a.pinned is None]
@@ -403,6 +411,16 @@ class Claims(Sources):
                                     max_span=max_span, abandon_after=abandon_after, span=req.span,
                                     interval=req.interval)
         return [out[i] for i in range(len(requests))]
+
+    def own_redo_left(self, pipeline: str, sources: Sequence[SourceRef], run: RunIdentity) -> list[bool]:
+        """Per source, whether failed pinned claims of ``run``'s key still hold offsets no live range
+        covers: the run's next claim takes the lowest such piece (a failed span a narrower range
+        split in two comes back piece by piece), so its batch claims again until none is left."""
+        check_pipeline(pipeline)
+        with self._tx(f"pieces left to redo by {run}", write=False) as session:
+            found = self._find_sources(session, pipeline, list(sources))
+            left = redo_spans(session, [s.id for s in found if s is not None], run)
+            return [s is not None and s.id in left for s in found]
 
     def heartbeat(self, range_ids: list[int], run: RunIdentity) -> list[int]:
         """Refresh the heartbeat of ``run``'s claims; returns the ids it still holds.
