@@ -88,31 +88,45 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
 
     ``guard()`` runs before the rename and before every file copied (it raises when the caller no
     longer holds the range's publish lease, and renews it otherwise), so two attempts never copy
-    into one directory at once: a stalled publisher stops at its next file.
+    into one directory at once: a stalled publisher stops at its next file. One paused after the
+    guard, whose lease moved on meanwhile, finds this range's output in place (published, or its
+    staging copy moved away by the attempt that published it) and leaves it alone.
     """
     check = guard or (lambda: None)
     if published(final, range_id, fs):
         return
     check()
     atomic = fs.renames_atomically(final)
-    if fs.exists(final) and (atomic or not _unfinished_copy(staging, final, fs)):
-        aside = f"{final.rstrip('/')}.superseded-{int(time.time())}"
-        log.warning("%s holds no output of range %d; moving it aside to %s", final, range_id, aside)
-        fs.rename(final, aside)
-    fs.mkdirs(parent(final))
-    if atomic:
-        fs.rename(staging, final)
-        return
-    names = fs.files(staging)
-    for rel in names:
-        if rel != MANIFEST:
+    if fs.exists(final):
+        foreign = atomic or not _unfinished_copy(staging, final, fs)
+        # Asked again after looking at the destination: an attempt paused after its lease check
+        # finds here the output its successor published meanwhile, and leaves it alone.
+        if published(final, range_id, fs):
+            return
+        if foreign:
+            aside = f"{final.rstrip('/')}.superseded-{int(time.time())}"
+            log.warning("%s holds no output of range %d; moving it aside to %s", final, range_id, aside)
+            fs.rename(final, aside)
+    try:
+        fs.mkdirs(parent(final))
+        if atomic:
+            fs.rename(staging, final)
+            return
+        names = fs.files(staging)
+        for rel in names:
+            if rel != MANIFEST:
+                check()
+                fs.copy_file(join(staging, rel), join(final, rel))
+        if MANIFEST in names:
             check()
-            fs.copy_file(join(staging, rel), join(final, rel))
-    if MANIFEST in names:
-        check()
-        fs.copy_file(join(staging, MANIFEST), join(final, MANIFEST))
-    else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
-        fs.mkdirs(final)
+            fs.copy_file(join(staging, MANIFEST), join(final, MANIFEST))
+        else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
+            fs.mkdirs(final)
+    except Exception:
+        # Another attempt of this range moved (or copied and deleted) the same staging copy first.
+        if published(final, range_id, fs):
+            return
+        raise
     fs.delete(staging)
 
 

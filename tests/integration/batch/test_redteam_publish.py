@@ -76,7 +76,6 @@ class HeldAtFinal:
         return bool(self.inner.exists(uri))
 
 
-@pytest.mark.xfail(strict=True, reason="a zombie resuming after its retry published moves the output aside")
 @pytest.mark.parametrize("atomic", [True, False], ids=["rename", "copy"])
 def test_a_zombie_resuming_after_its_retry_published_leaves_the_output_in_place(
     any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
