@@ -76,8 +76,8 @@ class MicroBatchRecorder:
         recorded too."""
         from streamledger.offsets import same_stream
 
-        for stream, pos in zip(streams, self.ledger.positions(self.pipeline, [self.source(s) for s in streams]),
-                               strict=True):
+        found = self.ledger.positions(self.pipeline, [self.source(s) for s in streams])
+        for stream, pos in zip(streams, found, strict=True):
             if pos.replaced is not None:
                 why = f"a batch found it replaced before ({pos.replaced})"
             elif pos.chunk is not None and same_stream(client, stream, pos.chunk) is False:

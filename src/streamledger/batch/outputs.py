@@ -77,6 +77,18 @@ def _unfinished_copy(staging: str, final: str, fs: OutputFS) -> bool:
     return MANIFEST not in have and have <= set(fs.files(staging))
 
 
+def _unless_published(move: Callable[[], None], final: str, range_id: int, fs: OutputFS) -> bool:
+    """Run one step of a publish (a rename, a file copied); True when it failed because another
+    attempt of this range moved (or copied and deleted) the same staging copy first."""
+    try:
+        move()
+    except Exception:
+        if published(final, range_id, fs):
+            return True
+        raise
+    return False
+
+
 def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
             guard: Callable[[], None] | None = None) -> None:
     """Move a verified staging directory to its final place (idempotent).
@@ -107,26 +119,24 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
             aside = f"{final.rstrip('/')}.superseded-{int(time.time())}"
             log.warning("%s holds no output of range %d; moving it aside to %s", final, range_id, aside)
             fs.rename(final, aside)
-    try:
-        fs.mkdirs(parent(final))
-        if atomic:
-            fs.rename(staging, final)
-            return
-        names = fs.files(staging)
-        for rel in names:
-            if rel != MANIFEST:
-                check()
-                fs.copy_file(join(staging, rel), join(final, rel))
-        if MANIFEST in names:
+    fs.mkdirs(parent(final))
+    if atomic:
+        _unless_published(lambda: fs.rename(staging, final), final, range_id, fs)
+        return
+    names = fs.files(staging)
+    for rel in names:
+        if rel != MANIFEST:
             check()
-            fs.copy_file(join(staging, MANIFEST), join(final, MANIFEST))
-        else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
-            fs.mkdirs(final)
-    except Exception:
-        # Another attempt of this range moved (or copied and deleted) the same staging copy first.
-        if published(final, range_id, fs):
+            if _unless_published(lambda rel=rel: fs.copy_file(join(staging, rel), join(final, rel)),
+                                 final, range_id, fs):
+                return
+    if MANIFEST in names:
+        check()
+        if _unless_published(lambda: fs.copy_file(join(staging, MANIFEST), join(final, MANIFEST)),
+                             final, range_id, fs):
             return
-        raise
+    else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
+        fs.mkdirs(final)
     fs.delete(staging)
 
 

@@ -16,8 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamledger import fs as filesystems
-from streamledger.batch import run_batch
-from streamledger.batch import plan
+from streamledger.batch import plan, run_batch
 from streamledger.batch.proof import audit
 from streamledger.ledger import Ledger, RangeStatus
 from streamledger.manifest import MANIFEST
@@ -46,8 +45,8 @@ def recorded_bodies(ledger: Ledger, pipeline: str) -> list[bytes]:
     """Every body in each committed range's recorded output directory (empty when it is gone)."""
     out: list[bytes] = []
     for r in ledger.ranges(pipeline):
-        if r.status == RangeStatus.COMMITTED and r.records and r.output:
-            if (Path(r.output) / MANIFEST).is_file():
+        if (r.status == RangeStatus.COMMITTED and r.records and r.output
+                and (Path(r.output) / MANIFEST).is_file()):
                 out.extend(pq.read_table(r.output, columns=["body"]).column("body").to_pylist())
     return out
 
