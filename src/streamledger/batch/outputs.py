@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from streamledger.fs import LOCAL, OutputFS, join, local_path, parent
@@ -121,18 +122,18 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
             fs.rename(final, aside)
     fs.mkdirs(parent(final))
     if atomic:
-        _unless_published(lambda: fs.rename(staging, final), final, range_id, fs)
+        _unless_published(partial(fs.rename, staging, final), final, range_id, fs)
         return
     names = fs.files(staging)
     for rel in names:
         if rel != MANIFEST:
             check()
-            if _unless_published(lambda rel=rel: fs.copy_file(join(staging, rel), join(final, rel)),
+            if _unless_published(partial(fs.copy_file, join(staging, rel), join(final, rel)),
                                  final, range_id, fs):
                 return
     if MANIFEST in names:
         check()
-        if _unless_published(lambda: fs.copy_file(join(staging, MANIFEST), join(final, MANIFEST)),
+        if _unless_published(partial(fs.copy_file, join(staging, MANIFEST), join(final, MANIFEST)),
                              final, range_id, fs):
             return
     else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
