@@ -80,7 +80,6 @@ def test_the_tail_a_batch_saw_when_it_claimed_is_known_to_new_epoch_even_if_it_d
         f"(lost: {lost}), audit CLEAN")
 
 
-@pytest.mark.xfail(strict=True, reason="new-epoch leaves a pinned history's gaps unrecorded; audit CLEAN (a note)")
 def test_a_retired_pinned_history_leaves_no_interval_unread_and_unrecorded(
     any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path,
