@@ -331,7 +331,7 @@ class Sources(LedgerSession):
             return []
         origin = int(bounds[1])
         cut = int(bounds[0]) if bounds[0] is not None else origin  # holes and gaps lie below it
-        top = max(cut, *(t for t in (seen_tail, failed_end) if t is not None))
+        top = max([cut, *(t for t in (seen_tail, failed_end) if t is not None)])
         spans: list[tuple[int, int]] = []
         at = origin
         for a, b in [*live, (top, top)]:
