@@ -207,7 +207,11 @@ class MicroBatchRecorder:
                 self._settled[stream] = (query, batch)
                 continue
             records, first, last = count_range(client, stream, r.start, r.end)
-            target_dir = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end)
+            # Named by the source's epoch, as the batch names them: a re-created stream's [0, n) is
+            # never the retired history's directory.
+            (pos,) = self.ledger.positions(self.pipeline, [src])
+            target_dir = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end,
+                                    epoch=pos.epoch)
             manifest = Manifest(
                 streams={stream: StreamEntry(r.start, r.end, records, first, last)}, output=target_dir,
                 written_at=datetime.now(UTC).isoformat(), pipeline=self.pipeline, broker=self.broker,

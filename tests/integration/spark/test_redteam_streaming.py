@@ -77,7 +77,6 @@ def test_a_stream_recreated_past_the_querys_offset_is_never_clean_over_its_unrea
         f"{len(unread)} records of the re-created stream never read, audit CLEAN")
 
 
-@pytest.mark.xfail(strict=True, reason="a new epoch's micro-batch writes over the retired range's manifest")
 def test_a_new_epochs_micro_batch_never_writes_over_the_retired_historys_output(
     spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
 ) -> None:
