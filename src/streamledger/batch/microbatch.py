@@ -209,9 +209,9 @@ class MicroBatchRecorder:
             records, first, last = count_range(client, stream, r.start, r.end)
             # Named by the source's epoch, as the batch names them: a re-created stream's [0, n) is
             # never the retired history's directory.
-            (pos,) = self.ledger.positions(self.pipeline, [src])
+            (position,) = self.ledger.positions(self.pipeline, [src])
             target_dir = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end,
-                                    epoch=pos.epoch)
+                                    epoch=position.epoch)
             manifest = Manifest(
                 streams={stream: StreamEntry(r.start, r.end, records, first, last)}, output=target_dir,
                 written_at=datetime.now(UTC).isoformat(), pipeline=self.pipeline, broker=self.broker,
