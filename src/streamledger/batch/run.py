@@ -467,11 +467,12 @@ class BatchRun:
         asks = [self.claim_request(*args, firsts, span) for args, span in zip(seen, spans, strict=True)]
         if cfg.bound_by_interval:
             self.settle_lost_before(asks)
+        # With the claims, what each stream held: if it is re-created, the new epoch records the
+        # unread rest lost (in the claims' transaction, so a death right after loses none of it).
         got = self.ledger.claim_many(cfg.pipeline, asks, self.run,
                                      max_span=cfg.max_offsets,
-                                     abandon_after=timedelta(seconds=cfg.claim_timeout))
-        # what each stream held: if it is re-created, the new epoch records the unread rest lost
-        self.ledger.saw_tails(cfg.pipeline, {self._source(s): tail for s, tail, _stored, _pos in seen})
+                                     abandon_after=timedelta(seconds=cfg.claim_timeout),
+                                     tails={self._source(s): tail for s, tail, _stored, _pos in seen})
         held = first_offsets(self.broker, [s for (s, *_r), rng in zip(seen, got, strict=True)
                                            if rng.status.value == "claimed"])
         self.parts = [self.settle_claim(s, rng, held.get(s), req)

@@ -4,7 +4,7 @@ heartbeats, listing and abandonment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import SimpleNamespace
@@ -381,14 +381,26 @@ class Claims(Sources):
         *,
         max_span: int | None = None,
         abandon_after: timedelta | None = None,
+        tails: Mapping[SourceRef, int] | None = None,
     ) -> list[OffsetRange]:
         """:meth:`claim` for every source of a batch in one transaction (answers in request order).
 
         Each source gets exactly what :meth:`claim` would give it (the same code decides); the
         claims take effect together, or, when one is refused, none does. Sources that exist already
         are locked first in id order (as every other multi-source locker does), so two batches over
-        the same sources never deadlock.
+        the same sources never deadlock. ``tails``, the committed tail the batch saw on each
+        source's stream, are recorded (:meth:`saw_tails`) in the same transaction: a batch that
+        dies right after its claims leaves them known to :meth:`new_epoch` (audit rule 10).
         """
+        if not tails:
+            return self._claim_many(pipeline, requests, run, max_span, abandon_after)
+        with self._joined(f"claims of pipeline {pipeline!r} by {run} and the tails it saw"):
+            got = self._claim_many(pipeline, requests, run, max_span, abandon_after)
+            self.saw_tails(pipeline, tails)
+            return got
+
+    def _claim_many(self, pipeline: str, requests: Sequence[ClaimRequest], run: RunIdentity,
+                    max_span: int | None, abandon_after: timedelta | None) -> list[OffsetRange]:
         check_pipeline(pipeline)
         if len({(r.source.broker, r.source.stream) for r in requests}) != len(requests):
             raise LedgerError(f"claim_many for pipeline {pipeline!r}: a source is named twice")

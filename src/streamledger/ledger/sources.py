@@ -294,8 +294,10 @@ class Sources(LedgerSession):
             now = self._clock(session)
             marker = RunIdentity(LEDGER_DAG, f"new-epoch-{old + 1}", "ledger")
             for start, end in self._unread(session, src.id, src.seen_tail):
-                session.add(self._new_row(src.id, start, end, RangeStatus.LOST, marker, now, error=clip(
-                    f"stream deleted and re-created (epoch {old + 1}) before [{start}, {end}) was read")))
+                row = self._new_row(src.id, start, end, RangeStatus.LOST, marker, now, error=clip(
+                    f"stream deleted and re-created (epoch {old + 1}) before [{start}, {end}) was read"))
+                row.pinned = True  # it may lie between pinned ranges (an interval whose run never came)
+                session.add(row)
                 log.warning("%s: [%d, %d) of the retired history was never read: recorded lost",
                             what, start, end)
             fresh = Source(pipeline_id=src.pipeline_id, broker=source.broker, stream=source.stream,
@@ -311,34 +313,32 @@ class Sources(LedgerSession):
 
     @staticmethod
     def _unread(session: Session, source_id: int, seen_tail: int | None) -> list[tuple[int, int]]:
-        """The spans of a source no live range covers that the old stream held: those failed ranges
-        left (holes, and failed ranges past its end) and ``[end, seen_tail)`` past the end of its
-        live ranges (from its origin when none is live). Once the stream is deleted nobody can read
-        them again."""
+        """The spans of a source no live range covers that the old stream held, from the history's
+        origin: those failed ranges left (holes, and failed ranges past its end), the gaps of a
+        pinned history (an interval whose run never claimed: none can come once it is retired), and
+        ``[end, seen_tail)`` past the end of its live ranges (from its origin when none is live).
+        Once the stream is deleted nobody can read them again. A span below the end and one past it
+        are two ranges (the contiguity rule)."""
         rows = session.execute(select(Range.start_offset, Range.end_offset, Range.status)
                                .where(Range.source_id == source_id, Range.end_offset > Range.start_offset)
                                .order_by(Range.start_offset)).all()
         live = sorted((int(a), int(b)) for a, b, st in rows if st != RangeStatus.FAILED.value)
-        failed = sorted((int(a), int(b)) for a, b, st in rows if st == RangeStatus.FAILED.value)
+        failed_end = max((int(b) for _a, b, st in rows if st == RangeStatus.FAILED.value), default=None)
         bounds = session.execute(select(
             func.max(Range.end_offset).filter(Range.status != RangeStatus.FAILED.value),
             func.min(Range.start_offset)).where(Range.source_id == source_id)).one()
-        end = bounds[0] if bounds[0] is not None else bounds[1]
-        cut = None if end is None else int(end)  # holes lie below it, the rest from it on
-        if cut is not None and seen_tail is not None and cut < seen_tail:
-            failed = sorted([*failed, (cut, int(seen_tail))])
+        if bounds[1] is None:
+            return []
+        origin = int(bounds[1])
+        cut = int(bounds[0]) if bounds[0] is not None else origin  # holes and gaps lie below it
+        top = max([cut, *(t for t in (seen_tail, failed_end) if t is not None)])
         spans: list[tuple[int, int]] = []
-        for a, b in failed:
-            pieces = [(a, b)]
-            for la, lb in live:
-                pieces = [p for x, y in pieces for p in ((x, min(y, la)), (max(x, lb), y)) if p[0] < p[1]]
-            if cut is not None:  # a hole and the span past the end are two ranges (contiguity rule)
-                pieces = [p for x, y in pieces for p in ((x, min(y, cut)), (max(x, cut), y)) if p[0] < p[1]]
-            for x, y in pieces:
-                if spans and x <= spans[-1][1] and not (cut is not None and spans[-1][1] <= cut <= x):
-                    spans[-1] = (spans[-1][0], max(spans[-1][1], y))
-                else:
+        at = origin
+        for a, b in [*live, (top, top)]:
+            for x, y in ((at, min(a, cut)), (max(at, cut), a)):
+                if x < y:
                     spans.append((x, y))
+            at = max(at, b)
         return spans
 
     @staticmethod

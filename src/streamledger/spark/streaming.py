@@ -372,6 +372,7 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         stop, ranges = self.planned(start, end)
         recorder = self.recorder()
         if recorder is not None:
+            self._call(lambda c: recorder.check_same_streams(sorted({r.stream for r in ranges}), c))
             for r in ranges:
                 reason = f"removed by retention before micro-batch {stop.batch} of query {stop.query}"
                 recorder.claim(stop.query, stop.batch, r.stream, r.start, r.end,
