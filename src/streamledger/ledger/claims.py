@@ -17,7 +17,7 @@ from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Range, Source
 from streamledger.ledger.rows import check_offset, check_pipeline, chunks, snapshot, utc
 from streamledger.ledger.sources import Sources
-from streamledger.ledger.statements import INSERT_RANGE, LIVE, OWN_REDO_SPANS, PG_CLAIM, REDO_SPANS, tail_of
+from streamledger.ledger.statements import INSERT_RANGES, LIVE, OWN_REDO_SPANS, PG_CLAIM, REDO_SPANS, tail_of
 from streamledger.ledger.types import ClaimRequest, OffsetRange, RangeStatus, RunIdentity, SourceRef
 from streamledger.runs import LEDGER_DAG
 
@@ -194,9 +194,7 @@ class Claims(Sources):
         transaction (``BEGIN IMMEDIATE`` holds the database's write lock): what it reads is read
         for all sources at once (one statement per kind), then each source is decided by the same
         code and its range inserted."""
-        found = self._find_sources(session, pipeline, [a.source for a in asks])
-        srcs = [src if src is not None else self._lock_source(session, pipeline, a.source)
-                for a, src in zip(asks, found, strict=True)]
+        srcs = self._make_sources(session, pipeline, [a.source for a in asks])
         ids = [s.id for s in srcs]
         now = self._clock(session)
         held: dict[int, Range] = {}
@@ -219,7 +217,8 @@ class Claims(Sources):
             tails.update((int(r.sid), r.tail) for r in session.execute(select(
                 Source.id.label("sid"), tail_of(Source.id).scalar_subquery().label("tail"),
             ).where(Source.id.in_(chunk))))
-        out: list[OffsetRange] = []
+        out: list[OffsetRange | None] = []
+        made: list[tuple[int, dict[str, Any]]] = []  # (place in out, row): inserted together below
         for ask, src in zip(asks, srcs, strict=True):
             what, source, pinned = ask.what, ask.source, ask.pinned
             mine = held.get(src.id)
@@ -293,11 +292,19 @@ class Claims(Sources):
                 "interval_start": None if pinned is None else pinned[1][0],
                 "interval_end": None if pinned is None else pinned[1][1],
             }
-            values["id"] = session.execute(INSERT_RANGE, values).scalar_one()
-            made = SimpleNamespace(**values)
             self._sources[src.id] = (pipeline, source)
-            out.append(_pinned_answer(what, snapshot(made, pipeline, src), run, pinned))
-        return out
+            made.append((len(out), values))
+            out.append(None)
+        for chunk in chunks(made):
+            ids = {int(sid): int(rid) for sid, rid in session.execute(INSERT_RANGES, [v for _i, v in chunk])}
+            for i, values in chunk:
+                values["id"] = ids[values["source_id"]]
+                ask, src = asks[i], srcs[i]
+                out[i] = _pinned_answer(ask.what, snapshot(SimpleNamespace(**values), pipeline, src), run,
+                                        ask.pinned)
+        answers = [r for r in out if r is not None]
+        assert len(answers) == len(asks)
+        return answers
 
     @staticmethod
     def _abandon(session: Session, source_ids: Sequence[int], before: datetime, now: datetime) -> None:

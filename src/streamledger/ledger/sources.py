@@ -21,7 +21,6 @@ from streamledger.ledger.statements import (
     IS_UNPUBLISHED,
     LOAD,
     LOAD_LOCKED,
-    LOCK_SOURCE_BY_NAME,
     SOURCE_BY_NAME,
     TAIL,
 )
@@ -40,30 +39,35 @@ class Sources(LedgerSession):
 
     def _lock_source(self, session: Session, pipeline: str, src: SourceRef) -> Source:
         """The source row, created on first use and locked for the rest of the transaction."""
-        names = {"pipeline": pipeline, "broker": src.broker, "stream": src.stream}
-        found = session.scalars(LOCK_SOURCE_BY_NAME, names).one_or_none()
-        if found is not None:
-            return found
-        now = self._clock(session)
-        insert = self._insert()
-        session.execute(
-            insert(Pipeline)
-            .values(name=pipeline, created_at=now)
-            .on_conflict_do_nothing(index_elements=["name"])
-        )
-        pipeline_id = session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)).one()
-        session.execute(
-            insert(Source)
-            .values(
-                pipeline_id=pipeline_id,
-                broker=src.broker,
-                stream=src.stream,
-                super_stream=src.super_stream,
-                created_at=now,
-            )
-            .on_conflict_do_nothing(index_elements=["pipeline_id", "broker", "stream"])
-        )
-        return session.scalars(LOCK_SOURCE_BY_NAME, names).one()
+        return self._make_sources(session, pipeline, [src])[0]
+
+    def _make_sources(self, session: Session, pipeline: str, sources: Sequence[SourceRef]) -> list[Source]:
+        """The rows of ``sources`` (in their order), the missing ones created together, all locked for
+        the rest of the transaction: a first batch over 1,000 partitions costs a few statements, not
+        a handful per source. New rows are inserted in name order and the rows locked in id order (as
+        every multi-source locker does), so two batches creating the same sources never deadlock;
+        the lock reads by name, so a row another transaction retired meanwhile (:meth:`new_epoch`)
+        is not the one returned."""
+        found = self._find_sources(session, pipeline, sources)
+        missing = sorted({(s.broker, s.stream): s for s, row in zip(sources, found, strict=True)
+                          if row is None}.items())
+        if missing:
+            now = self._clock(session)
+            insert = self._insert()
+            session.execute(insert(Pipeline).values(name=pipeline, created_at=now)
+                            .on_conflict_do_nothing(index_elements=["name"]))
+            pipeline_id = session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)).one()
+            for chunk in chunks([ref for _name, ref in missing]):
+                session.execute(insert(Source).values([
+                    {"pipeline_id": pipeline_id, "broker": s.broker, "stream": s.stream,
+                     "super_stream": s.super_stream, "created_at": now} for s in chunk])
+                    .on_conflict_do_nothing(index_elements=["pipeline_id", "broker", "stream"]))
+        if missing or self.dialect == "postgresql":  # SQLite: BEGIN IMMEDIATE is the lock
+            found = self._find_sources(session, pipeline, sources, lock=True)
+        made = [row for row in found if row is not None]
+        if len(made) != len(found):
+            raise LedgerError(f"sources of pipeline {pipeline!r}: a new source row vanished while it was created")
+        return made
 
     def _lock_sources(self, session: Session, source_ids: list[int]) -> None:
         """Take the claim lock of these sources (in id order, so two lockers never deadlock)."""
@@ -105,17 +109,20 @@ class Sources(LedgerSession):
 
         return sorted(range(len(sources)), key=order)
 
-    def _find_sources(self, session: Session, pipeline: str,
-                      sources: Sequence[SourceRef]) -> list[Source | None]:
-        """The source rows of ``sources`` (None where there is none yet), one query per broker."""
+    def _find_sources(self, session: Session, pipeline: str, sources: Sequence[SourceRef], *,
+                      lock: bool = False) -> list[Source | None]:
+        """The source rows of ``sources`` (None where there is none yet), one query per broker;
+        ``lock``: locked in id order (PostgreSQL), as the rows stand once their locks are held."""
         found: dict[tuple[str, str], Source] = {}
         for broker in sorted({s.broker for s in sources}):
             names = [s.stream for s in sources if s.broker == broker]
             for chunk in chunks(names):
-                for src in session.scalars(
-                    select(Source).join(Pipeline, Pipeline.id == Source.pipeline_id)
-                    .where(Pipeline.name == pipeline, Source.broker == broker, Source.stream.in_(chunk))
-                ):
+                query = (select(Source).join(Pipeline, Pipeline.id == Source.pipeline_id)
+                         .where(Pipeline.name == pipeline, Source.broker == broker, Source.stream.in_(chunk)))
+                if lock and self.dialect == "postgresql":
+                    query = query.order_by(Source.id).with_for_update(of=Source)
+                    query = query.execution_options(populate_existing=True)
+                for src in session.scalars(query):
                     found[(broker, src.stream)] = src
         return [found.get((s.broker, s.stream)) for s in sources]
 

@@ -50,7 +50,6 @@ SOURCE_BY_NAME = (
         Source.stream == bindparam("stream"),
     )
 )
-LOCK_SOURCE_BY_NAME = SOURCE_BY_NAME.with_for_update(of=Source)
 
 
 def tail_of(sid: Any) -> Any:
@@ -178,7 +177,9 @@ FIRST_UNCONTINUED = (
 
 _RANGES = Range.__table__
 assert isinstance(_RANGES, Table)
-INSERT_RANGE = insert(_RANGES).returning(_RANGES.c.id)
+# Many rows in one statement (SQLAlchemy's "insert many values"): each row's id with its source (the
+# rows of one statement have distinct sources, so no order of the rows returned is relied on).
+INSERT_RANGES = insert(_RANGES).returning(_RANGES.c.source_id, _RANGES.c.id)
 # The common commit in one statement: a claimed range whose span holds the seen offsets.
 COMMIT_CLAIMED = (
     update(_RANGES)
