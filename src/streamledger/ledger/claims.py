@@ -296,9 +296,10 @@ class Claims(Sources):
             made.append((len(out), values))
             out.append(None)
         for chunk in chunks(made):
-            ids = {int(sid): int(rid) for sid, rid in session.execute(INSERT_RANGES, [v for _i, v in chunk])}
+            rows = session.execute(INSERT_RANGES, [v for _i, v in chunk])
+            new_ids = {int(sid): int(rid) for sid, rid in rows}
             for i, values in chunk:
-                values["id"] = ids[values["source_id"]]
+                values["id"] = new_ids[values["source_id"]]
                 ask, src = asks[i], srcs[i]
                 out[i] = _pinned_answer(ask.what, snapshot(SimpleNamespace(**values), pipeline, src), run,
                                         ask.pinned)

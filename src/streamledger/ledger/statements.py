@@ -253,6 +253,13 @@ LOAD = (
     .where(Range.id == bindparam("range_id"))
 )
 LOAD_LOCKED = LOAD.with_for_update(of=Range)
+LOAD_MANY = (
+    select(Range, Source, Pipeline.name)
+    .join(Source, Source.id == Range.source_id)
+    .join(Pipeline, Pipeline.id == Source.pipeline_id)
+    .where(Range.id.in_(bindparam("ids", expanding=True)))
+    .order_by(Range.id)
+)
 
 # -- the audit's checks: set-based SQL text (streamledger.ledger.audit names the findings) ----------
 

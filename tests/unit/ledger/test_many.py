@@ -173,7 +173,8 @@ def test_commit_many_of_many_ranges_costs_a_few_statements(ledger: Ledger) -> No
     # issue 32, item 3: commit_many ran the one-range commit per range
     many = [SourceRef(BROKER, f"c-{i}", "c") for i in range(40)]
     done = ledger.claim_many(PIPE, [ClaimRequest(s, 10, initial_start=0) for s in many], run(1))
-    asks = [CommitRequest(r.id, 2, 3, 4, f"/o/{r.id}", staging=f"/st/{r.id}", publisher="me") for r in done[:38]]
+    asks = [CommitRequest(r.id, 2, 3, 4, f"/o/{r.id}", staging=f"/st/{r.id}", publisher="me")
+            for r in done[:38]]
     asks.append(CommitRequest(done[38].id, 0, None, None, None))
     one = ledger.commit(done[39].id, records=1, first_seen=5, last_seen=5, output="/o/x")
     seen = _statements(ledger)
@@ -199,9 +200,11 @@ def test_commit_many_of_many_ranges_costs_a_few_statements(ledger: Ledger) -> No
         ledger.commit_many([CommitRequest(fresh[1].id, 1, 12, 12, "/o/f"),
                             CommitRequest(fresh[2].id, 1, 12, 12, "/o/g")])
     with pytest.raises(LedgerError, match=r"range 99999 does not exist"):
-        ledger.commit_many([CommitRequest(fresh[1].id, 1, 12, 12, "/o/f"), CommitRequest(99999, 0, None, None, None)])
-    with pytest.raises(LedgerError, match=rf"range {fresh[1].id} .*seen offsets 30..30 are not inside \[10, 20\)"):
-        ledger.commit_many([CommitRequest(fresh[0].id, 1, 12, 12, "/o/f"), CommitRequest(fresh[1].id, 1, 30, 30, "/o/g")])
+        ledger.commit_many([CommitRequest(fresh[1].id, 1, 12, 12, "/o/f"),
+                            CommitRequest(99999, 0, None, None, None)])
+    with pytest.raises(LedgerError, match=rf"range {fresh[1].id} .*offsets 30..30 are not inside \[10, 20\)"):
+        ledger.commit_many([CommitRequest(fresh[0].id, 1, 12, 12, "/o/f"),
+                            CommitRequest(fresh[1].id, 1, 30, 30, "/o/g")])
     after = {r.id: (r.status, r.records) for r in ledger.ranges(PIPE)}
     assert after == {**before, fresh[2].id: (RangeStatus.FAILED, None)}
     check_invariants(ledger, PIPE)
