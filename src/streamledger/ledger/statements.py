@@ -31,6 +31,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import aliased
 
 from streamledger.ledger.models import Pipeline, Range, Source
@@ -243,6 +244,31 @@ PG_CLAIM = (
         bindparam("span_end", type_=BigInteger()),
         bindparam("interval_start", type_=DateTime()),
         bindparam("interval_end", type_=DateTime()),
+    )
+    .columns(*_RANGES.c)
+)
+# The claims of many sources in one call (migration 0012): one array element per source.
+PG_CLAIM_MANY = (
+    text(
+        "SELECT * FROM streamledger_claim_many(:pipeline, :brokers, :streams, :super_streams, :end_limits, "
+        f":dag_id, :run_id, :task_id, :map_index, :try_number, :initials, {PG_NOW}, :max_span, "
+        f"{PG_NOW} - make_interval(secs => :abandon_secs), :span_starts, :span_ends, :interval_starts, "
+        ":interval_ends)"
+    )
+    .bindparams(
+        bindparam("brokers", type_=ARRAY(String())),
+        bindparam("streams", type_=ARRAY(String())),
+        bindparam("super_streams", type_=ARRAY(String())),
+        bindparam("end_limits", type_=ARRAY(BigInteger())),
+        bindparam("map_index", type_=Integer()),
+        bindparam("try_number", type_=Integer()),
+        bindparam("initials", type_=ARRAY(BigInteger())),
+        bindparam("max_span", type_=BigInteger()),
+        bindparam("abandon_secs", type_=Float()),
+        bindparam("span_starts", type_=ARRAY(BigInteger())),
+        bindparam("span_ends", type_=ARRAY(BigInteger())),
+        bindparam("interval_starts", type_=ARRAY(DateTime())),
+        bindparam("interval_ends", type_=ARRAY(DateTime())),
     )
     .columns(*_RANGES.c)
 )
