@@ -412,8 +412,7 @@ class Claims(Sources):
             with self._tx(f"claims of pipeline {pipeline!r} by {run}") as session:
                 return self._claim_sqlite(session, pipeline, asks, run, max_span, abandon_after)
         with self._joined(f"claims of pipeline {pipeline!r} by {run}") as session:
-            self._lock_named(session, pipeline, [r.source for r in requests])  # existing: id order
-            srcs = self._make_sources(session, pipeline, [r.source for r in requests])  # then the new
+            srcs = self._make_sources(session, pipeline, [r.source for r in requests])  # created, locked
             # a pinned retry gets back what its failed claim held (as claim() does: _retry_pinned)
             retry = self._own_retry_spans(session, [s.id for s, a in zip(srcs, asks, strict=True)
                                                     if a.pinned is not None], run)

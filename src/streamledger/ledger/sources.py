@@ -45,11 +45,16 @@ class Sources(LedgerSession):
     def _make_sources(self, session: Session, pipeline: str, sources: Sequence[SourceRef]) -> list[Source]:
         """The rows of ``sources`` (in their order), the missing ones created together, all locked for
         the rest of the transaction: a first batch over 1,000 partitions costs a few statements, not
-        a handful per source. New rows are inserted in name order and the rows locked in id order (as
-        every multi-source locker does), so two batches creating the same sources never deadlock;
-        the lock reads by name, so a row another transaction retired meanwhile (:meth:`new_epoch`)
-        is not the one returned."""
-        found = self._find_sources(session, pipeline, sources)
+        a handful per source. The rows that exist are locked first, in id order (as every
+        multi-source locker does), then the new ones inserted in name order, so two batches over the
+        same sources never deadlock. The rows are read again once locked (by name: a row another
+        transaction retired meanwhile, :meth:`new_epoch`, is not the one returned)."""
+        pg = self.dialect == "postgresql"
+        one = len({s.broker for s in sources}) == 1 and len(sources) <= 500
+        found = self._find_sources(session, pipeline, sources, lock=one)  # one statement: id order
+        locked = {int(row.id) for row in found if row is not None}
+        if not one:
+            self._lock_sources(session, sorted(locked))
         missing = sorted({(s.broker, s.stream): s for s, row in zip(sources, found, strict=True)
                           if row is None}.items())
         if missing:
@@ -63,11 +68,13 @@ class Sources(LedgerSession):
                     {"pipeline_id": pipeline_id, "broker": s.broker, "stream": s.stream,
                      "super_stream": s.super_stream, "created_at": now} for s in chunk])
                     .on_conflict_do_nothing(index_elements=["pipeline_id", "broker", "stream"]))
-        if missing or self.dialect == "postgresql":  # SQLite: BEGIN IMMEDIATE is the lock
-            found = self._find_sources(session, pipeline, sources, lock=True)
+        if missing or (pg and not one):
+            found = self._find_sources(session, pipeline, sources, lock=one)
+            self._lock_sources(session, sorted({int(r.id) for r in found if r is not None} - locked))
         made = [row for row in found if row is not None]
         if len(made) != len(found):
-            raise LedgerError(f"sources of pipeline {pipeline!r}: a new source row vanished as it was made")
+            raise LedgerError(f"sources of pipeline {pipeline!r}: a source row was retired while this "
+                              "transaction locked it; try again")
         return made
 
     def _lock_sources(self, session: Session, source_ids: list[int]) -> None:
@@ -87,33 +94,10 @@ class Sources(LedgerSession):
         """Exclusive end of the source's live ranges (contiguous, so: the one with the greatest start)."""
         return session.scalars(TAIL, {"source_id": source_id}).first()
 
-    def _lock_named(self, session: Session, pipeline: str, sources: Sequence[SourceRef]) -> list[int]:
-        """Lock the sources that exist (id order) and return the indexes of ``sources`` in the order
-        to work on them: existing ones by id, then new ones by name."""
-        brokers = sorted({s.broker for s in sources})
-        found: dict[tuple[str, str], int] = {}
-        for broker in brokers:
-            names = [s.stream for s in sources if s.broker == broker]
-            for chunk in range(0, len(names), 500):
-                rows = session.execute(
-                    select(Source.id, Source.stream)
-                    .join(Pipeline, Pipeline.id == Source.pipeline_id)
-                    .where(Pipeline.name == pipeline, Source.broker == broker,
-                           Source.stream.in_(names[chunk:chunk + 500]))
-                ).all()
-                found.update({(broker, str(stream)): int(sid) for sid, stream in rows})
-        self._lock_sources(session, sorted(found.values()))
-
-        def order(i: int) -> tuple[int, int, str, str]:
-            name = (sources[i].broker, sources[i].stream)
-            return (0, found[name], "", "") if name in found else (1, 0, *name)
-
-        return sorted(range(len(sources)), key=order)
-
     def _find_sources(self, session: Session, pipeline: str, sources: Sequence[SourceRef], *,
                       lock: bool = False) -> list[Source | None]:
-        """The source rows of ``sources`` (None where there is none yet), one query per broker;
-        ``lock``: locked in id order (PostgreSQL), as the rows stand once their locks are held."""
+        """The source rows of ``sources`` (None where there is none yet), as they stand now, one query
+        per broker and 500 names; ``lock``: locked in id order (PostgreSQL) within each query."""
         found: dict[tuple[str, str], Source] = {}
         for broker in sorted({s.broker for s in sources}):
             names = [s.stream for s in sources if s.broker == broker]
@@ -122,7 +106,7 @@ class Sources(LedgerSession):
                          .where(Pipeline.name == pipeline, Source.broker == broker, Source.stream.in_(chunk)))
                 if lock and self.dialect == "postgresql":
                     query = query.order_by(Source.id).with_for_update(of=Source)
-                    query = query.execution_options(populate_existing=True)
+                query = query.execution_options(populate_existing=True)
                 for src in session.scalars(query):
                     found[(broker, src.stream)] = src
         return [found.get((s.broker, s.stream)) for s in sources]
