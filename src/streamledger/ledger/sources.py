@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -22,6 +22,7 @@ from streamledger.ledger.statements import (
     LOAD,
     LOAD_LOCKED,
     LOAD_MANY,
+    RAISE_SEEN_TAIL,
     SOURCE_BY_NAME,
     TAIL,
 )
@@ -223,13 +224,11 @@ class Sources(LedgerSession):
             return
         with self._tx(f"tails seen by pipeline {pipeline!r}") as session:
             refs = list(tails)
-            for ref, src in zip(refs, self._find_sources(session, pipeline, refs), strict=True):
-                if src is None:
-                    continue
-                tail = int(tails[ref])
-                below = or_(Source.seen_tail.is_(None), Source.seen_tail < tail)
-                session.execute(update(Source).where(Source.id == src.id, below).values(seen_tail=tail)
-                                .execution_options(synchronize_session=False))
+            rows = [{"sid": src.id, "tail": int(tails[ref])}
+                    for ref, src in zip(refs, self._find_sources(session, pipeline, refs), strict=True)
+                    if src is not None and (src.seen_tail is None or src.seen_tail < int(tails[ref]))]
+            if rows:  # one executemany; the condition again, for a batch that raised it meanwhile
+                session.connection().execute(RAISE_SEEN_TAIL, rows)
 
     def mark_replaced(self, pipeline: str, source: SourceRef, why: str) -> None:
         """Remember that a batch found the broker holding another stream than the source's history

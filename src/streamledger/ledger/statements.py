@@ -272,6 +272,15 @@ PG_CLAIM_MANY = (
     )
     .columns(*_RANGES.c)
 )
+# A tail a batch saw, kept when it is the greatest (Ledger.saw_tails, executed for many sources).
+_SOURCES = Source.__table__
+assert isinstance(_SOURCES, Table)
+RAISE_SEEN_TAIL = (
+    update(_SOURCES)
+    .where(_SOURCES.c.id == bindparam("sid"),
+           or_(_SOURCES.c.seen_tail.is_(None), _SOURCES.c.seen_tail < bindparam("tail", type_=BigInteger())))
+    .values(seen_tail=bindparam("tail", type_=BigInteger()))
+)
 LOAD = (
     select(Range, Source, Pipeline.name)
     .join(Source, Source.id == Range.source_id)

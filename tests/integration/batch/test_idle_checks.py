@@ -199,5 +199,6 @@ def test_an_idle_partition_whose_ledger_moves_during_the_batch_is_checked_before
     done = run_batch(cfg, run=rid("t", run="r3"), ledger=ledger, broker=asking, runner=runner,
                      on_step=other_run)
     assert [(r.start, r.end, r.records) for r in done.partitions] == [(21, 26, 5)]
-    assert asking.asked == {"chunks_at": 2}, asking.asked  # checked late, then the commit's fingerprint
+    # checked late, the range probed after the claim (as any claimed range), the commit's fingerprint
+    assert asking.asked == {"chunks_at": 2, "read_range": 1}, asking.asked
     assert sorted(committed_bodies(ledger, PIPE)) == sorted(body(s, i) for i in range(25))

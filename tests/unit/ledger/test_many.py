@@ -233,3 +233,20 @@ def test_mark_published_many_costs_a_few_statements(ledger: Ledger) -> None:
         ledger.mark_published_many([more[0].id, more[2].id], "other")
     assert [r.published_at for r in ledger.ranges(PIPE) if r.id in (more[0].id, more[1].id)] == [None, None]
     check_invariants(ledger, PIPE)
+
+
+def test_tails_seen_on_many_sources_cost_a_few_statements(ledger: Ledger) -> None:
+    # issue 32, item 3: every batch (idle ones too) remembers the tail it saw on each partition
+    many = [SourceRef(BROKER, f"t-{i}", "t") for i in range(40)]
+    ledger.claim_many(PIPE, [ClaimRequest(s, 10, initial_start=0) for s in many], run(1))
+    seen = _statements(ledger)
+    ledger.saw_tails(PIPE, {s: 10 + i for i, s in enumerate(many)})
+    assert len(seen) <= 4, seen  # not per source
+    del seen[:]
+    ledger.saw_tails(PIPE, {s: 10 + i - (i % 2) * 5 for i, s in enumerate(many)})  # the same or lower
+    assert len(seen) <= 3, seen
+    ledger.saw_tails(PIPE, {many[0]: 99, SourceRef(BROKER, "no-history", "t"): 5})
+    with ledger.engine.connect() as conn:
+        from sqlalchemy import text
+        got = dict(conn.execute(text("SELECT stream, seen_tail FROM streamledger_source")).all())
+    assert got == {**{s.stream: 10 + i for i, s in enumerate(many)}, "t-0": 99}
