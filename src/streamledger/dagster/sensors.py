@@ -49,7 +49,7 @@ from streamledger.batch.position import (
     StreamPosition,
     measure,
     source_problem,
-    user_records,
+    user_records_many,
 )
 from streamledger.dagster.assets import DEFAULT_BROKER_KEY, DEFAULT_LEDGER_KEY
 from streamledger.dagster.identity import holder_alive
@@ -64,13 +64,6 @@ DEFAULT_CLAIM_TIMEOUT: float = BatchConfig.__dataclass_fields__["claim_timeout"]
 def waiting_offsets(position: StreamPosition) -> int:
     """Offsets past where the done work ends: an upper bound on the records waiting."""
     return max(0, position.tail - position.resume)
-
-
-def records_waiting(client: Any, position: StreamPosition, need: int) -> int:
-    """User records in ``[resume, tail)``, counting no further than ``need`` (cheap when small)."""
-    if waiting_offsets(position) == 0 or need <= 0:
-        return 0
-    return user_records(client, position.stream, position.resume, position.tail, need)
 
 
 def stream_state(
@@ -108,14 +101,16 @@ def backlog_of(client: Any, ledger: Any, source: PipelineSource, *, need: int,
                claim_timeout: float = DEFAULT_CLAIM_TIMEOUT) -> Backlog:
     """One look at a pipeline's backlog on one broker connection (the sensor and the automation
     condition both ask this): positions from the ledger and the broker, then user records counted
-    from each frontier until ``need`` are seen. With a claim in flight nothing is counted."""
+    from each frontier until ``need`` are seen, every stream's in one round to the broker (a caught-up
+    pipeline ends each partition in the tracking chunk its stored offset wrote, so every stream must
+    be looked at). With a claim in flight nothing is counted."""
     positions = measure(client, ledger, source, holder_alive=alive, claim_timeout=claim_timeout,
-                        last_user=False)  # user records are counted below instead (records_waiting)
+                        last_user=False)  # user records are counted below instead
     claimed = [(p.stream, r) for p in positions for r in p.claimed]
     found = 0
-    if not claimed:
-        for position in positions:
-            found += records_waiting(client, position, need - found)
+    if not claimed and need > 0:
+        waiting = {p.stream: (p.resume, p.tail) for p in positions if waiting_offsets(p) > 0}
+        found = min(need, sum(user_records_many(client, waiting, need).values()))
     return Backlog(positions, claimed, found)
 
 

@@ -37,13 +37,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from airflow import __version__ as airflow_version
 from packaging.version import Version
 
-if TYPE_CHECKING:
-    from streamledger.triggers.new_data import StreamDataEventTrigger
+from streamledger.triggers.announcement import Announcement
 
 log = logging.getLogger(__name__)
 
@@ -63,36 +62,51 @@ except ImportError:  # Airflow < 3.3: never instantiated (the gate is off)
     AdvanceItem = Any  # type: ignore[assignment,misc]
 
 
+class AnnouncingTrigger(Protocol):
+    """What the shared poll asks of its trigger (``StreamDataEventTrigger`` is one): named here, so
+    this module needs nothing from the trigger's and the trigger's may import it plainly."""
+
+    pipeline: str
+    stream: str | None
+    super_stream: str | None
+    poll_interval: float
+    settle: float
+
+    def check_pinned(self, *, pin: bool) -> Announcement | None: ...
+
+    def acknowledge(self, upto: dict[str, int]) -> None: ...
+
+
 class AnnouncementProducer(SharedStreamProducer):
     """The shared poll of one (connection, stream or super stream, pipeline)."""
 
-    def __init__(self, trigger: StreamDataEventTrigger) -> None:
+    def __init__(self, trigger: AnnouncingTrigger) -> None:
         self.trigger = trigger
         self.inflight: str | None = None  # the announcement yielded and not yet advanced
 
-    async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], tuple[str, dict[str, int]]]]:
+    async def open_stream(self) -> AsyncIterator[tuple[Announcement, tuple[str, dict[str, int]]]]:
         t = self.trigger
         watched = t.super_stream or t.stream
         while True:
-            payload = None
+            found = None
             if self.inflight is None:
                 try:
-                    payload = await self._next()
+                    found = await self._next()
                 except Exception as exc:  # retried: an event would start a DAG run
                     log.warning("pipeline %s on %s: check failed, retrying in %gs: %s: %s", t.pipeline,
                                 watched, t.poll_interval, type(exc).__name__, exc)
-            if payload is not None:
-                self.inflight = payload["announcement"]
-                yield payload, (payload["announcement"], payload["upto"])
+            if found is not None:
+                self.inflight = found.identity
+                yield found, (found.identity, dict(found.upto))
             await asyncio.sleep(t.poll_interval)
 
-    async def _next(self) -> dict[str, Any] | None:
+    async def _next(self) -> Announcement | None:
         t = self.trigger
-        payload = await asyncio.to_thread(t.check_pinned, pin=t.settle == 0)
-        if payload is not None and not payload.get("redelivered") and t.settle > 0:
+        found = await asyncio.to_thread(t.check_pinned, pin=t.settle == 0)
+        if found is not None and not found.redelivered and t.settle > 0:
             await asyncio.sleep(t.settle)  # let a burst across partitions land first
-            payload = await asyncio.to_thread(t.check_pinned, pin=True)
-        return payload
+            found = await asyncio.to_thread(t.check_pinned, pin=True)
+        return found
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Acknowledge each announcement every subscriber persisted; leave others pinned, so the

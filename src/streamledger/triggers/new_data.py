@@ -46,13 +46,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from streamledger.batch.position import source_problem
+from streamledger.triggers.acked import AnnouncementProducer, ack_mode
+from streamledger.triggers.announcement import Announcement, PartitionNews, announcement_id
 from streamledger.triggers.backlog import StreamPosition, poll_positions
 
 ANNOUNCED_SUFFIX = ".announced"
@@ -72,24 +73,16 @@ def announced_reference(pipeline: str, suffix: str = ANNOUNCED_SUFFIX) -> str:
     return prefix + tail
 
 
-def announcement_id(pipeline: str, vector: dict[str, int | None]) -> str:
-    """The identity of one announcement: a digest of the pipeline and, per partition, the announced
-    position once it is acknowledged (``None``: never announced). In ack mode that vector is on the
-    broker from the pin on, and no new pin is written while one waits, so an announcement yielded
-    again after a restart (even one acknowledged on some partitions only) has the same identity."""
-    text = json.dumps([pipeline, sorted((s, v) for s, v in vector.items() if v is not None)])
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-
-
 def plan_announcement(positions: Sequence[StreamPosition], announced: dict[str, int | None]
-                      ) -> dict[str, dict[str, int]]:
-    """Per partition ``{"tail", "backlog", "new", "from"}`` (pure: the rule above, unit-tested)."""
-    out: dict[str, dict[str, int]] = {}
+                      ) -> dict[str, PartitionNews]:
+    """Per partition what is new past both the pipeline's and the announced position (pure: the
+    rule above, unit-tested)."""
+    out: dict[str, PartitionNews] = {}
     for p in positions:
         seen = announced.get(p.stream)
         begin = max(p.start, seen + 1) if seen is not None else p.start
         new = p.tail - begin if p.has_user_data_from(begin) else 0
-        out[p.stream] = {"tail": p.tail, "backlog": p.backlog, "new": new, "from": begin}
+        out[p.stream] = PartitionNews(p.tail, p.backlog, new, begin)
     return out
 
 
@@ -170,12 +163,12 @@ class StreamDataEventTrigger(BaseEventTrigger):
         )
 
     def check(self, *, announce: bool = True) -> dict[str, Any] | None:
-        """One synchronous check: the payload when enough new data waits, else ``None``. With
-        ``announce`` the announcement is stored first (without it nothing is written)."""
-        return self._poll(  # type: ignore[no-any-return]
-            lambda client, positions: self._announce(client, positions, store=announce))
+        """One synchronous check: the event's payload when enough new data waits, else ``None``.
+        With ``announce`` the announcement is stored first (without it nothing is written)."""
+        found = self._poll(lambda client, positions: self._announce(client, positions, store=announce))
+        return found.payload() if found is not None else None
 
-    def check_pinned(self, *, pin: bool) -> dict[str, Any] | None:
+    def check_pinned(self, *, pin: bool) -> Announcement | None:
         """Ack mode's check: the pinned announcement not yet acknowledged (a redelivery) if there is
         one, else new data's announcement, pinned under :attr:`pinned_reference` when ``pin``."""
         return self._poll(  # type: ignore[no-any-return]
@@ -191,22 +184,22 @@ class StreamDataEventTrigger(BaseEventTrigger):
                 client.store_offset_verified(stream, self.reference, offset)
 
     def _announce(self, client: Any, positions: list[StreamPosition], *, store: bool,
-                  reference: str | None = None) -> dict[str, Any] | None:
+                  reference: str | None = None) -> Announcement | None:
         announced = {p.stream: client.query_offset(p.stream, self.reference) for p in positions}
         plan = plan_announcement(positions, announced)
-        new = sum(v["new"] for v in plan.values())
+        new = sum(v.new for v in plan.values())
         if new < self.min_backlog:
             if new:
                 self.log.info("pipeline %s: %d new offsets, waiting for %d", self.pipeline, new,
                               self.min_backlog)
             return None
-        marks = {s: v["tail"] - 1 for s, v in plan.items() if v["new"]}
+        marks = {s: v.tail - 1 for s, v in plan.items() if v.new}
         if store:
             for stream, upto in marks.items():
                 client.store_offset_verified(stream, reference or self.reference, upto)
-        return self._payload(plan, marks, {**announced, **marks})
+        return self._announcement(plan, marks, {**announced, **marks})
 
-    def _redelivery(self, client: Any, positions: list[StreamPosition]) -> dict[str, Any] | None:
+    def _redelivery(self, client: Any, positions: list[StreamPosition]) -> Announcement | None:
         """The pinned announcement when it is ahead of the acknowledged one on any partition."""
         announced = {p.stream: client.query_offset(p.stream, self.reference) for p in positions}
         pinned = {p.stream: client.query_offset(p.stream, self.pinned_reference) for p in positions}
@@ -217,64 +210,53 @@ class StreamDataEventTrigger(BaseEventTrigger):
                 marks[s] = upto
         if not marks:
             return None
-        plan: dict[str, dict[str, int]] = {}
+        plan: dict[str, PartitionNews] = {}
         for p in positions:
             begin = max(p.start, (announced[p.stream] or -1) + 1)
             new = max(0, marks[p.stream] + 1 - begin) if p.stream in marks else 0
-            plan[p.stream] = {"tail": p.tail, "backlog": p.backlog, "new": new, "from": begin}
-        payload = self._payload(plan, marks, {**announced, **marks})
-        if payload["new"] == 0:
+            plan[p.stream] = PartitionNews(p.tail, p.backlog, new, begin)
+        found = self._announcement(plan, marks, {**announced, **marks}, redelivered=True)
+        if found.new == 0:
             # the pipeline already read (or claimed) all of it: the first event was persisted and
             # ran, or another run took the data; either way it is not announced again
             for stream, upto in marks.items():
                 client.store_offset_verified(stream, self.reference, upto)
             self.log.info("pipeline %s: pinned announcement %s already processed, acknowledged without "
-                          "an event", self.pipeline, payload["announcement"])
+                          "an event", self.pipeline, found.identity)
             return None
-        return {**payload, "redelivered": True}
+        return found
 
-    def _payload(self, plan: dict[str, dict[str, int]], marks: dict[str, int],
-                 vector: dict[str, int | None]) -> dict[str, Any]:
+    def _announcement(self, plan: dict[str, PartitionNews], marks: dict[str, int],
+                      vector: dict[str, int | None], *, redelivered: bool = False) -> Announcement:
         """``marks``: what this announcement stores, per partition; ``vector``: the announced
         position of every partition once it is acknowledged (its identity)."""
-        return {
-            "pipeline": self.pipeline,
-            "super_stream": self.super_stream,
-            "announcement": announcement_id(self.pipeline, vector),
-            "upto": marks,
-            "streams": plan,
-            "tail": {s: v["tail"] for s, v in plan.items()},
-            "backlog": sum(v["backlog"] for v in plan.values()),
-            "new": sum(v["new"] for v in plan.values()),
-        }
+        return Announcement(pipeline=self.pipeline, super_stream=self.super_stream,
+                            identity=announcement_id(self.pipeline, vector), upto=marks, streams=plan,
+                            redelivered=redelivered)
 
     # -- Airflow >= 3.3: ack mode (one shared poll per key; see streamledger.triggers.acked) --
 
     def shared_stream_key(self) -> Hashable | None:
         """One poll per (connection, stream or super stream, pipeline) in ack mode, else ``None``
         (Airflow 3.0-3.2, or the gate forced off): :meth:`run` then polls as before."""
-        from streamledger.triggers import acked
-
-        if not acked.ack_mode():
+        if not ack_mode():
             return None
         return ("streamledger.announcements", self.rabbitmq_stream_conn_id,
                 self.super_stream or "", self.stream or "", self.pipeline)
 
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> Any:
-        from streamledger.triggers.acked import AnnouncementProducer
-
         return AnnouncementProducer(cls(**kwargs))
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         """Every announcement of the shared poll is this trigger's event. Never returns: leaving the
         group with an event awaiting its persist confirmation would abandon its acknowledgement."""
         watched = self.super_stream or self.stream
-        async for payload in shared_stream:
+        async for found in shared_stream:
             self.log.info("pipeline %s on %s: announcing %d new offsets (backlog %d, announcement %s%s)",
-                          self.pipeline, watched, payload["new"], payload["backlog"],
-                          payload["announcement"], ", redelivered" if payload.get("redelivered") else "")
-            yield TriggerEvent(payload)  # type: ignore[no-untyped-call]
+                          self.pipeline, watched, found.new, found.backlog, found.identity,
+                          ", redelivered" if found.redelivered else "")
+            yield TriggerEvent(found.payload())  # type: ignore[no-untyped-call]
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         watched = self.super_stream or self.stream

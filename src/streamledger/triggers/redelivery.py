@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from streamledger.triggers.announcement import Announcement
+
 #: How many earlier asset events of the asset are searched for the original. The original is the
 #: previous event its watcher persisted (one announcement is outstanding at a time), so this only
 #: leaves room for other watchers' events on the same asset in between.
@@ -44,13 +46,8 @@ class Repeat:
 
 def announcement_of(extra: Mapping[str, Any] | None, pipeline: str) -> tuple[str, bool] | None:
     """``(identity, redelivered)`` of a streamledger announcement of ``pipeline``, else ``None``."""
-    payload = (extra or {}).get("payload")
-    if not isinstance(payload, Mapping) or payload.get("pipeline") != pipeline:
-        return None
-    ident = payload.get("announcement")
-    if not isinstance(ident, str):
-        return None
-    return ident, bool(payload.get("redelivered"))
+    found = Announcement.from_payload((extra or {}).get("payload"), pipeline)
+    return (found.identity, found.redelivered) if found is not None else None
 
 
 def repeated(triggering: Sequence[Event], earlier: Callable[[Event], Iterable[Event]],

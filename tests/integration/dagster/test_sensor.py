@@ -96,3 +96,32 @@ def test_one_broker_connection_per_tick(setup: Setup, monkeypatch: pytest.Monkey
     monkeypatch.setattr(StreamClient, "connect", classmethod(counting))
     result = tick(sensor, setup, DagsterInstance.ephemeral(), None)
     assert result.run_requests and len(opened) == 1
+
+
+def test_a_caught_up_tick_counts_every_partitions_records_in_one_broker_call(
+        setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a run stores its offsets each partition ends in a tracking chunk: the tick must look at
+    all of them to say "0 records waiting", and it asks the broker once for all (one pipelined
+    round of subscriptions, ``user_records_many``), not one read per partition."""
+    from streamledger.protocol.rabbitmq import StreamClient
+
+    asset = build_stream_batch_asset(pipeline=setup.pipeline, super_stream=setup.super_stream,
+                                     output_root=setup.output_root)
+    sensor = build_stream_backlog_sensor(asset, pipeline=setup.pipeline, super_stream=setup.super_stream)
+    instance = DagsterInstance.ephemeral()
+    setup.publish(range(len(setup.partitions) * 4))
+    assert materialize([asset], resources=setup.resources(), instance=instance).success
+
+    calls: list[str] = []
+    for name in ("read_range", "user_records_many"):
+        real = getattr(StreamClient, name)
+
+        def counting(self: StreamClient, *args: Any, _real: Any = real, _name: str = name,
+                     **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(StreamClient, name, counting)
+    caught_up = tick(sensor, setup, instance, None)
+    assert not caught_up.run_requests and "0 records waiting" in str(caught_up.skip_reason)
+    assert calls == ["user_records_many"], calls

@@ -78,12 +78,12 @@ def test_plan_counts_only_user_data_past_both_positions() -> None:
     # s0: pipeline at 10, tail 20, last user chunk at 15 -> 10 new; s1: only a tracking chunk after 7
     positions = [StreamPosition("s0", 10, 20, 15), StreamPosition("s1", 7, 8, 3)]
     plan = plan_announcement(positions, {"s0": None, "s1": None})
-    assert plan["s0"] == {"tail": 20, "backlog": 10, "new": 10, "from": 10}
-    assert plan["s1"] == {"tail": 8, "backlog": 0, "new": 0, "from": 7}
+    assert plan["s0"].to_dict() == {"tail": 20, "backlog": 10, "new": 10, "from": 10}
+    assert plan["s1"].to_dict() == {"tail": 8, "backlog": 0, "new": 0, "from": 7}
     # announced up to 14: only the chunk at 15 is new
-    assert plan_announcement(positions, {"s0": 14})["s0"]["new"] == 5
+    assert plan_announcement(positions, {"s0": 14})["s0"].new == 5
     # announced up to 15 (our tracking chunk landed at 16... no user chunk from 16): silent
-    assert plan_announcement(positions, {"s0": 15})["s0"]["new"] == 0
+    assert plan_announcement(positions, {"s0": 15})["s0"].new == 0
 
 
 def test_announces_once_and_a_fresh_instance_stays_silent(conn_id: str, rabbitmq_url: str, stream_name: Any,
