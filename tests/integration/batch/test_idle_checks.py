@@ -22,7 +22,7 @@ from tests.integration.batch.helpers import CountingRunner, committed_bodies, co
 from tests.integration.batch.test_stream_identity import recreate
 from tests.integration.spark.helpers import body, create_stream, publish
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)  # four to six batches each, and the Spark session on a busy machine
 
 PIPE = "p-exactly-once"
 
