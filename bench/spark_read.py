@@ -22,11 +22,17 @@ end-to-end time that is fixed start-up. Figures are noisy on a shared 2-core VM;
    planning, read, Parquet, manifest), three times; the ratio is the baseline time / the job process's
    wall time. The first large job on a fresh server also pays the JVM's JIT warm-up; the later ones are
    the steady state of a server that has run such jobs before. The warm-up job also warms that shared
-   session's Python workers, as earlier jobs would.
+   session's Python workers, as earlier jobs would. In each round, beside it and timed the same way
+   (a whole process, wall and CPU seconds): ``streamledger read`` of both partitions into Parquet in
+   one process (the CLI's entry point, one partition after the other), and with ``--s3`` the same job
+   into a bucket of the tests' S3 server (moto, credentials in the job's environment only). Printed:
+   rstream / job, CLI / job and S3 / local ratios (best of three each), then a task's peak memory for
+   two range sizes (:func:`memory` says what is measured). The broker URL reaches every process
+   through its environment, not its command line.
    ``--skip-local`` leaves out step 2.
 
 Usage: ``python bench/spark_read.py [--messages N] [--size B] [--decode amqp|raw] [--splits K]
-[--quick-start] [--connect | --remote URL] [--skip-local] [--url URL] [--keep]``
+[--quick-start] [--connect | --remote URL] [--s3] [--skip-local] [--url URL] [--keep]``
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/partitions.py's helpers
 
 from streamledger.protocol.rabbitmq import StreamClient
 from streamledger.spark.arrow import ARROW_SCHEMA, to_arrow
@@ -179,38 +187,250 @@ def job_timings(spark: Any, args: Any, parts: list[str], out: Path) -> dict[str,
     return times
 
 
+def _cpu_children() -> float:
+    """CPU seconds (user + system) of this process's waited-for children so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(command: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """Run ``command`` as its own process: (its result, wall seconds, its CPU seconds)."""
+    cpu = _cpu_children()
+    t0 = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    took = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, took, _cpu_children() - cpu
+
+
+def cli_command(parts: list[str], out_dir: Path) -> list[str]:
+    """``streamledger read`` of every partition to Parquet, one after the other, in one process (the
+    CLI's own entry point; the broker URL comes from the environment)."""
+    calls = [["read", p, "--start", "first", "--end", "next", "--output", str(out_dir / f"{p}.parquet")]
+             for p in parts]
+    code = ("import sys; from streamledger.cli import main; "
+            f"sys.exit(max(main(argv) for argv in {calls!r}))")
+    return [sys.executable, "-c", code]
+
+
+def _task_lines(stats_dir: Path) -> list[dict[str, Any]]:
+    """The task lines the server's workers wrote (``$STREAMLEDGER_TASK_STATS``), then forgets them."""
+    path = stats_dir / "tasks.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path.unlink()
+    return lines
+
+
 def connect_bench(args: Any, parts: list[str], expected: int, t_base: float, work: Path) -> None:
-    """A job process against a warm Spark Connect server (started here unless ``--remote``)."""
+    """A job process against a warm Spark Connect server (started here unless ``--remote``), beside
+    ``streamledger read`` of the same partitions in one process and the same job into S3 (moto).
+
+    Wall time moves with the machine's load; the CPU seconds of each peer (the job: its own process
+    plus the server's JVM and Python workers; the CLI: its process) do much less, so both are printed.
+    Started here, the server's workers write each task's timings and peak memory
+    (``$STREAMLEDGER_TASK_STATS``, :func:`streamledger.spark.arrow_writer.task_stats`)."""
+    from partitions import _tree_cpu  # bench/partitions.py
+
     from streamledger.spark import connect
+    from streamledger.spark.arrow_writer import STATS_ENV
 
     root = work / "connect-server"
+    stats_dir = work / "task-stats"
     url = args.remote
+    env = {**os.environ, "STREAMLEDGER_RABBITMQ_URL": args.url, "STREAMLEDGER_BROKER_URL": args.url}
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        env.pop(name, None)
+    server_pid: int | None = None
     try:
         if url is None:
             t0 = time.perf_counter()
-            url = connect.start(root=root, conf={"spark.driver.memory": "4g"}).url
+            os.environ[STATS_ENV] = str(stats_dir)  # the server's workers inherit it
+            try:
+                state = connect.start(root=root, conf={"spark.driver.memory": "4g"})
+            finally:
+                del os.environ[STATS_ENV]
+            url, server_pid = state.url, state.pid
             print(f"connect server   : started in {time.perf_counter() - t0:6.2f}s at {url}", flush=True)
-        job = [sys.executable, "-m", "streamledger.spark.job", "--url", args.url, "--remote", url,
+        job = [sys.executable, "-m", "streamledger.spark.job", "--remote", url,
                "--decode", args.decode, "--splits", str(args.splits)]
         warm = subprocess.run([*job, "--ranges", json.dumps({parts[0]: [0, 1]}), "--output",
-                               str(work / "connect-warmup")], capture_output=True, text=True, check=False)
+                               str(work / "connect-warmup")], capture_output=True, text=True, check=False,
+                              env=env)
         assert warm.returncode == 0, warm.stderr[-3000:]
+        bucket_env: dict[str, str] | None = None
+        if args.s3:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from tests.support.s3 import new_bucket, start_server
+
+            bucket = new_bucket(start_server())
+            bucket_env = {**env, **bucket.environment()}
+            s3_out = bucket.uri("connect")
+        (work / "cli").mkdir()
+        rows: dict[str, list[tuple[float, float]]] = {}
+
+        def record(name: str, took: float, cpu: float, n: int) -> None:
+            rows.setdefault(name, []).append((took, cpu))
+            print(f"  {name:22s}: {n:,} msgs in {took:6.2f}s ({n / took:>9,.0f} msg/s), CPU {cpu:5.2f}s; "
+                  f"rstream time / it {t_base / took:.2f}x  (load {os.getloadavg()[0]:.1f})", flush=True)
+
+        def server_cpu() -> float:
+            return _tree_cpu(server_pid) if server_pid else 0.0
+
         for attempt in (1, 2, 3):
+            print(f"round {attempt}:", flush=True)
             for writer in args.writers.split(","):
-                t0 = time.perf_counter()
-                proc = subprocess.run([*job, "--super-stream", args.name, "--output", str(work / "connect"),
-                                       "--writer", writer], capture_output=True, text=True, check=False)
-                took = time.perf_counter() - t0
-                assert proc.returncode == 0, proc.stderr[-3000:]
+                before = server_cpu()
+                proc, took, cpu = _timed([*job, "--super-stream", args.name, "--output",
+                                          str(work / "connect"), "--writer", writer], env)
                 n = sum(e["records"] for e in json.loads(proc.stdout)["streams"].values())
                 assert n == expected, (n, expected)
-                print(f"connect job #{attempt} {writer:5s}: {n:,} msgs in {took:6.2f}s  -> "
-                      f"{n / took:>10,.0f} msg/s; ratio rstream time / job process time "
-                      f"{t_base / took:.2f}x (issue 32: >= 6x)",
-                      flush=True)
+                record(f"job {writer} -> local", took, cpu + server_cpu() - before, n)
+                tasks = _task_lines(stats_dir)
+                if tasks:
+                    print("    tasks: " + "; ".join(
+                        f"{t['records']:,} rec {t['wall']:.2f}s wall {t['cpu']:.2f}s CPU" for t in tasks))
+            proc, took, cpu = _timed(cli_command(parts, work / "cli"), env)
+            n = sum(json.loads(line)["records"] for line in proc.stdout.splitlines() if line.startswith("{"))
+            assert n == expected, (n, expected)
+            record("streamledger read", took, cpu, n)
+            if bucket_env is not None:
+                before = server_cpu()
+                proc, took, cpu = _timed([*job, "--super-stream", args.name, "--output", s3_out,
+                                          "--writer", "arrow"], bucket_env)
+                assert bucket.secret_key not in proc.stdout + proc.stderr
+                n = sum(e["records"] for e in json.loads(proc.stdout)["streams"].values())
+                assert n == expected, (n, expected)
+                record("job arrow -> s3 (moto)", took, cpu + server_cpu() - before, n)
+                _task_lines(stats_dir)
+
+        # What a long-lived client pays per job (the batch's Connect runner keeps its session): one
+        # process attaches once, then runs the job three times; only the jobs are timed.
+        spec = {"remote": url, "super_stream": args.name, "output": str(work / "in-session")}
+        proc, _took, _cpu = _timed([sys.executable, __file__, "--warm-client", json.dumps(spec)], env)
+        for took, n in json.loads(proc.stdout.splitlines()[-1]):
+            assert n == expected, (n, expected)
+            record("job in a warm client", took, float("nan"), n)
+        _task_lines(stats_dir)
+
+        def best(name: str) -> tuple[float, float]:
+            return min(t for t, _ in rows[name]), min(c for _, c in rows[name])
+
+        if "job arrow -> local" in rows:
+            job_t, job_c = best("job arrow -> local")
+            cli_t, cli_c = best("streamledger read")
+            print(f"ratios (best of 3 each, same run): rstream / job {t_base / job_t:.2f}x "
+                  "(issue 32: >= 6x); "
+                  f"streamledger read / job {cli_t / job_t:.2f}x wall, {cli_c / job_c:.2f}x CPU "
+                  "(issue 32: >= 1.0x, aim 1.3x)")
+            warm_t = min(t for t, _ in rows["job in a warm client"])
+            print(f"job in a warm client (a batch runner's session, no process start): rstream / job "
+                  f"{t_base / warm_t:.2f}x, streamledger read / job {cli_t / warm_t:.2f}x wall")
+            if "job arrow -> s3 (moto)" in rows:
+                s3_t, s3_c = best("job arrow -> s3 (moto)")
+                print(f"ratio job into S3 (moto) / into the local file system: {s3_t / job_t:.2f}x wall, "
+                      f"{s3_c / job_c:.2f}x CPU")
+        if server_pid:
+            memory(job, env, parts, expected, stats_dir, work)
     finally:
         if args.remote is None:
             connect.stop(root)
+
+
+def memory(job: list[str], env: dict[str, str], parts: list[str], expected: int, stats_dir: Path,
+           work: Path) -> None:
+    """A task's peak memory against its range: one partition's first eighth and all of it (half the
+    records), with the default row groups and with 4 MiB ones, each measured twice.
+
+    * **fresh process**: the task's own code (the job's reader and ``write_task``, what a Spark task
+      runs) in a new Python process per range: its peak resident set (``VmHWM``) minus its resident
+      set after the imports, before the read. Clean, because nothing ran there before.
+    * **Spark task**: the job on the warm Connect server, one task; the Python worker's resident-set
+      high-water mark during the task (``VmHWM``, reset at the task's start through
+      ``/proc/self/clear_refs``). A reused worker keeps memory its earlier tasks freed (the
+      allocators hold it), so this is an absolute figure for the worker, not what the task added.
+    """
+    print("task memory per range (fresh process: peak RSS minus RSS after imports; Spark task: the reused "
+          "worker's RSS high-water mark during the task):", flush=True)
+    for row_group in (None, 4 << 20):
+        label = "default" if row_group is None else f"{row_group >> 20} MiB"
+        held: list[tuple[int, float]] = []
+        for span in (expected // 16, expected // 2):
+            probe = subprocess.run(
+                [sys.executable, __file__, "--memory-probe", json.dumps({
+                    "stream": parts[0], "end": span, "row_group": row_group, "out": str(work / "probe")})],
+                capture_output=True, text=True, check=False, env=env)
+            assert probe.returncode == 0, probe.stderr[-3000:]
+            got = json.loads(probe.stdout.splitlines()[-1])
+            assert got["records"] == span, got
+            options = ["--row-group-bytes", str(row_group)] if row_group else []
+            _timed([*job, "--ranges", json.dumps({parts[0]: [0, span]}), "--output", str(work / "memory"),
+                    "--writer", "arrow", *options], env)
+            (task,) = _task_lines(stats_dir)
+            assert task["records"] == span and task["peak_reset"], task
+            mib = (got["peak_kib"] - got["start_kib"]) / 1024
+            held.append((span, mib))
+            print(f"  row groups {label:>7s}, {span:>9,} records: fresh process holds {mib:6.1f} MiB at most "
+                  f"({mib / span * 1e6:6.1f} MiB per 1 M records; RSS after imports "
+                  f"{got['start_kib'] / 1024:.0f} MiB); Spark task: worker peak "
+                  f"{task['peak_kib'] / 1024:6.1f} MiB (RSS at its start {task['rss_kib'] / 1024:.0f} MiB)",
+                  flush=True)
+        (s1, h1), (s2, h2) = held
+        print(f"  -> {label} row groups: {(h2 - h1) / (s2 - s1) * 1e6:+.1f} MiB per 1 M more records "
+              "(about 0 once both ranges are past one row group: the task streams row groups; the "
+              "default's 64 MiB is about 500,000 of these records)", flush=True)
+
+
+def warm_client(spec: dict[str, Any]) -> None:
+    """Attach to the jobs' Connect session once, run the job three times (:func:`connect_bench`);
+    prints JSON ``[[seconds, records], ...]``."""
+    from streamledger.spark.connect import JOB_SESSION_ID, connect_session
+    from streamledger.spark.job import resolve_ranges, run_job
+
+    broker = os.environ["STREAMLEDGER_RABBITMQ_URL"]
+    spark = connect_session(spec["remote"], session_id=JOB_SESSION_ID, keep_session=True, register=False)
+    try:
+        ranges = resolve_ranges(broker, streams=[], super_stream=spec["super_stream"], start="earliest",
+                                end="latest")
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            manifest = run_job(spark, url=broker, ranges=ranges, output=spec["output"])
+            times.append([time.perf_counter() - t0, sum(e["records"] for e in manifest["streams"].values())])
+    finally:
+        spark.stop()
+    print(json.dumps(times))
+
+
+def memory_probe(spec: dict[str, Any]) -> None:
+    """One task's work (:func:`memory`) in this fresh process; prints JSON with its memory."""
+    import pyarrow.fs as pafs
+
+    from streamledger.sources import log_kind
+    from streamledger.spark.arrow_writer import WriterOptions, write_task
+    from streamledger.spark.job import plan_job, source_reader
+
+    url = os.environ["STREAMLEDGER_RABBITMQ_URL"]
+    ranges = {spec["stream"]: (0, spec["end"])}
+    planned = plan_job(url, ranges)
+    reader = source_reader(log_kind(url), url=url, ranges=ranges, splits=1, decode="amqp")
+    (task,) = reader.tasks(planned)
+    options = WriterOptions(row_group_bytes=spec["row_group"]) if spec["row_group"] else WriterOptions()
+    shutil.rmtree(spec["out"], ignore_errors=True)
+    os.makedirs(spec["out"])
+    def status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+    start = status("VmRSS")
+    files = write_task(task, reader, fs=pafs.LocalFileSystem(), root=spec["out"], dirs={spec["stream"]: ""},
+                       options=options, task=0, attempt=0)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over an exec, so it would be the bench's own peak.
+    print(json.dumps({"records": sum(f.records for f in files), "start_kib": start,
+                      "peak_kib": status("VmHWM")}))
 
 
 def main() -> int:
@@ -228,9 +448,19 @@ def main() -> int:
     ap.add_argument("--connect", action="store_true", help="also time a job process on a warm Connect server")
     ap.add_argument("--remote", default=None, help="use this running Connect server (implies --connect)")
     ap.add_argument("--skip-local", action="store_true", help="skip the in-process local[2] Spark timing")
+    ap.add_argument("--s3", action="store_true",
+                    help="with --connect: also time the job into S3 (the tests' moto server) against local")
     ap.add_argument("--writers", default="arrow,spark",
                     help="the job's writers to time (arrow: the tasks write Parquet, issue 32; spark: JVM)")
+    ap.add_argument("--memory-probe", help=argparse.SUPPRESS)  # one task's work, for memory()
+    ap.add_argument("--warm-client", help=argparse.SUPPRESS)  # jobs on one attached session
     args = ap.parse_args()
+    if args.memory_probe:
+        memory_probe(json.loads(args.memory_probe))
+        return 0
+    if args.warm_client:
+        warm_client(json.loads(args.warm_client))
+        return 0
     if args.size < 8:
         raise SystemExit("--size must be >= 8")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

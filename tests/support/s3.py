@@ -52,6 +52,11 @@ def _moto_server() -> str:
 
 @pytest.fixture(scope="session")
 def s3_server() -> str:
+    return start_server()
+
+
+def start_server() -> str:
+    """The shared server's endpoint, started if none answers (the benchmarks use it too)."""
     home = _home()
     home.mkdir(parents=True, exist_ok=True)
     endpoint = f"http://{HOST}:{PORT}"
@@ -114,22 +119,36 @@ class Bucket:
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))  # type: ignore[attr-defined]
         return sorted(i.path[len(self.name) + 1:] for i in infos if i.type == pafs.FileType.File)
 
+    def environment(self) -> dict[str, str]:
+        """The ``AWS_*`` settings a process reaching the bucket gets (its environment, never its
+        command line)."""
+        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
+                "AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": "us-east-1",
+                "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+#: Settings that would send a process elsewhere than the bucket's server: left out of its environment.
+OTHER_SETTINGS = ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN")
+
+
+def new_bucket(endpoint: str) -> Bucket:
+    """A fresh bucket on the server at ``endpoint``, with random credentials (moto takes any)."""
+    import pyarrow.fs as pafs
+
+    bucket = Bucket(f"sl-{uuid.uuid4().hex[:12]}", endpoint, "AKIA" + secrets.token_hex(8).upper(),
+                    "sl-secret-" + secrets.token_hex(16))
+    fs = pafs.S3FileSystem(access_key=bucket.access_key, secret_key=bucket.secret_key, scheme="http",
+                           endpoint_override=endpoint.split("://", 1)[1], region="us-east-1",
+                           allow_bucket_creation=True)
+    fs.create_dir(bucket.name)
+    return bucket
+
 
 @pytest.fixture
 def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bucket]:
-    import pyarrow.fs as pafs
-
-    bucket = Bucket(f"sl-{uuid.uuid4().hex[:12]}", s3_server, "AKIA" + secrets.token_hex(8).upper(),
-                    "sl-secret-" + secrets.token_hex(16))
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+    for name in OTHER_SETTINGS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", bucket.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", bucket.secret_key)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    fs = pafs.S3FileSystem(access_key=bucket.access_key, secret_key=bucket.secret_key, scheme="http",
-                           endpoint_override=s3_server.split("://", 1)[1], region="us-east-1",
-                           allow_bucket_creation=True)
-    fs.create_dir(bucket.name)
+    bucket = new_bucket(s3_server)
+    for name, value in bucket.environment().items():
+        monkeypatch.setenv(name, value)
     yield bucket

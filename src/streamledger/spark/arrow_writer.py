@@ -21,6 +21,8 @@ task's peak does not grow with its range (row groups are streamed, never one tab
 
 from __future__ import annotations
 
+import contextlib
+import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +89,26 @@ class FileSummary:
                    int(row["last_offset"]), int(row["bytes"]), int(row["attempt"]))
 
 
+UNIQUE_COLUMNS = ("offset", "body")
+"""Columns whose values (nearly) never repeat: a dictionary for them is built and then dropped once
+it outgrows its page (Parquet's fallback), and min/max of ``body`` is bytes nobody filters on. Left
+out of the dictionary (and ``body`` out of the statistics), the encoding of a 500k-record row group
+took 0.45 s instead of 0.73 s (measured, snappy, files as before for every reader)."""
+
+
+def encodings(schema: pa.Schema) -> dict[str, list[str]]:
+    """``use_dictionary`` and ``write_statistics`` for pyarrow's writer: every leaf column of
+    ``schema`` (a map's as ``name.key_value.key``/``.value``) but :data:`UNIQUE_COLUMNS`."""
+    leaves: list[str] = []
+    for f in schema:
+        if pa.types.is_map(f.type):
+            leaves += [f"{f.name}.key_value.key", f"{f.name}.key_value.value"]
+        else:
+            leaves.append(f.name)
+    return {"use_dictionary": [c for c in leaves if c not in UNIQUE_COLUMNS],
+            "write_statistics": [c for c in leaves if c != "body"]}
+
+
 def file_name(task: int, number: int, attempt: int, tag: str) -> str:
     """A data file's name: the task, the file's number within the task's output, Spark's task
     attempt id and a random tag of the attempt (unique even where attempt ids repeat, as across the
@@ -140,8 +162,9 @@ class _FileWriter:
             if self.fs.type_name == "local":  # object stores have no directories to create
                 self.fs.create_dir(f"{self.root}/{self.rel_dir}".rstrip("/"), recursive=True)
             self.sink = self.fs.open_output_stream(f"{self.root}/{self.rel}")
-            self.writer = pq.ParquetWriter(self.sink, self.pending[0].schema,
-                                           compression=self.options.compression)
+            schema = self.pending[0].schema
+            self.writer = pq.ParquetWriter(self.sink, schema, compression=self.options.compression,
+                                           **encodings(schema))
         table = pa.Table.from_batches(self.pending)
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.pending.clear()
@@ -206,6 +229,73 @@ def summaries_batch(summaries: Sequence[FileSummary]) -> pa.RecordBatch:
     ], schema=FILE_SUMMARY_SCHEMA)
 
 
+STATS_ENV = "STREAMLEDGER_TASK_STATS"
+PROFILE_ENV = "STREAMLEDGER_TASK_PROFILE"
+
+
+@contextlib.contextmanager
+def task_stats(task: int, attempt: int) -> Iterator[list[FileSummary]]:
+    """A diagnostic, off (no cost) unless ``$STREAMLEDGER_TASK_STATS`` names a directory in the
+    environment of the Spark workers (i.e. of whatever started the JVM: a Connect server, a local
+    session's driver). Each task then appends a line to ``tasks.jsonl`` there: wall and CPU seconds,
+    records, the worker's resident memory when the task began and its peak during the task (the
+    kernel's high-water mark, reset at the task's start through ``/proc/self/clear_refs`` so an
+    earlier task of a reused worker does not count). With ``$STREAMLEDGER_TASK_PROFILE`` set too, a
+    cProfile of the task goes next to it (``task-<task>-<attempt>.prof``). The caller adds the
+    task's summaries to the list it is given."""
+    where = os.environ.get(STATS_ENV)
+    written: list[FileSummary] = []
+    if not where:
+        yield written
+        return
+    import json
+    import time
+
+    rss = _memory()["VmRSS"]
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
+        reset = True
+    except OSError:
+        reset = False
+    profile = None
+    if os.environ.get(PROFILE_ENV):
+        import cProfile
+
+        profile = cProfile.Profile()
+    began, cpu = time.time(), time.process_time()
+    if profile is not None:
+        profile.enable()
+    try:
+        yield written
+    finally:
+        if profile is not None:
+            profile.disable()
+        line = {"task": task, "attempt": attempt, "pid": os.getpid(), "began": began,
+                "wall": time.time() - began, "cpu": time.process_time() - cpu,
+                "records": sum(f.records for f in written), "rss_kib": rss,
+                "peak_kib": _memory()["VmHWM"], "peak_reset": reset}
+        os.makedirs(where, exist_ok=True)
+        if profile is not None:
+            profile.dump_stats(os.path.join(where, f"task-{task}-{attempt}.prof"))
+        with open(os.path.join(where, "tasks.jsonl"), "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def _memory() -> dict[str, int]:
+    """VmRSS and VmHWM of this process in KiB (0 where /proc is not there)."""
+    out = {"VmRSS": 0, "VmHWM": 0}
+    try:
+        with open("/proc/self/status") as f:
+            for text in f:
+                key, _, value = text.partition(":")
+                if key in out:
+                    out[key] = int(value.split()[0])
+    except OSError:
+        pass
+    return out
+
+
 class _Tasks:
     """The function ``mapInArrow`` runs: the ids of its rows name the tasks to read and write.
     A class at module level, so the closure pickled to the workers is its fields (the reader holds
@@ -224,8 +314,9 @@ class _Tasks:
         fs, root = arrow_filesystem(self.out_dir, access=self.access)
         for batch in batches:
             for task in batch.column(0).to_pylist():
-                written = write_task(self.tasks[task], self.reader, fs=fs, root=root, dirs=self.dirs,
-                                     options=self.options, task=task, attempt=attempt)
+                with task_stats(task, attempt) as written:
+                    written += write_task(self.tasks[task], self.reader, fs=fs, root=root, dirs=self.dirs,
+                                          options=self.options, task=task, attempt=attempt)
                 if written:
                     yield summaries_batch(written)
 

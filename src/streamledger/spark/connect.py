@@ -226,7 +226,8 @@ def with_session_id(url: str, session_id: str) -> str:
     return f"{url};session_id={session_id}" if "/;" in url else f"{url.rstrip('/')}/;session_id={session_id}"
 
 
-def connect_session(url: str, *, session_id: str | None = None, keep_session: bool = False) -> Any:
+def connect_session(url: str, *, session_id: str | None = None, keep_session: bool = False,
+                    register: bool = True) -> Any:
     """A Spark Connect session on ``url`` (``sc://host:port``) with the data source registered.
 
     Python data sources are registered per session; ``spark.dataSource.register`` works on a Connect
@@ -236,7 +237,9 @@ def connect_session(url: str, *, session_id: str | None = None, keep_session: bo
 
     ``session_id`` attaches to that server-side session (several clients may use it at once);
     ``keep_session`` makes ``spark.stop()`` close only this client, leaving the session (and its warm
-    Python workers) to the next client.
+    Python workers) to the next client. ``register=False`` leaves the sources unregistered (each
+    registration is a round trip in which the server runs Python; a job whose tasks read with the
+    source's reader directly, as the Arrow writer's do, needs none).
     """
     from pyspark.sql import SparkSession
 
@@ -245,5 +248,6 @@ def connect_session(url: str, *, session_id: str | None = None, keep_session: bo
     spark = SparkSession.builder.remote(with_session_id(url, session_id) if session_id else url).getOrCreate()
     if keep_session:
         spark.release_session_on_close = False  # type: ignore[attr-defined]
-    register_source(spark)
+    if register:
+        register_source(spark)
     return spark

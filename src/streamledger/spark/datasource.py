@@ -94,11 +94,12 @@ class SliceReader(DataSourceReader):
                 )
         return self.tasks(planned)
 
-    def tasks(self, planned: Sequence[PlannedRange]) -> list[InputPartition]:
+    def tasks(self, planned: Sequence[PlannedRange], *, spread: int | None = None) -> list[InputPartition]:
         """The read tasks of ranges planned already: slices, small ones packed (the job's Arrow
-        writer hands these to its own Spark tasks without planning twice)."""
+        writer hands these to its own Spark tasks without planning twice); ``spread``: about how
+        many tasks small slices make at least (:func:`pack`)."""
         slices = slices_for(planned, self.options)
-        return pack(slices, getattr(self.options, "pack_offsets", PACK_OFFSETS))
+        return pack(slices, getattr(self.options, "pack_offsets", PACK_OFFSETS), tasks=spread)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if isinstance(partition, SliceGroup):

@@ -57,7 +57,7 @@ from streamledger.spark.planning import (
     parse_ranges,
     plan_ranges,
 )
-from streamledger.spark.session import DEFAULT_MASTER, build_session, register_source
+from streamledger.spark.session import DEFAULT_MASTER, build_session, parallelism, register_source
 from streamledger.spark.summaries import SUMMARY_OFFSET, decode
 
 FORMATS = ("parquet", "orc", "json")
@@ -250,7 +250,9 @@ def _write_arrow(spark: Any, *, kind: Any, url: str, planned: Sequence[PlannedRa
     paths = {s: fs.join(out_dir, d) if d else out_dir for s, d in rel.items()}
     reader = source_reader(kind, url=url, ranges={r.stream: (r.start, r.end) for r in planned},
                            splits=splits, decode=decode)
-    tasks = reader.tasks(planned)
+    # Small ranges share tasks, but never fewer than two per core: one task reading 1,000 small
+    # ranges one after the other leaves the other cores idle (issue 32, item 3).
+    tasks = reader.tasks(planned, spread=2 * parallelism(spark))
     out_fs.delete(out_dir)  # the job owns its directory: a rerun replaces it as a whole
     summaries = write_files(spark, tasks=tasks, reader=reader, out_dir=out_dir, dirs=rel, options=options)
     stats: Stats = dict.fromkeys(order, (0, None, None))
@@ -493,8 +495,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise PlanningError(f"--session-id {args.session_id!r} is not a UUID") from None
 
             # Attach to the jobs' long-lived server session: its Python workers are already warm.
+            # Unregistered: the JVM writer registers the sources itself, the Arrow writer needs none.
             spark = connect_session(
-                args.remote, session_id=args.session_id or JOB_SESSION_ID, keep_session=True
+                args.remote, session_id=args.session_id or JOB_SESSION_ID, keep_session=True, register=False
             )
         else:
             submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched us and owns the master

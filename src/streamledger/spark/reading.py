@@ -62,12 +62,20 @@ PACK_OFFSETS = 100_000
 to this width (option ``packOffsets``; 0 turns packing off). Wider slices keep a task each."""
 
 
-def pack(slices: Sequence[StreamSlice], width: int) -> list[InputPartition]:
+def pack(slices: Sequence[StreamSlice], width: int, *, tasks: int | None = None) -> list[InputPartition]:
     """Group consecutive small slices into :class:`SliceGroup` s of at most ``width`` offsets in
     all; a slice at least ``width`` wide, or one of a range that was split (``splitsPerStream``,
     ``maxRecordsPerPartition``: the caller asked for a task per piece), stays alone. Order (and so
-    every slice) is kept."""
+    every slice) is kept.
+
+    ``tasks``: about how many tasks the small slices should make at least (e.g. two per core): the
+    width shrinks until they spread over that many, so 1,000 ranges of 10 records are not one task
+    reading them all on one core while the others idle."""
     per_stream = collections.Counter(piece.stream for piece in slices)
+    if tasks and width > 0:
+        small = sum(span for piece in slices
+                    if (span := piece.end - piece.start) < width and per_stream[piece.stream] == 1)
+        width = min(width, max(1, -(-small // tasks)))
     out: list[InputPartition] = []
     group: list[StreamSlice] = []
     size = 0

@@ -8,6 +8,7 @@ loopback. :func:`spark_environment` fills in both when the caller has not.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -89,3 +90,31 @@ def register_source(spark: Any) -> None:
 
     spark.dataSource.register(RabbitMQStreamDataSource)
     spark.dataSource.register(MewbaseDataSource)
+
+
+#: Task slots assumed where a session cannot tell (a Connect client of a cluster whose master
+#: and default parallelism it cannot read): enough tasks to keep a small cluster busy.
+FALLBACK_PARALLELISM = 8
+
+
+def parallelism(spark: Any) -> int:
+    """How many tasks the session runs at once: the classic context's default parallelism, else
+    ``spark.default.parallelism`` or a ``local[N]`` master read from the conf (a Connect session has
+    no context), else :data:`FALLBACK_PARALLELISM`."""
+    context = None
+    with contextlib.suppress(Exception):  # pyspark's errors vary by mode and version
+        context = spark.sparkContext  # a Connect session raises here
+    if context is not None:
+        return max(1, int(context.defaultParallelism))
+    get = spark.conf.get
+    with contextlib.suppress(Exception):  # pyspark's errors vary by mode and version
+        given = get("spark.default.parallelism", None)
+        if given:
+            return max(1, int(given))
+    with contextlib.suppress(Exception):  # pyspark's errors vary by mode and version
+        master = (get("spark.master", None) or "").strip()
+        if master.startswith("local"):
+            inner = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
+            count = inner.split(",")[0].strip()
+            return max(1, os.cpu_count() or 1) if count == "*" else max(1, int(count))
+    return FALLBACK_PARALLELISM

@@ -151,3 +151,37 @@ def test_verify_refuses_a_data_file_the_job_did_not_list(
         assert [r.status.value for r in ledger.ranges("p-extra")] != ["committed"]
         published = [p for p in (tmp_path / "out").rglob("_manifest.json") if "_staging" not in p.parts]
         assert not published, published
+
+
+def _spark_tasks(spark: Any, group: str) -> int:
+    """How many Spark tasks the jobs of ``group`` ran (the status tracker's stages)."""
+    tracker = spark.sparkContext.statusTracker()
+    stages = [s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds]
+    return sum(tracker.getStageInfo(s).numTasks for s in stages)
+
+
+def test_many_small_ranges_share_a_few_tasks_that_use_every_core(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    """Issue 32 item 3: many small ranges are packed into about two tasks per core, not one task per
+    range (scheduling) nor one task for all (a single core reading every range one after the
+    other). Every record is still written once, in files named by the task that wrote them."""
+    streams = [stream_name(f"aw-many-{i}") for i in range(12)]
+    for s in streams:
+        create_stream(rabbitmq_url, s, 10)
+    group = f"aw-many-{tmp_path.name}"
+    spark.sparkContext.setJobGroup(group, "many small ranges")
+    try:
+        manifest = run_job(spark, url=rabbitmq_url, ranges={s: (0, 10) for s in streams},
+                           output=str(tmp_path / "o"))
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    cores = spark.sparkContext.defaultParallelism
+    tasks = _spark_tasks(spark, group)
+    assert cores <= tasks <= 2 * cores, f"{tasks} Spark tasks for 12 small ranges on {cores} cores"
+    writers = {name.split("-")[1] for s in streams for name in manifest["streams"][s]["files"]}
+    assert len(writers) == tasks
+    assert [manifest["streams"][s]["records"] for s in streams] == [10] * 12
+    table = pq.read_table(str(tmp_path / "o"), columns=["stream", "offset"])
+    assert sorted((r["stream"], r["offset"]) for r in table.to_pylist()) == [
+        (s, o) for s in sorted(streams) for o in range(10)]

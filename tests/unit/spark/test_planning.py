@@ -167,3 +167,19 @@ def test_small_slices_share_tasks_and_large_ones_keep_their_own() -> None:
     assert pack(small[:1], 100) == small[:1]
     opts = ReadOptions.parse({"url": "rabbitmq-stream://h:5552/", "stream": "a", "packOffsets": "0"})
     assert opts.pack_offsets == 0
+
+
+def test_small_slices_spread_over_at_least_the_tasks_asked_for() -> None:
+    """The job's Arrow writer asks for two tasks per core: 1,000 ranges of 10 records make about
+    that many tasks, not one; a few small ranges keep a task each; large ones are untouched."""
+    from streamledger.spark.datasource import SliceGroup, pack
+
+    many = [StreamSlice(f"s-{i}", 0, 10) for i in range(1_000)]
+    parts = pack(many, 100_000, tasks=4)
+    assert len(parts) == 4 and all(len(p.slices) == 250 for p in parts if isinstance(p, SliceGroup))
+    assert [s for p in parts for s in p.slices] == many  # type: ignore[attr-defined]
+    assert pack(many[:3], 100_000, tasks=4) == many[:3]
+    assert len(pack(many, 100_000)) == 1  # no spread asked: one group up to the width
+    big = [StreamSlice("a", 0, 500_000), StreamSlice("b", 0, 500_000)]
+    assert pack([*big, *many[:8]], 100_000, tasks=4)[:2] == big
+    assert len(pack([*big, *many[:8]], 100_000, tasks=4)) == 2 + 4
