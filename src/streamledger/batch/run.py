@@ -191,6 +191,11 @@ class BatchRun:
         self.epochs: dict[str, int] = {}
         self._leases: _Leases | None = None  # while publish_ranges runs
         self._reread = True  # False once the broker holds another stream: never read it for the old
+        self._probed: dict[str, tuple[int, int, int]] = {}  # stream -> (start, end, user records seen)
+        self._unchecked: dict[str, tuple[int, int | None, SourcePosition, int]] = {}
+        """Settled sources whose identity check waits (:func:`plan.settled`): stream -> its tail, stored
+        offset, position and the end of what it may claim unchecked (the tail: no user record
+        below it past the ledger's end)."""
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -414,8 +419,20 @@ class BatchRun:
         cfg = self.config
         found = self.ledger.positions(cfg.pipeline, [self._source(s) for s in streams])
         tails, stored = log_offsets(self.broker, streams, cfg.pipeline)
+        settled = {s: pos for s, pos in zip(streams, found, strict=True)
+                   if pos.chunk is not None and plan.settled(cfg, pos, tails[s], stored[s])}
+        # New offsets of a settled source that may be only tracking chunks: probed now, all at once
+        # (the answer serves the probe after the claim too); with no user record there, it is idle.
+        ahead = {s: (int(pos.end), tails[s]) for s, pos in settled.items()  # type: ignore[arg-type]
+                 if tails[s] > int(pos.end or 0) and tails[s] - int(pos.end or 0) <= plan.TRACKING_SPAN}
+        if ahead:
+            counts = user_records_many(self.broker, ahead)
+            self._probed.update({s: (a, b, int(counts[s])) for s, (a, b) in ahead.items()})
+        idle = {s for s, pos in settled.items() if tails[s] <= int(pos.end or 0)
+                or (s in self._probed and self._probed[s][2] == 0)}
+        self._unchecked = {s: (tails[s], stored[s], settled[s], tails[s]) for s in idle}
         same = same_streams(self.broker, {s: pos.chunk for s, pos in zip(streams, found, strict=True)
-                                          if pos.chunk is not None})
+                                          if pos.chunk is not None and s not in idle})
         seen: list[tuple[str, int, int | None, SourcePosition]] = []
         refused: list[tuple[str, StreamReplaced]] = []
         for s, pos in zip(streams, found, strict=True):
@@ -428,6 +445,30 @@ class BatchRun:
             self.publish_stranded([self._source(s) for s, _exc in refused])
             raise refused[0][1]
         return seen
+
+    def check_late(self, streams: Sequence[str], got: Sequence[OffsetRange]) -> None:
+        """The identity check :meth:`survey` left to a settled source, made now when its claim came
+        back reaching past the tail the survey saw or before the ledger's end it read (another run
+        moved the ledger meanwhile: a failed range to redo, a claim of its own): nothing of it is
+        read unchecked. A refusal fails this batch's new claims first (the next claim redoes them)."""
+        late = {s: rng for s, rng in zip(streams, got, strict=True) if s in self._unchecked
+                and not rng.empty and not (int(self._unchecked[s][2].end or 0) <= rng.start
+                                           and rng.end <= self._unchecked[s][3])}
+        if not late:
+            return
+        for s in late:
+            log.info("stream %s: the ledger moved during the batch: checking its identity now", s)
+        checked = {s: self._unchecked.pop(s) for s in late}
+        same = same_streams(self.broker, {s: pos.chunk for s, (_t, _st, pos, _e) in checked.items()
+                                          if pos.chunk is not None})
+        try:
+            for s, (tail, stored, pos, _end) in checked.items():
+                self.check_same_stream(s, tail, stored, pos, same.get(s))
+        except StreamReplaced:
+            for rng in got:
+                if rng.status == RangeStatus.CLAIMED and rng.run.key() == self.run.key():
+                    self.ledger.fail(rng.id, "the stream was found replaced before it was read")
+            raise
 
     def publish_stranded(self, sources: Sequence[SourceRef]) -> None:
         """Publish the committed, unpublished ranges of streams this batch refuses as re-created,
@@ -473,6 +514,7 @@ class BatchRun:
                                      max_span=cfg.max_offsets,
                                      abandon_after=timedelta(seconds=cfg.claim_timeout),
                                      tails={self._source(s): tail for s, tail, _stored, _pos in seen})
+        self.check_late([s for s, *_r in seen], got)
         held = first_offsets(self.broker, [s for (s, *_r), rng in zip(seen, got, strict=True)
                                            if rng.status.value == "claimed"])
         self.parts = [self.settle_claim(s, rng, held.get(s), req)
@@ -496,7 +538,10 @@ class BatchRun:
 
         todo = self.to_read()
         ranges = {p.result.stream: (p.result.start, p.result.end) for p in todo}
-        found = user_records_many(self.broker, ranges)  # one connection, the probes in flight together
+        found = {s: self._known_records(s, a, b) for s, (a, b) in ranges.items()}
+        unknown = {s: ranges[s] for s, n in found.items() if n is None}
+        if unknown:  # one connection, the probes in flight together
+            found.update(user_records_many(self.broker, unknown))
         empty = [p for p in todo if not found[p.result.stream]]
         done = self.ledger.commit_many([CommitRequest(p.range.id, 0, None, None, None)
                                         for p in empty if p.range is not None]) if empty else []
@@ -507,6 +552,18 @@ class BatchRun:
             log.info("stream %s: [%d, %d) holds no user record (tracking only): committed, no job",
                      r.stream, r.start, r.end)
         self._step("probed")
+
+    def _known_records(self, stream: str, start: int, end: int) -> int | None:
+        """What the probe before the claim (:meth:`survey`) says of ``[start, end)``: no user record
+        when it saw none in a span holding it, at least one when it probed exactly this span (offsets
+        below a committed tail never change); None when it did not probe there."""
+        probed = self._probed.get(stream)
+        if probed is None:
+            return None
+        a, b, seen = probed
+        if seen == 0 and a <= start and end <= b:
+            return 0
+        return seen if (a, b) == (start, end) else None
 
     def read(self) -> None:
         """One job for every partition that has something to read, into a fresh staging directory."""

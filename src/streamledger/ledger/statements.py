@@ -31,6 +31,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import aliased
 
 from streamledger.ledger.models import Pipeline, Range, Source
@@ -50,7 +51,6 @@ SOURCE_BY_NAME = (
         Source.stream == bindparam("stream"),
     )
 )
-LOCK_SOURCE_BY_NAME = SOURCE_BY_NAME.with_for_update(of=Source)
 
 
 def tail_of(sid: Any) -> Any:
@@ -180,7 +180,9 @@ FIRST_UNCONTINUED = (
 
 _RANGES = Range.__table__
 assert isinstance(_RANGES, Table)
-INSERT_RANGE = insert(_RANGES).returning(_RANGES.c.id)
+# Many rows in one statement (SQLAlchemy's "insert many values"): each row's id with its source (the
+# rows of one statement have distinct sources, so no order of the rows returned is relied on).
+INSERT_RANGES = insert(_RANGES).returning(_RANGES.c.source_id, _RANGES.c.id)
 # The common commit in one statement: a claimed range whose span holds the seen offsets.
 COMMIT_CLAIMED = (
     update(_RANGES)
@@ -247,6 +249,40 @@ PG_CLAIM = (
     )
     .columns(*_RANGES.c)
 )
+# The claims of many sources in one call (migration 0013): one array element per source.
+PG_CLAIM_MANY = (
+    text(
+        "SELECT * FROM streamledger_claim_many(:pipeline, :brokers, :streams, :super_streams, :end_limits, "
+        f":dag_id, :run_id, :task_id, :map_index, :try_number, :initials, {PG_NOW}, :max_span, "
+        f"{PG_NOW} - make_interval(secs => :abandon_secs), :span_starts, :span_ends, :interval_starts, "
+        ":interval_ends)"
+    )
+    .bindparams(
+        bindparam("brokers", type_=ARRAY(String())),
+        bindparam("streams", type_=ARRAY(String())),
+        bindparam("super_streams", type_=ARRAY(String())),
+        bindparam("end_limits", type_=ARRAY(BigInteger())),
+        bindparam("map_index", type_=Integer()),
+        bindparam("try_number", type_=Integer()),
+        bindparam("initials", type_=ARRAY(BigInteger())),
+        bindparam("max_span", type_=BigInteger()),
+        bindparam("abandon_secs", type_=Float()),
+        bindparam("span_starts", type_=ARRAY(BigInteger())),
+        bindparam("span_ends", type_=ARRAY(BigInteger())),
+        bindparam("interval_starts", type_=ARRAY(DateTime())),
+        bindparam("interval_ends", type_=ARRAY(DateTime())),
+    )
+    .columns(*_RANGES.c)
+)
+# A tail a batch saw, kept when it is the greatest (Ledger.saw_tails, executed for many sources).
+_SOURCES = Source.__table__
+assert isinstance(_SOURCES, Table)
+RAISE_SEEN_TAIL = (
+    update(_SOURCES)
+    .where(_SOURCES.c.id == bindparam("sid"),
+           or_(_SOURCES.c.seen_tail.is_(None), _SOURCES.c.seen_tail < bindparam("tail", type_=BigInteger())))
+    .values(seen_tail=bindparam("tail", type_=BigInteger()))
+)
 LOAD = (
     select(Range, Source, Pipeline.name)
     .join(Source, Source.id == Range.source_id)
@@ -254,6 +290,13 @@ LOAD = (
     .where(Range.id == bindparam("range_id"))
 )
 LOAD_LOCKED = LOAD.with_for_update(of=Range)
+LOAD_MANY = (
+    select(Range, Source, Pipeline.name)
+    .join(Source, Source.id == Range.source_id)
+    .join(Pipeline, Pipeline.id == Source.pipeline_id)
+    .where(Range.id.in_(bindparam("ids", expanding=True)))
+    .order_by(Range.id)
+)
 
 # -- the audit's checks: set-based SQL text (streamledger.ledger.audit names the findings) ----------
 
