@@ -70,6 +70,7 @@ chaos-parallel: venv
 
 # The production topology on one machine (docs/deployment.md): Airflow's Celery workers, a Spark
 # standalone cluster, the RabbitMQ cluster, PostgreSQL, an S3 server; nothing shared but the services.
+# `scripts/topology.sh up --spark connect` puts a Spark Connect server in front of the cluster.
 topology-up: venv
 	scripts/topology.sh up
 
@@ -78,7 +79,8 @@ topology-down:
 
 # Chaos on that topology (docs/deployment.md): worker, Spark, broker node, PostgreSQL and S3 faults
 # under the backfill DAG (bounded: 60 s intervals, ~15 min); exit 1 on any exactly-once violation.
-# Not part of `make test`. Options: make chaos-topology TOPOLOGY_ARGS="--plant-missing".
+# Not part of `make test` (docs/chaos.md says why). Options: TOPOLOGY_ARGS="--spark connect" (the jobs
+# on a Spark Connect server in front of the cluster; ~18 min), TOPOLOGY_ARGS="--plant-missing".
 TOPOLOGY_ARGS ?=
 chaos-topology: venv
 	$(PY) -m tests.topology.chaos $(TOPOLOGY_ARGS)

@@ -40,9 +40,9 @@ def warm_spark_env(connect_url: str) -> dict[str, str]:
     """Environment that sends the example DAGs' batch jobs to the session's Spark Connect server.
 
     Why: a local Spark JVM started in each task process costs ~10-15 s of CPU on 2 busy cores, most of
-    the suite's e2e time. Local Spark inside the task stays covered where it is the point:
-    ``test_backfill_dags``' kill tests (``dags test``) and the chaos run (the real scheduler, task
-    processes SIGKILLed with Spark up)."""
+    the suite's e2e time. Local Spark inside the task stays covered where it is the point: the
+    runs ``test_backfill_dags``' kill tests kill (``dags test``) and the chaos run (the real scheduler,
+    task processes SIGKILLed with Spark up)."""
     server = urlsplit(connect_url)
     return {
         "STREAMLEDGER_SPARK_CONNECT_CONN_ID": "spark_connect_e2e",

@@ -1,5 +1,5 @@
 """The example DAGs under ``airflow dags test``: real broker, SQLite ledger, Spark in the task process
-(the kill tests) or on the session's Spark Connect server (the interval test).
+(the killed runs) or on the session's Spark Connect server (the interval test, the retries).
 
 What is proven here (see ``streamledger.batch`` for the semantics):
 
@@ -7,8 +7,9 @@ What is proven here (see ``streamledger.batch`` for the semantics):
   directory per partition range, with contiguous committed ranges and the broker offset stored;
 * re-running a DAG run re-reads the same range into the same directory (no new ranges, no
   duplicates);
-* killing the task between the Spark write and the ledger commit, or between the ledger commit and
-  the broker StoreOffset, followed by a retry, ends with every offset exactly once and a clean audit.
+* killing the task (local Spark in its process) between the Spark write and the ledger commit, or
+  between the ledger commit and the broker StoreOffset, followed by a retry (on the Connect server),
+  ends with every offset exactly once and a clean audit.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Scenario
+from tests.e2e.conftest import Scenario, warm_spark_env
 
 pytestmark = [pytest.mark.airflow, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.slow]
 
@@ -108,7 +109,7 @@ def test_backfill_intervals_then_rerun(scenario: Scenario) -> None:
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("scenario", [1], indirect=True)
 @pytest.mark.parametrize("step", ["read", "published"])
-def test_kill_then_retry_is_exactly_once(scenario: Scenario, step: str) -> None:
+def test_kill_then_retry_is_exactly_once(scenario: Scenario, step: str, spark_connect: str) -> None:
     scenario.create_super_stream()
     (end,) = scenario.publish_waves(waves=1, per_wave=50)
 
@@ -131,7 +132,9 @@ def test_kill_then_retry_is_exactly_once(scenario: Scenario, step: str) -> None:
 
     # The scheduler would fail the dead task; `dags test` has none, so do that step here.
     assert scenario.af.fail_running_tasks(BACKFILL) == 1
-    scenario.dags_test(BACKFILL, end)
+    # The kill hit a task with its own local Spark (the point); the retry may run anywhere, so it runs
+    # on the session's warm Connect server instead of starting a second JVM.
+    scenario.dags_test(BACKFILL, end, extra=warm_spark_env(spark_connect))
 
     ranges = scenario.ledger().ranges(scenario.pipeline)
     (final,) = [r for r in ranges if str(r.status) != "failed" and not r.empty]

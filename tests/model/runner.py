@@ -329,12 +329,18 @@ def drain(w: World, log: Callable[[str], None]) -> list[str]:
         for src in w.current_sources(k):
             rows = [r for r in w.ledger.ranges(spec.name) if r.source == src]
             origin = min(r.start for r in rows)
-            read = [r.start for r in rows
-                    if r.status.value in ("claimed", "committed", "lost") and not r.empty]
-            if read and origin < min(read):
-                out = w.skip_cli(k, src, origin, min(read), "/%2f")
-                done.append(f"ledger skip p{k} [{origin},{min(read)}) -> {out}")
-                log(f"  drain ledger skip p{k} [{origin},{min(read)}) -> {out}")
+            read = [r.start for r in rows if r.status.value in ("claimed", "committed") and not r.empty]
+            # where the covered history stops: retention's head may be recorded lost from the origin
+            # (a pinned history whose head went before any interval claimed it, on_data_loss="record")
+            stop = origin
+            for r in sorted((r for r in rows if r.status.value == "lost" and not r.empty),
+                            key=lambda r: r.start):
+                if r.start == stop:
+                    stop = r.end
+            if read and stop < min(read):
+                out = w.skip_cli(k, src, stop, min(read), "/%2f")
+                done.append(f"ledger skip p{k} [{stop},{min(read)}) -> {out}")
+                log(f"  drain ledger skip p{k} [{stop},{min(read)}) -> {out}")
     return done
 
 

@@ -112,10 +112,22 @@ FIXED = {
     # new stream's head [0, 32) before the oracle's first look, so the oracle never saw those 32
     # records and judged "every record exactly once" while the audit rightly reported the gap
     # [0, 32) (no run read it, nothing recorded it lost): a false alarm of the oracle. The oracle
-    # now knows every id it published and bounds the offsets of those it never saw.
+    # now knows every id it published and bounds the offsets of those it never saw. Since the seams'
+    # item 1 the batches refuse (on_data_loss="fail") and record the refusal as a failed range: the
+    # audit's finding is failed_not_retried [0, 32), and the checker found the first version of that
+    # fix (nothing recorded: audit CLEAN while 75 records stayed unread).
     "retention-before-the-oracle-looked": (
         '{"seed":1004,"retention":true,"pipelines":[{"name":"orders-0","sink":"directory","pinned":true,'
         '"on_data_loss":"fail","max_offsets":null,"initial_position":"interval_start"}],'
+        '"ops":[{"kind":"publish","n":10,"pad":0},{"kind":"tick"},{"kind":"batch","pipe":0,"run":"iv0",'
+        '"attempt":1,"interval":0},{"kind":"recreate"},{"kind":"new_epoch","pipe":0},{"kind":"tick"},'
+        '{"kind":"batch","pipe":0,"run":"iv1","attempt":1,"interval":1},{"kind":"publish","n":56,'
+        '"pad":1500},{"kind":"publish","n":19,"pad":0},{"kind":"tick"}]}'),
+    # The same history with on_data_loss="record" (issue 30's seams, item 1): the new stream's head
+    # that retention took before any interval claimed it is recorded lost by the first batch after.
+    "pinned-head-lost-before-any-claim-recorded": (
+        '{"seed":1004,"retention":true,"pipelines":[{"name":"orders-0","sink":"directory","pinned":true,'
+        '"on_data_loss":"record","max_offsets":null,"initial_position":"interval_start"}],'
         '"ops":[{"kind":"publish","n":10,"pad":0},{"kind":"tick"},{"kind":"batch","pipe":0,"run":"iv0",'
         '"attempt":1,"interval":0},{"kind":"recreate"},{"kind":"new_epoch","pipe":0},{"kind":"tick"},'
         '{"kind":"batch","pipe":0,"run":"iv1","attempt":1,"interval":1},{"kind":"publish","n":56,'

@@ -80,6 +80,25 @@ def _java_with(pattern: str, under: list[int]) -> list[psutil.Process]:
     return found
 
 
+def _connect_clients(under: list[int]) -> list[psutil.Process]:
+    """Processes under ``under`` (Celery workers) with a connection to the Spark Connect server: the
+    task processes whose batch is running its job there."""
+    found = []
+    for pid in under:
+        try:
+            procs = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            continue
+        for p in procs:
+            try:
+                if any(c.raddr and c.raddr.port == stack.SPARK_CONNECT_PORT
+                       and c.status == psutil.CONN_ESTABLISHED for c in p.net_connections(kind="tcp")):
+                    found.append(p)
+            except psutil.Error:
+                continue
+    return found
+
+
 def _try_of(spark_submit: psutil.Process) -> tuple[str, str, int] | None:
     """(run id, task id, try) of the batch a spark-submit runs, from its staging ``--output``
     (``<dag>.<run>.<task>.<map index>.t<try>.<nonce>``, quoted with ``~``)."""
@@ -128,8 +147,9 @@ def secret_in_logs(secret: str, roots: list[Path]) -> list[str]:
 
 class TopologyChaos(ChaosRun):
     def __init__(self, opts: ChaosOptions, *, plant_missing: bool = False, s3_pause: float = 20.0,
-                 up_budget: float = 240.0) -> None:
+                 up_budget: float = 240.0, spark: str = "submit") -> None:
         super().__init__(opts)
+        self.spark = spark
         self.plant_missing = plant_missing
         self.s3_pause = s3_pause
         self.up_budget = up_budget
@@ -144,9 +164,10 @@ class TopologyChaos(ChaosRun):
         self.publish_stop = 0.0
         self.published_until = 0.0
         self.secret_watch: SecretWatch | None = None
-        self.fig.mode = ("topology (CeleryExecutor, 2 workers x 2; max_active_runs 4, retries 2; "
-                         "spark-submit to the standalone cluster, 1 core a job; outputs and an Iceberg table "
-                         "on S3, its catalog in the PostgreSQL ledger)")
+        jobs = ("spark-submit to the standalone cluster, 1 core a job" if spark == "submit" else
+                "a Spark Connect server in front of the standalone cluster, its 4 cores shared")
+        self.fig.mode = (f"topology (CeleryExecutor, 2 workers x 2; max_active_runs 4, retries 2; {jobs}; "
+                         "outputs and an Iceberg table on S3, its catalog in the PostgreSQL ledger)")
         self.in_table = 0
 
     # -- set-up ----------------------------------------------------------------------------
@@ -178,6 +199,7 @@ class TopologyChaos(ChaosRun):
             "STREAMLEDGER_RETRIES": "2",
             "STREAMLEDGER_INTERVAL_GRACE": str(self.opts.interval_grace),
             "STREAMLEDGER_SINK": "iceberg",  # its SQL catalog in the PostgreSQL ledger, files on S3
+            **stack.spark_settings(self.spark),
         }
         self.event(f"topology down, Airflow's metadata reset, then up with the run's DAG settings "
                    f"({self.lay.root})")
@@ -262,14 +284,30 @@ class TopologyChaos(ChaosRun):
         self.event(f"no {what} within {timeout:.0f}s: fault not injected")
         return None
 
+    def _jobs_under(self, pids: list[int]) -> list[psutil.Process]:
+        """The processes under ``pids`` running a batch's Spark job: its spark-submit driver, or
+        (Connect) the task process holding a session on the Connect server."""
+        if self.spark == "connect":
+            return _connect_clients(pids)
+        return _java_with("SparkSubmit", pids)
+
     def _spark_job_running(self) -> list[psutil.Process]:
-        return _java_with("SparkSubmit", self._workers())
+        return self._jobs_under(self._workers())
+
+    def _tries_on(self, worker: str) -> list[tuple[str, str, int]]:
+        """(run, task, try) of the running tries whose task log is in ``worker``'s own AIRFLOW_HOME
+        (with Connect no command line names the try)."""
+        logs = self.lay.worker_dir(worker) / "airflow" / "logs" / f"dag_id={DAG_ID}"
+        return [(ti["dag_run_id"], ti["task_id"], ti["try_number"])
+                for ti in self.af.task_instances(DAG_ID, state=["running"])
+                if (logs / f"run_id={ti['dag_run_id']}" / f"task_id={ti['task_id']}"
+                    / f"attempt={ti['try_number']}.log").exists()]
 
     def kill_celery_worker(self) -> None:
         def busy() -> str | None:
             for w in stack.WORKERS:
                 pid = self.lay.pid(f"celery-{w}")
-                if pid and _java_with("SparkSubmit", [pid]):
+                if pid and self._jobs_under([pid]):
                     return w
             return None
 
@@ -277,8 +315,11 @@ class TopologyChaos(ChaosRun):
         if not w:
             return
         pid = self.lay.pid(f"celery-{w}")
-        self.lost_tries += [(*t, w) for p in _java_with("SparkSubmit", [pid] if pid else [])
-                            if (t := _try_of(p))]
+        if self.spark == "connect":
+            self.lost_tries += [(*t, w) for t in self._tries_on(w) if t[1] == READ_TASK]
+        else:
+            self.lost_tries += [(*t, w) for p in _java_with("SparkSubmit", [pid] if pid else [])
+                                if (t := _try_of(p))]
         stack.stop_process(self.lay, f"celery-{w}", sig=signal.SIGKILL, grace=10)
         self.kinds["celery worker"] += 1
         self.event(f"SIGKILL celery worker {w} (its task and Spark driver with it)")
@@ -296,7 +337,17 @@ class TopologyChaos(ChaosRun):
 
     def kill_driver(self) -> None:
         found = self._wait_for("Spark driver", self._spark_job_running)
-        if found:
+        if found and self.spark == "connect":
+            # the Connect server is the driver of every batch's job: all running batches lose it;
+            # the supervisor (revive, on the operator's next look) starts it again
+            pid = self.lay.pid("spark-connect")
+            if not pid:
+                raise stack.TopologyError("the Spark Connect server is not running")
+            psutil.Process(pid).send_signal(signal.SIGKILL)
+            self.kinds["spark driver"] += 1
+            self.event(f"SIGKILL spark driver (the Spark Connect server's JVM) pid {pid}; "
+                       f"{len(found)} task processes had a session on it")
+        elif found:
             found[0].send_signal(signal.SIGKILL)
             self.kinds["spark driver"] += 1
             self.event(f"SIGKILL spark driver (spark-submit JVM) pid {found[0].pid}")
@@ -531,17 +582,26 @@ class TopologyChaos(ChaosRun):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.topology.chaos", description=__doc__)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--duration", type=float, default=300.0, help="publishing seconds")
+    p.add_argument("--duration", type=float, default=None,
+                   help="publishing seconds (default 300; 540 with --spark connect, below)")
     p.add_argument("--interval", type=int, default=60, help="DAG data interval in seconds")
     p.add_argument("--rate", type=float, default=20.0, help="records published per second")
     p.add_argument("--s3-pause", type=float, default=20.0, help="seconds the S3 server stays paused")
     p.add_argument("--up-budget", type=float, default=240.0,
                    help="seconds from now to the first interval (the topology comes up meanwhile)")
     p.add_argument("--settle-timeout", type=float, default=3600.0)
+    p.add_argument("--spark", choices=stack.SPARK_MODES, default="submit",
+                   help="submit: spark-submit to the standalone cluster (the driver on the Celery worker); "
+                        "connect: a Spark Connect server in front of it (the server is the driver)")
     p.add_argument("--plant-missing", action="store_true",
                    help="delete one committed output object after convergence: the run must fail")
     a = p.parse_args(argv)
-    opts = ChaosOptions(seed=a.seed, kills=0, duration=a.duration, interval=a.interval, rate=a.rate,
+    # Every fault waits for a Spark job with records, which only runs while records are published
+    # (an idle interval's batch runs no job). Through spark-submit a batch takes minutes, so jobs
+    # run long after publishing stops; through Connect a batch is done seconds after its interval,
+    # and the last faults (PostgreSQL, the S3 pause) found no job after 300 s of publishing.
+    duration = a.duration or (540.0 if a.spark == "connect" else 300.0)
+    opts = ChaosOptions(seed=a.seed, kills=0, duration=duration, interval=a.interval, rate=a.rate,
                         broker_restart=False, postgres_restart=False, settle_timeout=a.settle_timeout,
                         interval_grace=float(a.interval), idle_runs=1,
                         scratch=stack.layout().root / "chaos" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S"))
@@ -551,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
-    run = TopologyChaos(opts, plant_missing=a.plant_missing, s3_pause=a.s3_pause, up_budget=a.up_budget)
+    run = TopologyChaos(opts, plant_missing=a.plant_missing, s3_pause=a.s3_pause,
+                        up_budget=a.up_budget, spark=a.spark)
     result = run.run()
     print(report(result).replace("chaos figures:", "chaos-topology figures:"))
     print(f"  records in the Iceberg table: {run.in_table}")

@@ -19,6 +19,9 @@ and the api-server's port at start, one failed run each), with its state under
   port) with one bucket, the output root of the DAG; its credentials are random, kept in files
   under the topology home, and reach the workers in their environment (``AWS_*``) only, never on a
   command line;
+* with ``--spark connect`` (the DAG setting ``STREAMLEDGER_SPARK_CONNECT_CONN_ID``): a Spark Connect
+  server in front of that cluster (its driver is one more process here, its executors on the Spark
+  workers); the batch's tasks are its gRPC clients instead of each running a spark-submit driver;
 * Spark defaults for the jobs every worker submits (``spark/conf/spark-defaults.conf`` through
   ``SPARK_CONF_DIR``): one 1-core 512 MB executor per job, so four jobs share the cluster's four
   cores instead of the first one taking them all.
@@ -58,6 +61,7 @@ SPARK_MASTER_UI = 29078
 SPARK_WORKER_UI = (29091, 29092)
 WORKER_LOG_PORTS = (29093, 29094)
 S3_PORT = 29960
+SPARK_CONNECT_PORT = 29015
 CLUSTER_STREAM_PORTS = (5601, 5602, 5603)  # scripts/rabbitmq.sh's cluster nodes rabbitc1..3
 WORKERS = ("w1", "w2")
 SPARK_WORKERS = ("spark-worker-1", "spark-worker-2")
@@ -76,6 +80,17 @@ SPARK_DEFAULTS = {
     "spark.driver.extraJavaOptions": QUICK_START_JAVA_OPTIONS,
     "spark.executor.extraJavaOptions": QUICK_START_JAVA_OPTIONS,
 }
+# The Connect server is one long-lived application for every batch: it takes all four cores of the
+# cluster (four 1-core executors) and shares them between concurrent batches (FAIR), and its driver
+# holds up to four sessions' plans at once.
+CONNECT_CONF = {
+    "spark.cores.max": "4",
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "512m",
+    "spark.driver.memory": "1g",
+    "spark.scheduler.mode": "FAIR",
+}
+SPARK_MODES = ("submit", "connect")
 
 
 class TopologyError(RuntimeError):
@@ -233,11 +248,29 @@ def dag_settings(lay: Layout) -> dict[str, str]:
         "AIRFLOW_CONN_SPARK_TOPOLOGY": json.dumps({
             "conn_type": "spark", "host": f"spark://{HOST}", "port": SPARK_MASTER_PORT,
             "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"}}),
+        "AIRFLOW_CONN_SPARK_CONNECT_TOPOLOGY": json.dumps({
+            "conn_type": "spark_connect", "host": HOST, "port": SPARK_CONNECT_PORT}),
         "STREAMLEDGER_LEDGER_URL": lay.ledger_url,
         "STREAMLEDGER_OUTPUT_ROOT": lay.output_root,
     }
-    env["STREAMLEDGER_SPARK_CONN_ID"] = "spark_topology"
+    env.update(spark_settings("submit"))
     return env
+
+
+def spark_settings(mode: str) -> dict[str, str]:
+    """The DAG settings that pick where the batch's jobs run: ``submit`` (spark-submit to the
+    standalone master, the driver on the Celery worker) or ``connect`` (the Connect server in front
+    of the same cluster). The operator refuses both at once, so the other one is set empty."""
+    if mode not in SPARK_MODES:
+        raise TopologyError(f"spark mode {mode!r}: use one of {', '.join(SPARK_MODES)}")
+    connect = mode == "connect"
+    return {"STREAMLEDGER_SPARK_CONN_ID": "" if connect else "spark_topology",
+            "STREAMLEDGER_SPARK_CONNECT_CONN_ID": "spark_connect_topology" if connect else ""}
+
+
+def spark_mode(lay: Layout) -> str:
+    """The mode the DAG settings of the next ``up`` pick."""
+    return "connect" if airflow_env(lay).get("STREAMLEDGER_SPARK_CONNECT_CONN_ID") else "submit"
 
 
 def airflow_env(lay: Layout, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -297,6 +330,11 @@ def write_dag_settings(lay: Layout, settings: Mapping[str, str]) -> None:
     """DAG settings (``STREAMLEDGER_*``) every component and worker gets from the next ``up`` on."""
     lay.root.mkdir(parents=True, exist_ok=True)
     (lay.root / "dag-settings.json").write_text(json.dumps(dict(settings), indent=1))
+
+
+def set_spark_mode(lay: Layout, mode: str) -> None:
+    """Keep the other DAG settings; pick where the jobs run (``up --spark connect``)."""
+    write_dag_settings(lay, {**_dag_overrides(lay), **spark_settings(mode)})
 
 
 def _dag_overrides(lay: Layout) -> dict[str, str]:
@@ -490,6 +528,26 @@ def start_spark(lay: Layout) -> None:
                   lambda n=name: _log_has(lay, n, "Successfully registered with master"), 180, name, lay)
 
 
+def start_spark_connect(lay: Layout) -> None:
+    """The Connect server in front of the standalone cluster: its driver here, its executors on the
+    Spark workers, its Python workers on this interpreter (they import streamledger). It gets no
+    object-store credentials: each batch hands its own to its tasks, as with spark-submit."""
+    from streamledger.spark.connect import STARTED_LINE, server_command
+
+    root = lay.root / "spark" / "connect"
+    env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": HOST,
+           "PYSPARK_PYTHON": sys.executable, "SPARK_CONF_DIR": str(lay.spark_conf_dir),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), str(REPO)) if p)}
+    if not lay.pid("spark-connect") and (lay.logs / "spark-connect.log").exists():
+        # the started line of a killed server must not pass for this one's (its log is kept)
+        (lay.logs / "spark-connect.log").replace(lay.logs / "spark-connect.log.prev")
+    command = server_command(SPARK_CONNECT_PORT, lay.spark_master, CONNECT_CONF, root=root)
+    _spawn(lay, "spark-connect", command, env, root)
+    _wait_for("spark connect server",
+              lambda: _log_has(lay, "spark-connect", STARTED_LINE) and port_open(SPARK_CONNECT_PORT),
+              300, "spark-connect", lay)
+
+
 def _airflow_health() -> dict[str, dict[str, object]] | None:
     try:
         with urllib.request.urlopen(f"http://{HOST}:{API_PORT}/api/v2/monitor/health", timeout=5) as r:
@@ -531,24 +589,30 @@ def start_worker(lay: Layout, name: str) -> int:
 
 def revive(lay: Layout) -> list[str]:
     """What a process supervisor (systemd ``Restart=always``, a container runtime) does: start
-    again every Airflow component and Celery worker that exited. Airflow's scheduler, dag-processor
-    and triggerer exit when their metadata database restarts under them."""
+    again every Airflow component and Celery worker that exited, and the Connect server when the
+    DAG uses one. Airflow's scheduler, dag-processor and triggerer exit when their metadata database
+    restarts under them."""
+    revived = []
+    if spark_mode(lay) == "connect" and not lay.pid("spark-connect"):
+        start_spark_connect(lay)
+        revived.append("spark-connect")
     dead = [n for n in AIRFLOW_COMPONENTS if not lay.pid(n)]
     env = airflow_env(lay)
     for name in dead:
         _spawn(lay, name, [str(BIN / "airflow"), name], env, lay.airflow_home)
+    revived += dead
     for w in WORKERS:
         if not lay.pid(f"celery-{w}"):
             start_worker(lay, w)
-            dead.append(f"celery-{w}")
-    return dead
+            revived.append(f"celery-{w}")
+    return revived
 
 
 # ---------------------------------------------------------------------------------------------
 # up / down / status
 # ---------------------------------------------------------------------------------------------
 
-ORDERED = ("redis", "s3", *SPARK_WORKERS, "spark-master", *AIRFLOW_COMPONENTS,
+ORDERED = ("redis", "s3", *SPARK_WORKERS, "spark-master", "spark-connect", *AIRFLOW_COMPONENTS,
            *(f"celery-{w}" for w in WORKERS))
 
 
@@ -561,6 +625,8 @@ def up() -> Layout:
     start_postgres(lay)
     start_rabbitmq()
     start_spark(lay)
+    if spark_mode(lay) == "connect":
+        start_spark_connect(lay)
     start_airflow(lay)
     _log(f"up in {time.monotonic() - began:.0f}s")
     return lay

@@ -67,6 +67,31 @@ class MicroBatchRecorder:
         """How an error names the place and the batch (one line: pipeline, stream, batch, query)."""
         return f"pipeline {self.pipeline!r}, stream {stream!r}", f"micro-batch {batch} of query {query}"
 
+    def check_same_streams(self, streams: list[str], client: Any) -> None:
+        """Refuse streams the broker no longer holds as the ledger read them, before a micro-batch
+        claims: a stream deleted and re-created, then grown past the query's offset, would be read
+        on from there, its head never read (issue 30, defect 3, for the batch). The signs are the
+        batch's: a refusal recorded on the source (``replaced``, kept until ``new-epoch``), or the
+        chunk the ledger fingerprinted at a commit is not the broker's; a refusal found here is
+        recorded too."""
+        from streamledger.offsets import same_stream
+
+        found = self.ledger.positions(self.pipeline, [self.source(s) for s in streams])
+        for stream, pos in zip(streams, found, strict=True):
+            if pos.replaced is not None:
+                why = f"a batch found it replaced before ({pos.replaced})"
+            elif pos.chunk is not None and same_stream(client, stream, pos.chunk) is False:
+                why = (f"the broker's chunk at offset {pos.chunk.offset} is not the one the ledger committed "
+                       f"(timestamp {pos.chunk.timestamp}, CRC {pos.chunk.crc:#010x})")
+                self.ledger.mark_replaced(self.pipeline, self.source(stream), why)
+            else:
+                continue
+            raise MicroBatchError(
+                f"pipeline {self.pipeline!r}, stream {stream!r}: {why}: this is not the stream the pipeline "
+                "read (deleted and re-created?); nothing recorded. `streamledger ledger new-epoch` starts a "
+                "new history; restart the query with a new checkpoint"
+            )
+
     def _mine(self, src: SourceRef, run: RunIdentity) -> OffsetRange | None:
         """The open claim ``run`` holds on ``src``, if any."""
         return next((r for r in self.ledger.open_claims(self.pipeline, src) if r.run.key() == run.key()),
@@ -134,6 +159,13 @@ class MicroBatchRecorder:
         if start < end:
             self._take(src, run, where, start, end)
 
+    def saw_tails(self, tails: Mapping[str, int]) -> None:
+        """Remember the committed tails the query saw on its streams (audit rule 10, as the batch
+        does when it claims): if a stream is deleted and re-created, ``new-epoch`` records what the
+        old stream held past the history's end as lost, naming it, instead of letting it vanish."""
+        if tails:
+            self.ledger.saw_tails(self.pipeline, {self.source(s): t for s, t in tails.items()})
+
     def _released(self, src: SourceRef, run: RunIdentity, where: tuple[str, str], end: int
                   ) -> OffsetRange | None:
         """Micro-batch ``run`` is done (the engine said so) but holds no claim: if the ledger does not
@@ -159,6 +191,7 @@ class MicroBatchRecorder:
         from streamledger.batch.plan import offset_to_store, output_dir
         from streamledger.fs import filesystem_for
         from streamledger.manifest import Manifest, StreamEntry
+        from streamledger.offsets import take_print
 
         stored: set[str] = set()
         if batch < 0:
@@ -181,14 +214,21 @@ class MicroBatchRecorder:
                 self._settled[stream] = (query, batch)
                 continue
             records, first, last = count_range(client, stream, r.start, r.end)
-            target_dir = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end)
+            # Named by the source's epoch, as the batch names them: a re-created stream's [0, n) is
+            # never the retired history's directory.
+            (position,) = self.ledger.positions(self.pipeline, [src])
+            target_dir = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end,
+                                    epoch=position.epoch)
             manifest = Manifest(
                 streams={stream: StreamEntry(r.start, r.end, records, first, last)}, output=target_dir,
                 written_at=datetime.now(UTC).isoformat(), pipeline=self.pipeline, broker=self.broker,
                 range_id=r.id, extra={"streaming": {"query": query, "batch": r.run.run_id}},
             )
             outputs.write_manifest(target_dir, manifest, fs)  # before the commit: a committed range has one
-            self.ledger.commit(r.id, records=records, first_seen=first, last_seen=last, output=target_dir)
+            # The fingerprint the next micro-batch (and the audit) checks the broker's stream against.
+            chunk = take_print(client, stream, last) if last is not None else None
+            self.ledger.commit(r.id, records=records, first_seen=first, last_seen=last, output=target_dir,
+                               chunk=chunk)
             self._settled[stream] = (query, batch)
             mark = self.ledger.watermark(self.pipeline, src)
             target = offset_to_store(mark, client.query_offset(stream, self.pipeline))

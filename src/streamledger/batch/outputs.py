@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from streamledger.fs import LOCAL, OutputFS, join, local_path, parent
@@ -77,6 +78,18 @@ def _unfinished_copy(staging: str, final: str, fs: OutputFS) -> bool:
     return MANIFEST not in have and have <= set(fs.files(staging))
 
 
+def _unless_published(move: Callable[[], None], final: str, range_id: int, fs: OutputFS) -> bool:
+    """Run one step of a publish (a rename, a file copied); True when it failed because another
+    attempt of this range moved (or copied and deleted) the same staging copy first."""
+    try:
+        move()
+    except Exception:
+        if published(final, range_id, fs):
+            return True
+        raise
+    return False
+
+
 def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
             guard: Callable[[], None] | None = None) -> None:
     """Move a verified staging directory to its final place (idempotent).
@@ -88,29 +101,41 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
 
     ``guard()`` runs before the rename and before every file copied (it raises when the caller no
     longer holds the range's publish lease, and renews it otherwise), so two attempts never copy
-    into one directory at once: a stalled publisher stops at its next file.
+    into one directory at once: a stalled publisher stops at its next file. One paused after the
+    guard, whose lease moved on meanwhile, finds this range's output in place (published, or its
+    staging copy moved away by the attempt that published it) and leaves it alone.
     """
     check = guard or (lambda: None)
     if published(final, range_id, fs):
         return
     check()
     atomic = fs.renames_atomically(final)
-    if fs.exists(final) and (atomic or not _unfinished_copy(staging, final, fs)):
-        aside = f"{final.rstrip('/')}.superseded-{int(time.time())}"
-        log.warning("%s holds no output of range %d; moving it aside to %s", final, range_id, aside)
-        fs.rename(final, aside)
+    if fs.exists(final):
+        foreign = atomic or not _unfinished_copy(staging, final, fs)
+        # Asked again after looking at the destination: an attempt paused after its lease check
+        # finds here the output its successor published meanwhile, and leaves it alone.
+        if published(final, range_id, fs):
+            return
+        if foreign:
+            aside = f"{final.rstrip('/')}.superseded-{int(time.time())}"
+            log.warning("%s holds no output of range %d; moving it aside to %s", final, range_id, aside)
+            fs.rename(final, aside)
     fs.mkdirs(parent(final))
     if atomic:
-        fs.rename(staging, final)
+        _unless_published(partial(fs.rename, staging, final), final, range_id, fs)
         return
     names = fs.files(staging)
     for rel in names:
         if rel != MANIFEST:
             check()
-            fs.copy_file(join(staging, rel), join(final, rel))
+            if _unless_published(partial(fs.copy_file, join(staging, rel), join(final, rel)),
+                                 final, range_id, fs):
+                return
     if MANIFEST in names:
         check()
-        fs.copy_file(join(staging, MANIFEST), join(final, MANIFEST))
+        if _unless_published(partial(fs.copy_file, join(staging, MANIFEST), join(final, MANIFEST)),
+                             final, range_id, fs):
+            return
     else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
         fs.mkdirs(final)
     fs.delete(staging)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from streamledger.batch.config import BatchConfig, Broker, IntervalNotReady, RunId
 from streamledger.fs import join, parent
-from streamledger.ledger.types import Watermark
+from streamledger.ledger.types import SourcePosition, Watermark
 from streamledger.paths import broker_component, encode_component, fit_component
 from streamledger.sources import source_identity
 
@@ -184,3 +184,36 @@ def offset_to_store(mark: Watermark, stored: int | None) -> int | None:
     if stored is not None and stored >= target:
         return None
     return target
+
+
+TRACKING_SPAN = 8
+"""New offsets past the ledger's end up to which a settled source (:func:`settled`) is probed for user
+records before the claim: the tracking chunks StoreOffsets wrote (one offset each: this pipeline's
+last store, other consumers'), which the claim would take and the probe would find empty anyway."""
+
+
+def settled(cfg: BatchConfig, pos: SourcePosition, tail: int, stored: int | None) -> bool:
+    """Whether this batch writes nothing for the source that its identity check (the fingerprint of a
+    committed chunk, :func:`streamledger.offsets.same_streams`) guards, when the broker holds no
+    user record past the ledger's end: no range with offsets is claimed (the claim rule gives the
+    empty range at the end: no claim is open, nothing is left to redo, no interval is pinned), and no
+    offset is stored (the broker's stored offset already covers the done prefix, which holds the
+    whole history and waits for no publish). Such a batch then leaves the source as if it had not run
+    (an empty range at the end; with tracking chunks, a range of them committed with no record), and
+    a batch that does not run checks nothing: the check is made by the first batch that reads or
+    stores, on the same evidence, so it can neither skip nor double a record. The broker's tail
+    bounds the claim (a producer publishing meanwhile lands past it, for the next batch), and a
+    claim that comes back reaching past what was seen (the ledger moved meanwhile) is checked before
+    it is read (``Batch.check_late``).
+
+    Not settled, and checked as before: a stream whose stored offset is gone or behind (a re-created
+    stream has none until a checked batch stores one), a tail below the greatest one a batch saw (a
+    committed tail never shrinks: offsets the old stream held past the end must stay recorded as
+    unread when a new epoch begins), a source refused before.
+    """
+    mark = pos.watermark
+    return (not cfg.bound_by_interval and pos.replaced is None and pos.end is not None
+            and (pos.seen_tail is None or tail >= pos.seen_tail)
+            and not pos.open_claims and not pos.holes
+            and mark is not None and mark.end == pos.end and mark.unpublished is None
+            and stored is not None and offset_to_store(mark, stored) is None)

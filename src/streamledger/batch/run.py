@@ -191,6 +191,11 @@ class BatchRun:
         self.epochs: dict[str, int] = {}
         self._leases: _Leases | None = None  # while publish_ranges runs
         self._reread = True  # False once the broker holds another stream: never read it for the old
+        self._probed: dict[str, tuple[int, int, int]] = {}  # stream -> (start, end, user records seen)
+        self._unchecked: dict[str, tuple[int, int | None, SourcePosition, int]] = {}
+        """Settled sources whose identity check waits (:func:`plan.settled`): stream -> its tail, stored
+        offset, position and the end of what it may claim unchecked (the tail: no user record
+        below it past the ledger's end)."""
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -326,6 +331,35 @@ class BatchRun:
         interval = (cfg.interval_start, cfg.interval_end) if span is not None else None
         return ClaimRequest(self._source(stream), limit, initial, span, interval)  # type: ignore[arg-type]
 
+    def settle_lost_before(self, asks: Sequence[ClaimRequest]) -> None:
+        """Offsets of a pinned history that retention took before any interval claimed them (a new
+        stream's head, after ``new-epoch`` or on a fresh stream, when a later interval runs first):
+        nobody read them and no interval's span can reach them any more (spans are worked out from
+        the chunks the broker still has). Decided by ``on_data_loss`` before anything is claimed:
+        ``"fail"`` refuses the batch naming them, ``"record"`` records them lost. Never a gap."""
+        cfg = self.config
+        firsts = first_offsets(self.broker, [a.source.stream for a in asks])
+        below = [firsts[a.source.stream] for a in asks]
+        for ask, first, pieces in zip(asks, below, self.ledger.lost_before(cfg.pipeline, asks, below),
+                                      strict=True):
+            if not pieces:
+                continue
+            stream = ask.source.stream
+            named = ", ".join(f"[{a}, {b})" for a, b in pieces)
+            if cfg.on_data_loss == "fail":
+                why = (f"stream {stream!r}: pipeline {cfg.pipeline!r} never read {named} and retention "
+                       f"removed everything below {first}; nothing was claimed; set on_data_loss='record' "
+                       "to record them as lost and go on")
+                for a, b in pieces:  # the audit's finding until the span is recorded lost or skipped
+                    self.ledger.record_refused(cfg.pipeline, ask.source, a, b, self.run, why)
+                raise BatchError(why)
+            for a, b in pieces:
+                self.ledger.record_lost(
+                    cfg.pipeline, ask.source, a, b, self.run,
+                    f"retention removed offsets below {first} before pipeline {cfg.pipeline} read them")
+                log.warning("stream %s: recorded [%d, %d) as lost (retention, before any interval read it)",
+                            stream, a, b)
+
     def settle_claim(self, stream: str, rng: OffsetRange, first: int | None, req: ClaimRequest) -> _Part:
         """Make sure the broker still holds a claimed range (recording retention's losses if so
         configured, and claiming again past them), then describe it."""
@@ -385,8 +419,20 @@ class BatchRun:
         cfg = self.config
         found = self.ledger.positions(cfg.pipeline, [self._source(s) for s in streams])
         tails, stored = log_offsets(self.broker, streams, cfg.pipeline)
+        settled = {s: pos for s, pos in zip(streams, found, strict=True)
+                   if pos.chunk is not None and plan.settled(cfg, pos, tails[s], stored[s])}
+        # New offsets of a settled source that may be only tracking chunks: probed now, all at once
+        # (the answer serves the probe after the claim too); with no user record there, it is idle.
+        ahead = {s: (int(pos.end), tails[s]) for s, pos in settled.items()  # type: ignore[arg-type]
+                 if tails[s] > int(pos.end or 0) and tails[s] - int(pos.end or 0) <= plan.TRACKING_SPAN}
+        if ahead:
+            counts = user_records_many(self.broker, ahead)
+            self._probed.update({s: (a, b, int(counts[s])) for s, (a, b) in ahead.items()})
+        idle = {s for s, pos in settled.items() if tails[s] <= int(pos.end or 0)
+                or (s in self._probed and self._probed[s][2] == 0)}
+        self._unchecked = {s: (tails[s], stored[s], settled[s], tails[s]) for s in idle}
         same = same_streams(self.broker, {s: pos.chunk for s, pos in zip(streams, found, strict=True)
-                                          if pos.chunk is not None})
+                                          if pos.chunk is not None and s not in idle})
         seen: list[tuple[str, int, int | None, SourcePosition]] = []
         refused: list[tuple[str, StreamReplaced]] = []
         for s, pos in zip(streams, found, strict=True):
@@ -399,6 +445,30 @@ class BatchRun:
             self.publish_stranded([self._source(s) for s, _exc in refused])
             raise refused[0][1]
         return seen
+
+    def check_late(self, streams: Sequence[str], got: Sequence[OffsetRange]) -> None:
+        """The identity check :meth:`survey` left to a settled source, made now when its claim came
+        back reaching past the tail the survey saw or before the ledger's end it read (another run
+        moved the ledger meanwhile: a failed range to redo, a claim of its own): nothing of it is
+        read unchecked. A refusal fails this batch's new claims first (the next claim redoes them)."""
+        late = {s: rng for s, rng in zip(streams, got, strict=True) if s in self._unchecked
+                and not rng.empty and not (int(self._unchecked[s][2].end or 0) <= rng.start
+                                           and rng.end <= self._unchecked[s][3])}
+        if not late:
+            return
+        for s in late:
+            log.info("stream %s: the ledger moved during the batch: checking its identity now", s)
+        checked = {s: self._unchecked.pop(s) for s in late}
+        same = same_streams(self.broker, {s: pos.chunk for s, (_t, _st, pos, _e) in checked.items()
+                                          if pos.chunk is not None})
+        try:
+            for s, (tail, stored, pos, _end) in checked.items():
+                self.check_same_stream(s, tail, stored, pos, same.get(s))
+        except StreamReplaced:
+            for rng in got:
+                if rng.status == RangeStatus.CLAIMED and rng.run.key() == self.run.key():
+                    self.ledger.fail(rng.id, "the stream was found replaced before it was read")
+            raise
 
     def publish_stranded(self, sources: Sequence[SourceRef]) -> None:
         """Publish the committed, unpublished ranges of streams this batch refuses as re-created,
@@ -436,11 +506,15 @@ class BatchRun:
         spans = [plan.pinned_span(cfg, self.broker, s, tail, self._started) if cfg.bound_by_interval else None
                  for s, tail, _stored, _pos in seen]
         asks = [self.claim_request(*args, firsts, span) for args, span in zip(seen, spans, strict=True)]
+        if cfg.bound_by_interval:
+            self.settle_lost_before(asks)
+        # With the claims, what each stream held: if it is re-created, the new epoch records the
+        # unread rest lost (in the claims' transaction, so a death right after loses none of it).
         got = self.ledger.claim_many(cfg.pipeline, asks, self.run,
                                      max_span=cfg.max_offsets,
-                                     abandon_after=timedelta(seconds=cfg.claim_timeout))
-        # what each stream held: if it is re-created, the new epoch records the unread rest lost
-        self.ledger.saw_tails(cfg.pipeline, {self._source(s): tail for s, tail, _stored, _pos in seen})
+                                     abandon_after=timedelta(seconds=cfg.claim_timeout),
+                                     tails={self._source(s): tail for s, tail, _stored, _pos in seen})
+        self.check_late([s for s, *_r in seen], got)
         held = first_offsets(self.broker, [s for (s, *_r), rng in zip(seen, got, strict=True)
                                            if rng.status.value == "claimed"])
         self.parts = [self.settle_claim(s, rng, held.get(s), req)
@@ -464,7 +538,10 @@ class BatchRun:
 
         todo = self.to_read()
         ranges = {p.result.stream: (p.result.start, p.result.end) for p in todo}
-        found = user_records_many(self.broker, ranges)  # one connection, the probes in flight together
+        found = {s: self._known_records(s, a, b) for s, (a, b) in ranges.items()}
+        unknown = {s: ranges[s] for s, n in found.items() if n is None}
+        if unknown:  # one connection, the probes in flight together
+            found.update(user_records_many(self.broker, unknown))
         empty = [p for p in todo if not found[p.result.stream]]
         done = self.ledger.commit_many([CommitRequest(p.range.id, 0, None, None, None)
                                         for p in empty if p.range is not None]) if empty else []
@@ -475,6 +552,18 @@ class BatchRun:
             log.info("stream %s: [%d, %d) holds no user record (tracking only): committed, no job",
                      r.stream, r.start, r.end)
         self._step("probed")
+
+    def _known_records(self, stream: str, start: int, end: int) -> int | None:
+        """What the probe before the claim (:meth:`survey`) says of ``[start, end)``: no user record
+        when it saw none in a span holding it, at least one when it probed exactly this span (offsets
+        below a committed tail never change); None when it did not probe there."""
+        probed = self._probed.get(stream)
+        if probed is None:
+            return None
+        a, b, seen = probed
+        if seen == 0 and a <= start and end <= b:
+            return 0
+        return seen if (a, b) == (start, end) else None
 
     def read(self) -> None:
         """One job for every partition that has something to read, into a fresh staging directory."""
@@ -774,8 +863,8 @@ class BatchRun:
             if p.range is not None and p.result.status == PartitionStatus.COMMITTED:
                 try:
                     self.ledger.release_publish(p.range.id, self.token)
-                except Exception:  # reported, never masks the original error
-                    log.exception("could not release the publish lease of range %s", p.range.id)
+                except Exception as exc:  # reported, never masks the original error
+                    log.warning("could not release the publish lease of range %s: %s", p.range.id, exc)
 
     def sweep_staging(self) -> None:
         """Remove staging left by earlier attempts of this run identity (killed mid-read): every
@@ -888,8 +977,8 @@ class BatchRun:
                     continue
                 self.ledger.fail(p.range.id, reason[:500])
                 p.result.status = PartitionStatus.FAILED
-            except Exception:  # reported, never masks the original error
-                log.exception("could not mark range %s failed (its staging copy is kept)", p.range.id)
+            except Exception as exc:  # reported in one line, never masks the original error
+                log.warning("could not mark range %s failed (its staging copy is kept): %s", p.range.id, exc)
                 keep = True
         if self.staging is not None and not keep:
             outputs.remove(self.staging, self.fs)
@@ -914,6 +1003,14 @@ class BatchRun:
         self.describe_table()
         return self.result
 
+    def pieces_left(self) -> bool:
+        """Whether this pinned run's failed claims still hold offsets no live range covers on any
+        partition (its next claim takes the next piece: :func:`run_batch` goes on)."""
+        cfg = self.config
+        if not cfg.bound_by_interval:
+            return False
+        return any(self.ledger.own_redo_left(cfg.pipeline, [p.source for p in self.parts], self.run))
+
     def describe_table(self) -> None:
         """With a table sink, the table as readers find it after this batch, told by the sink the batch
         published with (front doors report it from the result; none builds a sink of its own)."""
@@ -936,11 +1033,31 @@ def run_batch(
     progress: ReadProgress | None = None,
 ) -> BatchResult:
     """Run one batch end to end (see the package docstring for what each step guarantees).
-    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.progress`)."""
-    return BatchRun(
-        config, run=run, ledger=ledger, broker=broker, runner=runner, holder_alive=holder_alive,
-        on_step=on_step, progress=progress,
-    ).execute()
+    ``progress`` reports the job's progress (default: log lines, :mod:`streamledger.progress`).
+
+    A pinned run whose failed claim a narrower range split into separate pieces gets one piece per
+    claim (the ledger's rule 1 for pinned runs): the batch goes on, round after round, until the
+    ledger has no piece left for it, and reports every range it read."""
+    def one() -> BatchRun:
+        return BatchRun(config, run=run, ledger=ledger, broker=broker, runner=runner,
+                        holder_alive=holder_alive, on_step=on_step, progress=progress)
+
+    batch = one()
+    result = batch.execute()
+    for _ in range(_MAX_PIECES):
+        if not batch.pieces_left():
+            break
+        batch = one()
+        more = batch.execute()
+        seen = {p.range_id for p in result.partitions}
+        result.partitions.extend(p for p in more.partitions if p.range_id not in seen)
+        result.table, result.catalog = more.table, more.catalog
+    return result
+
+
+_MAX_PIECES = 1_000
+"""Rounds one pinned batch takes at most: each commits a piece, and a failed span splits into at most
+one piece more than the ranges claimed inside it."""
 
 
 def backlog(ledger: Ledger, broker: Broker, *, pipeline: str, url: str, streams: list[str] | Any,

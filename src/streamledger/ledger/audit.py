@@ -37,7 +37,6 @@ from streamledger.ledger.findings import (
 from streamledger.ledger.statements import (
     AUDIT_BEHIND,
     AUDIT_CHUNK_PRINTS,
-    AUDIT_FAILED,
     AUDIT_FAILED_IN,
     AUDIT_GAPS_OVERLAPS,
     AUDIT_HEAD_GAPS,
@@ -48,6 +47,7 @@ from streamledger.ledger.statements import (
     AUDIT_SKIPPED,
     AUDIT_SOURCES,
     AUDIT_UNPUBLISHED,
+    audit_failed_sql,
 )
 from streamledger.ledger.types import SKIP_RUN_DAG, SKIP_RUN_TASK, RangeStatus, Watermark, is_retired
 from streamledger.offsets import ChunkPrint, same_stream
@@ -200,12 +200,28 @@ def run_audit(
         # The window and the grouping below stay in memory instead of spilling to disk.
         session.execute(text("SET LOCAL work_mem = '64MB'"))
 
-    # Rule 4.1: failed ranges no live range overlaps (holes), and failed ranges past the end: a
-    # violation at once, nothing works on them. Their spans are the only parts of gaps left to them.
-    rows: Sequence[Any] = session.execute(query(AUDIT_FAILED), params).all()
+    # Rule 4.1: every piece of a failed range no live range covers (a hole, the rest of a failed
+    # range a later range covers in part, below the end or past it): a violation at once, nothing
+    # works on it until the claim rule redoes it. These pieces are the only parts of gaps left to them.
+    failed_q = text(audit_failed_sql(pipeline is not None))
+    if pipeline is not None:
+        failed_q = failed_q.bindparams(pipeline_param)
+    rows: Sequence[Any] = session.execute(failed_q, params).all()
     truncated |= len(rows) >= MAX_FINDINGS_PER_CHECK
     holes: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for rid, sid, start, end, error, _claimed in rows:
+    # Every failed range nobody redid at all is a finding of its own; the rest of one a later range
+    # covers in part is one finding unless that very span is one already (a failed claim and the
+    # remainder a lost span left of it hold the same rest), named by the nearest (greatest start).
+    whole = [row for row in rows if (row[2], row[3]) == (row[5], row[6])]
+    nearest: dict[tuple[int, int, int], Any] = {}
+    for row in rows:
+        key = (int(row[1]), int(row[2]), int(row[3]))
+        if (row[2], row[3]) != (row[5], row[6]) and (
+                key not in nearest or (row[5], row[0]) > (nearest[key][5], nearest[key][0])):
+            nearest[key] = row
+    seen = {(int(r[1]), int(r[2]), int(r[3])) for r in whole}
+    for rid, sid, start, end, error, held_from, held_to in [
+            *whole, *(r for k, r in nearest.items() if k not in seen)]:
         holes[int(sid)].append((int(start), int(end)))
         add(
             ViolationKind.FAILED_NOT_RETRIED,
@@ -213,7 +229,9 @@ def run_audit(
             start,
             end,
             rid,
-            f"failed ({error or 'no reason given'}) and no later range redid it",
+            f"failed ({error or 'no reason given'}) and no later range redid it"
+            + ("" if (start, end) == (held_from, held_to) else
+               f": [{start}, {end}) of its span [{held_from}, {held_to}) is covered by no live range"),
         )
 
     # Rules 1-4: the history from its origin, each gap between live ranges, each overlap.

@@ -4,7 +4,8 @@ heartbeats, listing and abandonment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import SimpleNamespace
@@ -17,7 +18,15 @@ from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Range, Source
 from streamledger.ledger.rows import check_offset, check_pipeline, chunks, snapshot, utc
 from streamledger.ledger.sources import Sources
-from streamledger.ledger.statements import INSERT_RANGE, LIVE, OWN_REDO_SPANS, PG_CLAIM, REDO_SPANS, tail_of
+from streamledger.ledger.statements import (
+    INSERT_RANGES,
+    LIVE,
+    OWN_REDO_SPANS,
+    PG_CLAIM,
+    PG_CLAIM_MANY,
+    REDO_SPANS,
+    tail_of,
+)
 from streamledger.ledger.types import ClaimRequest, OffsetRange, RangeStatus, RunIdentity, SourceRef
 from streamledger.runs import LEDGER_DAG
 
@@ -194,9 +203,7 @@ class Claims(Sources):
         transaction (``BEGIN IMMEDIATE`` holds the database's write lock): what it reads is read
         for all sources at once (one statement per kind), then each source is decided by the same
         code and its range inserted."""
-        found = self._find_sources(session, pipeline, [a.source for a in asks])
-        srcs = [src if src is not None else self._lock_source(session, pipeline, a.source)
-                for a, src in zip(asks, found, strict=True)]
+        srcs = self._make_sources(session, pipeline, [a.source for a in asks])
         ids = [s.id for s in srcs]
         now = self._clock(session)
         held: dict[int, Range] = {}
@@ -206,10 +213,18 @@ class Claims(Sources):
                     Range.task_id == run.task_id, Range.map_index == run.map_index,
                     Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
             ).order_by(Range.id)):
-                held.setdefault(row.source_id, row)
-        fresh = [i for i in ids if i not in held]
-        pinned_ids = [s.id for s, a in zip(srcs, asks, strict=True) if a.pinned is not None and s.id in fresh]
+                now_held = held.get(row.source_id)
+                if now_held is None or (now_held.status != RangeStatus.CLAIMED.value
+                                        and row.status == RangeStatus.CLAIMED.value):
+                    held[row.source_id] = row  # a claimed range first, else the first committed one
+        # A pinned run whose failed claim still holds uncovered pieces claims the next one even when
+        # it committed an earlier piece (rule 1 then answers with a claimed range only).
+        pinned_ids = [s.id for s, a in zip(srcs, asks, strict=True) if a.pinned is not None and (
+            s.id not in held or held[s.id].status != RangeStatus.CLAIMED.value)]
         retry = self._own_retry_spans(session, pinned_ids, run)
+        for sid in retry:
+            held.pop(sid, None)
+        fresh = [i for i in ids if i not in held]
         if abandon_after is not None and fresh:
             self._abandon(session, fresh, now - abandon_after, now)
         free = [s.id for s, a in zip(srcs, asks, strict=True) if s.id not in held and a.pinned is None]
@@ -219,7 +234,8 @@ class Claims(Sources):
             tails.update((int(r.sid), r.tail) for r in session.execute(select(
                 Source.id.label("sid"), tail_of(Source.id).scalar_subquery().label("tail"),
             ).where(Source.id.in_(chunk))))
-        out: list[OffsetRange] = []
+        out: list[OffsetRange | None] = []
+        made: list[tuple[int, dict[str, Any]]] = []  # (place in out, row): inserted together below
         for ask, src in zip(asks, srcs, strict=True):
             what, source, pinned = ask.what, ask.source, ask.pinned
             mine = held.get(src.id)
@@ -293,11 +309,20 @@ class Claims(Sources):
                 "interval_start": None if pinned is None else pinned[1][0],
                 "interval_end": None if pinned is None else pinned[1][1],
             }
-            values["id"] = session.execute(INSERT_RANGE, values).scalar_one()
-            made = SimpleNamespace(**values)
             self._sources[src.id] = (pipeline, source)
-            out.append(_pinned_answer(what, snapshot(made, pipeline, src), run, pinned))
-        return out
+            made.append((len(out), values))
+            out.append(None)
+        for chunk in chunks(made):
+            rows = session.execute(INSERT_RANGES, [v for _i, v in chunk])
+            new_ids = {int(sid): int(rid) for sid, rid in rows}
+            for i, values in chunk:
+                values["id"] = new_ids[values["source_id"]]
+                ask, src = asks[i], srcs[i]
+                out[i] = _pinned_answer(ask.what, snapshot(SimpleNamespace(**values), pipeline, src), run,
+                                        ask.pinned)
+        answers = [r for r in out if r is not None]
+        assert len(answers) == len(asks)
+        return answers
 
     @staticmethod
     def _abandon(session: Session, source_ids: Sequence[int], before: datetime, now: datetime) -> None:
@@ -373,36 +398,99 @@ class Claims(Sources):
         *,
         max_span: int | None = None,
         abandon_after: timedelta | None = None,
+        tails: Mapping[SourceRef, int] | None = None,
     ) -> list[OffsetRange]:
         """:meth:`claim` for every source of a batch in one transaction (answers in request order).
 
         Each source gets exactly what :meth:`claim` would give it (the same code decides); the
         claims take effect together, or, when one is refused, none does. Sources that exist already
         are locked first in id order (as every other multi-source locker does), so two batches over
-        the same sources never deadlock.
+        the same sources never deadlock. ``tails``, the committed tail the batch saw on each
+        source's stream, are recorded (:meth:`saw_tails`) in the same transaction: a batch that
+        dies right after its claims leaves them known to :meth:`new_epoch` (audit rule 10).
         """
+        if not tails:
+            return self._claim_many(pipeline, requests, run, max_span, abandon_after)
+        with self._joined(f"claims of pipeline {pipeline!r} by {run} and the tails it saw"):
+            got = self._claim_many(pipeline, requests, run, max_span, abandon_after)
+            self.saw_tails(pipeline, tails)
+            return got
+
+    def _claim_many(self, pipeline: str, requests: Sequence[ClaimRequest], run: RunIdentity,
+                    max_span: int | None, abandon_after: timedelta | None) -> list[OffsetRange]:
         check_pipeline(pipeline)
         if len({(r.source.broker, r.source.stream) for r in requests}) != len(requests):
             raise LedgerError(f"claim_many for pipeline {pipeline!r}: a source is named twice")
         if not requests:
             return []
-        out: dict[int, OffsetRange] = {}
+        asks = []
+        for r in requests:  # every request checked before anything is claimed
+            what, pinned = self._claim_checked(pipeline, r.source, r.end_limit, run, r.initial_start,
+                                               max_span, abandon_after, r.span, r.interval)
+            asks.append(_Ask(what, r.source, r.end_limit, r.initial_start, pinned))
         if self.dialect != "postgresql":
-            asks = []
-            for r in requests:
-                what, pinned = self._claim_checked(pipeline, r.source, r.end_limit, run, r.initial_start,
-                                                   max_span, abandon_after, r.span, r.interval)
-                asks.append(_Ask(what, r.source, r.end_limit, r.initial_start, pinned))
             with self._tx(f"claims of pipeline {pipeline!r} by {run}") as session:
                 return self._claim_sqlite(session, pipeline, asks, run, max_span, abandon_after)
         with self._joined(f"claims of pipeline {pipeline!r} by {run}") as session:
-            order = self._lock_named(session, pipeline, [r.source for r in requests])
-            for i in order:
-                req = requests[i]
-                out[i] = self.claim(pipeline, req.source, req.end_limit, run, initial_start=req.initial_start,
-                                    max_span=max_span, abandon_after=abandon_after, span=req.span,
-                                    interval=req.interval)
-        return [out[i] for i in range(len(requests))]
+            srcs = self._make_sources(session, pipeline, [r.source for r in requests])  # created, locked
+            # a pinned retry gets back what its failed claim held (as claim() does: _retry_pinned)
+            retry = self._own_retry_spans(session, [s.id for s, a in zip(srcs, asks, strict=True)
+                                                    if a.pinned is not None], run)
+            asks = [a if a.pinned is None or s.id not in retry
+                    else dataclasses.replace(a, pinned=(retry[s.id], a.pinned[1]))
+                    for a, s in zip(asks, srcs, strict=True)]
+            return self._claim_pg_many(session, pipeline, asks, srcs, run, max_span, abandon_after)
+
+    def _claim_pg_many(self, session: Session, pipeline: str, asks: Sequence[_Ask], srcs: Sequence[Source],
+                       run: RunIdentity, max_span: int | None,
+                       abandon_after: timedelta | None) -> list[OffsetRange]:
+        """PostgreSQL: :meth:`_claim_pg` of every source in one round trip (migration 0013's
+        ``streamledger_claim_many`` calls ``streamledger_claim`` per source), in the caller's
+        transaction, the sources created and locked already (:meth:`claim_many`)."""
+        def each(pick: Any) -> list[Any]:
+            return [pick(a) for a in asks]
+
+        params = {
+            "pipeline": pipeline,
+            "brokers": each(lambda a: a.source.broker),
+            "streams": each(lambda a: a.source.stream),
+            "super_streams": each(lambda a: a.source.super_stream),
+            "end_limits": each(lambda a: a.end_limit),
+            "dag_id": run.dag_id,
+            "run_id": run.run_id,
+            "task_id": run.task_id,
+            "map_index": run.map_index,
+            "try_number": run.try_number,
+            "initials": each(lambda a: a.initial_start),
+            "max_span": max_span,
+            "abandon_secs": None if abandon_after is None else abandon_after.total_seconds(),
+            "span_starts": each(lambda a: None if a.pinned is None else a.pinned[0][0]),
+            "span_ends": each(lambda a: None if a.pinned is None else a.pinned[0][1]),
+            "interval_starts": each(lambda a: None if a.pinned is None else a.pinned[1][0]),
+            "interval_ends": each(lambda a: None if a.pinned is None else a.pinned[1][1]),
+        }
+        got = {int(row.source_id): row for row in session.execute(PG_CLAIM_MANY, params)}
+        out = []
+        for ask, src in zip(asks, srcs, strict=True):
+            row = got.get(int(src.id))
+            if row is None:
+                raise LedgerError(
+                    f"{ask.what}: the ledger has no range for this stream yet, so the first claim must give "
+                    "initial_start (the first offset to read)"
+                )
+            self._sources[int(src.id)] = (pipeline, ask.source)
+            out.append(_pinned_answer(ask.what, snapshot(row, pipeline, ask.source), run, ask.pinned))
+        return out
+
+    def own_redo_left(self, pipeline: str, sources: Sequence[SourceRef], run: RunIdentity) -> list[bool]:
+        """Per source, whether failed pinned claims of ``run``'s key still hold offsets no live range
+        covers: the run's next claim takes the lowest such piece (a failed span a narrower range
+        split in two comes back piece by piece), so its batch claims again until none is left."""
+        check_pipeline(pipeline)
+        with self._tx(f"pieces left to redo by {run}", write=False) as session:
+            found = self._find_sources(session, pipeline, list(sources))
+            left = redo_spans(session, [s.id for s in found if s is not None], run)
+            return [s is not None and s.id in left for s in found]
 
     def heartbeat(self, range_ids: list[int], run: RunIdentity) -> list[int]:
         """Refresh the heartbeat of ``run``'s claims; returns the ids it still holds.

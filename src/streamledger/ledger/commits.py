@@ -5,12 +5,13 @@ its broker offset recorded as stored, or the claim given up.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from streamledger.ledger.errors import LedgerError
-from streamledger.ledger.models import Range
+from streamledger.ledger.models import Range, Source
 from streamledger.ledger.rows import chunks, clip, snapshot
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import COMMIT_CLAIMED, COMMIT_CLAIMED_PG
@@ -23,13 +24,23 @@ class Commits(Sources):
 
     def commit_many(self, commits: Sequence[CommitRequest]) -> list[OffsetRange]:
         """:meth:`commit` for every range of a batch in one transaction: all take effect, or, when
-        one is refused, none does (each is checked exactly as :meth:`commit` checks it)."""
+        one is refused, none does. The rows are locked and read together (id order, a statement per
+        500), then each request is checked and applied in request order by :meth:`_commit_row`, the
+        code :meth:`commit` runs when its one-statement path does not apply (the same errors); the
+        changed rows are written back in a few batched UPDATEs, not one per range."""
         if not commits:
             return []
-        with self._joined(f"commit of ranges {[c.range_id for c in commits]}"[:200]):
-            return [self.commit(c.range_id, records=c.records, first_seen=c.first_seen, last_seen=c.last_seen,
-                                output=c.output, staging=c.staging, publisher=c.publisher, chunk=c.chunk)
-                    for c in commits]
+        with self._joined(f"commit of ranges {[c.range_id for c in commits]}"[:200]) as session:
+            loaded = self._load_many(session, [c.range_id for c in commits], lock=True)
+            now = self._clock(session)
+            out = []
+            for c in commits:
+                if c.range_id not in loaded:
+                    self._load(session, c.range_id, lock=True)  # raises: not an id, or no such range
+                row, pipeline, src = loaded[c.range_id]
+                out.append(self._commit_row(row, pipeline, src, c, now))
+            session.flush()
+            return out
 
     def mark_offsets_stored(self, range_ids: Sequence[int], verified: bool) -> None:
         """:meth:`mark_offset_stored` for several ranges in one transaction: the rows locked and
@@ -130,35 +141,45 @@ class Commits(Sources):
                 return snapshot(fast, pipeline, ref)
             # Not a plain claimed range whose span fits: find out why (or an identical repeat).
             row, pipeline, src = self._load(session, range_id, lock=True)
-            label = f"range {range_id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset}))"
-            self._check_counts(label, row, records, first_seen, last_seen)
-            if row.status == RangeStatus.COMMITTED.value:
-                if (row.records, row.first_seen, row.last_seen) == (records, first_seen, last_seen):
-                    return snapshot(row, pipeline, src)
-                raise LedgerError(
-                    f"{label} is already committed with records={row.records} first_seen={row.first_seen} "
-                    f"last_seen={row.last_seen}; refusing a different commit"
-                )
-            if row.status != RangeStatus.CLAIMED.value:
-                raise LedgerError(f"{label} is {row.status}; only a claimed range can be committed")
-            now = self._clock(session)
-            row.status = RangeStatus.COMMITTED.value
-            row.records = records
-            row.first_seen = first_seen
-            row.last_seen = last_seen
-            row.output = clip(output) if output is not None else None
-            row.staging = clip(staging) if staging is not None else None
-            if records and publisher is not None:
-                row.publisher, row.publish_beat = publisher, now
-            if records and staging is None:
-                row.published_at = now
-            if records and chunk is not None:
-                row.chunk_offset, row.chunk_timestamp = chunk.offset, chunk.timestamp
-                row.chunk_crc = chunk.crc
-            row.committed_at = now
-            row.updated_at = now
+            request = CommitRequest(range_id, records, first_seen, last_seen, output, staging=staging,
+                                    publisher=publisher, chunk=chunk)
+            done = self._commit_row(row, pipeline, src, request, self._clock(session))
             session.flush()
-            return snapshot(row, pipeline, src)
+            return done
+
+    def _commit_row(self, row: Range, pipeline: str, src: Source, c: CommitRequest,
+                    now: datetime) -> OffsetRange:
+        """The commit rule on a locked row (:meth:`commit`): its counts checked, an identical repeat
+        returned unchanged, a different one or a range not claimed refused; else marked committed
+        (the caller flushes)."""
+        label = f"range {row.id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset}))"
+        records, first_seen, last_seen = c.records, c.first_seen, c.last_seen
+        self._check_counts(label, row, records, first_seen, last_seen)
+        if row.status == RangeStatus.COMMITTED.value:
+            if (row.records, row.first_seen, row.last_seen) == (records, first_seen, last_seen):
+                return snapshot(row, pipeline, src)
+            raise LedgerError(
+                f"{label} is already committed with records={row.records} first_seen={row.first_seen} "
+                f"last_seen={row.last_seen}; refusing a different commit"
+            )
+        if row.status != RangeStatus.CLAIMED.value:
+            raise LedgerError(f"{label} is {row.status}; only a claimed range can be committed")
+        row.status = RangeStatus.COMMITTED.value
+        row.records = records
+        row.first_seen = first_seen
+        row.last_seen = last_seen
+        row.output = clip(c.output) if c.output is not None else None
+        row.staging = clip(c.staging) if c.staging is not None else None
+        if records and c.publisher is not None:
+            row.publisher, row.publish_beat = c.publisher, now
+        if records and c.staging is None:
+            row.published_at = now
+        if records and c.chunk is not None:
+            row.chunk_offset, row.chunk_timestamp = c.chunk.offset, c.chunk.timestamp
+            row.chunk_crc = c.chunk.crc
+        row.committed_at = now
+        row.updated_at = now
+        return snapshot(row, pipeline, src)
 
     @staticmethod
     def _check_counts(

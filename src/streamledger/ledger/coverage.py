@@ -161,7 +161,7 @@ def _islands(ledger: Ledger, pipeline: str | None, source_id: int | None, low: i
     )
     out: dict[int, list[Span]] = defaultdict(list)
     params = {"pipeline": pipeline, "source_id": source_id, "low": low, "high": high}
-    with ledger.engine.connect() as conn:
+    with ledger.read_connection("read the ledger's coverage") as conn:
         for sid, status, start, end, count, first_id in conn.execute(query, params):
             out[int(sid)].append(Span(str(status), int(start), int(end), int(count),
                                       int(first_id) if count == 1 else None))
@@ -203,7 +203,7 @@ def coverage(ledger: Ledger, report: AuditReport, *, pipeline: str | None = None
 
 def sources(ledger: Ledger, pipeline: str | None = None, *, counts: bool = True) -> list[SourceSummary]:
     """Every source (of ``pipeline``), with counts, extent, watermark and stored offset when ``counts``."""
-    with ledger.engine.connect() as conn:
+    with ledger.read_connection("read the ledger's sources") as conn:
         rows = conn.execute(text(_SOURCES).bindparams(bindparam("pipeline", type_=String())),
                             {"pipeline": pipeline}).all()
         ids = [int(r[0]) for r in rows]
@@ -254,5 +254,5 @@ def ranges_in(ledger: Ledger, source_id: int, low: int, high: int, *, limit: int
         .order_by(Range.start_offset, Range.id)
         .limit(limit)
     )
-    with ledger.engine.connect() as conn:
+    with ledger.read_connection("read the ledger's ranges") as conn:
         return [RangeRow(**row._asdict()) for row in conn.execute(query)]

@@ -127,10 +127,12 @@ def make_engine(url: str | URL, *, create: bool = True) -> Engine:
         event.listen(engine, "connect", _sqlite_on_connect)
         event.listen(engine, "begin", _sqlite_on_begin)
         return engine
-    # No pre-ping: it would add a round trip to every claim; connections are recycled instead and a
-    # dropped one surfaces as a LedgerError for that call.
+    # Pre-ping: one round trip per transaction (a checkout), so that a pooled connection the server
+    # dropped (a restart, a failover) is replaced before use instead of failing the call that gets
+    # it: without it a batch that claimed before a PostgreSQL restart failed its commit after it.
     try:
-        return create_engine(parsed, pool_recycle=1800, connect_args={"connect_timeout": 10})
+        return create_engine(parsed, pool_recycle=1800, pool_pre_ping=True,
+                             connect_args={"connect_timeout": 10})
     except ModuleNotFoundError as exc:  # the driver is an extra (docs/install.md)
         raise LedgerError(
             f"a PostgreSQL ledger needs {exc.name}: pip install \"streamledger[postgres]\"") from exc

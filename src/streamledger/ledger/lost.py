@@ -3,6 +3,7 @@ gone, and the ranges listing."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 from sqlalchemy import and_, func, select, update
@@ -13,7 +14,14 @@ from streamledger.ledger.models import Pipeline, Range, Source
 from streamledger.ledger.rows import check_offset, check_pipeline, clip, snapshot
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import LIVE, ORIGIN_START
-from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef, skip_identity
+from streamledger.ledger.types import (
+    ClaimRequest,
+    OffsetRange,
+    RangeStatus,
+    RunIdentity,
+    SourceRef,
+    skip_identity,
+)
 
 
 class LostAndStale(Sources):
@@ -52,9 +60,13 @@ class LostAndStale(Sources):
     ) -> OffsetRange:
         """Record ``[start, end)`` as lost (retention removed it) instead of failing the pipeline.
 
-        Allowed at the source's tail, at the start of a hole a failed range left, or at the start of
-        the range ``run`` holds claimed (that claim fails; whatever it covered beyond ``end`` is left
-        as a failed remainder, which the next claim redoes).
+        Allowed at the start of the range ``run`` holds claimed (that claim fails; whatever it
+        covered beyond ``end`` is left as a failed remainder, which the next claim redoes), else
+        wherever no live range covers any of it and it starts where the covered history stops: at
+        the source's tail, at the history's origin, at the end of a live range (a gap of a pinned
+        history, the uncovered rest of a failed range partly covered by a later range) or inside a
+        failed range (a hole; the rest of the failed range stays to redo). A lost span never opens
+        a gap before itself.
         """
         check_pipeline(pipeline)
         check_offset("start", start, source.stream)
@@ -76,6 +88,7 @@ class LostAndStale(Sources):
                 )
             ).one_or_none()
             split: Range | None = None
+            pinned = False
             if mine is not None and mine.start_offset == start and end <= mine.end_offset:
                 mine.status = RangeStatus.FAILED.value
                 mine.error = clip(f"lost: {reason}")
@@ -88,11 +101,9 @@ class LostAndStale(Sources):
                 if hole is not None and end <= hole.end_offset:
                     split = hole
                 elif tail is not None and tail != start:
-                    raise LedgerError(
-                        f"{what}: a lost span must start at the ledger's tail {tail}, at a failed hole, "
-                        "or at the start of the claim this run holds"
-                    )
+                    pinned = self._lost_in_gap(session, src.id, start, end, tail, what)
             lost = self._new_row(src.id, start, end, RangeStatus.LOST, run, now, error=clip(reason))
+            lost.pinned = pinned
             session.add(lost)
             if split is not None and end < split.end_offset:
                 remainder_run = RunIdentity(
@@ -111,6 +122,94 @@ class LostAndStale(Sources):
                 )
             session.flush()
             return snapshot(lost, pipeline, src)
+
+    @staticmethod
+    def _lost_in_gap(session: Session, source_id: int, start: int, end: int, tail: int, what: str) -> bool:
+        """Check a lost span away from the tail (:meth:`record_lost`): no live range covers any of
+        it, and it starts at the history's origin, at the end of a live range or inside a failed
+        range. Returns whether the row must be pinned to pass the database's contiguity guard (it
+        lies outside any failed range that holds all of it: a gap of a pinned history)."""
+        covering = session.scalars(select(Range).where(
+            Range.source_id == source_id, LIVE, Range.end_offset > Range.start_offset,
+            Range.start_offset < end, Range.end_offset > start,
+        ).order_by(Range.start_offset).limit(1)).first()
+        if covering is not None:
+            raise LedgerError(
+                f"{what}: range {covering.id} [{covering.start_offset}, {covering.end_offset}) "
+                f"({covering.status}) covers part of it")
+        origin = session.scalars(ORIGIN_START, {"source_id": source_id}).first()
+        failed = select(Range.id).where(Range.source_id == source_id,
+                                        Range.status == RangeStatus.FAILED.value,
+                                        Range.start_offset <= start).limit(1)
+        stops_here = (start == origin
+                      or session.scalars(select(Range.id).where(
+                          Range.source_id == source_id, LIVE, Range.end_offset == start).limit(1)).first()
+                      or session.scalars(failed.where(Range.end_offset > start)).first())
+        if not stops_here:
+            raise LedgerError(
+                f"{what}: a lost span must start at the ledger's tail {tail}, at the history's origin, at "
+                "the end of a live range, inside a failed range, or at the start of the claim this run holds")
+        inside = session.scalars(failed.where(Range.end_offset >= end)).first() is not None
+        return not inside
+
+    def lost_before(self, pipeline: str, requests: Sequence[ClaimRequest],
+                   firsts: Sequence[int]) -> list[list[tuple[int, int]]]:
+        """Per pinned claim request, the spans of its history that no range holds (live or failed:
+        a failed range's own retry answers for its span) and that lie below ``firsts`` (the first
+        offset the broker still has): nobody read them and nobody can any more. The history runs
+        from its origin (the request's ``initial_start`` for a source without ranges) to where it
+        ends once the request's span is claimed; the span itself is the claim's to settle."""
+        check_pipeline(pipeline)
+        out: list[list[tuple[int, int]]] = []
+        with self._tx(f"unread offsets below retention of {pipeline!r}", write=False) as session:
+            found = self._find_sources(session, pipeline, [r.source for r in requests])
+            for req, first, src in zip(requests, firsts, found, strict=True):
+                span = req.span
+                rows: list[tuple[int, int, str, bool]] = []
+                if src is not None:
+                    rows = [(int(a), int(b), str(st), bool(pin)) for a, b, st, pin in session.execute(
+                        select(Range.start_offset, Range.end_offset, Range.status, Range.pinned)
+                        .where(Range.source_id == src.id).order_by(Range.start_offset))]
+                origin = min((a for a, _b, _s, _p in rows), default=req.initial_start)
+                if span is None or origin is None or first <= origin:
+                    out.append([])
+                    continue
+                ends = [b for _a, b, st, _p in rows if st != RangeStatus.FAILED.value]
+                bound = min(first, max([*ends, origin, span[1]]))
+                # a pinned failed range is its interval's (its retry settles it); an unpinned one
+                # over such offsets is an earlier refusal (record_refused): still to decide
+                held = sorted([(a, b) for a, b, st, pin in rows
+                               if a < b and (st != RangeStatus.FAILED.value or pin)] + [span])
+                pieces: list[tuple[int, int]] = []
+                at = origin
+                for a, b in held:
+                    if a > at and at < bound:
+                        pieces.append((at, min(a, bound)))
+                    at = max(at, b)
+                if at < bound:
+                    pieces.append((at, bound))
+                out.append(pieces)
+        return out
+
+    def record_refused(self, pipeline: str, source: SourceRef, start: int, end: int, run: RunIdentity,
+                       reason: str) -> None:
+        """Record that ``run`` refused to go on over ``[start, end)`` (retention took it before anyone
+        read it and ``on_data_loss="fail"``): a failed range, so the span is a finding of the audit
+        (``failed_not_retried``, rule 4.1) until it is recorded lost or skipped, while nothing is
+        claimed. Not recorded again while a failed range holds all of it."""
+        check_pipeline(pipeline)
+        what = f"record refused [{start}, {end}) for pipeline {pipeline!r} stream {source.stream!r}"
+        if end <= start:
+            raise LedgerError(f"{what}: the span is empty or reversed")
+        with self._tx(what) as session:
+            src = self._lock_source(session, pipeline, source)
+            if session.scalars(select(Range.id).where(
+                    Range.source_id == src.id, Range.status == RangeStatus.FAILED.value,
+                    Range.start_offset <= start, Range.end_offset >= end).limit(1)).first() is not None:
+                return
+            session.add(self._new_row(src.id, start, end, RangeStatus.FAILED, run, self._clock(session),
+                                      error=clip(reason)))
+            session.flush()
 
     def record_skipped(self, pipeline: str, source: SourceRef, start: int, end: int, *,
                        reason: str) -> OffsetRange:

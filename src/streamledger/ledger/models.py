@@ -44,7 +44,7 @@ LEDGER_TABLES = frozenset({PIPELINE_TABLE, SOURCE_TABLE, RANGE_TABLE})
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
 _ID = BigInteger().with_variant(Integer(), "sqlite")
 
-_ACTIVE = "status IN ('claimed', 'committed')"
+_ACTIVE = "status IN ('claimed', 'committed') AND NOT pinned"  # 0012: pinned runs redo pieces
 _UNPUBLISHED = "status = 'committed' AND records > 0 AND published_at IS NULL"
 _NONEMPTY_LIVE = "status <> 'failed' AND end_offset > start_offset"
 
@@ -128,7 +128,8 @@ class Range(LedgerBase):
         Index("ix_streamledger_range_chunk", "source_id", "chunk_offset",
               postgresql_where=text("chunk_offset IS NOT NULL"),
               sqlite_where=text("chunk_offset IS NOT NULL")),
-        # Reruns are idempotent: one live (claimed/committed) range per run identity and source.
+        # Reruns are idempotent: one live (claimed/committed) range per run identity and source; a
+        # pinned run may hold one per piece of its failed span (0012), rule 1 answering its claim.
         Index(
             "uq_streamledger_range_run",
             "source_id",

@@ -217,6 +217,7 @@ class Positions(Sources):
                 holes=tuple(snapshot(r, pipeline, src) for r in holes[src.id]),
                 chunk=prints.get(src.id),
                 replaced=src.replaced,
+                seen_tail=None if src.seen_tail is None else int(src.seen_tail),
             ))
         return out
 

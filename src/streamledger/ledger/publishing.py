@@ -5,13 +5,13 @@ that it is there.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from streamledger.ledger.errors import LedgerError
-from streamledger.ledger.models import Range
+from streamledger.ledger.models import Range, Source
 from streamledger.ledger.rows import check_pipeline, chunks, clip, snapshot
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import IS_UNPUBLISHED
@@ -45,12 +45,23 @@ class PublishLeases(Sources):
             return [self.take_publish(i, publisher, lease=lease, replace=r) for i, r in requests]
 
     def mark_published_many(self, range_ids: Sequence[int], publisher: str) -> list[OffsetRange]:
-        """:meth:`mark_published` of several ranges in one transaction (all or none)."""
+        """:meth:`mark_published` of several ranges in one transaction (all or none): the rows locked
+        and read together (id order, a statement per 500), each decided in request order by
+        :meth:`_publish_row`, the rule :meth:`mark_published` applies (the same errors), the changed
+        rows written back in a batched UPDATE, not one per range."""
         if not range_ids:
             return []
         with self._joined(f"mark ranges published by {publisher}") as session:
-            self._lock_ranges(session, list(range_ids))
-            return [self.mark_published(i, publisher) for i in range_ids]
+            loaded = self._load_many(session, list(range_ids), lock=True)
+            now = self._clock(session)
+            out = []
+            for i in range_ids:
+                if i not in loaded:
+                    self._load(session, i, lock=True)  # raises: not an id, or no such range
+                row, pipeline, src = loaded[i]
+                out.append(self._publish_row(row, pipeline, src, publisher, now))
+            session.flush()
+            return out
 
     @staticmethod
     def _lock_ranges(session: Session, range_ids: Sequence[int]) -> None:
@@ -127,19 +138,25 @@ class PublishLeases(Sources):
         """
         with self._tx(f"mark range {range_id} published") as session:
             row, pipeline, src = self._load(session, range_id, lock=True)
-            now = self._clock(session)
-            label = f"range {range_id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset}))"
-            if row.status != RangeStatus.COMMITTED.value:
-                raise LedgerError(f"{label} is {row.status}; only a committed range is published")
-            if row.published_at is not None:
-                return snapshot(row, pipeline, src)
-            if row.publisher != publisher:
-                raise LedgerError(
-                    f"{label}: the publish lease is held by {row.publisher or 'nobody'}, not {publisher}; "
-                    "its output was not recorded as published"
-                )
-            row.published_at, row.updated_at = now, now
-            if table is not None:
-                row.sink_table, row.sink_commit = clip(table[0]), int(table[1])
+            done = self._publish_row(row, pipeline, src, publisher, self._clock(session), table=table)
             session.flush()
+            return done
+
+    @staticmethod
+    def _publish_row(row: Range, pipeline: str, src: Source, publisher: str, now: datetime, *,
+                     table: tuple[str, int] | None = None) -> OffsetRange:
+        """The rule of :meth:`mark_published` on a locked row (the caller flushes)."""
+        label = f"range {row.id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset}))"
+        if row.status != RangeStatus.COMMITTED.value:
+            raise LedgerError(f"{label} is {row.status}; only a committed range is published")
+        if row.published_at is not None:
             return snapshot(row, pipeline, src)
+        if row.publisher != publisher:
+            raise LedgerError(
+                f"{label}: the publish lease is held by {row.publisher or 'nobody'}, not {publisher}; "
+                "its output was not recorded as published"
+            )
+        row.published_at, row.updated_at = now, now
+        if table is not None:
+            row.sink_table, row.sink_commit = clip(table[0]), int(table[1])
+        return snapshot(row, pipeline, src)

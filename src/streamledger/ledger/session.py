@@ -8,8 +8,8 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime, Engine, literal, select
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy import Connection, DateTime, Engine, literal, select
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -95,6 +95,13 @@ class LedgerSession:
             yield session
             session.commit()
 
+    @contextlib.contextmanager
+    def read_connection(self, what: str) -> Iterator[Connection]:
+        """A plain connection for a read of the ledger's own SQL (coverage, source summaries), with
+        the database's errors as one-line LedgerErrors like every other call's."""
+        with self._errors(what), self._engine.connect() as conn:
+            yield conn
+
     def _outer(self) -> Session | None:
         return getattr(self._local, "session", None)
 
@@ -117,7 +124,9 @@ class LedgerSession:
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
-        """Turn database errors into one-line LedgerErrors (never with the URL's password)."""
+        """Turn database errors into one-line LedgerErrors (never with the URL's password). A lost
+        or unreachable database is the line alone: the driver's own traceback under it (its class,
+        the statement and its parameters) says nothing more to a task log's reader."""
         try:
             yield
         except LedgerError:
@@ -126,7 +135,10 @@ class LedgerSession:
             raise LedgerError(f"{what}: the ledger database refused it: {_db_message(exc)}") from exc
         except DBAPIError as exc:
             if exc.connection_invalidated or isinstance(exc.orig, ConnectionError):
-                raise LedgerError(f"{what}: lost the ledger database {safe_url(self.url)}") from exc
+                raise LedgerError(f"{what}: lost the ledger database {safe_url(self.url)} "
+                                  f"({_db_message(exc)})") from None
+            if isinstance(exc, OperationalError):
+                raise LedgerError(f"{what}: ledger database error: {_db_message(exc)}") from None
             raise LedgerError(f"{what}: ledger database error: {_db_message(exc)}") from exc
         except SQLAlchemyError as exc:
             raise LedgerError(f"{what}: ledger database error: {_db_message(exc)}") from exc

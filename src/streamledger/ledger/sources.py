@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -21,7 +21,8 @@ from streamledger.ledger.statements import (
     IS_UNPUBLISHED,
     LOAD,
     LOAD_LOCKED,
-    LOCK_SOURCE_BY_NAME,
+    LOAD_MANY,
+    RAISE_SEEN_TAIL,
     SOURCE_BY_NAME,
     TAIL,
 )
@@ -40,30 +41,42 @@ class Sources(LedgerSession):
 
     def _lock_source(self, session: Session, pipeline: str, src: SourceRef) -> Source:
         """The source row, created on first use and locked for the rest of the transaction."""
-        names = {"pipeline": pipeline, "broker": src.broker, "stream": src.stream}
-        found = session.scalars(LOCK_SOURCE_BY_NAME, names).one_or_none()
-        if found is not None:
-            return found
-        now = self._clock(session)
-        insert = self._insert()
-        session.execute(
-            insert(Pipeline)
-            .values(name=pipeline, created_at=now)
-            .on_conflict_do_nothing(index_elements=["name"])
-        )
-        pipeline_id = session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)).one()
-        session.execute(
-            insert(Source)
-            .values(
-                pipeline_id=pipeline_id,
-                broker=src.broker,
-                stream=src.stream,
-                super_stream=src.super_stream,
-                created_at=now,
-            )
-            .on_conflict_do_nothing(index_elements=["pipeline_id", "broker", "stream"])
-        )
-        return session.scalars(LOCK_SOURCE_BY_NAME, names).one()
+        return self._make_sources(session, pipeline, [src])[0]
+
+    def _make_sources(self, session: Session, pipeline: str, sources: Sequence[SourceRef]) -> list[Source]:
+        """The rows of ``sources`` (in their order), the missing ones created together, all locked for
+        the rest of the transaction: a first batch over 1,000 partitions costs a few statements, not
+        a handful per source. The rows that exist are locked first, in id order (as every
+        multi-source locker does), then the new ones inserted in name order, so two batches over the
+        same sources never deadlock. The rows are read again once locked (by name: a row another
+        transaction retired meanwhile, :meth:`new_epoch`, is not the one returned)."""
+        pg = self.dialect == "postgresql"
+        one = len({s.broker for s in sources}) == 1 and len(sources) <= 500
+        found = self._find_sources(session, pipeline, sources, lock=one)  # one statement: id order
+        locked = {int(row.id) for row in found if row is not None}
+        if not one:
+            self._lock_sources(session, sorted(locked))
+        missing = sorted({(s.broker, s.stream): s for s, row in zip(sources, found, strict=True)
+                          if row is None}.items())
+        if missing:
+            now = self._clock(session)
+            insert = self._insert()
+            session.execute(insert(Pipeline).values(name=pipeline, created_at=now)
+                            .on_conflict_do_nothing(index_elements=["name"]))
+            pipeline_id = session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)).one()
+            for chunk in chunks([ref for _name, ref in missing]):
+                session.execute(insert(Source).values([
+                    {"pipeline_id": pipeline_id, "broker": s.broker, "stream": s.stream,
+                     "super_stream": s.super_stream, "created_at": now} for s in chunk])
+                    .on_conflict_do_nothing(index_elements=["pipeline_id", "broker", "stream"]))
+        if missing or (pg and not one):
+            found = self._find_sources(session, pipeline, sources, lock=one)
+            self._lock_sources(session, sorted({int(r.id) for r in found if r is not None} - locked))
+        made = [row for row in found if row is not None]
+        if len(made) != len(found):
+            raise LedgerError(f"sources of pipeline {pipeline!r}: a source row was retired while this "
+                              "transaction locked it; try again")
+        return made
 
     def _lock_sources(self, session: Session, source_ids: list[int]) -> None:
         """Take the claim lock of these sources (in id order, so two lockers never deadlock)."""
@@ -82,40 +95,20 @@ class Sources(LedgerSession):
         """Exclusive end of the source's live ranges (contiguous, so: the one with the greatest start)."""
         return session.scalars(TAIL, {"source_id": source_id}).first()
 
-    def _lock_named(self, session: Session, pipeline: str, sources: Sequence[SourceRef]) -> list[int]:
-        """Lock the sources that exist (id order) and return the indexes of ``sources`` in the order
-        to work on them: existing ones by id, then new ones by name."""
-        brokers = sorted({s.broker for s in sources})
-        found: dict[tuple[str, str], int] = {}
-        for broker in brokers:
-            names = [s.stream for s in sources if s.broker == broker]
-            for chunk in range(0, len(names), 500):
-                rows = session.execute(
-                    select(Source.id, Source.stream)
-                    .join(Pipeline, Pipeline.id == Source.pipeline_id)
-                    .where(Pipeline.name == pipeline, Source.broker == broker,
-                           Source.stream.in_(names[chunk:chunk + 500]))
-                ).all()
-                found.update({(broker, str(stream)): int(sid) for sid, stream in rows})
-        self._lock_sources(session, sorted(found.values()))
-
-        def order(i: int) -> tuple[int, int, str, str]:
-            name = (sources[i].broker, sources[i].stream)
-            return (0, found[name], "", "") if name in found else (1, 0, *name)
-
-        return sorted(range(len(sources)), key=order)
-
-    def _find_sources(self, session: Session, pipeline: str,
-                      sources: Sequence[SourceRef]) -> list[Source | None]:
-        """The source rows of ``sources`` (None where there is none yet), one query per broker."""
+    def _find_sources(self, session: Session, pipeline: str, sources: Sequence[SourceRef], *,
+                      lock: bool = False) -> list[Source | None]:
+        """The source rows of ``sources`` (None where there is none yet), as they stand now, one query
+        per broker and 500 names; ``lock``: locked in id order (PostgreSQL) within each query."""
         found: dict[tuple[str, str], Source] = {}
         for broker in sorted({s.broker for s in sources}):
             names = [s.stream for s in sources if s.broker == broker]
             for chunk in chunks(names):
-                for src in session.scalars(
-                    select(Source).join(Pipeline, Pipeline.id == Source.pipeline_id)
-                    .where(Pipeline.name == pipeline, Source.broker == broker, Source.stream.in_(chunk))
-                ):
+                query = (select(Source).join(Pipeline, Pipeline.id == Source.pipeline_id)
+                         .where(Pipeline.name == pipeline, Source.broker == broker, Source.stream.in_(chunk)))
+                if lock and self.dialect == "postgresql":
+                    query = query.order_by(Source.id).with_for_update(of=Source)
+                query = query.execution_options(populate_existing=True)
+                for src in session.scalars(query):
                     found[(broker, src.stream)] = src
         return [found.get((s.broker, s.stream)) for s in sources]
 
@@ -191,6 +184,18 @@ class Sources(LedgerSession):
             raise LedgerError(f"range {range_id} does not exist in the ledger")
         return found[0], found[2], found[1]
 
+    def _load_many(self, session: Session, range_ids: Sequence[int], *,
+                   lock: bool) -> dict[int, tuple[Range, str, Source]]:
+        """:meth:`_load` of many ranges: their rows (locked in id order), a statement per 500."""
+        ids = sorted({i for i in range_ids if isinstance(i, int) and not isinstance(i, bool)})
+        found: dict[int, tuple[Range, str, Source]] = {}
+        for chunk in chunks(ids):
+            query = LOAD_MANY.execution_options(populate_existing=True)
+            for row, src, pipeline in session.execute(
+                    query.with_for_update(of=Range) if lock else query, {"ids": chunk}):
+                found[int(row.id)] = (row, str(pipeline), src)
+        return found
+
     def get(self, range_id: int) -> OffsetRange:
         """The current state of one range."""
         with self._tx(f"read range {range_id}", write=False) as session:
@@ -219,13 +224,11 @@ class Sources(LedgerSession):
             return
         with self._tx(f"tails seen by pipeline {pipeline!r}") as session:
             refs = list(tails)
-            for ref, src in zip(refs, self._find_sources(session, pipeline, refs), strict=True):
-                if src is None:
-                    continue
-                tail = int(tails[ref])
-                below = or_(Source.seen_tail.is_(None), Source.seen_tail < tail)
-                session.execute(update(Source).where(Source.id == src.id, below).values(seen_tail=tail)
-                                .execution_options(synchronize_session=False))
+            rows = [{"sid": src.id, "tail": int(tails[ref])}
+                    for ref, src in zip(refs, self._find_sources(session, pipeline, refs), strict=True)
+                    if src is not None and (src.seen_tail is None or src.seen_tail < int(tails[ref]))]
+            if rows:  # one executemany; the condition again, for a batch that raised it meanwhile
+                session.connection().execute(RAISE_SEEN_TAIL, rows)
 
     def mark_replaced(self, pipeline: str, source: SourceRef, why: str) -> None:
         """Remember that a batch found the broker holding another stream than the source's history
@@ -294,8 +297,10 @@ class Sources(LedgerSession):
             now = self._clock(session)
             marker = RunIdentity(LEDGER_DAG, f"new-epoch-{old + 1}", "ledger")
             for start, end in self._unread(session, src.id, src.seen_tail):
-                session.add(self._new_row(src.id, start, end, RangeStatus.LOST, marker, now, error=clip(
-                    f"stream deleted and re-created (epoch {old + 1}) before [{start}, {end}) was read")))
+                row = self._new_row(src.id, start, end, RangeStatus.LOST, marker, now, error=clip(
+                    f"stream deleted and re-created (epoch {old + 1}) before [{start}, {end}) was read"))
+                row.pinned = True  # it may lie between pinned ranges (an interval whose run never came)
+                session.add(row)
                 log.warning("%s: [%d, %d) of the retired history was never read: recorded lost",
                             what, start, end)
             fresh = Source(pipeline_id=src.pipeline_id, broker=source.broker, stream=source.stream,
@@ -311,34 +316,32 @@ class Sources(LedgerSession):
 
     @staticmethod
     def _unread(session: Session, source_id: int, seen_tail: int | None) -> list[tuple[int, int]]:
-        """The spans of a source no live range covers that the old stream held: those failed ranges
-        left (holes, and failed ranges past its end) and ``[end, seen_tail)`` past the end of its
-        live ranges (from its origin when none is live). Once the stream is deleted nobody can read
-        them again."""
+        """The spans of a source no live range covers that the old stream held, from the history's
+        origin: those failed ranges left (holes, and failed ranges past its end), the gaps of a
+        pinned history (an interval whose run never claimed: none can come once it is retired), and
+        ``[end, seen_tail)`` past the end of its live ranges (from its origin when none is live).
+        Once the stream is deleted nobody can read them again. A span below the end and one past it
+        are two ranges (the contiguity rule)."""
         rows = session.execute(select(Range.start_offset, Range.end_offset, Range.status)
                                .where(Range.source_id == source_id, Range.end_offset > Range.start_offset)
                                .order_by(Range.start_offset)).all()
         live = sorted((int(a), int(b)) for a, b, st in rows if st != RangeStatus.FAILED.value)
-        failed = sorted((int(a), int(b)) for a, b, st in rows if st == RangeStatus.FAILED.value)
+        failed_end = max((int(b) for _a, b, st in rows if st == RangeStatus.FAILED.value), default=None)
         bounds = session.execute(select(
             func.max(Range.end_offset).filter(Range.status != RangeStatus.FAILED.value),
             func.min(Range.start_offset)).where(Range.source_id == source_id)).one()
-        end = bounds[0] if bounds[0] is not None else bounds[1]
-        cut = None if end is None else int(end)  # holes lie below it, the rest from it on
-        if cut is not None and seen_tail is not None and cut < seen_tail:
-            failed = sorted([*failed, (cut, int(seen_tail))])
+        if bounds[1] is None:
+            return []
+        origin = int(bounds[1])
+        cut = int(bounds[0]) if bounds[0] is not None else origin  # holes and gaps lie below it
+        top = max([cut, *(t for t in (seen_tail, failed_end) if t is not None)])
         spans: list[tuple[int, int]] = []
-        for a, b in failed:
-            pieces = [(a, b)]
-            for la, lb in live:
-                pieces = [p for x, y in pieces for p in ((x, min(y, la)), (max(x, lb), y)) if p[0] < p[1]]
-            if cut is not None:  # a hole and the span past the end are two ranges (contiguity rule)
-                pieces = [p for x, y in pieces for p in ((x, min(y, cut)), (max(x, cut), y)) if p[0] < p[1]]
-            for x, y in pieces:
-                if spans and x <= spans[-1][1] and not (cut is not None and spans[-1][1] <= cut <= x):
-                    spans[-1] = (spans[-1][0], max(spans[-1][1], y))
-                else:
+        at = origin
+        for a, b in [*live, (top, top)]:
+            for x, y in ((at, min(a, cut)), (max(at, cut), a)):
+                if x < y:
                     spans.append((x, y))
+            at = max(at, b)
         return spans
 
     @staticmethod

@@ -31,6 +31,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import aliased
 
 from streamledger.ledger.models import Pipeline, Range, Source
@@ -50,7 +51,6 @@ SOURCE_BY_NAME = (
         Source.stream == bindparam("stream"),
     )
 )
-LOCK_SOURCE_BY_NAME = SOURCE_BY_NAME.with_for_update(of=Source)
 
 
 def tail_of(sid: Any) -> Any:
@@ -96,12 +96,13 @@ WHERE COALESCE((SELECT l.end_offset FROM streamledger_range l
 # Per source, the span the next claim redoes: from the lowest offset to redo to the end of the failed
 # range holding it (the nearest end when several do) or the next live range, whichever comes first.
 # A failed range nobody redid comes back with exactly its span.
-_REDO_SPANS = """
-SELECT r.source_id, r.redo_at,
-       COALESCE((SELECT MIN(l.start_offset) FROM streamledger_range l
+_REDO_END = """COALESCE((SELECT MIN(l.start_offset) FROM streamledger_range l
                  WHERE l.source_id = r.source_id AND l.status <> 'failed' AND l.end_offset > l.start_offset
                    AND l.start_offset > r.redo_at AND l.start_offset < r.failed_end),
-                r.failed_end) AS redo_end
+                r.failed_end)"""
+_REDO_SPANS = """
+SELECT r.source_id, r.redo_at,
+       """ + _REDO_END + """ AS redo_end
 FROM (
   SELECT p.source_id, p.redo_at, p.failed_end,
          ROW_NUMBER() OVER (PARTITION BY p.source_id ORDER BY p.redo_at, p.failed_end) AS pick
@@ -110,7 +111,8 @@ FROM (
 ) r
 WHERE r.pick = 1"""
 
-OWN_FAILED = """ AND f.pinned AND f.dag_id = :dag_id AND f.run_id = :run_id AND f.task_id = :task_id
+OWN_FAILED = """
+    AND f.pinned AND f.dag_id = :dag_id AND f.run_id = :run_id AND f.task_id = :task_id
     AND f.map_index = :map_index"""
 """A pinned run's own failed ranges: its retry gets back what they held and nothing covers."""
 
@@ -178,7 +180,9 @@ FIRST_UNCONTINUED = (
 
 _RANGES = Range.__table__
 assert isinstance(_RANGES, Table)
-INSERT_RANGE = insert(_RANGES).returning(_RANGES.c.id)
+# Many rows in one statement (SQLAlchemy's "insert many values"): each row's id with its source (the
+# rows of one statement have distinct sources, so no order of the rows returned is relied on).
+INSERT_RANGES = insert(_RANGES).returning(_RANGES.c.source_id, _RANGES.c.id)
 # The common commit in one statement: a claimed range whose span holds the seen offsets.
 COMMIT_CLAIMED = (
     update(_RANGES)
@@ -245,6 +249,40 @@ PG_CLAIM = (
     )
     .columns(*_RANGES.c)
 )
+# The claims of many sources in one call (migration 0013): one array element per source.
+PG_CLAIM_MANY = (
+    text(
+        "SELECT * FROM streamledger_claim_many(:pipeline, :brokers, :streams, :super_streams, :end_limits, "
+        f":dag_id, :run_id, :task_id, :map_index, :try_number, :initials, {PG_NOW}, :max_span, "
+        f"{PG_NOW} - make_interval(secs => :abandon_secs), :span_starts, :span_ends, :interval_starts, "
+        ":interval_ends)"
+    )
+    .bindparams(
+        bindparam("brokers", type_=ARRAY(String())),
+        bindparam("streams", type_=ARRAY(String())),
+        bindparam("super_streams", type_=ARRAY(String())),
+        bindparam("end_limits", type_=ARRAY(BigInteger())),
+        bindparam("map_index", type_=Integer()),
+        bindparam("try_number", type_=Integer()),
+        bindparam("initials", type_=ARRAY(BigInteger())),
+        bindparam("max_span", type_=BigInteger()),
+        bindparam("abandon_secs", type_=Float()),
+        bindparam("span_starts", type_=ARRAY(BigInteger())),
+        bindparam("span_ends", type_=ARRAY(BigInteger())),
+        bindparam("interval_starts", type_=ARRAY(DateTime())),
+        bindparam("interval_ends", type_=ARRAY(DateTime())),
+    )
+    .columns(*_RANGES.c)
+)
+# A tail a batch saw, kept when it is the greatest (Ledger.saw_tails, executed for many sources).
+_SOURCES = Source.__table__
+assert isinstance(_SOURCES, Table)
+RAISE_SEEN_TAIL = (
+    update(_SOURCES)
+    .where(_SOURCES.c.id == bindparam("sid"),
+           or_(_SOURCES.c.seen_tail.is_(None), _SOURCES.c.seen_tail < bindparam("tail", type_=BigInteger())))
+    .values(seen_tail=bindparam("tail", type_=BigInteger()))
+)
 LOAD = (
     select(Range, Source, Pipeline.name)
     .join(Source, Source.id == Range.source_id)
@@ -252,6 +290,13 @@ LOAD = (
     .where(Range.id == bindparam("range_id"))
 )
 LOAD_LOCKED = LOAD.with_for_update(of=Range)
+LOAD_MANY = (
+    select(Range, Source, Pipeline.name)
+    .join(Source, Source.id == Range.source_id)
+    .join(Pipeline, Pipeline.id == Source.pipeline_id)
+    .where(Range.id.in_(bindparam("ids", expanding=True)))
+    .order_by(Range.id)
+)
 
 # -- the audit's checks: set-based SQL text (streamledger.ledger.audit names the findings) ----------
 
@@ -352,18 +397,24 @@ WHERE r.id IN :ids
 ORDER BY r.source_id, r.start_offset
 """
 
-# A failed range is retried once a live range overlaps it (a re-claim of the same span, or a lost
-# span recorded over it). The live range with the greatest start below its end decides.
-AUDIT_FAILED = """
-SELECT r.id, r.source_id, r.start_offset, r.end_offset, r.error, r.claimed_at
-FROM streamledger_range r
-WHERE {scope} AND r.status = 'failed' AND r.end_offset > r.start_offset
-  AND COALESCE((SELECT l.end_offset FROM streamledger_range l
-                WHERE l.source_id = r.source_id AND l.status <> 'failed' AND l.start_offset < r.end_offset
-                ORDER BY l.start_offset DESC, l.end_offset DESC LIMIT 1), -1) <= r.start_offset
-ORDER BY r.source_id, r.start_offset
+# Audit rule 4.1: every piece of a failed range that no live range covers, from each offset to redo
+# (the claim rule's redo points: a failed range nobody redid, and the rest of one a later range
+# covers in part) to the end of that failed range or the next live range. One row per failed range
+# and piece; ``redo_points_sql`` restricted to the audited sources.
+_AUDIT_SOURCES_IN = """IN (SELECT s.id FROM streamledger_source s
+  JOIN streamledger_pipeline p ON p.id = s.pipeline_id WHERE p.name = :pipeline)"""
+
+
+def audit_failed_sql(scoped: bool) -> str:
+    """Rule 4.1's statement, for one pipeline (``scoped``) or all of them."""
+    return ("""
+SELECT r.failed_id, r.source_id, r.redo_at, """ + _REDO_END + """ AS redo_end, f.error,
+       f.start_offset, f.end_offset
+FROM (""" + redo_points_sql(_AUDIT_SOURCES_IN if scoped else "IS NOT NULL") + """
+) r JOIN streamledger_range f ON f.id = r.failed_id
+ORDER BY r.source_id, r.redo_at, r.failed_id
 LIMIT :cap
-"""
+""")
 
 # Committed ranges with records whose output is not published: in flight while their publish lease
 # is renewed, stranded once it is not (the next run of the pipeline finishes them).

@@ -274,7 +274,7 @@ class SourcePosition:
     fingerprint of a committed chunk (None before one was taken): a broker whose chunk at its offset
     differs holds another stream (``streamledger.offsets.same_stream``). ``replaced`` is why a batch
     found the broker holding another stream (None if none did): every later batch refuses it too,
-    until ``new-epoch``.
+    until ``new-epoch``. ``seen_tail`` the greatest committed tail of the stream a batch saw.
     """
 
     end: int | None
@@ -287,6 +287,7 @@ class SourcePosition:
     holes: tuple[OffsetRange, ...] = ()
     chunk: ChunkPrint | None = None
     replaced: str | None = None
+    seen_tail: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

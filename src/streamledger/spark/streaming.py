@@ -191,6 +191,8 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         #: When this run last admitted a batch (Kafka's maxTriggerDelay clock; 0: the first trigger
         #: never waits).
         self._last_trigger_ms = 0
+        #: stream -> the committed tail the last trigger saw (recorded with the claims: audit rule 10)
+        self._seen: dict[str, int] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_recorder": None}
@@ -287,6 +289,7 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                     new[s] = starts[s] = int(client.first_offset(s))
                     log.info("stream %r joined the query at offset %d", s, new[s])
             tails = {s: int(client.committed_tail(s)) for s in starts}
+            self._seen = dict(tails)  # what the stream held: recorded with the next batch's claims
             for s in sorted(starts):
                 if tails[s] < starts[s]:  # the stream lost offsets the query already passed
                     new[s] = starts[s] = self._restart(client, s, starts[s], tails[s])
@@ -369,10 +372,13 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         stop, ranges = self.planned(start, end)
         recorder = self.recorder()
         if recorder is not None:
+            self._call(lambda c: recorder.check_same_streams(sorted({r.stream for r in ranges}), c))
             for r in ranges:
                 reason = f"removed by retention before micro-batch {stop.batch} of query {stop.query}"
                 recorder.claim(stop.query, stop.batch, r.stream, r.start, r.end,
                                requested_start=r.requested_start, lost_reason=reason if r.lost else None)
+            # if a stream is deleted and re-created, `new-epoch` records what it held unread as lost
+            recorder.saw_tails({s: t for s, t in self._seen.items() if s in stop.offsets})
         return slices_for(ranges, self.options.read)
 
     def commit(self, end: dict[str, Any]) -> None:

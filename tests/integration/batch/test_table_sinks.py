@@ -213,3 +213,35 @@ def test_batch_run_from_the_command_line_into_iceberg(
     assert main([*argv[:-3], "--table", "events"]) == 2
     assert "iceberg table 'events' is not 'namespace.name'" in capsys.readouterr().err
     assert table_rows("iceberg", ledger, tmp_path).column("offset").to_pylist() == list(range(40))
+
+
+def test_a_deleted_iceberg_data_file_is_a_finding_for_its_range_only(
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One data file of a two-range table deleted: the audit names the range whose rows the file
+    held, and the file; the other range, whose rows are all there, is no finding."""
+    from streamledger.cli import main as cli
+
+    s = stream_name("ice-one-file")
+    create_stream(rabbitmq_url, s, 150)
+    cfg = config(rabbitmq_url, tmp_path, s, max_offsets=100, sink="iceberg", store_offset=False)
+    for run in ("r1", "r2"):
+        run_batch(cfg, run=rid("t", run=run), ledger=ledger, broker=client, runner=runner)
+    first, second = sorted(ledger.ranges(PIPE), key=lambda r: r.start)
+    assert (first.start, first.end, second.start, second.end) == (0, 100, 100, 150)
+    assert audit(ledger, PIPE).clean
+    cat = load_catalog(catalog_properties(None, ledger_url=ledger.url, output_root=str(tmp_path)))
+    files = [t.file.file_path for t in cat.load_table(default_iceberg_table(PIPE)).scan().plan_files()]
+    assert second.output is not None
+    (victim,) = [f for f in files if Path(second.output).as_uri() in f]
+    Path(victim.removeprefix("file://")).unlink()
+    report = audit(ledger, PIPE)
+    assert {(v.start, v.end) for v in report.violations} == {(100, 150)}, report.to_text()
+    (table_finding,) = [v for v in report.violations if v.kind == ViolationKind.OUTPUT_MISSING]
+    assert victim.rsplit("/", 1)[1] in table_finding.detail, report.to_text()
+    capsys.readouterr()
+    assert cli(["ledger", "audit", "--db", ledger.url, "--pipeline", PIPE]) == 1
+    out = capsys.readouterr().out
+    assert victim.rsplit("/", 1)[1] in out and "[100, 150)" in out, out
+    assert "[0, 100)" not in out, out

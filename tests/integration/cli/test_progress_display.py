@@ -86,7 +86,7 @@ def test_read_draws_a_live_display_on_a_terminal_and_lines_without_one(
 
 
 def test_batch_run_and_audit_draw_a_live_display_on_a_terminal(
-    rabbitmq_url: str, stream_name: Any, tmp_path: Path
+    rabbitmq_url: str, stream_name: Any, tmp_path: Path, spark: Any
 ) -> None:
     s = stream_name("live-batch")
     create_stream(rabbitmq_url, s, 500)
@@ -101,8 +101,16 @@ def test_batch_run_and_audit_draw_a_live_display_on_a_terminal(
     assert "Spark tasks" in terminal, terminal
     assert f"{s} [0, 250) committed records=250" in out
 
-    cli("batch", "run", "--stream", s, "--pipeline", "live", "--output-root", str(tmp_path / "out"),
-        "--max-offsets", "250", env=env)
+    # The audit's second range: the same batch in this process, on the suite's shared session (a second
+    # `batch run` process would only start another JVM; the display above is the one under test).
+    runner = LocalSparkRunner()
+    runner._spark = spark
+    cfg = BatchConfig(pipeline="live", url=rabbitmq_url, output_root=str(tmp_path / "out"), stream=s,
+                      max_offsets=250)
+    with Ledger(ledger) as opened, \
+            StreamClient.connect(rabbitmq_url) as client:
+        second = run_batch(cfg, run=RunId("dag", "second", "t"), ledger=opened, broker=client, runner=runner)
+    assert [(p.start, p.end, str(p.status)) for p in second.partitions] == [(250, 500, "committed")]
     rc, terminal, out = on_a_terminal("ledger", "audit", "--pipeline", "live", env=env)
     assert rc == 0, terminal + out
     assert HIDE_CURSOR in terminal and "audit live" in terminal and "2/2 ranges" in terminal, terminal

@@ -271,3 +271,42 @@ def test_retention_under_an_open_claim_records_the_loss_not_a_read(
     with StreamClient.connect(rabbitmq_url) as client:
         report = audit(ledger, PIPELINE, broker=client)
         assert report.clean, report.to_text()
+
+
+def test_a_new_epoch_records_what_a_streaming_query_saw_but_never_read_lost(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
+) -> None:
+    """Audit rule 10 for streaming pipelines: a query saw the stream hold 200 records, committed
+    [0, 40) and died inside [40, 80); the stream is then deleted and re-created. `new-epoch` must
+    record everything of the old stream nobody read as lost, [40, tail), naming the re-created
+    stream. Before, the micro-batch recorder recorded no `seen_tail`, so only the failed claim's span
+    [40, 80) was recorded and [80, 200) vanished with the audit CLEAN."""
+    ledger = any_ledger
+    s = stream_name("stream-epoch")
+    create_stream(rabbitmq_url, s, 200)
+
+    def die_in_batch_1(batch_id: int) -> None:
+        if batch_id == 1:
+            raise Injected("the query dies inside micro-batch 1")
+
+    q = run_query(spark, rabbitmq_url, tmp_path / "out", tmp_path / "cp", ledger, die_in_batch_1,
+                  stream=s, startingOffsets="earliest", maxOffsetsPerTrigger="40")
+    with pytest.raises(Exception, match="dies inside micro-batch 1"):
+        q.awaitTermination(180)
+    assert spans(ledger, RangeStatus.COMMITTED) == [(0, 40)]
+    release_stale(ledger)
+    with StreamClient.connect(rabbitmq_url) as client:
+        tail = client.committed_tail(s)
+        assert tail >= 200
+        client.delete_stream(s)
+        client.create_stream(s)
+        client.publish(s, [b"new-%d" % i for i in range(30)])
+    [src] = {r.source for r in ledger.ranges(PIPELINE)}
+    ledger.new_epoch(PIPELINE, src, reason="re-created")
+    retired = sorted((r.start, r.end, r.status.value) for r in ledger.ranges(PIPELINE)
+                     if r.source.broker != src.broker and r.status != RangeStatus.FAILED)
+    # up to the tail the query saw: every record (the tracking entry of its StoreOffset may come after)
+    assert retired[:1] == [(0, 40, "committed")] and len(retired) == 2, retired
+    assert retired[1][0] == 40 and 200 <= retired[1][1] <= tail and retired[1][2] == "lost", retired
+    [lost] = [r for r in ledger.ranges(PIPELINE) if r.status == RangeStatus.LOST]
+    assert "re-created" in (lost.error or ""), lost

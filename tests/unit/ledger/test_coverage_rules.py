@@ -43,18 +43,20 @@ def test_a_pinned_retry_gets_back_the_span_its_failed_claim_held(ledger: Ledger)
 
 def test_a_failed_range_never_covers_the_span_nobody_redid(ledger: Ledger) -> None:
     """Defect 1, the audit: [10, 30) failed, another run (a backfill) committed [15, 30);
-    [10, 15) was neither read nor recorded lost. The gap is a finding (a note while the range after
-    it is young, then a violation), never excused by the failed range spanning it."""
+    [10, 15) was neither read nor recorded lost. It is a finding, never excused by the failed range
+    spanning it: the rest of a failed range is what the claim rule redoes, like a hole, so it is
+    `failed_not_retried` (rule 4.1), a violation at once (it was a `gap`, a note while young)."""
     first = _pin(ledger, 1, (10, 30), initial_start=10)
     ledger.fail(first.id, "executor lost")
     other = _pin(ledger, 1, (15, 30), name="manual__i1")
     _done(ledger, other.id, 15, 29)
     assert ledger.watermark("p", SRC).end == 10
     young = ledger.audit("p")
-    assert [(v.kind, v.start, v.end) for v in young.notes] == [(ViolationKind.GAP, 10, 15)], young.to_text()
+    assert _findings(young, ViolationKind.FAILED_NOT_RETRIED) == [(10, 15)], young.to_text()
+    assert not young.notes and not _findings(young, ViolationKind.GAP), young.to_text()
     stale = ledger.audit("p", stale_after=timedelta(0))
-    assert _findings(stale, ViolationKind.GAP) == [(10, 15)], stale.to_text()
-    assert "failed range" in stale.violations[0].detail  # it names what once held the span
+    assert _findings(stale, ViolationKind.FAILED_NOT_RETRIED) == [(10, 15)], stale.to_text()
+    assert "[10, 30)" in stale.violations[0].detail  # it names what once held the span
 
 
 def test_the_gap_between_the_origin_and_the_first_interval_that_ran_is_a_finding(ledger: Ledger) -> None:
@@ -70,14 +72,15 @@ def test_the_gap_between_the_origin_and_the_first_interval_that_ran_is_a_finding
 
 def test_a_failed_first_interval_is_reported_from_the_origin(ledger: Ledger) -> None:
     """The history starts at its lowest range of any status: a failed first claim whose span a
-    narrower range of another run covers only in part leaves [0, 50) uncovered."""
+    narrower range of another run covers only in part leaves [0, 50) uncovered: the rest of a
+    failed range, `failed_not_retried` (rule 4.1; it was a `gap`)."""
     a = _pin(ledger, 1, (0, 100), initial_start=0)
     ledger.fail(a.id, "executor lost")
     b = _pin(ledger, 1, (50, 100), name="manual__i1")
     _done(ledger, b.id, 50, 99)
     stale = ledger.audit("p", stale_after=timedelta(0))
-    assert _findings(stale, ViolationKind.GAP) == [(0, 50)], stale.to_text()
-    assert not _findings(stale, ViolationKind.FAILED_NOT_RETRIED)
+    assert _findings(stale, ViolationKind.FAILED_NOT_RETRIED) == [(0, 50)], stale.to_text()
+    assert not _findings(stale, ViolationKind.GAP)
 
 
 def test_a_span_nobody_will_read_is_recorded_skipped_and_audited_as_such(ledger: Ledger) -> None:

@@ -142,3 +142,111 @@ def test_offsets_stored_for_many_ranges_cost_a_few_statements(ledger: Ledger) ->
     now = {r.id: (r.offset_stored, r.offset_verified) for r in ledger.ranges(PIPE)}
     assert now[done[0].id] == (True, True)
     check_invariants(ledger, PIPE)
+
+
+def test_first_claim_of_many_new_sources_costs_a_few_statements(ledger: Ledger) -> None:
+    # issue 32, item 3: a first batch over 1,000 partitions created each new source with its own
+    # statements (find, insert the pipeline, read it, insert the source, lock it, insert the range)
+    many = [SourceRef(BROKER, f"new-{i}", "new") for i in range(40)]
+    ledger.claim(PIPE, many[0], 10, run(1), initial_start=0)  # one exists already, claimed by run 1
+    asks = [ClaimRequest(s, 10 + i, initial_start=3) for i, s in enumerate(many)]
+    one_by_one = [(3, 10 + i) for i in range(1, 40)]
+    seen = _statements(ledger)
+    got = ledger.claim_many(PIPE, asks, run(2))
+    assert len(seen) <= 16, seen  # per kind, not per source
+    assert [(r.start, r.end) for r in got] == [(10, 10), *one_by_one]
+    assert [r.source.stream for r in got] == [s.stream for s in many]
+    assert {r.status for r in got[1:]} == {RangeStatus.CLAIMED} and got[0].status == RangeStatus.COMMITTED
+    # the same run again gets the same ranges (no second source row, no second claim)
+    assert [r.id for r in ledger.claim_many(PIPE, asks, run(2, try_number=2))] == [r.id for r in got]
+    assert len({(r.source.broker, r.source.stream) for r in ledger.ranges(PIPE)}) == 40
+    # a refused claim among new sources creates none of them
+    more = [SourceRef(BROKER, f"more-{i}", "new") for i in range(3)]
+    with pytest.raises(LedgerError, match=r"more-2.*initial_start"):
+        ledger.claim_many(PIPE, [ClaimRequest(s, 5, initial_start=0) for s in more[:2]]
+                          + [ClaimRequest(more[2], 5)], run(3))
+    assert ledger.last_end(PIPE, more[0]) is None and ledger.position(PIPE, more[0]).end is None
+    check_invariants(ledger, PIPE)
+
+
+def test_commit_many_of_many_ranges_costs_a_few_statements(ledger: Ledger) -> None:
+    # issue 32, item 3: commit_many ran the one-range commit per range
+    many = [SourceRef(BROKER, f"c-{i}", "c") for i in range(40)]
+    done = ledger.claim_many(PIPE, [ClaimRequest(s, 10, initial_start=0) for s in many], run(1))
+    asks = [CommitRequest(r.id, 2, 3, 4, f"/o/{r.id}", staging=f"/st/{r.id}", publisher="me")
+            for r in done[:38]]
+    asks.append(CommitRequest(done[38].id, 0, None, None, None))
+    one = ledger.commit(done[39].id, records=1, first_seen=5, last_seen=5, output="/o/x")
+    seen = _statements(ledger)
+    got = ledger.commit_many(asks)
+    assert len(seen) <= 8, seen  # not per range
+    assert [r.id for r in got] == [r.id for r in done[:39]]
+    assert [(r.status, r.records, r.first_seen, r.last_seen, r.publisher, r.staging) for r in got[:2]] == [
+        (RangeStatus.COMMITTED, 2, 3, 4, "me", f"/st/{done[i].id}") for i in range(2)]
+    assert got[0].output == f"/o/{done[0].id}" and got[0].published_at is None
+    assert (got[38].records, got[38].publisher, got[38].output) == (0, None, None)
+    assert one.published_at is not None  # no staging: published with the commit
+    # an identical repeat (and the one committed alone) come back unchanged, as commit() gives them
+    again = ledger.commit_many([*asks[:2], CommitRequest(one.id, 1, 5, 5, "/o/x")])
+    assert [(r.id, r.committed_at) for r in again] == [(r.id, r.committed_at) for r in [*got[:2], one]]
+    # a different commit of a committed range, or a range not claimed, refuses all: nothing changes
+    fresh = ledger.claim_many(PIPE, [ClaimRequest(s, 20) for s in many[:3]], run(2))
+    before = {r.id: (r.status, r.records) for r in ledger.ranges(PIPE)}
+    with pytest.raises(LedgerError, match=rf"range {done[1].id} .*already committed with records=2"):
+        ledger.commit_many([CommitRequest(fresh[0].id, 1, 12, 12, "/o/f"),
+                            CommitRequest(done[1].id, 1, 3, 3, "/o/other")])
+    ledger.fail(fresh[2].id, "boom")
+    with pytest.raises(LedgerError, match=rf"range {fresh[2].id} .* is failed; only a claimed range"):
+        ledger.commit_many([CommitRequest(fresh[1].id, 1, 12, 12, "/o/f"),
+                            CommitRequest(fresh[2].id, 1, 12, 12, "/o/g")])
+    with pytest.raises(LedgerError, match=r"range 99999 does not exist"):
+        ledger.commit_many([CommitRequest(fresh[1].id, 1, 12, 12, "/o/f"),
+                            CommitRequest(99999, 0, None, None, None)])
+    with pytest.raises(LedgerError, match=rf"range {fresh[1].id} .*offsets 30..30 are not inside \[10, 20\)"):
+        ledger.commit_many([CommitRequest(fresh[0].id, 1, 12, 12, "/o/f"),
+                            CommitRequest(fresh[1].id, 1, 30, 30, "/o/g")])
+    after = {r.id: (r.status, r.records) for r in ledger.ranges(PIPE)}
+    assert after == {**before, fresh[2].id: (RangeStatus.FAILED, None)}
+    check_invariants(ledger, PIPE)
+
+
+def test_mark_published_many_costs_a_few_statements(ledger: Ledger) -> None:
+    # issue 32, item 3: mark_published_many ran the one-range code per range
+    many = [SourceRef(BROKER, f"m-{i}", "m") for i in range(40)]
+    done = ledger.claim_many(PIPE, [ClaimRequest(s, 10, initial_start=0) for s in many], run(1))
+    ledger.commit_many([CommitRequest(r.id, 2, 3, 4, f"/o/{r.id}", staging=f"/st/{r.id}", publisher="me")
+                        for r in done[:39]])
+    ids = [r.id for r in done[:39]]
+    already = ledger.mark_published(ids[0], "me")
+    seen = _statements(ledger)
+    got = ledger.mark_published_many(ids, "me")
+    assert len(seen) <= 6, seen  # not per range
+    assert [r.id for r in got] == ids and all(r.published_at is not None for r in got)
+    assert got[0].published_at == already.published_at  # idempotent for its publisher
+    # refused as mark_published refuses: another lease holder, a range not committed; nothing marked
+    more = ledger.claim_many(PIPE, [ClaimRequest(s, 20) for s in many[:3]], run(2))
+    ledger.commit_many([CommitRequest(r.id, 1, 12, 12, f"/o/{r.id}", staging="/st", publisher="other")
+                        for r in more[:2]])
+    with pytest.raises(LedgerError, match=rf"range {more[1].id} .*held by other, not me"):
+        ledger.mark_published_many([ids[1], more[1].id], "me")
+    with pytest.raises(LedgerError, match=rf"range {more[2].id} .*is claimed; only a committed range"):
+        ledger.mark_published_many([more[0].id, more[2].id], "other")
+    assert [r.published_at for r in ledger.ranges(PIPE) if r.id in (more[0].id, more[1].id)] == [None, None]
+    check_invariants(ledger, PIPE)
+
+
+def test_tails_seen_on_many_sources_cost_a_few_statements(ledger: Ledger) -> None:
+    # issue 32, item 3: every batch (idle ones too) remembers the tail it saw on each partition
+    many = [SourceRef(BROKER, f"t-{i}", "t") for i in range(40)]
+    ledger.claim_many(PIPE, [ClaimRequest(s, 10, initial_start=0) for s in many], run(1))
+    seen = _statements(ledger)
+    ledger.saw_tails(PIPE, {s: 10 + i for i, s in enumerate(many)})
+    assert len(seen) <= 4, seen  # not per source
+    del seen[:]
+    ledger.saw_tails(PIPE, {s: 10 + i - (i % 2) * 5 for i, s in enumerate(many)})  # the same or lower
+    assert len(seen) <= 3, seen
+    ledger.saw_tails(PIPE, {many[0]: 99, SourceRef(BROKER, "no-history", "t"): 5})
+    with ledger.engine.connect() as conn:
+        from sqlalchemy import text
+        got = dict(conn.execute(text("SELECT stream, seen_tail FROM streamledger_source")).all())
+    assert got == {**{s.stream: 10 + i for i, s in enumerate(many)}, "t-0": 99}

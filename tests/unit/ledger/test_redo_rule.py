@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from streamledger.ledger import Ledger, RangeStatus, ViolationKind
 from streamledger.ledger.migrate import MIGRATIONS_DIR
-from streamledger.ledger.statements import redo_spans_sql
+from streamledger.ledger.statements import OWN_FAILED, redo_points_sql, redo_spans_sql
 from tests.unit.ledger.test_pinned_claims import _done, _pin
 from tests.unit.ledger.util import SRC, check_invariants, run
 
@@ -116,6 +116,54 @@ def test_a_pinned_retry_gets_back_the_rest_of_its_failed_span_another_run_left(l
     assert not report.of_kind(ViolationKind.GAP)
 
 
+def test_a_pinned_retry_gets_back_every_separate_piece_of_its_failed_span(ledger: Ledger) -> None:
+    """Interval 1 claimed [10, 50) and failed; a run of a narrower interval committed [20, 30) inside
+    it. What the failed claim held and nothing covers is two pieces, [10, 20) and [30, 50): the
+    interval's retry gets the lower one, and its next claim (the batch claims again while pieces are
+    left) the upper one, never left a gap for ever; once none is left, its claims are idempotent."""
+    first = _pin(ledger, 1, (10, 50), initial_start=10)
+    ledger.fail(first.id, "executor lost")
+    inner = _pin(ledger, 1, (20, 30), name="manual__i1")
+    _done(ledger, inner.id, 20, 29)
+    low = _pin(ledger, 1, (10, 50), try_number=2)
+    assert (low.start, low.end, low.status) == (10, 20, RangeStatus.CLAIMED)
+    _done(ledger, low.id, 10, 19)
+    assert ledger.own_redo_left(P, [SRC], run("i1", 2)) == [True]
+    high = _pin(ledger, 1, (10, 50), try_number=2)
+    assert (high.start, high.end, high.status) == (30, 50, RangeStatus.CLAIMED)
+    assert _span(_pin(ledger, 1, (10, 50), try_number=3)) == (30, 50, "claimed")  # its claim: rule 1
+    _done(ledger, high.id, 30, 49)
+    assert ledger.own_redo_left(P, [SRC], run("i1", 2)) == [False]
+    again = _pin(ledger, 1, (10, 50), try_number=4)
+    assert again.id in (low.id, high.id) and again.status == RangeStatus.COMMITTED
+    assert ledger.watermark(P, SRC).end == 50
+    check_invariants(ledger)
+    report = ledger.audit(P, stale_after=timedelta(0))
+    assert report.clean, report.to_text()
+
+
+def test_retentions_loss_is_recorded_at_the_uncovered_rest_of_a_failed_range(ledger: Ledger) -> None:
+    """A failed claim [0, 30) whose head [0, 10) a lost span covers, and a pinned range [20, 25)
+    inside it: the rest [10, 20) is what the claim rule redoes next. When retention took it, the
+    truthful record is a lost span right there (before: refused, "must start at the ledger's tail"),
+    and what follows it in the failed range, [25, 30), stays to redo."""
+    a = ledger.claim(P, SRC, 30, run(1), initial_start=0)
+    ledger.fail(a.id, "executor lost")
+    ledger.record_lost(P, SRC, 0, 10, run(2), "retention")  # at the hole: remainder [10, 30)
+    inner = _pin(ledger, 1, (20, 25), name="manual")
+    _done(ledger, inner.id, 20, 24)
+    lost = ledger.record_lost(P, SRC, 10, 20, run(3), "retention removed [10, 20)")
+    assert _span(lost) == (10, 20, "lost")
+    assert ledger.watermark(P, SRC).end == 25
+    rest = ledger.claim(P, SRC, 40, run(4))
+    assert _span(rest) == (25, 30, "claimed")
+    _done(ledger, rest.id, 25, 29)
+    assert ledger.watermark(P, SRC).end == 30
+    check_invariants(ledger)
+    report = ledger.audit(P, stale_after=timedelta(0))
+    assert report.clean, report.to_text()
+
+
 def test_postgresql_claims_by_the_same_redo_statement_as_sqlite(ledger: Ledger) -> None:
     """One rule in one place: migration 0010's claim function holds a frozen copy of the redo
     statement both dialects run; the copy is the statement, and PostgreSQL runs it."""
@@ -130,3 +178,20 @@ def test_postgresql_claims_by_the_same_redo_statement_as_sqlite(ledger: Ledger) 
             body = conn.execute(text("SELECT prosrc FROM pg_proc WHERE proname = 'streamledger_claim'")
                                 ).scalar_one()
         assert migration.REDO_SPANS in body
+
+
+def test_postgresql_answers_a_pinned_run_by_the_same_own_redo_statement_as_sqlite(ledger: Ledger) -> None:
+    """Migration 0012's rule 1 holds a frozen copy of the redo points of a run's own failed pinned
+    claims (its parameters spelled as the function's); the copy is the statement, and PostgreSQL
+    runs it."""
+    path = MIGRATIONS_DIR / "versions" / "2026_11_27_0012_pinned_redo_pieces.py"
+    spec = importlib.util.spec_from_file_location("_pieces_migration", path)
+    assert spec is not None and spec.loader is not None
+    migration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(migration)
+    assert redo_points_sql("= sid", OWN_FAILED.replace(":", "p_")) == migration.OWN_REDO_POINTS
+    if ledger.engine.dialect.name == "postgresql":
+        with ledger.engine.connect() as conn:
+            body = conn.execute(text("SELECT prosrc FROM pg_proc WHERE proname = 'streamledger_claim'")
+                                ).scalar_one()
+        assert migration.OWN_REDO_POINTS in body

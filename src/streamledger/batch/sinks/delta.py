@@ -235,7 +235,8 @@ class DeltaSink(TableSink):
                 "location": dt.table_uri if dt is not None else self.location,
                 "version": dt.version() if dt is not None else None}
 
-    def _rows(self, dt: Any) -> Any:
+    def _rows(self, dt: Any, without: frozenset[str] = frozenset()) -> Any:
+        # (_missing_files is None here: ``without`` is always empty)
         have = set(_arrow_schema(dt).names)
         return dt.to_pyarrow_table(columns=["stream", "offset", *(c for c in TABLE_COLUMNS if c in have)])
 

@@ -55,8 +55,9 @@ def catalog_properties(catalog: Mapping[str, str] | None, *, ledger_url: str,
     file IO reaches S3 as the job's tasks do (:func:`s3_file_io`)."""
     if catalog:
         return dict(catalog)
+    # pool_pre_ping: a connection the database dropped (a restart) is replaced, not failed on
     return {"type": "sql", "uri": ledger_url, "warehouse": _uri(filesystems.join(output_root, "_iceberg")),
-            **s3_file_io()}
+            "pool_pre_ping": "true", **s3_file_io()}
 
 
 def s3_file_io() -> dict[str, str]:
@@ -201,6 +202,10 @@ class IcebergSink(TableSink):
         except (ValueError, TypeError) as exc:  # pyiceberg's schema / file checks
             raise BatchError(f"iceberg table {self.identifier}: the job's files for {what} cannot be "
                              f"added: {line(exc)}") from exc
+        except Exception as exc:  # the catalog's database or the store gone: one line, the retry looks again
+            said = scrub(line(getattr(exc, "orig", None) or exc), secrets_of(self.props))
+            raise BatchError(f"iceberg table {self.identifier}: the commit of {what} failed: "
+                             f"{said}") from None
         log.info("iceberg table %s: snapshot %s appends %d file(s) of %s", self.identifier,
                  table.current_snapshot().snapshot_id, len(paths), what)
 
@@ -214,10 +219,20 @@ class IcebergSink(TableSink):
                 "metadata_location": table.metadata_location,
                 "snapshot_id": snap.snapshot_id if snap is not None else None}
 
-    def _rows(self, table: Any) -> Any:
+    def _rows(self, table: Any, without: frozenset[str] = frozenset()) -> Any:
         have = set(table.schema().as_arrow().names)
-        return table.scan(selected_fields=("stream", "offset", *(c for c in TABLE_COLUMNS if c in have))
-                          ).to_arrow()
+        scan = table.scan(selected_fields=("stream", "offset", *(c for c in TABLE_COLUMNS if c in have)))
+        if not without:
+            return scan.to_arrow()
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        tasks = [t for t in scan.plan_files() if t.file.file_path not in without]
+        return ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter,
+                         scan.case_sensitive).to_table(tasks)
+
+    def _missing_files(self, table: Any) -> list[str] | None:
+        return [t.file.file_path for t in table.scan().plan_files()
+                if not table.io.new_input(t.file.file_path).exists()]
 
     def _evolve(self, table: Any) -> bool:
         import pyarrow as pa

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamledger.batch import sinks
@@ -32,12 +33,48 @@ from streamledger.batch.sinks import (
     stamp,
     whole_table_missing,
 )
+from streamledger.fs import redact
 
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger, OffsetRange
     from streamledger.ledger.audit import Violation
 
 __all__ = ["LostCommit", "TableSink"]
+
+
+def files_missing(table: str, label: str, pipeline: str, ranges: list[OffsetRange],
+                  gone: list[str]) -> list[Violation]:
+    """The findings for data files the table references that are not there: each names the range
+    whose directory held the file (its rows are what is lost) and the file; a file in no recorded
+    range's directory is a finding for every range recorded in the table (whose rows it held is
+    unknown)."""
+    from streamledger.ledger.audit import Violation, ViolationKind
+
+    mine = [r for r in ranges if r.sink_table == table and r.output]
+    by_range: dict[int, list[str]] = {}
+    stray = []
+    for path in gone:
+        owners = [r for r in mine if _within(path, str(r.output))]
+        for r in owners:
+            by_range.setdefault(r.id, []).append(path)
+        if not owners:
+            stray.append(path)
+    if stray:
+        return whole_table_missing(table, pipeline, ranges, f"{label}: data file(s) missing, in no recorded "
+                                   f"range's directory: {', '.join(redact(p) for p in stray)}")
+    return [Violation(ViolationKind.OUTPUT_MISSING, pipeline, r.source.stream, r.source.broker, r.start,
+                      r.end, r.id, f"{label}: the range's data file(s) are missing: "
+                      f"{', '.join(redact(p) for p in sorted(by_range[r.id]))}")
+            for r in mine if r.id in by_range]
+
+
+def _within(path: str, directory: str) -> bool:
+    """``path`` (a table's file URI) lies in the range directory ``directory`` (a path or URI)."""
+    def norm(p: str) -> str:
+        p = p if "://" in p else Path(p).resolve().as_uri()
+        return p.replace("file:///", "/", 1).replace("s3a://", "s3://", 1).rstrip("/")
+
+    return norm(path).startswith(norm(directory) + "/")
 
 
 class LostCommit(Exception):
@@ -75,10 +112,16 @@ class TableSink:
         :class:`LostCommit` when another writer committed first."""
         raise NotImplementedError
 
-    def _rows(self, table: Any) -> Any:
+    def _rows(self, table: Any, without: frozenset[str] = frozenset()) -> Any:
         """A pyarrow table of the ``stream`` and ``offset`` of every row, and of the
-        :data:`~streamledger.batch.sinks.TABLE_COLUMNS` the table has."""
+        :data:`~streamledger.batch.sinks.TABLE_COLUMNS` the table has; the rows of the data files
+        ``without`` left out."""
         raise NotImplementedError
+
+    def _missing_files(self, table: Any) -> list[str] | None:
+        """The data files (URIs) the table's current state references that are not there; None
+        when the format cannot tell (the audit then reports the table as a whole)."""
+        return None
 
     def _evolve(self, table: Any) -> bool:
         """Add the :data:`~streamledger.batch.sinks.TABLE_COLUMNS` the table lacks (a table made
@@ -163,15 +206,28 @@ class TableSink:
             table, problem = None, str(exc)
         if table is None:
             return whole_table_missing(self.table_name, pipeline, ranges, problem)
+        gone: list[str] = []
         try:
-            rows = self._rows(table)
+            try:
+                rows = self._rows(table)
+            except Exception:
+                # data files deleted: the ranges that held them are findings, the others are checked
+                gone = self._missing_files(table) or []
+                if not gone:
+                    raise
+                rows = self._rows(table, without=frozenset(gone))
             commits = self.commits(table)
             known = self._known_commits(table)
-        except Exception as exc:  # data files deleted, the store gone: a finding, not a traceback
+        except Exception as exc:  # the store gone, the metadata unreadable: a finding, not a traceback
             return whole_table_missing(self.table_name, pipeline, ranges,
                                        f"{self.label}: its rows cannot be read: {sinks.line(exc)}")
         from streamledger.ledger.coverage import sources
 
         epochs = {(s.source.broker, s.source.stream): s.epoch
                   for s in sources(ledger, pipeline, counts=False)}
-        return check_table(self.table_name, pipeline, ranges, commits, rows, known, epochs)
+        found = check_table(self.table_name, pipeline, ranges, commits, rows, known, epochs)
+        if not gone:
+            return found
+        lost = files_missing(self.table_name, self.label, pipeline, ranges, gone)
+        hit = {v.range_id for v in lost}
+        return [*lost, *(v for v in found if v.range_id not in hit)]

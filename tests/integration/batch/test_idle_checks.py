@@ -1,0 +1,204 @@
+"""Issue 32, item 3: an idle batch asks the broker only what it must. A partition where the batch
+writes nothing (no range with offsets, no stored offset) waits with its identity check (the
+fingerprint of a committed chunk) for the batch that has something to read; a partition whose new
+offsets are only the tracking chunk a StoreOffset wrote is probed once, before the claim. Against the
+real RabbitMQ 4.3 broker, local Spark and both ledgers: the broker work counted, a re-created stream
+still refused once there is something to read, a producer publishing during the batch never skipped.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamledger.batch import BatchConfig, BatchError, run_batch
+from streamledger.batch.proof import audit
+from streamledger.ledger import Ledger
+from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.batch.helpers import CountingRunner, committed_bodies, config, rid
+from tests.integration.batch.test_stream_identity import recreate
+from tests.integration.spark.helpers import body, create_stream, publish
+
+pytestmark = pytest.mark.timeout(600)  # four to six batches each, and the Spark session on a busy machine
+
+PIPE = "p-exactly-once"
+
+
+class Asking:
+    """The real stream client, counting the streams each many-stream question names (the fingerprint
+    check ``chunks_at``, the probe of a range ``user_records_many``); every call goes through."""
+
+    def __init__(self, client: StreamClient) -> None:
+        self._client = client
+        self.asked: collections.Counter[str] = collections.Counter()
+        self.streams: set[str] = set()
+
+    def chunks_at(self, wanted: Any) -> Any:
+        self.asked["chunks_at"] += len(wanted)
+        self.streams.update(s for s, _o in wanted)
+        return self._client.chunks_at(wanted)
+
+    def chunk_at(self, stream: str, offset: int) -> Any:
+        self.asked["chunks_at"] += 1
+        self.streams.add(stream)
+        return self._client.chunk_at(stream, offset)
+
+    def user_records_many(self, ranges: Any, **kw: Any) -> Any:
+        self.asked["user_records_many"] += len(ranges)
+        self.streams.update(ranges)
+        return self._client.user_records_many(ranges, **kw)
+
+    def read_range(self, stream: str, *a: Any, **kw: Any) -> Any:
+        self.asked["read_range"] += 1
+        self.streams.add(stream)
+        return self._client.read_range(stream, *a, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_an_idle_batch_checks_and_probes_only_what_it_claims(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    sup = stream_name.super_stream("idle")
+    client.create_super_stream(sup, binding_keys=["a", "b", "c"])
+    parts = sorted(client.partitions(sup))
+    for p in parts:
+        publish(rabbitmq_url, p, 5)
+    cfg = BatchConfig(pipeline=PIPE, url=rabbitmq_url, output_root=str(tmp_path / "out"), super_stream=sup)
+    run_batch(cfg, run=rid("t", run="r1"), ledger=any_ledger, broker=client, runner=runner)
+    assert [client.query_offset(p, PIPE) for p in parts] == [4, 4, 4]  # each wrote a tracking chunk at 5
+
+    # idle 1: [5, 6) of each partition is the tracking chunk only: probed once, no fingerprint check
+    asking = Asking(client)
+    first = run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=asking, runner=runner)
+    assert [(r.start, r.end, r.records) for r in first.partitions] == [(5, 6, 0)] * 3
+    assert asking.asked == {"user_records_many": 3}, asking.asked
+    # idle 2: nothing new anywhere: no question about the streams' data at all
+    asking = Asking(client)
+    second = run_batch(cfg, run=rid("t", run="r3"), ledger=any_ledger, broker=asking, runner=runner)
+    assert [(r.start, r.end) for r in second.partitions] == [(6, 6)] * 3
+    assert asking.asked == {}, asking.asked
+    assert runner.calls == 1
+
+    # new records on one partition: its identity is checked before they are read, the others wait
+    publish(rabbitmq_url, parts[1], 4, start=5)
+    asking = Asking(client)
+    third = run_batch(cfg, run=rid("t", run="r4"), ledger=any_ledger, broker=asking, runner=runner)
+    assert [(r.start, r.end, r.records) for r in third.partitions] == [(6, 6, 0), (6, 10, 4), (6, 6, 0)]
+    # its fingerprint checked, then taken of the chunk committed; its new offsets probed once
+    assert asking.asked == {"chunks_at": 2, "read_range": 1}, asking.asked
+    assert asking.streams == {parts[1]}
+    assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(
+        [*(body(p, i) for p in parts for i in range(5)), *(body(parts[1], i) for i in range(5, 9))])
+    report = audit(any_ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
+
+
+@pytest.mark.parametrize("length", [100, 150])
+def test_a_recreated_stream_holding_the_old_stored_offset_is_refused_once_there_is_something_to_read(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path, length: int,
+) -> None:
+    """The hardest case for a skipped check: the new stream carries the stored offset the old one had
+    (another consumer of the reference stored it), so only the data tells the streams apart. Of the
+    same length, its new offsets are a tracking chunk: the idle batch reads and stores nothing, as if
+    it had not run, and the first batch with something to read refuses; longer, it refuses at once.
+    Nothing of the new stream is read into the old history."""
+    s = stream_name(f"recreated-{length}")
+    create_stream(rabbitmq_url, s, 100)
+    cfg = config(rabbitmq_url, tmp_path, s)
+    run_batch(cfg, run=rid("t"), ledger=any_ledger, broker=client, runner=runner)
+    recreate(client, s, length)
+    client.store_offset_verified(s, PIPE, 99)
+    if length == 100:
+        idle = run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
+        assert [(r.start, r.end, r.records) for r in idle.partitions] == [(100, 101, 0)]
+        publish(rabbitmq_url, s, 10, start=0)
+    with pytest.raises(BatchError, match=rf"stream {s!r}: .*chunk at offset \d+ is not the one .*new-epoch"):
+        run_batch(cfg, run=rid("t", run="r3"), ledger=any_ledger, broker=client, runner=runner)
+    assert [(r.start, r.end) for r in any_ledger.ranges(PIPE) if r.records] == [(0, 100)]
+    assert client.query_offset(s, PIPE) == 99
+    with pytest.raises(BatchError, match="replaced"):  # remembered, as every refusal is
+        run_batch(cfg, run=rid("t", run="r4"), ledger=any_ledger, broker=client, runner=runner)
+
+
+def test_a_recreated_stream_without_the_stored_offset_is_refused_even_when_idle(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """Re-created with as many records as the ledger read (its tail at the ledger's end): the stored
+    offset the ledger recorded is missing, so the batch is no idle one and refuses."""
+    s = stream_name("recreated-same")
+    create_stream(rabbitmq_url, s, 100)
+    cfg = config(rabbitmq_url, tmp_path, s)
+    run_batch(cfg, run=rid("t"), ledger=any_ledger, broker=client, runner=runner)
+    run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)  # [100, 101)
+    recreate(client, s, 101)
+    with pytest.raises(BatchError, match=rf"stream {s!r}: .*no stored offset.*new-epoch"):
+        run_batch(cfg, run=rid("t", run="r3"), ledger=any_ledger, broker=client, runner=runner)
+    assert client.query_offset(s, PIPE) is None
+
+
+@pytest.mark.parametrize("after", ["planned", "probed"])
+def test_a_producer_publishing_during_an_idle_batch_is_read_by_the_next(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path, after: str,
+) -> None:
+    """The tail an idle batch observed bounds what it claims: records published after it (before
+    the claim, or between the claim and the commit of a tracking-only range) are past that tail and
+    read by the next batch, after its identity check; none is skipped or read twice."""
+    s = stream_name(f"producer-{after}")
+    create_stream(rabbitmq_url, s, 20)
+    cfg = config(rabbitmq_url, tmp_path, s)
+    run_batch(cfg, run=rid("t"), ledger=any_ledger, broker=client, runner=runner)
+    published = 20
+
+    def produce(name: str, _batch: Any) -> None:
+        nonlocal published
+        if name == after:
+            publish(rabbitmq_url, s, 7, start=published)
+            published += 7
+
+    for n in (2, 3):  # first the tracking-only range [20, 21), then nothing new
+        run_batch(cfg, run=rid("t", run=f"r{n}"), ledger=any_ledger, broker=client, runner=runner,
+                  on_step=produce)
+    asking = Asking(client)
+    run_batch(cfg, run=rid("t", run="r4"), ledger=any_ledger, broker=asking, runner=runner)
+    assert asking.asked["chunks_at"] >= 1, asking.asked
+    assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(body(s, i) for i in range(published))
+    report = audit(any_ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
+
+
+def test_an_idle_partition_whose_ledger_moves_during_the_batch_is_checked_before_it_is_read(
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """Between the batch's survey (nothing to do) and its claim, records arrive and another run
+    claims and fails them: the claim redoes that failed range past the tail the batch saw, so the
+    identity check it skipped is made before anything is read."""
+    s = stream_name("moved")
+    create_stream(rabbitmq_url, s, 20)
+    cfg = config(rabbitmq_url, tmp_path, s)
+    run_batch(cfg, run=rid("t"), ledger=ledger, broker=client, runner=runner)
+    run_batch(cfg, run=rid("t", run="r2"), ledger=ledger, broker=client, runner=runner)  # [20, 21)
+    src = ledger.ranges(PIPE)[0].source
+
+    def other_run(name: str, _batch: Any) -> None:
+        if name == "planned":
+            publish(rabbitmq_url, s, 5, start=20)
+            other = ledger.claim(PIPE, src, 26, rid("other"))
+            ledger.fail(other.id, "the other run died")
+
+    asking = Asking(client)
+    done = run_batch(cfg, run=rid("t", run="r3"), ledger=ledger, broker=asking, runner=runner,
+                     on_step=other_run)
+    assert [(r.start, r.end, r.records) for r in done.partitions] == [(21, 26, 5)]
+    # checked late, the range probed after the claim (as any claimed range), the commit's fingerprint
+    assert asking.asked == {"chunks_at": 2, "read_range": 1}, asking.asked
+    assert sorted(committed_bodies(ledger, PIPE)) == sorted(body(s, i) for i in range(25))

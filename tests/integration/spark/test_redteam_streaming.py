@@ -1,0 +1,105 @@
+"""Red team: ledger-recorded Structured Streaming meets a re-created stream (the batch's epochs and
+fingerprints, issue 30 defect 3, composed with streaming). Real query on local Spark, RabbitMQ 4.3,
+judged by the records the query wrote, not by the ledger."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamledger.batch.proof import audit
+from streamledger.cli import main
+from streamledger.ledger import Ledger
+from streamledger.manifest import MANIFEST
+from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.spark.helpers import body, create_stream, publish
+
+pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(300)]
+
+PIPELINE = "redteam-streaming"
+
+
+def run_query(spark: Any, url: str, out: Path, checkpoint: Path, ledger: Ledger, stream: str) -> None:
+    """An availableNow query recording into ``ledger`` (its range outputs under the test's
+    ``ranges``, whatever the checkpoint), its rows (stream, offset, body) written per Spark batch,
+    run to the end."""
+    reader = (spark.readStream.format("rabbitmq_stream").option("url", url).option("ledger", ledger.url)
+              .option("pipeline", PIPELINE).option("ledgerOutput", str(checkpoint.parent.parent / "ranges"))
+              .option("stream", stream).option("startingOffsets", "earliest"))
+
+    def each(df: Any, batch_id: int) -> None:
+        df.select("stream", "offset", "body").write.mode("overwrite").parquet(str(out / f"b{batch_id:05d}"))
+
+    q = (reader.load().writeStream.foreachBatch(each).option("checkpointLocation", str(checkpoint))
+         .trigger(availableNow=True).start())
+    try:
+        q.awaitTermination(240)
+    except Exception as exc:  # the query failed: its error, as one exception type
+        raise RuntimeError(str(exc)) from None
+    if q.exception() is not None:
+        raise RuntimeError(str(q.exception()))
+
+
+def bodies(spark: Any, out: Path) -> set[bytes]:
+    return {bytes(r["body"]) for r in spark.read.parquet(str(out / "b*")).select("body").collect()}
+
+
+def test_a_stream_recreated_past_the_querys_offset_is_never_clean_over_its_unread_head(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
+) -> None:
+    """The query reads the stream's 100 records; the stream is deleted and re-created with 150 other
+    records; the query resumes from its checkpoint at offset 100 and reads [100, 150) of the new stream.
+    The new stream's first 100 records were never read by anyone: the proof must not be CLEAN."""
+    s = stream_name("st-recreated")
+    create_stream(rabbitmq_url, s, 100)
+    out, cp = tmp_path / "a" / "out", tmp_path / "a" / "cp"
+    run_query(spark, rabbitmq_url, out, cp, any_ledger, s)
+    assert bodies(spark, out) == {body(s, i) for i in range(100)}
+    with StreamClient.connect(rabbitmq_url) as c:
+        c.delete_stream(s)
+        c.create_stream(s)
+    publish(rabbitmq_url, s, 150, start=1000)  # other bodies: <stream>#001000 ...
+    try:
+        run_query(spark, rabbitmq_url, out, cp, any_ledger, s)
+    except RuntimeError as exc:  # refused: nothing of the new stream recorded, nothing skipped silently
+        assert "deleted and re-created?" in str(exc)
+        assert sorted((r.start, r.end) for r in any_ledger.ranges(PIPELINE) if r.records) == [(0, 100)]
+        assert bodies(spark, out) == {body(s, i) for i in range(100)}
+        return
+    new = {body(s, i) for i in range(1000, 1150)}
+    unread = new - bodies(spark, out)
+    with StreamClient.connect(rabbitmq_url) as client:
+        report = audit(any_ledger, PIPELINE, broker=client)
+    assert not (unread and report.clean), (
+        f"{len(unread)} records of the re-created stream never read, audit CLEAN")
+
+
+def test_a_new_epochs_micro_batch_never_writes_over_the_retired_historys_output(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
+) -> None:
+    """A query records [0, 100) of the stream; the stream is re-created with 100 other records and
+    `new-epoch` retires the history; a new query (new checkpoint) records [0, 100) of the new stream.
+    Each range's output must stay its own: the old range's manifest still names it."""
+    s = stream_name("st-epoch-dirs")
+    create_stream(rabbitmq_url, s, 100)
+    run_query(spark, rabbitmq_url, tmp_path / "a" / "out", tmp_path / "a" / "cp", any_ledger, s)
+    (old,) = [r for r in any_ledger.ranges(PIPELINE) if r.records]
+    assert old.output is not None
+    with StreamClient.connect(rabbitmq_url) as c:
+        c.delete_stream(s)
+        c.create_stream(s)
+    publish(rabbitmq_url, s, 100, start=1000)
+    assert main(["ledger", "new-epoch", "--db", any_ledger.url, "--pipeline", PIPELINE, "--stream", s,
+                 "--broker", old.source.broker, "--reason", "re-created"]) == 0
+    run_query(spark, rabbitmq_url, tmp_path / "b" / "out", tmp_path / "b" / "cp", any_ledger, s)
+    assert bodies(spark, tmp_path / "b" / "out") == {body(s, i) for i in range(1000, 1100)}
+    new = [r for r in any_ledger.ranges(PIPELINE) if r.records and r.id != old.id]
+    assert [(r.start, r.end) for r in new] == [(0, 100)]
+    assert json.loads((Path(old.output) / MANIFEST).read_text())["range_id"] == old.id
+    assert new[0].output != old.output
+    with StreamClient.connect(rabbitmq_url) as client:
+        report = audit(any_ledger, PIPELINE, broker=client)
+    assert report.clean, report.to_text()
