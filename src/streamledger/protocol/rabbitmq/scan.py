@@ -1,4 +1,5 @@
-"""Many small subscriptions at once over one connection: chunk headers and user-record probes.
+"""Many small subscriptions at once over one connection: chunk headers, user-record probes, and
+the records of many small ranges (:func:`read_ranges`).
 
 A batch over N partitions asks each partition one small question: the header of the chunk at an
 offset (its fingerprint check, and the fingerprint it takes at commit), or whether a range holds a
@@ -6,10 +7,13 @@ user record (the probe of ranges that hold only tracking chunks). Asked one stre
 costs a Subscribe, a barrier and an Unsubscribe round trip; here the Subscribes of up to ``window``
 streams are in flight together (``Connection.pipeline``), their deliveries are told apart by
 subscription id, and the Unsubscribes go together too: a few round trips per window instead of a
-few per stream. The answers are those of :func:`reader.probe_chunk` and :func:`reader.read_range`.
+few per stream. The answers are those of :func:`reader.probe_chunk` and :func:`reader.read_range`;
+a data read keeps the records, checked, decoded and cut into batches as :func:`reader.read_range` does.
 
-Runs on the client's own connection, where no subscription outlives a call, so the ids 0..window-1
-are free; every subscription is ended (or the connection fails) before the call returns.
+Runs on the client's own connection (a data read: on the connection to each stream's serving member,
+the client's own or an idle pooled one when it is that node), where no subscription outlives a call,
+so the ids 0..window-1 are free; every subscription is ended (or the connection fails) before the
+call returns.
 """
 
 from __future__ import annotations
