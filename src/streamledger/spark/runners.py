@@ -186,11 +186,30 @@ class SparkConnectRunner:
         return ArrowFS()
 
     def cancel(self) -> None:
-        """Interrupt the operations of the batch this runner is running (no-op when idle)."""
+        """Interrupt the operations of the batch this runner is running (no-op when idle).
+
+        Sticky, as :meth:`LocalSparkRunner.cancel`: a batch is several operations (planning reads,
+        the write, the summaries), and ``interruptTag`` reaches only those running at that moment,
+        so a cancel landing before the first or between two would let the next one run to its end.
+        The tag is interrupted again every 0.2 s until the batch's call has returned."""
         with self._lock:
-            tag = self._tag
-        if tag is not None and self._spark is not None:
-            self._spark.interruptTag(tag)
+            tag, spark = self._tag, self._spark
+        if tag is None or spark is None:
+            return
+        spark.interruptTag(tag)
+
+        def interrupt_until_returned() -> None:
+            while True:
+                time.sleep(0.2)
+                with self._lock:
+                    if self._tag != tag:
+                        return
+                try:
+                    spark.interruptTag(tag)
+                except Exception:  # the session is gone: nothing of the batch runs on it any more
+                    return
+
+        threading.Thread(target=interrupt_until_returned, name="streamledger-cancel", daemon=True).start()
 
     def close(self) -> None:
         """Close this client; the shared server-side session and the server keep running."""
