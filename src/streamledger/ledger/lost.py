@@ -24,6 +24,15 @@ from streamledger.ledger.types import (
 )
 
 
+def _first_live_over(session: Session, source_id: int, start: int, end: int) -> Range | None:
+    """The lowest live, non-empty range of the source overlapping ``[start, end)``: what forbids
+    recording any of that span lost or skipped."""
+    return session.scalars(select(Range).where(
+        Range.source_id == source_id, LIVE, Range.end_offset > Range.start_offset,
+        Range.start_offset < end, Range.end_offset > start,
+    ).order_by(Range.start_offset).limit(1)).first()
+
+
 class LostAndStale(Sources):
     """Recording lost and skipped spans, releasing stale claims, listing ranges."""
 
@@ -129,10 +138,7 @@ class LostAndStale(Sources):
         it, and it starts at the history's origin, at the end of a live range or inside a failed
         range. Returns whether the row must be pinned to pass the database's contiguity guard (it
         lies outside any failed range that holds all of it: a gap of a pinned history)."""
-        covering = session.scalars(select(Range).where(
-            Range.source_id == source_id, LIVE, Range.end_offset > Range.start_offset,
-            Range.start_offset < end, Range.end_offset > start,
-        ).order_by(Range.start_offset).limit(1)).first()
+        covering = _first_live_over(session, source_id, start, end)
         if covering is not None:
             raise LedgerError(
                 f"{what}: range {covering.id} [{covering.start_offset}, {covering.end_offset}) "
@@ -237,10 +243,7 @@ class LostAndStale(Sources):
                                   "stream and broker identity as its ranges do)")
             self._lock_sources(session, [src.id])
             now = self._clock(session)
-            covering = session.scalars(select(Range).where(
-                Range.source_id == src.id, LIVE, Range.end_offset > Range.start_offset,
-                Range.start_offset < end, Range.end_offset > start,
-            ).order_by(Range.start_offset).limit(1)).first()
+            covering = _first_live_over(session, src.id, start, end)
             if covering is not None:
                 raise LedgerError(
                     f"{what}: range {covering.id} [{covering.start_offset}, {covering.end_offset}) "
