@@ -64,7 +64,8 @@ class _Service:
         pass
 
 
-def _java_with(pattern: str, under: list[int]) -> list[psutil.Process]:
+def _descendants_where(under: list[int], keep: Any) -> list[psutil.Process]:
+    """Processes under the pids ``under`` for which ``keep(process)`` holds (gone ones skipped)."""
     found = []
     for pid in under:
         try:
@@ -73,30 +74,24 @@ def _java_with(pattern: str, under: list[int]) -> list[psutil.Process]:
             continue
         for p in procs:
             try:
-                if "java" in (p.name() or "") and pattern in " ".join(p.cmdline()):
+                if keep(p):
                     found.append(p)
             except psutil.Error:
                 continue
     return found
+
+
+def _java_with(pattern: str, under: list[int]) -> list[psutil.Process]:
+    return _descendants_where(
+        under, lambda p: "java" in (p.name() or "") and pattern in " ".join(p.cmdline()))
 
 
 def _connect_clients(under: list[int]) -> list[psutil.Process]:
     """Processes under ``under`` (Celery workers) with a connection to the Spark Connect server: the
     task processes whose batch is running its job there."""
-    found = []
-    for pid in under:
-        try:
-            procs = psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            continue
-        for p in procs:
-            try:
-                if any(c.raddr and c.raddr.port == stack.SPARK_CONNECT_PORT
-                       and c.status == psutil.CONN_ESTABLISHED for c in p.net_connections(kind="tcp")):
-                    found.append(p)
-            except psutil.Error:
-                continue
-    return found
+    return _descendants_where(under, lambda p: any(
+        c.raddr and c.raddr.port == stack.SPARK_CONNECT_PORT and c.status == psutil.CONN_ESTABLISHED
+        for c in p.net_connections(kind="tcp")))
 
 
 def _try_of(spark_submit: psutil.Process) -> tuple[str, str, int] | None:
