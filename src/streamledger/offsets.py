@@ -180,6 +180,13 @@ class ChunkPrint:
         """From a chunk header (``first_offset``, ``timestamp``, ``crc``)."""
         return cls(int(header.first_offset), int(header.timestamp), int(header.crc))
 
+    def differs(self, also: str = "") -> str:
+        """The reason a stream is refused when the log's chunk at this offset is another (one
+        wording for the batch and the streaming recorder); ``also`` joins the parenthesis."""
+        more = f"; {also}" if also else ""
+        return (f"the broker's chunk at offset {self.offset} is not the one the ledger committed "
+                f"(timestamp {self.timestamp}, CRC {self.crc:#010x}{more})")
+
 
 def take_print(log: Any, stream: str, offset: int) -> ChunkPrint | None:
     """The fingerprint of the chunk holding ``offset`` (a committed record); None when the log

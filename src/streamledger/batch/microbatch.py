@@ -81,8 +81,7 @@ class MicroBatchRecorder:
             if pos.replaced is not None:
                 why = f"a batch found it replaced before ({pos.replaced})"
             elif pos.chunk is not None and same_stream(client, stream, pos.chunk) is False:
-                why = (f"the broker's chunk at offset {pos.chunk.offset} is not the one the ledger committed "
-                       f"(timestamp {pos.chunk.timestamp}, CRC {pos.chunk.crc:#010x})")
+                why = pos.chunk.differs()
                 self.ledger.mark_replaced(self.pipeline, self.source(stream), why)
             else:
                 continue

@@ -275,9 +275,7 @@ class BatchRun:
             why = (f"the broker has no stored offset for {cfg.pipeline!r} although the ledger stored "
                    f"{pos.stored} there (ledger end {pos.end}, broker tail {tail})")
         elif same is False and pos.chunk is not None:
-            why = (f"the broker's chunk at offset {pos.chunk.offset} is not the one the ledger committed "
-                   f"(timestamp {pos.chunk.timestamp}, CRC {pos.chunk.crc:#010x}; ledger end {pos.end}, "
-                   f"broker tail {tail})")
+            why = pos.chunk.differs(f"ledger end {pos.end}, broker tail {tail}")
         else:
             return pos  # no fingerprint, or retention took its chunk: every commit takes a new one
         if pos.replaced is None:  # remembered: every later batch refuses until `new-epoch`
