@@ -74,13 +74,16 @@ class MicroBatchRecorder:
         batch's: a refusal recorded on the source (``replaced``, kept until ``new-epoch``), or the
         chunk the ledger fingerprinted at a commit is not the broker's; a refusal found here is
         recorded too."""
-        from streamledger.offsets import same_stream
+        from streamledger.offsets import same_streams
 
         found = self.ledger.positions(self.pipeline, [self.source(s) for s in streams])
+        # every fingerprint asked at once (one round of chunk headers, as the batch asks them)
+        same = same_streams(client, {s: pos.chunk for s, pos in zip(streams, found, strict=True)
+                                     if pos.replaced is None and pos.chunk is not None})
         for stream, pos in zip(streams, found, strict=True):
             if pos.replaced is not None:
                 why = f"a batch found it replaced before ({pos.replaced})"
-            elif pos.chunk is not None and same_stream(client, stream, pos.chunk) is False:
+            elif pos.chunk is not None and same.get(stream) is False:
                 why = pos.chunk.differs()
                 self.ledger.mark_replaced(self.pipeline, self.source(stream), why)
             else:
