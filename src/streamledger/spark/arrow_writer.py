@@ -329,9 +329,11 @@ def write_files(spark: Any, *, tasks: Sequence[Any], reader: Any, out_dir: str, 
     work = _Tasks(tasks, reader, out_dir, dirs, options, StoreAccess.from_environment(out_dir))
     # Both schemas given, so a Connect client asks the server nothing before the one action:
     # mapInArrow asks for its input's columns unless ``to`` names them (an analysis round trip).
+    # ``toArrow``, not ``collect``: the summaries arrive as the Arrow table they are, without a Row
+    # per file or the conf lookup a Connect ``collect`` makes first (a round trip).
     ids = spark.range(0, n, 1, n).to(StructType([StructField("id", LongType(), False)]))
-    df = ids.mapInArrow(work, summary_struct())
-    return [FileSummary.from_row(row) for row in df.collect()]
+    table = ids.mapInArrow(work, summary_struct()).toArrow()
+    return [FileSummary.from_row(row) for row in table.to_pylist()]
 
 
 def summary_struct() -> Any:
