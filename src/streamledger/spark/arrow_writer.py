@@ -38,10 +38,6 @@ import pyarrow.compute as pc
 from streamledger.errors import StreamledgerError
 from streamledger.fs import StoreAccess, arrow_filesystem
 
-FILE_SUMMARY_DDL = (
-    "stream STRING, file STRING, records BIGINT, first_offset BIGINT, last_offset BIGINT, "
-    "bytes BIGINT, attempt BIGINT"
-)
 FILE_SUMMARY_SCHEMA = pa.schema([
     ("stream", pa.string()), ("file", pa.string()), ("records", pa.int64()), ("first_offset", pa.int64()),
     ("last_offset", pa.int64()), ("bytes", pa.int64()), ("attempt", pa.int64()),
@@ -339,7 +335,22 @@ def write_files(spark: Any, *, tasks: Sequence[Any], reader: Any, out_dir: str, 
     files; the summaries of the accepted attempts. No task, no job."""
     if not tasks:
         return []
+    from pyspark.sql.types import LongType, StructField, StructType
+
     n = len(tasks)
     work = _Tasks(tasks, reader, out_dir, dirs, options, StoreAccess.from_environment(out_dir))
-    df = spark.range(0, n, 1, n).mapInArrow(work, FILE_SUMMARY_DDL)
-    return [FileSummary.from_row(row) for row in df.collect()]
+    # Both schemas given, so a Connect client asks the server nothing before the one action:
+    # mapInArrow asks for its input's columns unless ``to`` names them (an analysis round trip).
+    # ``toArrow``, not ``collect``: the summaries arrive as the Arrow table they are, without a Row
+    # per file or the conf lookup a Connect ``collect`` makes first (a round trip).
+    ids = spark.range(0, n, 1, n).to(StructType([StructField("id", LongType(), False)]))
+    table = ids.mapInArrow(work, summary_struct()).toArrow()
+    return [FileSummary.from_row(row) for row in table.to_pylist()]
+
+
+def summary_struct() -> Any:
+    """:data:`FILE_SUMMARY_SCHEMA` as Spark's ``StructType`` (converted here: a DDL string would be
+    parsed by a Connect server, one more round trip)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(FILE_SUMMARY_SCHEMA)

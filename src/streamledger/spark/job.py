@@ -31,17 +31,25 @@ if __name__ == "__main__":
     # module names such as ``arrow`` or ``session`` could shadow installed packages. Drop it.
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+    import gc
+
+    # Starting, the process builds the objects of ~1,000 modules (pyspark's Connect client brings
+    # pandas, numpy, pyarrow and grpc) and none is garbage: the cyclic collector would walk them
+    # again and again (~10 % of the imports' CPU, measured). On again once started (_started).
+    gc.disable()
 
 import argparse
+import atexit
 import contextlib
 import datetime as _dt
+import gc
 import json
 import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from streamledger import fs
 from streamledger.errors import OneLineParser, StreamledgerError
@@ -481,8 +489,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         else:
             raise PlanningError("give --stream, --super-stream or --ranges")
-        # Check the ranges against the broker before paying for a JVM start.
-        plan_job(args.url, ranges, fail_on_data_loss=not args.allow_data_loss)
+        if not args.remote:
+            # Check the ranges against the broker before paying for a JVM start (a Connect server
+            # is running already: the job plans first thing, before anything is written).
+            plan_job(args.url, ranges, fail_on_data_loss=not args.allow_data_loss)
         if args.remote:
             if args.master:
                 raise PlanningError("--remote and --master exclude each other")
@@ -503,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched us and owns the master
             master = args.master or (None if submitted else DEFAULT_MASTER)
             spark = build_session(master=master, app_name="streamledger-read", quick_start=args.quick_start)
+        _started()
         try:
             manifest = run_job(
                 spark, url=args.url, ranges=ranges, output=args.output, fmt=args.format,
@@ -518,5 +529,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _started() -> None:
+    """The session is there: what the start-up built lives as long as the process, so it is frozen
+    (never scanned again) and the collector, off since the process began (``__main__`` only), is on."""
+    if __name__ == "__main__" and not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
+def _exit(code: int) -> NoReturn:
+    """End the job's process without tearing its interpreter down, module by module: the work is
+    done (manifest written, session stopped), and unloading pyspark's Connect client, pandas, numpy
+    and pyarrow took 0.3-0.8 s of wall time (measured), as long as a small job. The output is flushed
+    and the exit handlers (logging's, pyspark's) run first."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -106,13 +106,15 @@ def parallelism(spark: Any) -> int:
         context = spark.sparkContext  # a Connect session raises here
     if context is not None:
         return max(1, int(context.defaultParallelism))
-    get = spark.conf.get
+    conf: dict[str, str] = {}
     with contextlib.suppress(Exception):  # pyspark's errors vary by mode and version
-        given = get("spark.default.parallelism", None)
+        conf = dict(spark.conf.getAll)  # one round trip to a Connect server, not one per key
+    with contextlib.suppress(Exception):
+        given = conf.get("spark.default.parallelism")
         if given:
             return max(1, int(given))
-    with contextlib.suppress(Exception):  # pyspark's errors vary by mode and version
-        master = (get("spark.master", None) or "").strip()
+    with contextlib.suppress(Exception):
+        master = (conf.get("spark.master") or "").strip()
         if master.startswith("local"):
             inner = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
             count = inner.split(",")[0].strip()

@@ -107,6 +107,67 @@ def test_job_module_against_the_warm_server(
     print(f"job process over Connect ({how}): {took:.1f}s")
 
 
+
+def test_the_job_process_over_connect_imports_only_what_it_runs(
+    spark_connect: str, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    """The whole job process (as ``python -m``) on the warm server: no ledger, orchestrator, table
+    library or tenacity in its ``sys.modules`` at exit (pandas is there: pyspark's Connect client
+    imports it unconditionally), and it still exits 0 with its manifest on stdout after its exit
+    handlers ran (it skips only the interpreter's teardown)."""
+    from tests.unit.spark.test_job_imports import NOT_FOR_THE_JOB
+
+    s = stream_name("ci")
+    create_stream(rabbitmq_url, s, 20)
+    out, seen = tmp_path / "out", tmp_path / "modules.json"
+    argv = ["streamledger.spark.job", "--remote", spark_connect, "--stream", s, "--output", str(out)]
+    code = (
+        "import atexit, json, runpy, sys\n"
+        f"atexit.register(lambda: open({str(seen)!r}, 'w').write(json.dumps(sorted(sys.modules))))\n"
+        f"sys.argv = {argv!r}\n"
+        "runpy.run_module('streamledger.spark.job', run_name='__main__', alter_sys=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=spark_env(STREAMLEDGER_RABBITMQ_URL=rabbitmq_url),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout)["streams"][s]["records"] == 20
+    modules = set(json.loads(seen.read_text()))
+    assert "pyspark.sql.connect.session" in modules  # the probe saw a Connect job
+    assert [m for m in NOT_FOR_THE_JOB if m in modules] == []
+
+
+def test_the_arrow_writer_job_asks_a_connect_server_one_action_and_no_analysis(
+    spark_remote: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    """Round trips of a job on Connect: the file summaries' schema and the task ids' columns are
+    given, not asked (a DDL string and ``mapInArrow``'s input columns were an analysis each), and
+    the parallelism is one conf request. Counted on pyspark's Connect client, whose methods these are."""
+    s = stream_name("cr")
+    create_stream(rabbitmq_url, s, 30)
+    client = spark_remote.client
+    calls: list[str] = []
+    for name in ("_analyze", "config", "_execute_and_fetch", "_execute"):
+        real = getattr(client, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            what = _name
+            if _name == "config":
+                op = args[0]
+                what = f"config {op.WhichOneof('op_type')}"
+                if "planCompression" in str(op):
+                    what = "pyspark's own plan-compression lookup"  # once per client, cached
+            elif _name == "_analyze":
+                what = f"analyze {args[0] if args else kwargs.get('method')}"
+            calls.append(what)
+            return _real(*args, **kwargs)
+
+        setattr(client, name, counted)
+    manifest = run_job(spark_remote, url=rabbitmq_url, ranges={s: (0, 30)}, output=str(tmp_path / "o"),
+                       writer="arrow")
+    assert manifest["streams"][s]["records"] == 30
+    ours = [c for c in calls if c != "pyspark's own plan-compression lookup"]
+    assert ours == ["config get_all", "_execute_and_fetch"], calls
+
 def test_run_batch_with_the_connect_runner_over_a_super_stream(
     spark_connect: str, rabbitmq_url: str, stream_name: Any, tmp_path: Path
 ) -> None:

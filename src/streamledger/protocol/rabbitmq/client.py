@@ -20,14 +20,12 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
-
 from streamledger import offsets
 from streamledger.offsets import READ_BACK_INTERVAL, store_verified
 from streamledger.protocol.rabbitmq import constants as c
 from streamledger.protocol.rabbitmq import scan
 from streamledger.protocol.rabbitmq.chunk import ChunkHeader
-from streamledger.protocol.rabbitmq.connection import Connection, raise_for_code
+from streamledger.protocol.rabbitmq.connection import Connection, raise_for_code, with_backoff
 from streamledger.protocol.rabbitmq.errors import (
     InvalidRequest,
     OffsetOutOfRange,
@@ -204,13 +202,7 @@ class StreamClient:
 
     def _retrying(self, fn: Callable[[], T]) -> T:
         """Retry a read-only command while the stream has no leader (0x06): transient by nature."""
-        wrapped = retry(
-            retry=retry_if_exception_type(StreamNotAvailable),
-            stop=stop_after_attempt(4),
-            wait=wait_exponential(multiplier=0.2, max=2.0),
-            reraise=True,
-        )(fn)
-        return wrapped()
+        return with_backoff(fn, transient=lambda exc: isinstance(exc, StreamNotAvailable), attempts=4)
 
     def _next_sub_id(self) -> int:
         self._sub_id = (self._sub_id + 1) % 256

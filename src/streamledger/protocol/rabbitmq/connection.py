@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
-
 from streamledger.protocol.rabbitmq import constants as c
 from streamledger.protocol.rabbitmq.errors import (
     AccessRefused,
@@ -88,6 +86,26 @@ def parse_version(version: str | None) -> tuple[int, ...] | None:
     return tuple(numbers) if numbers else None
 
 
+#: The backoff between attempts of a transient failure: 0.2 s, doubling, at most 2 s.
+BACKOFF_FIRST, BACKOFF_MAX = 0.2, 2.0
+
+
+def with_backoff(fn: Callable[[], T], *, transient: Callable[[Exception], bool], attempts: int) -> T:
+    """``fn()``, called again after a growing pause while it raises what ``transient`` accepts, at
+    most ``attempts`` times in all; the last failure is raised as it is.
+
+    Why not tenacity: it imports tornado and asyncio with it (~0.1 s in a fresh process), paid by every
+    job process and every fresh Spark worker, for a loop of a few lines."""
+    for attempt in range(max(1, attempts)):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt + 1 >= max(1, attempts) or not transient(exc):
+                raise
+        time.sleep(min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** attempt))
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
 class Connection:
     """An open, authenticated connection (use :meth:`open`)."""
 
@@ -124,19 +142,10 @@ class Connection:
     def open(cls, params: ConnectionParams, *, timeout: float = 10.0, attempts: int = 3) -> Connection:
         """Connect and authenticate, retrying only transient connect failures with backoff."""
 
-        def transient(exc: BaseException) -> bool:
+        def transient(exc: Exception) -> bool:
             return isinstance(exc, ConnectionFailed) and not isinstance(exc, TlsError | ConnectionClosed)
 
-        @retry(
-            retry=retry_if_exception(transient),
-            stop=stop_after_attempt(max(1, attempts)),
-            wait=wait_exponential(multiplier=0.2, max=2.0),
-            reraise=True,
-        )
-        def attempt() -> Connection:
-            return cls._open_once(params, timeout)
-
-        return attempt()
+        return with_backoff(lambda: cls._open_once(params, timeout), transient=transient, attempts=attempts)
 
     @classmethod
     def _open_once(cls, params: ConnectionParams, timeout: float) -> Connection:
