@@ -224,7 +224,8 @@ class MicroBatchRecorder:
             manifest = Manifest(
                 streams={stream: StreamEntry(r.start, r.end, records, first, last)}, output=target_dir,
                 written_at=datetime.now(UTC).isoformat(), pipeline=self.pipeline, broker=self.broker,
-                range_id=r.id, extra={"streaming": {"query": query, "batch": r.run.run_id}},
+                range_id=r.id, files=(),  # the rows are in the query's sink: no data file belongs here
+                extra={"streaming": {"query": query, "batch": r.run.run_id}},
             )
             outputs.write_manifest(target_dir, manifest, fs)  # before the commit: a committed range has one
             # The fingerprint the next micro-batch (and the audit) checks the broker's stream against.

@@ -103,3 +103,19 @@ def test_a_new_epochs_micro_batch_never_writes_over_the_retired_historys_output(
     with StreamClient.connect(rabbitmq_url) as client:
         report = audit(any_ledger, PIPELINE, broker=client)
     assert report.clean, report.to_text()
+
+
+def test_a_deep_audit_of_a_streaming_pipeline_is_clean(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
+) -> None:
+    """The model checker's first streaming disagreement (a false alarm): a query recorded [0, 100)
+    and wrote every row to its own sink, yet `ledger audit --deep` counted the rows of the range's
+    directory (where a micro-batch writes only its manifest) and reported 0 rows, not 100."""
+    s = stream_name("st-deep")
+    create_stream(rabbitmq_url, s, 100)
+    out = tmp_path / "a" / "out"
+    run_query(spark, rabbitmq_url, out, tmp_path / "a" / "cp", any_ledger, s)
+    assert bodies(spark, out) == {body(s, i) for i in range(100)}
+    with StreamClient.connect(rabbitmq_url) as client:
+        report = audit(any_ledger, PIPELINE, broker=client, deep=True)
+    assert report.clean, report.to_text()
