@@ -71,23 +71,24 @@ class MicroBatchRecorder:
         """Refuse streams the broker no longer holds as the ledger read them, before a micro-batch
         claims: a stream deleted and re-created, then grown past the query's offset, would be read
         on from there, its head never read (issue 30, defect 3, for the batch). The signs are the
-        batch's: a refusal recorded on the source (``replaced``, kept until ``new-epoch``), or the
-        chunk the ledger fingerprinted at a commit is not the broker's; a refusal found here is
-        recorded too."""
+        batch's, decided in one place (:func:`streamledger.batch.identity.replaced_because`); a
+        refusal is recorded on the source (``replaced``) and refused again until ``new-epoch``."""
+        from streamledger.batch.identity import replaced_because
+        from streamledger.batch.position import log_offsets
         from streamledger.offsets import same_streams
 
         found = self.ledger.positions(self.pipeline, [self.source(s) for s in streams])
+        tails, stored = log_offsets(client, streams, self.pipeline)  # after the ledger (see the rule)
         # every fingerprint asked at once (one round of chunk headers, as the batch asks them)
         same = same_streams(client, {s: pos.chunk for s, pos in zip(streams, found, strict=True)
                                      if pos.replaced is None and pos.chunk is not None})
         for stream, pos in zip(streams, found, strict=True):
-            if pos.replaced is not None:
-                why = f"a batch found it replaced before ({pos.replaced})"
-            elif pos.chunk is not None and same.get(stream) is False:
-                why = pos.chunk.differs()
-                self.ledger.mark_replaced(self.pipeline, self.source(stream), why)
-            else:
+            why = replaced_because(client, stream, self.pipeline, pos, tails[stream], stored[stream],
+                                   same.get(stream))
+            if why is None:
                 continue
+            if pos.replaced is None:
+                self.ledger.mark_replaced(self.pipeline, self.source(stream), why)
             raise MicroBatchError(
                 f"pipeline {self.pipeline!r}, stream {stream!r}: {why}: this is not the stream the pipeline "
                 "read (deleted and re-created?); nothing recorded. `streamledger ledger new-epoch` starts a "

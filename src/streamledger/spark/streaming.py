@@ -290,14 +290,16 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                     log.info("stream %r joined the query at offset %d", s, new[s])
             tails = {s: int(client.committed_tail(s)) for s in starts}
             self._seen = dict(tails)  # what the stream held: recorded with the next batch's claims
-            for s in sorted(starts):
-                if tails[s] < starts[s]:  # the stream lost offsets the query already passed
-                    new[s] = starts[s] = self._restart(client, s, starts[s], tails[s])
+            behind = sorted(s for s in starts if tails[s] < starts[s])
+            recorder = self.recorder()
+            if behind and recorder is not None:  # a re-created stream is refused, and the refusal kept
+                recorder.check_same_streams(behind, client)
+            for s in behind:  # the stream lost offsets the query already passed
+                new[s] = starts[s] = self._restart(client, s, starts[s], tails[s])
             for s, (before, after) in self._own.items():
                 if starts.get(s) == before and tails.get(s) == after:
                     tails[s] = before
             self._own = {}
-            recorder = self.recorder()
             if recorder is not None:  # Spark asks for batch n+1 only after batch n committed
                 for s in recorder.settle(begin.query, begin.batch, begin.offsets, client):
                     after = int(client.committed_tail(s))

@@ -5,6 +5,7 @@ judged by the records the query wrote, not by the ledger."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,71 @@ def test_a_deep_audit_of_a_streaming_pipeline_is_clean(
     with StreamClient.connect(rabbitmq_url) as client:
         report = audit(any_ledger, PIPELINE, broker=client, deep=True)
     assert report.clean, report.to_text()
+
+
+RETENTION = {"max_length_bytes": 60_000, "max_segment_size_bytes": 15_000}
+
+
+def resume_query(spark: Any, url: str, out: Path, checkpoint: Path, ledger: Ledger, stream: str) -> None:
+    """A new availableNow query of the pipeline as docs/spark.md says to start one on a pipeline with
+    history (``startingOffsets`` unset: it starts where the ledger ends)."""
+    reader = (spark.readStream.format("rabbitmq_stream").option("url", url).option("ledger", ledger.url)
+              .option("pipeline", PIPELINE).option("ledgerOutput", str(checkpoint.parent.parent / "ranges"))
+              .option("stream", stream))
+
+    def each(df: Any, batch_id: int) -> None:
+        df.select("stream", "offset", "body").write.mode("overwrite").parquet(str(out / f"b{batch_id:05d}"))
+
+    q = (reader.load().writeStream.foreachBatch(each).option("checkpointLocation", str(checkpoint))
+         .trigger(availableNow=True).start())
+    try:
+        q.awaitTermination(240)
+    except Exception as exc:
+        raise RuntimeError(str(exc)) from None
+    if q.exception() is not None:
+        raise RuntimeError(str(q.exception()))
+
+
+def test_a_recreated_stream_refused_once_stays_refused_after_retention_took_its_fingerprint(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
+) -> None:
+    """The batch's identity signs, for the streaming recorder too (one source). A query records
+    [0, 10) (its fingerprint: the chunk holding offset 9); the stream is re-created with 5 records: a
+    new query resuming at the ledger's end 10 sees the committed tail 5 below it and fails. That
+    refusal must be remembered (as the batch's is, until `new-epoch`): the new stream then grows past
+    10 while retention rolls the fingerprinted chunk out, and a query reading on from 10 would leave
+    the new stream's records below 10, still on the broker, unread for ever."""
+    s = stream_name("st-refused")
+    create_stream(rabbitmq_url, s, **RETENTION)
+    publish(rabbitmq_url, s, 10, batch_size=10)
+    run_query(spark, rabbitmq_url, tmp_path / "a" / "out", tmp_path / "a" / "cp", any_ledger, s)
+    (old,) = [r for r in any_ledger.ranges(PIPELINE) if r.records]
+    assert (old.start, old.end) == (0, 10)
+    (pos,) = any_ledger.positions(PIPELINE, [old.source])
+    assert pos.chunk is not None
+    with StreamClient.connect(rabbitmq_url) as c:
+        c.delete_stream(s)
+        c.create_stream(s, **RETENTION)
+    publish(rabbitmq_url, s, 5, start=1000)
+    with pytest.raises(RuntimeError, match="below"):  # the new stream's tail 5 is below the ledger's end
+        resume_query(spark, rabbitmq_url, tmp_path / "b" / "out", tmp_path / "b" / "cp", any_ledger, s)
+    with StreamClient.connect(rabbitmq_url) as c:
+        for i in range(5, 10):  # one segment each: retention drops the first segment, [0, 6)
+            c.publish(s, [body(s, 1000 + i) + b"|" + b"x" * 16_000], batch_size=1)
+        c.publish(s, [body(s, 1000 + i) for i in range(10, 15)], batch_size=5)
+        for _ in range(50):  # the first offset the broker reports may lag retention a moment
+            first, tail = c.first_offset(s), c.committed_tail(s)
+            if first > pos.chunk.offset:
+                break
+            time.sleep(0.1)
+    # records below 10 still there, the fingerprinted chunk gone
+    assert pos.chunk.offset < first < 10 < tail, (pos.chunk, first, tail)
+    try:
+        resume_query(spark, rabbitmq_url, tmp_path / "c" / "out", tmp_path / "c" / "cp", any_ledger, s)
+    except RuntimeError as exc:
+        assert "deleted and re-created?" in str(exc), exc
+        assert sorted((r.start, r.end) for r in any_ledger.ranges(PIPELINE) if r.records) == [(0, 10)]
+        return
+    ranges = [(r.start, r.end, r.status.value) for r in any_ledger.ranges(PIPELINE)]
+    raise AssertionError(f"the query read on from the old ledger end 10 on the re-created stream (first "
+                         f"offset {first}): [{first}, 10) never read; ranges {ranges}")
