@@ -200,6 +200,7 @@ class MicroBatchRecorder:
         if batch < 0:
             return stored  # the initial offset: no batch ran yet
         fs = filesystem_for(self.root)
+        todo: list[tuple[str, OffsetRange]] = []
         for stream, pos in ends.items():
             if self._settled.get(stream) == (query, batch):
                 continue
@@ -216,10 +217,13 @@ class MicroBatchRecorder:
             if r is None:
                 self._settled[stream] = (query, batch)
                 continue
+            todo.append((stream, r))
+        # Named by the source's epoch, as the batch names them: a re-created stream's [0, n) is never
+        # the retired history's directory (every stream's, in one read).
+        found = self.ledger.positions(self.pipeline, [self.source(s) for s, _r in todo]) if todo else []
+        for (stream, r), position in zip(todo, found, strict=True):
+            src = self.source(stream)
             records, first, last = count_range(client, stream, r.start, r.end)
-            # Named by the source's epoch, as the batch names them: a re-created stream's [0, n) is
-            # never the retired history's directory.
-            (position,) = self.ledger.positions(self.pipeline, [src])
             target_dir = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end,
                                     epoch=position.epoch)
             manifest = Manifest(
