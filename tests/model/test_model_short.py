@@ -132,6 +132,16 @@ FIXED = {
         '"attempt":1,"interval":0},{"kind":"recreate"},{"kind":"new_epoch","pipe":0},{"kind":"tick"},'
         '{"kind":"batch","pipe":0,"run":"iv1","attempt":1,"interval":1},{"kind":"publish","n":56,'
         '"pad":1500},{"kind":"publish","n":19,"pad":0},{"kind":"tick"}]}'),
+    # The checker's first streaming disagreement (a false alarm, seed 2 at 20 operations): a
+    # ledger-recorded query committed [0, 30) and wrote every row to its own sink; the deep audit
+    # counted the rows of the range's directory, which holds only its manifest: output_mismatch "the
+    # data files hold 0 rows, the ledger committed 30" with every record exactly once. A batch after it
+    # goes on where the query's range ends.
+    "streaming-range-under-a-deep-audit": (
+        '{"seed":2,"retention":true,"pipelines":[{"name":"orders-0","sink":"directory","pinned":false,'
+        '"on_data_loss":"fail","max_offsets":40,"initial_position":"first"}],'
+        '"ops":[{"kind":"publish","n":30,"pad":0},{"kind":"stream","pipe":0},'
+        '{"kind":"publish","n":10,"pad":0},{"kind":"batch","pipe":0,"run":"r1","attempt":1}]}'),
 }
 
 
