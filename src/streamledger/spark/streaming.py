@@ -351,11 +351,20 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         begin, stop = SourceOffset.from_json(start), SourceOffset.from_json(end)
 
         def plan(client: Any) -> list[PlannedRange]:
+            from streamledger.batch.position import log_offsets
+
             out = []
-            for s in sorted(stop.offsets):
-                a, b = stop.start_of(s, begin), stop.offsets[s]
+            spans = {s: (stop.start_of(s, begin), stop.offsets[s]) for s in sorted(stop.offsets)}
+            tails, _ = log_offsets(client, [s for s, (a, b) in spans.items() if a < b], "", stored=False)
+            for s, (a, b) in spans.items():
                 if a > b:
                     raise StreamingError(f"stream {s!r}: micro-batch start {a} is after its end {b}")
+                if a < b and tails[s] < b:  # a tail never shrinks: the checkpoint read another stream
+                    raise StreamingError(
+                        f"stream {s!r}: micro-batch {stop.batch} of query {stop.query} reads [{a}, {b}) but "
+                        f"the committed tail is {tails[s]} (the stream was deleted and re-created?); nothing "
+                        "claimed; restart the query with a new checkpoint"
+                    )
                 first = int(client.first_offset(s)) if a < b else a
                 effective = a
                 if a < first:

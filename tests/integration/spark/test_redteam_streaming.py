@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -188,3 +189,41 @@ def test_a_recreated_stream_refused_once_stays_refused_after_retention_took_its_
     ranges = [(r.start, r.end, r.status.value) for r in any_ledger.ranges(PIPELINE)]
     raise AssertionError(f"the query read on from the old ledger end 10 on the re-created stream (first "
                          f"offset {first}): [{first}, 10) never read; ranges {ranges}")
+
+
+def test_a_checkpointed_micro_batch_replayed_on_a_recreated_stream_claims_nothing(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
+) -> None:
+    """The model checker's seed 21 (SQLite): a query planned micro-batch 0 as [0, 40) and died before
+    writing it; the stream was deleted and re-created (empty), the old history retired by `new-epoch`.
+    Restarted from its checkpoint, the query replays [0, 40) on a stream whose tail is 0: it must
+    fail before claiming (before: the new epoch got a claim [0, 40) no read could ever finish, every
+    batch after refused the stream as re-created, the pipeline stalled for good)."""
+    s = stream_name("st-replay")
+    create_stream(rabbitmq_url, s, 40)
+    out, cp = tmp_path / "a" / "out", tmp_path / "a" / "cp"
+    reader = (spark.readStream.format("rabbitmq_stream").option("url", rabbitmq_url)
+              .option("ledger", any_ledger.url).option("pipeline", PIPELINE)
+              .option("ledgerOutput", str(tmp_path / "ranges")).option("stream", s)
+              .option("startingOffsets", "earliest"))
+
+    def dies(df: Any, batch_id: int) -> None:
+        raise RuntimeError("the query dies before writing")
+
+    q = reader.load().writeStream.foreachBatch(dies).option("checkpointLocation", str(cp)) \
+        .trigger(availableNow=True).start()
+    with pytest.raises(Exception, match="dies before writing"):
+        q.awaitTermination(240)
+    (claim,) = any_ledger.ranges(PIPELINE)
+    assert (claim.start, claim.end, claim.status.value) == (0, 40, "claimed")
+    any_ledger.release_stale(timedelta(0))
+    with StreamClient.connect(rabbitmq_url) as c:
+        c.delete_stream(s)
+        c.create_stream(s)
+    assert main(["ledger", "new-epoch", "--db", any_ledger.url, "--pipeline", PIPELINE, "--stream", s,
+                 "--broker", claim.source.broker, "--reason", "re-created"]) == 0
+    with pytest.raises(RuntimeError, match="re-created"):
+        run_query(spark, rabbitmq_url, out, cp, any_ledger, s)
+    live = [(r.start, r.end, r.status.value) for r in any_ledger.ranges(PIPELINE)
+            if "#epoch" not in r.source.broker and r.status.value in ("claimed", "committed") and not r.empty]
+    assert live == [], live
