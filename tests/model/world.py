@@ -359,8 +359,9 @@ class World:
         if op.max_offsets:
             reader = reader.option("maxOffsetsPerTrigger", op.max_offsets)
         fresh = not (where / "checkpoint").exists()
+        born: int | None = None
         if fresh and not self.current_sources(op.pipe):  # no history: from the first offset, as ``first``
-            self._first_run(op.pipe)
+            born = self.client.first_offset(self.stream)
             reader = reader.option("startingOffsets", "earliest")
         out, fail_at, run = where / "out", op.fail_at, [0]
 
@@ -388,6 +389,8 @@ class World:
             error = str(q.exception())
         mine = [r for r in self.ledger.ranges(spec.name) if r.id not in before]
         if mine:  # it claimed: what it saw the stream hold, in the epoch it claimed in
+            if born is not None and op.pipe not in self.born:  # its history began there (not if it
+                self.born[op.pipe] = born  # died before claiming: the next reader's first run decides)
             self.tails[op.pipe] = max(self.tails.get(op.pipe, 0), tail)
             for src in {r.source for r in mine if "#epoch" not in r.source.broker}:
                 (pos,) = self.ledger.positions(spec.name, [src])
