@@ -131,6 +131,12 @@ class Manifest:
     _KNOWN = ("streams", "output", "format", "decode", "splits", "written_at", "pipeline", "broker",
               "range_id", "files")
 
+    @property
+    def rows_elsewhere(self) -> bool:
+        """A streaming micro-batch's range (``extra["streaming"]``, the recorder's): its rows are in the
+        query's own sink, its directory holds this manifest only, so no row count is compared."""
+        return "streaming" in self.extra
+
     @classmethod
     def from_dict(cls, data: Any) -> Manifest:
         if not isinstance(data, Mapping):

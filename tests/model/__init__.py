@@ -1,7 +1,9 @@
 """The independent checker (issue 30): a model-based test that composes the features the way users do
 (publish, batches on every sink, pinned intervals, kills, retries, clears, concurrency, retention,
-re-created streams and new epochs, URL spellings, release-stale) and judges the result by the DATA:
-the ids the test published and the outputs read back with pyarrow / pyiceberg / deltalake.
+re-created streams and new epochs, URL spellings, release-stale, ledger-recorded streaming queries
+run to an available-now trigger between the batches) and judges the result by the DATA:
+the ids the test published and the outputs read back with pyarrow / pyiceberg / deltalake (and
+the streaming queries' own rows: one count of every id across batch and streaming outputs).
 
 The project's audit is only ever the *suspect*: the checker reports a disagreement when the audit
 says CLEAN while the data shows a record doubled or missing, or (after the final drain) says

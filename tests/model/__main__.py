@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ledger", choices=("sqlite", "postgresql"), default="sqlite")
     p.add_argument("--no-sigkill", action="store_true", help="no subprocess batches (no extra JVMs)")
     p.add_argument("--no-hostile", action="store_true", help="ordinary pipeline names only")
+    p.add_argument("--no-streaming", action="store_true", help="no streaming queries (the draws before them)")
     p.add_argument("--one-spelling", action="store_true", help="the broker URL always ends in /")
     p.add_argument("--shrink-budget", type=float, default=600.0, metavar="S", help="seconds per shrink")
     p.add_argument("--shrink-all", action="store_true", help="shrink every distinct disagreement")
@@ -78,11 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="streamledger-model-"))
     srv, stop = servers(a.ledger)
     bad = 0
-    totals = {"ops": 0, "kills": 0, "sigkills": 0, "injected": 0, "records": 0, "checked": 0,
+    totals = {"ops": 0, "streams": 0, "kills": 0, "sigkills": 0, "injected": 0, "records": 0, "checked": 0,
               "disagreements": 0}
     started = time.monotonic()
     try:
         opts = Options(ops=a.ops, sigkill=not a.no_sigkill, hostile=not a.no_hostile,
+                       streaming=not a.no_streaming,
                        spellings=("/",) if a.one_spelling else SPELLINGS)
         given = [Path(r[1:]).read_text() if r.startswith("@") else r for r in a.replay]
         todo = [(f"replay{n}", Scenario.from_json(r)) for n, r in enumerate(given)] or [
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                                         log=lambda m: print(m, flush=True))
                 print(f"   {tries} replay(s)\n  DISAGREEMENT {d.line()}\n{reproduction(minimal)}", flush=True)
             totals["ops"] += out.figures.ops
+            totals["streams"] += out.figures.streams
             totals["kills"] += out.figures.kills
             totals["sigkills"] += out.figures.sigkills
             totals["injected"] += out.figures.injected
@@ -117,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         if not a.keep and not bad:
             shutil.rmtree(base, ignore_errors=True)
     kept = f"; scenario directories kept under {base}" if bad else ""
-    print(f"== total on {a.ledger}: {totals['ops']} op(s), {totals['kills']} kill(s) "
+    print(f"== total on {a.ledger}: {totals['ops']} op(s) ({totals['streams']} streaming quer(ies)), "
+          f"{totals['kills']} kill(s) "
           f"({totals['kills'] - totals['sigkills']} at a step, {totals['sigkills']} SIGKILL) and "
           f"{totals['injected']} failure(s) injected at a step, {totals['records']} record(s) published, "
           f"{totals['checked']} record check(s), {totals['disagreements']} disagreement(s) in {bad} seed(s), "

@@ -20,6 +20,7 @@ from tests.model.ops import (
     Recreate,
     ReleaseStale,
     Scenario,
+    Stream,
     Tick,
 )
 
@@ -40,6 +41,9 @@ class Options:
     recreate: bool = True
     pairs: bool = True
     spellings: tuple[str, ...] = SPELLINGS
+    #: ledger-recorded streaming queries (available-now) on the directory-sink pipelines not pinned to
+    #: intervals; off, the draws are those of the checker before it had them
+    streaming: bool = True
 
 
 @dataclass
@@ -49,6 +53,7 @@ class _Shadow:
     failed: list[tuple[int, str]] = field(default_factory=list)
     closed: int = 0  # intervals closed by ticks
     recreated: bool = False
+    queried: set[int] = field(default_factory=set)  # pipelines with a streaming query's checkpoint
 
 
 def _pipelines(rnd: random.Random, opts: Options) -> tuple[PipelineSpec, ...]:
@@ -64,6 +69,10 @@ def _pipelines(rnd: random.Random, opts: Options) -> tuple[PipelineSpec, ...]:
             # both starts of a pinned history, without a draw (earlier seeds keep their scenarios)
             initial_position="interval_start" if pinned and k % 2 else "first",
         ))
+    if opts.streaming and not any(p.sink == "directory" and not p.pinned for p in out):
+        # a streaming query needs one: the first pipeline becomes it (no draw: the rest stays as drawn)
+        out[0] = PipelineSpec(name=out[0].name, sink="directory", on_data_loss=out[0].on_data_loss,
+                              max_offsets=out[0].max_offsets or 40)
     return tuple(out)
 
 
@@ -99,6 +108,19 @@ def _batch(rnd: random.Random, sh: _Shadow, pipes: tuple[PipelineSpec, ...], opt
                  store_offset=rnd.random() < 0.8, spelling=rnd.choice(opts.spellings), interval=interval)
 
 
+def _stream(rnd: random.Random, sh: _Shadow, pipes: tuple[PipelineSpec, ...], opts: Options
+            ) -> Stream | None:
+    able = [k for k, p in enumerate(pipes) if p.sink == "directory" and not p.pinned]
+    if not able:
+        return None
+    pipe = rnd.choice(able)
+    reuse = pipe in sh.queried and rnd.random() < 0.4
+    sh.queried.add(pipe)
+    return Stream(pipe=pipe, max_offsets=rnd.choice((None, None, 30)), checkpoint="reuse" if reuse else "new",
+                  fail_at=rnd.choice((0, 1)) if rnd.random() < 0.2 else None,
+                  fail_on_data_loss=rnd.random() < 0.7, spelling=rnd.choice(opts.spellings))
+
+
 def draw(seed: int, opts: Options | None = None) -> Scenario:
     """A scenario of ``opts.ops`` operations, the same for the same seed and options."""
     opts = opts or Options()
@@ -109,6 +131,7 @@ def draw(seed: int, opts: Options | None = None) -> Scenario:
     weights = {
         "publish": 14, "tick": 8, "batch": 30, "pair": 6 if opts.pairs else 0, "truncate": 4,
         "recreate": 2 if opts.recreate else 0, "new_epoch": 0, "release": 3, "audit_cli": 3,
+        "stream": 8 if opts.streaming else 0,  # last: without it every other draw is as before
     }
     while len(ops) < opts.ops:
         if sh.recreated and rnd.random() < 0.5:
@@ -133,6 +156,10 @@ def draw(seed: int, opts: Options | None = None) -> Scenario:
             sh.recreated = True
         elif kind == "release":
             ops.append(ReleaseStale())
+        elif kind == "stream":
+            op = _stream(rnd, sh, pipes, opts)
+            if op is not None:
+                ops.append(op)
         elif kind == "audit_cli":
             ops.append(AuditCli(rnd.randrange(len(pipes)), rnd.choice(opts.spellings)))
     return Scenario(pipes, tuple(ops[:opts.ops]), retention=True, seed=seed)

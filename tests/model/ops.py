@@ -104,11 +104,30 @@ class AuditCli:
     kind: str = "audit_cli"
 
 
-Op = Publish | Tick | Batch | Pair | Recreate | NewEpoch | ReleaseStale | AuditCli
+@dataclass(frozen=True)
+class Stream:
+    """A ledger-recorded Structured Streaming query of the pipeline, run to an available-now trigger:
+    its rows written per micro-batch (``foreachBatch``, overwritten by batch id) under the pipeline's
+    output root, its ranges recorded in the pipeline's ledger history between its batches.
+    ``checkpoint``: a ``new`` query (it starts where the ledger ends, or at the first offset of a
+    pipeline without history) or the pipeline's last query restarted from its checkpoint
+    (``reuse``). ``fail_at``: the query dies before writing its micro-batch number ``fail_at`` (its
+    claims stay open, its rows unwritten)."""
+
+    pipe: int
+    max_offsets: int | None = None
+    checkpoint: Literal["new", "reuse"] = "new"
+    fail_at: int | None = None
+    fail_on_data_loss: bool = True
+    spelling: str = "/"
+    kind: str = "stream"
+
+
+Op = Publish | Tick | Batch | Pair | Recreate | NewEpoch | ReleaseStale | AuditCli | Stream
 
 _KINDS: dict[str, type[Any]] = {"publish": Publish, "tick": Tick, "batch": Batch, "pair": Pair,
                                 "recreate": Recreate, "new_epoch": NewEpoch, "release_stale": ReleaseStale,
-                                "audit_cli": AuditCli}
+                                "audit_cli": AuditCli, "stream": Stream}
 
 
 @dataclass(frozen=True)
@@ -161,4 +180,9 @@ def describe(op: Op) -> str:
         return f"new-epoch p{op.pipe}"
     if isinstance(op, AuditCli):
         return f"audit-cli p{op.pipe} url{op.spelling}"
+    if isinstance(op, Stream):
+        limit = f" max{op.max_offsets}" if op.max_offsets else ""
+        fail = f" fail@{op.fail_at}" if op.fail_at is not None else ""
+        loss = "" if op.fail_on_data_loss else " no-fail-on-loss"
+        return f"stream p{op.pipe} {op.checkpoint}{limit}{fail}{loss} url{op.spelling}"
     return op.kind.replace("_", "-")

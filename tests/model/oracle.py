@@ -21,6 +21,9 @@ import pyarrow.parquet as pq
 from tests.model.ops import PipelineSpec
 
 MANIFEST = "_manifest.json"
+#: Under a pipeline's output root: its streaming queries' rows (``q<n>/out/b<batch id>``, each a Spark
+#: parquet write, read only once its ``_SUCCESS`` is there) and checkpoints.
+STREAMING = "_streaming"
 
 
 def make_body(record_id: str, pad: int) -> bytes:
@@ -49,7 +52,7 @@ def _data_files(directory: Path) -> list[Path]:
 
 def _directory_ids(root: Path, out: Read) -> None:
     for here, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(("_staging", "_iceberg"))]
+        dirs[:] = [d for d in dirs if not d.startswith(("_staging", "_iceberg", STREAMING))]
         if MANIFEST not in files:
             continue
         for f in _data_files(Path(here)):
@@ -95,11 +98,26 @@ def _iceberg_ids(root: Path, catalog: Mapping[str, str], out: Read) -> None:
             out.unreadable.append(f"iceberg table {name}: {type(exc).__name__}: {exc}"[:200])
 
 
+def _streaming_ids(root: Path, out: Read) -> None:
+    """The rows every streaming query of the pipeline wrote: each micro-batch's complete write."""
+    for batch in sorted(root.glob(f"{STREAMING}/q*/out/b*")):
+        if not (batch / "_SUCCESS").exists():
+            continue
+        for f in _data_files(batch):
+            try:
+                bodies = pq.read_table(f, columns=["body"]).column("body").to_pylist()
+                out.ids.update(body_id(b) for b in bodies)
+            except Exception as exc:
+                out.unreadable.append(f"{batch.parent.parent.name}/{batch.name}/{f.name}: "
+                                      f"{type(exc).__name__}: {exc}"[:200])
+
+
 def read_outputs(spec: PipelineSpec, root: Path, catalog: Mapping[str, str]) -> Read:
-    """Every record a reader of the pipeline's sink sees, by id."""
+    """Every record a reader of the pipeline's sink (and of its streaming queries' rows) sees, by id."""
     out = Read()
     if not root.exists():
         return out
+    _streaming_ids(root, out)
     if spec.sink == "directory":
         _directory_ids(root, out)
     elif spec.sink == "delta":

@@ -420,6 +420,7 @@ def shrink(servers: Servers, scenario: Scenario, target: Disagreement, base: Pat
 def report(outcome: Outcome, minimal: Scenario | None = None) -> str:
     f = outcome.figures
     lines = [f"model check seed={outcome.scenario.seed}: {f.ops} op(s), {f.batches} batch(es), "
+             f"{f.streams} streaming quer(ies), "
              f"{f.kills} kill(s) ({f.kills - f.sigkills} at a step, {f.sigkills} SIGKILL), "
              f"{f.failures} failed batch(es) ({f.injected} injected at a step), "
              f"{f.published} record(s) published, "

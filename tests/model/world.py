@@ -34,9 +34,10 @@ from tests.model.ops import (
     Recreate,
     ReleaseStale,
     Scenario,
+    Stream,
     Tick,
 )
-from tests.model.oracle import make_body
+from tests.model.oracle import STREAMING, make_body
 
 #: Retention small enough that a few padded publishes drop the oldest segments.
 RETENTION: dict[str, Any] = {"max_length_bytes": 60_000, "max_segment_size_bytes": 15_000}
@@ -92,6 +93,7 @@ class Figures:
     kills: int = 0
     sigkills: int = 0
     failures: int = 0
+    streams: int = 0  # streaming queries run (available-now)
     injected: int = 0  # of the failures, the ordinary exceptions the model raised at a step (fail@)
     published: int = 0
     checks: int = 0
@@ -155,6 +157,7 @@ class World:
         self.claimed: dict[int, set[int]] = {}
         self.retired_claimed: list[dict[int, set[int]]] = []
         self.cli_verdict: tuple[int, bool] | None = None  # (pipe, CLEAN?) of this op's CLI audit
+        self.queries: dict[int, int] = {}  # pipe -> its streaming queries so far (the last one reusable)
 
     # -- places ----------------------------------------------------------------------------------
 
@@ -197,6 +200,8 @@ class World:
             return self.batch(op)
         if isinstance(op, Pair):
             return self.pair(op)
+        if isinstance(op, Stream):
+            return self.stream_query(op)
         if isinstance(op, Recreate):
             self.retired_claimed.append(self.claimed)
             self.claimed = {}
@@ -334,6 +339,69 @@ class World:
             return f"child failed: {stderr.strip().splitlines()[-1:]}"
         self.unfinished.discard((op.pipe, op.run))
         return "ok (child): " + stdout.strip()[-200:]
+
+    def stream_query(self, op: Stream) -> str:
+        """The pipeline's streaming query, run to the end of an available-now trigger in the shared
+        Spark session, as docs/spark.md shows it: a new query leaves ``startingOffsets`` unset once the
+        pipeline has a history (it starts where the ledger ends) and reads from the first offset
+        without one; rows go to ``<root>/_streaming/q<n>/out/b<batch id>`` (overwritten by batch id)."""
+        spec = self.scenario.pipelines[op.pipe]
+        n = self.queries.get(op.pipe, 0)
+        if op.checkpoint == "new" or not n:
+            n += 1
+            self.queries[op.pipe] = n
+        where = self.root(op.pipe) / STREAMING / f"q{n}"
+        reader = (self.servers.spark.readStream.format("rabbitmq_stream")
+                  .option("url", spelled(self.servers.url, op.spelling)).option("stream", self.stream)
+                  .option("ledger", self.ledger_url).option("pipeline", spec.name)
+                  .option("ledgerOutput", str(self.root(op.pipe)))
+                  .option("failOnDataLoss", str(op.fail_on_data_loss).lower()))
+        if op.max_offsets:
+            reader = reader.option("maxOffsetsPerTrigger", op.max_offsets)
+        fresh = not (where / "checkpoint").exists()
+        born: int | None = None
+        if fresh and not self.current_sources(op.pipe):  # no history: from the first offset, as ``first``
+            born = self.client.first_offset(self.stream)
+            reader = reader.option("startingOffsets", "earliest")
+        out, fail_at, run = where / "out", op.fail_at, [0]
+
+        def each(df: Any, batch_id: int) -> None:  # called in this process (py4j), one batch at a time
+            if fail_at is not None and run[0] >= fail_at:
+                raise RuntimeError(f"model: query dies before writing micro-batch {batch_id}")
+            run[0] += 1
+            rows = df.select("stream", "offset", "body")
+            rows.write.mode("overwrite").parquet(str(out / f"b{batch_id:05d}"))
+
+        tail = self.client.committed_tail(self.stream)
+        before = {r.id for r in self.ledger.ranges(spec.name)}
+        self.figures.streams += 1
+        q = (reader.load().writeStream.foreachBatch(each)
+             .option("checkpointLocation", str(where / "checkpoint")).trigger(availableNow=True).start())
+        error: str | None = None
+        try:
+            q.awaitTermination(300)
+        except Exception as exc:
+            error = str(exc)
+        if error is None and q.isActive:
+            q.stop()
+            error = "did not end within 300 s"
+        if error is None and q.exception() is not None:
+            error = str(q.exception())
+        mine = [r for r in self.ledger.ranges(spec.name) if r.id not in before]
+        if mine:  # it claimed: what it saw the stream hold, in the epoch it claimed in
+            if born is not None and op.pipe not in self.born:  # its history began there (not if it
+                self.born[op.pipe] = born  # died before claiming: the next reader's first run decides)
+            self.tails[op.pipe] = max(self.tails.get(op.pipe, 0), tail)
+            for src in {r.source for r in mine if "#epoch" not in r.source.broker}:
+                (pos,) = self.ledger.positions(spec.name, [src])
+                self.claimed.setdefault(op.pipe, set()).add(int(pos.epoch))
+        spans = " ".join(f"[{r.start},{r.end}){r.status.value}" for r in sorted(mine, key=lambda r: r.start))
+        if error is not None:
+            self.figures.failures += 1
+            self.figures.injected += "model: query dies" in error
+            first = next((ln for ln in error.splitlines() if "Error" in ln or "model:" in ln), error[:200])
+            return f"query q{n} failed: {first.strip()[:300]} {spans}".rstrip()
+        return f"query q{n} ok: {spans or 'nothing new'}"
 
     def pair(self, op: Pair) -> str:
         results: list[str] = ["", ""]

@@ -231,7 +231,18 @@ class BatchResult:
         return sum(p.records for p in self.partitions)
 
     def ranges(self) -> dict[str, list[int]]:
-        return {p.stream: [p.start, p.end] for p in self.partitions}
+        """Per stream the bounds of every span the batch read, in offset order and flattened:
+        ``[start, end]`` for the usual one piece, ``[s1, e1, s2, e2]`` when a pinned retry read
+        several pieces of one stream (pieces that touch are one span). Never only the last piece:
+        what XCom, Dagster's metadata and asset events report."""
+        spans: dict[str, list[list[int]]] = {}
+        for p in sorted(self.partitions, key=lambda p: (p.stream, p.start, p.end)):
+            mine = spans.setdefault(p.stream, [])
+            if mine and mine[-1][1] == p.start:
+                mine[-1][1] = p.end
+            elif not mine or mine[-1] != [p.start, p.end]:
+                mine.append([p.start, p.end])
+        return {s: [bound for span in pieces for bound in span] for s, pieces in spans.items()}
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -71,23 +71,24 @@ class MicroBatchRecorder:
         """Refuse streams the broker no longer holds as the ledger read them, before a micro-batch
         claims: a stream deleted and re-created, then grown past the query's offset, would be read
         on from there, its head never read (issue 30, defect 3, for the batch). The signs are the
-        batch's: a refusal recorded on the source (``replaced``, kept until ``new-epoch``), or the
-        chunk the ledger fingerprinted at a commit is not the broker's; a refusal found here is
-        recorded too."""
+        batch's, decided in one place (:func:`streamledger.batch.identity.replaced_because`); a
+        refusal is recorded on the source (``replaced``) and refused again until ``new-epoch``."""
+        from streamledger.batch.identity import replaced_because
+        from streamledger.batch.position import log_offsets
         from streamledger.offsets import same_streams
 
         found = self.ledger.positions(self.pipeline, [self.source(s) for s in streams])
+        tails, stored = log_offsets(client, streams, self.pipeline)  # after the ledger (see the rule)
         # every fingerprint asked at once (one round of chunk headers, as the batch asks them)
         same = same_streams(client, {s: pos.chunk for s, pos in zip(streams, found, strict=True)
                                      if pos.replaced is None and pos.chunk is not None})
         for stream, pos in zip(streams, found, strict=True):
-            if pos.replaced is not None:
-                why = f"a batch found it replaced before ({pos.replaced})"
-            elif pos.chunk is not None and same.get(stream) is False:
-                why = pos.chunk.differs()
-                self.ledger.mark_replaced(self.pipeline, self.source(stream), why)
-            else:
+            why = replaced_because(client, stream, self.pipeline, pos, tails[stream], stored[stream],
+                                   same.get(stream))
+            if why is None:
                 continue
+            if pos.replaced is None:
+                self.ledger.mark_replaced(self.pipeline, self.source(stream), why)
             raise MicroBatchError(
                 f"pipeline {self.pipeline!r}, stream {stream!r}: {why}: this is not the stream the pipeline "
                 "read (deleted and re-created?); nothing recorded. `streamledger ledger new-epoch` starts a "
@@ -199,6 +200,7 @@ class MicroBatchRecorder:
         if batch < 0:
             return stored  # the initial offset: no batch ran yet
         fs = filesystem_for(self.root)
+        todo: list[tuple[str, OffsetRange]] = []
         for stream, pos in ends.items():
             if self._settled.get(stream) == (query, batch):
                 continue
@@ -215,16 +217,20 @@ class MicroBatchRecorder:
             if r is None:
                 self._settled[stream] = (query, batch)
                 continue
+            todo.append((stream, r))
+        # Named by the source's epoch, as the batch names them: a re-created stream's [0, n) is never
+        # the retired history's directory (every stream's, in one read).
+        found = self.ledger.positions(self.pipeline, [self.source(s) for s, _r in todo]) if todo else []
+        for (stream, r), position in zip(todo, found, strict=True):
+            src = self.source(stream)
             records, first, last = count_range(client, stream, r.start, r.end)
-            # Named by the source's epoch, as the batch names them: a re-created stream's [0, n) is
-            # never the retired history's directory.
-            (position,) = self.ledger.positions(self.pipeline, [src])
             target_dir = output_dir(self.root, self.pipeline, self.broker, stream, r.start, r.end,
                                     epoch=position.epoch)
             manifest = Manifest(
                 streams={stream: StreamEntry(r.start, r.end, records, first, last)}, output=target_dir,
                 written_at=datetime.now(UTC).isoformat(), pipeline=self.pipeline, broker=self.broker,
-                range_id=r.id, extra={"streaming": {"query": query, "batch": r.run.run_id}},
+                range_id=r.id, files=(),  # the rows are in the query's sink: no data file belongs here
+                extra={"streaming": {"query": query, "batch": r.run.run_id}},
             )
             outputs.write_manifest(target_dir, manifest, fs)  # before the commit: a committed range has one
             # The fingerprint the next micro-batch (and the audit) checks the broker's stream against.

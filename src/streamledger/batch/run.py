@@ -32,6 +32,7 @@ from streamledger.batch.config import (
     StepHook,
     StreamReplaced,
 )
+from streamledger.batch.identity import replaced_because
 from streamledger.batch.position import (
     PipelineSource,
     cluster_name,
@@ -250,33 +251,15 @@ class BatchRun:
 
     def check_same_stream(self, stream: str, tail: int, stored: int | None,
                           pos: SourcePosition, same: bool | None = None) -> SourcePosition:
-        """Refuse a source whose broker no longer holds the stream the ledger read.
-
-        A stream deleted and re-created starts at offset 0 again: claims would come back empty
-        (the ledger's end lies past the new tail) or start in the middle of the new stream, and the
-        old watermark would be stored on it. A refusal is recorded in the ledger (``replaced``) and
-        refused again by every later batch until ``new-epoch``, since the signs can vanish (the new
-        stream grows past the ledger's end, retention rolls the fingerprinted chunk out). Three
-        signs: the committed tail is below the ledger's
-        end (a tail never shrinks), the broker lost the offset the ledger stored on it and neither
-        the fingerprint nor retention explains it (:meth:`stored_offset_retired`), or (from the
-        data itself, whatever was stored) the chunk the ledger fingerprinted at a commit is not the
-        broker's (``same`` False, see :func:`streamledger.offsets.same_stream`).
-        ``pos`` is the ledger's position, read *before* the broker's tail and stored offset (so a
-        range another run claims meanwhile never looks like a shrunken tail).
-        """
+        """Refuse a source whose broker no longer holds the stream the ledger read (the signs:
+        :func:`streamledger.batch.identity.replaced_because`, the streaming recorder's too). A
+        refusal is recorded in the ledger (``replaced``) and refused again by every later batch
+        until ``new-epoch``. ``pos`` is the ledger's position, read *before* the broker's tail and
+        stored offset."""
         cfg = self.config
         self.epochs[stream] = pos.epoch
-        if pos.replaced is not None:  # the signs may be gone since (retention, the stream grew)
-            why = f"a batch found it replaced before ({pos.replaced})"
-        elif pos.end is not None and tail < pos.end:
-            why = f"the broker's committed tail {tail} is below the ledger's end {pos.end}"
-        elif pos.stored is not None and stored is None and not self.stored_offset_retired(stream, pos, same):
-            why = (f"the broker has no stored offset for {cfg.pipeline!r} although the ledger stored "
-                   f"{pos.stored} there (ledger end {pos.end}, broker tail {tail})")
-        elif same is False and pos.chunk is not None:
-            why = pos.chunk.differs(f"ledger end {pos.end}, broker tail {tail}")
-        else:
+        why = replaced_because(self.broker, stream, cfg.pipeline, pos, tail, stored, same)
+        if why is None:
             return pos  # no fingerprint, or retention took its chunk: every commit takes a new one
         if pos.replaced is None:  # remembered: every later batch refuses until `new-epoch`
             self.ledger.mark_replaced(cfg.pipeline, self._source(stream), why)
@@ -286,22 +269,6 @@ class BatchRun:
             f"new-epoch --pipeline {cfg.pipeline} --stream {stream} --broker {self.identity}` keeps the old "
             "history and reads the new stream from its first offset"
         )
-
-    def stored_offset_retired(self, stream: str, pos: SourcePosition, same: bool | None) -> bool:
-        """Whether the broker lost the offset the ledger stored on it to retention, not to a
-        re-created stream: the fingerprinted chunk is still the ledger's (``same``: its verdict
-        decides when there is one), or retention removed everything up to past the stored offset
-        (the tail checked at or beyond the ledger's end already). The batch then goes on and
-        stores the offset again."""
-        if same is not None:
-            return same
-        assert pos.stored is not None
-        first = int(self.broker.first_offset(stream))
-        if first <= pos.stored:
-            return False
-        log.warning("stream %s: retention removed the offset %d the ledger stored for %s (first offset %d): "
-                    "storing it again", stream, pos.stored, self.config.pipeline, first)
-        return True
 
     def claim_request(self, stream: str, tail: int, stored: int | None, pos: SourcePosition,
                       firsts: Mapping[str, int], span: tuple[int, int] | None) -> ClaimRequest:

@@ -290,14 +290,16 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                     log.info("stream %r joined the query at offset %d", s, new[s])
             tails = {s: int(client.committed_tail(s)) for s in starts}
             self._seen = dict(tails)  # what the stream held: recorded with the next batch's claims
-            for s in sorted(starts):
-                if tails[s] < starts[s]:  # the stream lost offsets the query already passed
-                    new[s] = starts[s] = self._restart(client, s, starts[s], tails[s])
+            behind = sorted(s for s in starts if tails[s] < starts[s])
+            recorder = self.recorder()
+            if behind and recorder is not None:  # a re-created stream is refused, and the refusal kept
+                recorder.check_same_streams(behind, client)
+            for s in behind:  # the stream lost offsets the query already passed
+                new[s] = starts[s] = self._restart(client, s, starts[s], tails[s])
             for s, (before, after) in self._own.items():
                 if starts.get(s) == before and tails.get(s) == after:
                     tails[s] = before
             self._own = {}
-            recorder = self.recorder()
             if recorder is not None:  # Spark asks for batch n+1 only after batch n committed
                 for s in recorder.settle(begin.query, begin.batch, begin.offsets, client):
                     after = int(client.committed_tail(s))
@@ -349,11 +351,20 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         begin, stop = SourceOffset.from_json(start), SourceOffset.from_json(end)
 
         def plan(client: Any) -> list[PlannedRange]:
+            from streamledger.batch.position import log_offsets
+
             out = []
-            for s in sorted(stop.offsets):
-                a, b = stop.start_of(s, begin), stop.offsets[s]
+            spans = {s: (stop.start_of(s, begin), stop.offsets[s]) for s in sorted(stop.offsets)}
+            tails, _ = log_offsets(client, [s for s, (a, b) in spans.items() if a < b], "", stored=False)
+            for s, (a, b) in spans.items():
                 if a > b:
                     raise StreamingError(f"stream {s!r}: micro-batch start {a} is after its end {b}")
+                if a < b and tails[s] < b:  # a tail never shrinks: the checkpoint read another stream
+                    raise StreamingError(
+                        f"stream {s!r}: micro-batch {stop.batch} of query {stop.query} reads [{a}, {b}) but "
+                        f"the committed tail is {tails[s]} (the stream was deleted and re-created?); nothing "
+                        "claimed; restart the query with a new checkpoint"
+                    )
                 first = int(client.first_offset(s)) if a < b else a
                 effective = a
                 if a < first:

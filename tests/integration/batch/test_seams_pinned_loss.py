@@ -154,6 +154,9 @@ def test_an_interval_retried_after_a_narrower_run_split_its_span_reads_both_piec
     live = [(a, b, st) for a, b, st in _spans(ledger) if st != "failed" and a < b]
     assert live == [(0, 50, "committed"), (50, 100, "committed"), (100, 150, "committed")], _spans(ledger)
     assert got.records == 100, got.to_dict()
+    # what XCom, Dagster's metadata and asset events report: both pieces (before: {s: [100, 150]} only)
+    assert got.ranges() == {s: [0, 50, 100, 150]}, got.to_dict()
+    assert got.to_dict()["ranges"] == {s: [0, 50, 100, 150]}
     assert sorted(committed_bodies(ledger, PIPELINE)) == sorted(body(s, i) for i in range(150))
     assert client.query_offset(s, PIPELINE) == 149
     report = ledger.audit(PIPELINE, broker=client, stale_after=timedelta(0))
