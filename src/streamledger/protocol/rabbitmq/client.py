@@ -347,10 +347,15 @@ class StreamClient:
 
     def committed_tails(self, names: Sequence[str]) -> dict[str, int]:
         """:meth:`committed_tail` of every stream (one pipelined StreamStats round where available)."""
+        return self.tails_with_stats(names)[0]
+
+    def tails_with_stats(self, names: Sequence[str]) -> tuple[dict[str, int], dict[str, StreamStats]]:
+        """:meth:`committed_tails`, and the StreamStats they came from (none on a broker without
+        them): what :meth:`user_records_many` of the same streams takes instead of asking again."""
         if not self.supports(c.STREAM_STATS):
-            return {n: self.committed_tail(n) for n in names}
+            return {n: self.committed_tail(n) for n in names}, {}
         stats = self.stream_stats_many(names)
-        return {n: self.committed_tail(n, stats=stats[n]) for n in names}
+        return {n: self.committed_tail(n, stats=stats[n]) for n in names}, stats
 
     def first_offsets(self, names: Sequence[str]) -> dict[str, int]:
         """:meth:`first_offset` of every stream (one pipelined StreamStats round where available)."""
@@ -441,10 +446,13 @@ class StreamClient:
                 for (n, o), h in zip(wanted, heads, strict=True)}
 
     def user_records_many(self, ranges: Mapping[str, tuple[int, int]], *, need: int = 1,
-                          window: int = scan.MAX_WINDOW) -> dict[str, int | None]:
+                          window: int = scan.MAX_WINDOW,
+                          stats: Mapping[str, StreamStats] | None = None) -> dict[str, int | None]:
         """User records in each stream's ``[start, end)``, counting no further than ``need``, for
         many streams at once (:mod:`.scan`); None for a range whose start retention removed. An
-        ``end`` past the committed tail raises :class:`OffsetOutOfRange`, as :meth:`read_range` does."""
+        ``end`` past the committed tail raises :class:`OffsetOutOfRange`, as :meth:`read_range` does.
+        ``stats``: the StreamStats of these streams the caller asked for already (the ranges' ends
+        are tails they gave: :meth:`tails_with_stats`), not asked again."""
         for name, (start, end) in ranges.items():
             _check_name("stream", name)
             _check_offset(start)
@@ -454,17 +462,19 @@ class StreamClient:
         live = [n for n, (start, end) in ranges.items() if start < end]
         if not live:
             return dict.fromkeys(ranges, 0)
+        known: dict[str, StreamStats] = {}
         if self.supports(c.STREAM_STATS):  # tails and first offsets from one StreamStats round
-            stats = self.stream_stats_many(live)
-            tails = {n: self.committed_tail(n, stats=stats[n]) for n in live}
-            firsts = {n: self.first_offset(n, stats=stats[n]) for n in live}
+            known = {n: stats[n] for n in live if stats and n in stats}
+            known.update(self.stream_stats_many([n for n in live if n not in known]))
+            tails = {n: self.committed_tail(n, stats=known[n]) for n in live}
+            firsts = {n: self.first_offset(n, stats=known[n]) for n in live}
         else:
-            stats, tails, firsts = {}, self.committed_tails(live), self.first_offsets(live)
+            tails, firsts = self.committed_tails(live), self.first_offsets(live)
         for name in live:
             if ranges[name][1] > tails[name]:
                 raise OffsetOutOfRange(name, ranges[name][1], tails[name])
         lost = {n for n in live if ranges[n][0] < firsts[n]}
-        quiet = self._no_user_chunk_from({n: ranges[n] for n in live if n not in lost}, stats)
+        quiet = self._no_user_chunk_from({n: ranges[n] for n in live if n not in lost}, known)
         todo = [(n, *ranges[n]) for n in live if n not in lost and n not in quiet]
         counts = dict(zip([t[0] for t in todo], scan.user_records(self._conn, todo, need=need, window=window,
                                                                   timeout=self.timeout), strict=True))
