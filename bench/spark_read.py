@@ -27,12 +27,16 @@ end-to-end time that is fixed start-up. Figures are noisy on a shared 2-core VM;
    one process (the CLI's entry point, one partition after the other), and with ``--s3`` the same job
    into a bucket of the tests' S3 server (moto, credentials in the job's environment only). Printed:
    rstream / job, CLI / job and S3 / local ratios (best of three each), then a task's peak memory for
-   two range sizes (:func:`memory` says what is measured). The broker URL reaches every process
-   through its environment, not its command line.
+   three range sizes up to N records (:func:`memory` says what is measured), and per 1 M records.
+   The broker URL reaches every process through its environment, not its command line.
    ``--skip-local`` leaves out step 2.
 
+4. ``--memory-only``: just the fresh-process part of step 3's memory figures (no baseline, no Spark),
+   ``--memory-rounds`` times each, the ranges alternating: quick to repeat before and after a change.
+
 Usage: ``python bench/spark_read.py [--messages N] [--size B] [--decode amqp|raw] [--splits K]
-[--quick-start] [--connect | --remote URL] [--s3] [--skip-local] [--url URL] [--keep]``
+[--quick-start] [--connect | --remote URL] [--s3] [--skip-local] [--memory-only [--memory-rounds R]]
+[--url URL] [--keep]``
 """
 
 from __future__ import annotations
@@ -334,54 +338,89 @@ def connect_bench(args: Any, parts: list[str], expected: int, t_base: float, wor
                 print(f"ratio job into S3 (moto) / into the local file system: {s3_t / job_t:.2f}x wall, "
                       f"{s3_c / job_c:.2f}x CPU")
         if server_pid:
-            memory(job, env, parts, expected, stats_dir, work)
+            stream = memory_stream(args.url, args.name, args.messages, args.size)
+            try:
+                memory(stream, args.messages, env, work, job=job, stats_dir=stats_dir,
+                       rounds=args.memory_rounds)
+            finally:
+                with StreamClient.connect(args.url) as client:
+                    client.delete_stream(stream, missing_ok=True)
     finally:
         if args.remote is None:
             connect.stop(root)
 
 
-def memory(job: list[str], env: dict[str, str], parts: list[str], expected: int, stats_dir: Path,
-           work: Path) -> None:
-    """A task's peak memory against its range: one partition's first eighth and all of it (half the
-    records), with the default row groups and with 4 MiB ones, each measured twice.
+MEMORY_ROW_GROUPS = (None, 4 << 20)  # the default, and 4 MiB
+
+
+def memory_stream(url: str, name: str, messages: int, size: int) -> str:
+    """A single stream of ``messages`` records for :func:`memory` (a task reads one stream's slice,
+    and the super stream's partitions hold half the records each)."""
+    stream = f"{name}-memory"
+    payload = os.urandom(size * 4096)
+    with StreamClient.connect(url) as client:
+        client.delete_stream(stream, missing_ok=True)
+        client.create_stream(stream)
+        bodies = (payload[(i % 4000) * size : (i % 4000) * size + size - 8] + i.to_bytes(8, "little")
+                  for i in range(messages))
+        result = client.publish(stream, bodies, batch_size=1000)
+        if result.confirmed != messages:
+            raise SystemExit(f"publish to {stream}: {result.confirmed}/{messages} confirmed")
+    return stream
+
+
+def memory(stream: str, messages: int, env: dict[str, str], work: Path, *, job: list[str] | None = None,
+           stats_dir: Path | None = None, rounds: int = 1) -> None:
+    """A task's peak memory against its range: the first 1/16, 1/4 and all of ``stream`` (62,500 /
+    250,000 / 1,000,000 records by default), with the default row groups and with 4 MiB ones,
+    ``rounds`` times, the ranges alternating.
 
     * **fresh process**: the task's own code (the job's reader and ``write_task``, what a Spark task
       runs) in a new Python process per range: its peak resident set (``VmHWM``) minus its resident
-      set after the imports, before the read. Clean, because nothing ran there before.
-    * **Spark task**: the job on the warm Connect server, one task; the Python worker's resident-set
-      high-water mark during the task (``VmHWM``, reset at the task's start through
-      ``/proc/self/clear_refs``). A reused worker keeps memory its earlier tasks freed (the
+      set before the read, after the imports and after what a reused worker has done once (the
+      first Parquet table and writer import pandas: ~30 MiB that a Spark worker pays once, not per
+      task). Printed per range and, for the whole stream, as the peak per 1 M records.
+    * **Spark task** (``job``: a warm Connect server started here): the job, one task; the Python
+      worker's resident-set high-water mark during the task (``VmHWM``, reset at the task's start
+      through ``/proc/self/clear_refs``). A reused worker keeps memory its earlier tasks freed (the
       allocators hold it), so this is an absolute figure for the worker, not what the task added.
     """
-    print("task memory per range (fresh process: peak RSS minus RSS after imports; Spark task: the reused "
-          "worker's RSS high-water mark during the task):", flush=True)
-    for row_group in (None, 4 << 20):
+    spark = "" if job is None else "; Spark task: the reused worker's RSS high-water mark during the task"
+    print(f"task memory per range (fresh process: peak RSS minus RSS before the read; load "
+          f"{os.getloadavg()[0]:.1f}){spark}:", flush=True)
+    spans = (messages // 16, messages // 4, messages)
+    held: dict[tuple[int | None, int], list[float]] = {}
+    for _ in range(max(1, rounds)):
+        for row_group in MEMORY_ROW_GROUPS:
+            for span in spans:
+                probe = subprocess.run(
+                    [sys.executable, __file__, "--memory-probe", json.dumps({
+                        "stream": stream, "end": span, "row_group": row_group, "out": str(work / "probe")})],
+                    capture_output=True, text=True, check=False, env=env)
+                assert probe.returncode == 0, probe.stderr[-3000:]
+                got = json.loads(probe.stdout.splitlines()[-1])
+                assert got["records"] == span, got
+                mib = (got["peak_kib"] - got["start_kib"]) / 1024
+                held.setdefault((row_group, span), []).append(mib)
+                label = "default" if row_group is None else f"{row_group >> 20} MiB"
+                line = (f"  row groups {label:>7s}, {span:>9,} records: fresh process holds {mib:6.1f} MiB "
+                        f"at most (RSS before the read {got['start_kib'] / 1024:.0f} MiB)")
+                if job is not None and stats_dir is not None:
+                    options = ["--row-group-bytes", str(row_group)] if row_group else []
+                    _timed([*job, "--ranges", json.dumps({stream: [0, span]}), "--output",
+                            str(work / "memory"), "--writer", "arrow", *options], env)
+                    (task,) = _task_lines(stats_dir)
+                    assert task["records"] == span and task["peak_reset"], task
+                    line += (f"; Spark task: worker peak {task['peak_kib'] / 1024:6.1f} MiB (RSS at its "
+                             f"start {task['rss_kib'] / 1024:.0f} MiB)")
+                print(line, flush=True)
+    for row_group in MEMORY_ROW_GROUPS:
         label = "default" if row_group is None else f"{row_group >> 20} MiB"
-        held: list[tuple[int, float]] = []
-        for span in (expected // 16, expected // 2):
-            probe = subprocess.run(
-                [sys.executable, __file__, "--memory-probe", json.dumps({
-                    "stream": parts[0], "end": span, "row_group": row_group, "out": str(work / "probe")})],
-                capture_output=True, text=True, check=False, env=env)
-            assert probe.returncode == 0, probe.stderr[-3000:]
-            got = json.loads(probe.stdout.splitlines()[-1])
-            assert got["records"] == span, got
-            options = ["--row-group-bytes", str(row_group)] if row_group else []
-            _timed([*job, "--ranges", json.dumps({parts[0]: [0, span]}), "--output", str(work / "memory"),
-                    "--writer", "arrow", *options], env)
-            (task,) = _task_lines(stats_dir)
-            assert task["records"] == span and task["peak_reset"], task
-            mib = (got["peak_kib"] - got["start_kib"]) / 1024
-            held.append((span, mib))
-            print(f"  row groups {label:>7s}, {span:>9,} records: fresh process holds {mib:6.1f} MiB at most "
-                  f"({mib / span * 1e6:6.1f} MiB per 1 M records; RSS after imports "
-                  f"{got['start_kib'] / 1024:.0f} MiB); Spark task: worker peak "
-                  f"{task['peak_kib'] / 1024:6.1f} MiB (RSS at its start {task['rss_kib'] / 1024:.0f} MiB)",
-                  flush=True)
-        (s1, h1), (s2, h2) = held
-        print(f"  -> {label} row groups: {(h2 - h1) / (s2 - s1) * 1e6:+.1f} MiB per 1 M more records "
-              "(about 0 once both ranges are past one row group: the task streams row groups; the "
-              "default's 64 MiB is about 500,000 of these records)", flush=True)
+        best = [min(held[(row_group, span)]) for span in spans]
+        print(f"  -> {label} row groups: a task's peak {' / '.join(f'{h:.1f}' for h in best)} MiB at "
+              f"{' / '.join(f'{s:,}' for s in spans)} records (least of {max(1, rounds)}); per 1 M "
+              f"records {best[-1] / spans[-1] * 1e6:.1f} MiB; {best[-1] - best[0]:+.1f} MiB from the "
+              f"smallest range to the largest (issue 32: must not grow with the range)", flush=True)
 
 
 def warm_client(spec: dict[str, Any]) -> None:
@@ -405,6 +444,16 @@ def warm_client(spec: dict[str, Any]) -> None:
     print(json.dumps(times))
 
 
+def _first_parquet_write(out: str) -> None:
+    """What a reused Spark worker has done before: a first Parquet write (its table and writer
+    import pandas and pyarrow's Parquet library, ~30 MiB of a fresh process, once)."""
+    import pyarrow as pa
+
+    table = pa.Table.from_batches([pa.record_batch([pa.array([1])], names=["x"])])
+    pq.write_table(table, os.path.join(out, "warm.parquet"))
+    os.remove(os.path.join(out, "warm.parquet"))
+
+
 def memory_probe(spec: dict[str, Any]) -> None:
     """One task's work (:func:`memory`) in this fresh process; prints JSON with its memory."""
     import pyarrow.fs as pafs
@@ -421,6 +470,8 @@ def memory_probe(spec: dict[str, Any]) -> None:
     options = WriterOptions(row_group_bytes=spec["row_group"]) if spec["row_group"] else WriterOptions()
     shutil.rmtree(spec["out"], ignore_errors=True)
     os.makedirs(spec["out"])
+    _first_parquet_write(spec["out"])
+
     def status(key: str) -> int:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
@@ -452,6 +503,9 @@ def main() -> int:
                     help="with --connect: also time the job into S3 (the tests' moto server) against local")
     ap.add_argument("--writers", default="arrow,spark",
                     help="the job's writers to time (arrow: the tasks write Parquet, issue 32; spark: JVM)")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="only a task's peak memory per range (fresh processes; no Spark, no baseline)")
+    ap.add_argument("--memory-rounds", type=int, default=1, help="times each range's memory is measured")
     ap.add_argument("--memory-probe", help=argparse.SUPPRESS)  # one task's work, for memory()
     ap.add_argument("--warm-client", help=argparse.SUPPRESS)  # jobs on one attached session
     args = ap.parse_args()
@@ -463,6 +517,17 @@ def main() -> int:
         return 0
     if args.size < 8:
         raise SystemExit("--size must be >= 8")
+    if args.memory_only:
+        env = {**os.environ, "STREAMLEDGER_RABBITMQ_URL": args.url}
+        work = Path(tempfile.mkdtemp(prefix="spark-read-memory-"))
+        stream = memory_stream(args.url, args.name, args.messages, args.size)
+        try:
+            memory(stream, args.messages, env, work, rounds=args.memory_rounds)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            with StreamClient.connect(args.url) as client:
+                client.delete_stream(stream, missing_ok=True)
+        return 0
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     home = Path(os.environ.get("STREAMLEDGER_HOME", "/var/tmp/streamledger")) / "bench"

@@ -15,8 +15,12 @@ count. Every attempt writes under names of its own (:func:`file_name`), so a ret
 attempt never overwrites or doubles another's file; the job deletes the files no summary names and
 lists the kept ones in its manifest, and the batch's verify refuses a directory holding any other.
 
-Memory: a task buffers at most ``row_group_bytes`` of Arrow data before it writes a row group, so a
-task's peak does not grow with its range (row groups are streamed, never one table per slice).
+Memory: a task buffers at most ``row_group_bytes`` of Arrow data before it writes a row group, and
+reads in batches of at most an eighth of that of record bodies (:attr:`WriterOptions.read_batch_bytes`),
+so what it holds is about a row group whatever its range or record size: row groups are streamed,
+never one table per slice. (Cut by rows only, a read batch was 65,536 records whatever their size:
+6.5 MB of 100-byte records, larger than a 4 MiB row group, and a range of fewer records than that
+was held whole.)
 """
 
 from __future__ import annotations
@@ -59,6 +63,13 @@ class WriterOptions:
     row_group_bytes: int = ROW_GROUP_BYTES
     file_bytes: int = FILE_BYTES
     compression: str = "snappy"
+
+    @property
+    def read_batch_bytes(self) -> int:
+        """The record bodies a task reads at a time: an eighth of a row group (8 MiB by default, more
+        than 65,536 records of 100 B, the read's own cap), so the batches in hand while a row group
+        fills stay a fraction of it. A batch holds one broker chunk at least."""
+        return max(1, self.row_group_bytes // 8)
 
     def __post_init__(self) -> None:
         for name in ("row_group_bytes", "file_bytes"):
@@ -199,6 +210,7 @@ def write_task(partition: Any, reader: Any, *, fs: Any, root: str, dirs: Mapping
 
     out: list[FileSummary] = []
     current: _FileWriter | None = None
+    reader = reader.bounded(options.read_batch_bytes)
 
     def close(w: _FileWriter) -> None:
         out.extend(FileSummary(w.stream, rel, n, lo, hi, size, attempt) for rel, n, lo, hi, size in w.close())

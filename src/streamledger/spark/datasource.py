@@ -84,6 +84,13 @@ class SliceReader(DataSourceReader):
         """A packed task's slices one after the other (a format may share its connection)."""
         return (batch for part in parts for batch in self.read_slice(part))
 
+    def bounded(self, batch_bytes: int) -> SliceReader:
+        """This reader with its batches cut at about ``batch_bytes`` of record bodies too (or the
+        options' own ``batchBytes`` when smaller): what a task that writes as it reads holds of
+        the read at once, whatever the size of its records."""
+        own = self.options.batch_bytes
+        return type(self)(replace(self.options, batch_bytes=min(own, batch_bytes) if own else batch_bytes))
+
     def partitions(self) -> list[InputPartition]:
         planned = self.plan()
         for r in planned:

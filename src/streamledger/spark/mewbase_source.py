@@ -129,16 +129,21 @@ def to_arrow(
 
 
 def read_slice(options: MewbaseReadOptions, part: StreamSlice) -> Iterator[pa.RecordBatch]:
-    """Yield the slice's events as Arrow batches of about ``batch_rows`` rows."""
+    """Yield the slice's events as Arrow batches of about ``batch_rows`` rows (or ``batch_bytes`` of
+    events, when set)."""
     if part.start >= part.end:
         return
     positions: list[int] = []
     timestamps: list[int] = []
     events: list[bytes] = []
     texts: list[str] | None = [] if options.decode == "bson" else None
+    held = 0  # bytes of the events in hand
+    most = options.batch_bytes
 
     def flush() -> pa.RecordBatch:
+        nonlocal held
         batch = to_arrow(part.stream, positions, timestamps, events, texts)
+        held = 0
         positions.clear()
         timestamps.clear()
         events.clear()
@@ -170,7 +175,9 @@ def read_slice(options: MewbaseReadOptions, part: StreamSlice) -> Iterator[pa.Re
             events.extend(batch.events)
             if texts is not None:
                 texts.extend(batch.json_texts())
-            if len(positions) >= options.batch_rows:
+            if most is not None:
+                held += sum(map(len, batch.events))
+            if len(positions) >= options.batch_rows or (most is not None and held >= most):
                 yield flush()
     if positions:
         yield flush()

@@ -408,6 +408,9 @@ class Selection:
     splits_per_stream: int | None
     fail_on_data_loss: bool
     batch_rows: int
+    #: Option ``batchBytes``: a batch also ends at about this many bytes of record bodies (None: rows
+    #: only), so a reader that writes as it reads holds that much at once whatever the record size.
+    batch_bytes: int | None
     #: Option ``sliceSummaries`` (the job's, not for readers): see :mod:`streamledger.spark.summaries`.
     slice_summaries: bool
     #: Kafka's timestamp options, which win over ``starting``/``ending`` (see :meth:`start_bounds`).
@@ -449,6 +452,7 @@ class Selection:
             splits_per_stream=parse_positive_int(get("splitsPerStream"), what="splitsPerStream"),
             fail_on_data_loss=parse_bool(get("failOnDataLoss"), what="failOnDataLoss", default=True),
             batch_rows=parse_positive_int(get("batchRows"), what="batchRows") or default_batch_rows,
+            batch_bytes=parse_positive_int(get("batchBytes"), what="batchBytes"),
             slice_summaries=parse_bool(get("sliceSummaries"), what="sliceSummaries", default=False),
             times=times,
         )

@@ -19,7 +19,7 @@ from pyspark.sql.datasource import InputPartition
 from streamledger.errors import StreamledgerError
 from streamledger.offsets import DataLossError
 from streamledger.protocol.rabbitmq.reader import ReadStats
-from streamledger.protocol.rabbitmq.records import BufferBatch
+from streamledger.protocol.rabbitmq.records import MAX_BUFFER_BYTES, BufferBatch
 from streamledger.sources import find_kind, super_stream_partitions
 from streamledger.spark.arrow import MAP_COLUMNS, STRING_MAP, buffers_to_arrow
 from streamledger.spark.planning import (
@@ -274,11 +274,16 @@ def read_slices(options: ReadOptions, parts: Sequence[StreamSlice], stats: ReadS
         for i, batch in client.read_ranges(
             [(part.stream, start, part.end) for part, start in asked], decode=options.decode,
             max_batch_records=options.batch_rows, prefer=options.read_from, layout="buffers",
-            maps=bool(shape.decoded), stats=stats,
+            maps=bool(shape.decoded), stats=stats, max_batch_bytes=batch_bytes(options),
         ):
             assert isinstance(batch, BufferBatch)
             after[i] = check_runs(asked[i][0], after[i], batch.run_starts, batch.run_lengths)
             yield shape.arrow(options, batch)
+
+
+def batch_bytes(options: ReadOptions) -> int:
+    """The client's cut of a batch by body bytes: option ``batchBytes``, else only the int32 bound."""
+    return min(options.batch_bytes or MAX_BUFFER_BYTES, MAX_BUFFER_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +363,7 @@ def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None, stat
     for batch in client.read_range(
         part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
         prefer=options.read_from, layout="buffers", maps=bool(shape.decoded), filter_values=shape.values,
-        stats=stats,
+        stats=stats, max_batch_bytes=batch_bytes(options),
     ):
         if len(batch):
             after = check_runs(part, after, batch.run_starts, batch.run_lengths)

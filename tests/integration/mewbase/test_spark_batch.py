@@ -109,6 +109,20 @@ def test_read_past_what_the_server_holds_fails_after_the_timeout(emulator: Mewba
     assert 0.4 < time.monotonic() - began < 5
 
 
+def test_batch_bytes_cuts_the_batches_at_the_servers_batches(emulator: MewbaseServerEmulator) -> None:
+    """Option ``batchBytes`` (what the job's Arrow writer sets): a batch ends once it holds that many
+    bytes of events, at the end of one of the server's batches (2,000 events at most); the same events."""
+    positions = [emulator.append("sized", {"n": i}) for i in range(4_500)]
+    whole = MewbaseReadOptions.parse({"url": emulator.url(), "channel": "sized"})
+    cut = MewbaseReadOptions.parse({"url": emulator.url(), "channel": "sized", "batchBytes": "1000"})
+    part = ChannelSlice("sized", positions[0], positions[-1] + 1)
+    one = list(read_slice(whole, part))
+    pieces = list(read_slice(cut, part))
+    assert [b.num_rows for b in one] == [4_500]
+    assert len(pieces) == 3 and all(b.num_rows <= 2_000 for b in pieces)
+    assert [o for b in pieces for o in b.column("offset").to_pylist()] == positions
+
+
 def test_batch_into_ledger_and_parquet_idempotent_and_audited(
     spark: Any, emulator: MewbaseServerEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

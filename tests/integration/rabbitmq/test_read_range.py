@@ -309,6 +309,29 @@ def test_buffer_layout_equals_list_layout(any_broker: Broker, stream_name: Strea
                     assert all(b.application_properties is None for b in no_maps)
 
 
+def test_buffer_batches_end_at_max_batch_bytes(broker_43: Broker, stream_name: StreamNames) -> None:
+    """A reader that writes as it reads holds a batch at a time: ``max_batch_bytes`` cuts the buffer
+    batches by body bytes (a batch holds one chunk at least), in ``read_range`` and ``read_ranges``
+    alike, with the same records; a bound the int32 body offsets cannot hold is refused."""
+    name = stream_name("batch-bytes")
+    with StreamClient.connect(broker_43.url) as client:
+        client.create_stream(name)
+        for at in range(0, 2_000, 100):  # 100 records of 100 B per chunk
+            client.publish(name, [b"%06d" % i + PAD[:94] for i in range(at, at + 100)], amqp=False,
+                           batch_size=100)
+        tail = client.committed_tail(name)
+        whole = list(client.read_range(name, 5, tail, decode="raw", layout="buffers"))
+        cut = list(client.read_range(name, 5, tail, decode="raw", layout="buffers", max_batch_bytes=25_000))
+        assert len(whole) == 1 and len(cut) > 7
+        assert all(len(b.body_data) <= 25_000 or len(b.run_starts) == 1 for b in cut)
+        assert _as_lists(cut) == _as_lists(whole)
+        many = [b for _i, b in client.read_ranges([(name, 5, tail)], decode="raw", layout="buffers",
+                                                  max_batch_bytes=25_000)]
+        assert [len(b.body_data) for b in many] == [len(b.body_data) for b in cut]
+        with pytest.raises(InvalidRequest, match=r"max_batch_bytes must be in 1\.\.2147483647 bytes, not 0"):
+            client.read_range(name, 0, tail, layout="buffers", max_batch_bytes=0)
+
+
 def test_buffer_layout_resumes_exactly_after_a_dropped_connection(
     broker_43: Broker, stream_name: StreamNames
 ) -> None:

@@ -106,6 +106,18 @@ def test_300_byte_body_uses_vbin32() -> None:
     assert decode_columns([raw])[0] == [b"z" * 300]
 
 
+def test_a_vbin32_data_section_takes_the_fast_path_in_both_implementations() -> None:
+    """``00 53 75 b0`` and a four-byte length: an 8-byte prefix. The lone-data-section fast path (C
+    and its Python twin) must cut out such bodies itself, not leave them to the per-record decoder
+    (a miss): every AMQP body over 255 bytes has this shape."""
+    from streamledger.protocol.rabbitmq import amqp
+
+    records = [encode_message(b"z" * 300), encode_message(b"hi"), encode_message(b"y" * 70_000)]
+    impls = [amqp._data_bodies_py] + ([amqp.ACCEL.data_bodies] if amqp.ACCEL is not None else [])
+    for impl in impls:
+        assert impl(records) == ([b"z" * 300, b"hi", b"y" * 70_000], 0), impl
+
+
 def test_several_data_sections_are_joined() -> None:
     raw = encode_message(b"ab") + h("00 53 75 a0 01 63")
     assert decode_message(raw).body == b"abc"

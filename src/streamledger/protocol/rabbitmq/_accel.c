@@ -107,8 +107,8 @@ static PyObject *data_bodies(PyObject *self, PyObject *arg)
         if (len >= 5 && s[0] == 0x00 && s[1] == 0x53 && s[2] == 0x75) {
             if (s[3] == 0xa0 && (Py_ssize_t)s[4] + 5 == len)
                 body = PyBytes_FromStringAndSize((const char *)s + 5, len - 5);
-            else if (s[3] == 0xb0 && len >= 9 && (Py_ssize_t)be32(s + 4) + 9 == len)
-                body = PyBytes_FromStringAndSize((const char *)s + 9, len - 9);
+            else if (s[3] == 0xb0 && len >= 8 && (Py_ssize_t)be32(s + 4) + 8 == len)
+                body = PyBytes_FromStringAndSize((const char *)s + 8, len - 8);
             else
                 goto miss;
             if (body == NULL) {
@@ -171,9 +171,9 @@ static PyObject *split_bodies(PyObject *self, PyObject *args)
         PyObject *item;
         if (len >= 5 && s[0] == 0x00 && s[1] == 0x53 && s[2] == 0x75 && s[3] == 0xa0 && (Py_ssize_t)s[4] + 5 == len) {
             item = PyBytes_FromStringAndSize((const char *)s + 5, len - 5);
-        } else if (len >= 9 && s[0] == 0x00 && s[1] == 0x53 && s[2] == 0x75 && s[3] == 0xb0
-                   && (Py_ssize_t)be32(s + 4) + 9 == len) {
-            item = PyBytes_FromStringAndSize((const char *)s + 9, len - 9);
+        } else if (len >= 8 && s[0] == 0x00 && s[1] == 0x53 && s[2] == 0x75 && s[3] == 0xb0
+                   && (Py_ssize_t)be32(s + 4) + 8 == len) {
+            item = PyBytes_FromStringAndSize((const char *)s + 8, len - 8);
         } else {
             item = PyBytes_FromStringAndSize((const char *)s, len);
             PyObject *index = PyLong_FromSsize_t(i);
@@ -261,9 +261,9 @@ static inline const unsigned char *lone_data(const unsigned char *s, Py_ssize_t 
             *blen = len - 5;
             return s + 5;
         }
-        if (s[3] == 0xb0 && len >= 9 && (Py_ssize_t)be32(s + 4) + 9 == len) {
-            *blen = len - 9;
-            return s + 9;
+        if (s[3] == 0xb0 && len >= 8 && (Py_ssize_t)be32(s + 4) + 8 == len) {
+            *blen = len - 8;
+            return s + 8;
         }
     }
     return NULL;

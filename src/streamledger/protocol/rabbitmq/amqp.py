@@ -141,8 +141,8 @@ def _data_bodies_py(records: list[bytes]) -> tuple[list[bytes | None], int]:
         for i, b in enumerate(bodies):
             if b is None:
                 r = records[i]
-                if r[:4] == d32 and len(r) >= 9 and _u32(r, 4)[0] + 9 == len(r):
-                    bodies[i] = r[9:]
+                if r[:4] == d32 and len(r) >= 8 and _u32(r, 4)[0] + 8 == len(r):
+                    bodies[i] = r[8:]
                     misses -= 1
     return bodies, misses
 

@@ -43,7 +43,7 @@ from streamledger.protocol.rabbitmq.publisher import (
     supports_filtering,
 )
 from streamledger.protocol.rabbitmq.reader import ReadStats, probe_chunk, read_range
-from streamledger.protocol.rabbitmq.records import BufferBatch, RecordBatch
+from streamledger.protocol.rabbitmq.records import MAX_BUFFER_BYTES, BufferBatch, RecordBatch
 from streamledger.protocol.rabbitmq.stats import StreamMetadata, StreamStats
 from streamledger.protocol.rabbitmq.url import ConnectionParams, to_params
 from streamledger.protocol.rabbitmq.wire import (
@@ -538,7 +538,7 @@ class StreamClient:
         verify_crc: bool = True, credit: int = 2, max_batch_records: int = 65_536,
         prefer: Literal["replica", "leader", "url"] = "replica",
         layout: Literal["lists", "buffers"] = "lists", maps: bool = True, window: int = scan.MAX_WINDOW,
-        stats: ReadStats | None = None,
+        stats: ReadStats | None = None, max_batch_bytes: int = MAX_BUFFER_BYTES,
     ) -> Iterator[tuple[int, RecordBatch | BufferBatch]]:
         """:meth:`read_range` of many small ``(stream, start, end)`` at once: ``(index, batch)``
         pairs, range by range in the order given, each range's batches those :meth:`read_range`
@@ -549,7 +549,7 @@ class StreamClient:
         (a filtered read stays with :meth:`read_range`)."""
         return scan.read_ranges(self, ranges, decode=decode, verify_crc=verify_crc, credit=credit,
                                 max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
-                                window=window, stats=stats)
+                                window=window, stats=stats, max_batch_bytes=max_batch_bytes)
 
     def first_offset(self, name: str, *, stats: StreamStats | None = None) -> int:
         """Lowest offset still retained (0 for an empty stream).
@@ -779,6 +779,7 @@ class StreamClient:
         prefer: Literal["replica", "leader", "url"] = ...,
         layout: Literal["lists"] = ..., maps: bool = ...,
         filter_values: Collection[str] | None = ..., stats: ReadStats | None = ...,
+        max_batch_bytes: int = ...,
     ) -> Iterator[RecordBatch]: ...
 
     @overload
@@ -788,6 +789,7 @@ class StreamClient:
         prefer: Literal["replica", "leader", "url"] = ...,
         layout: Literal["buffers"], maps: bool = ...,
         filter_values: Collection[str] | None = ..., stats: ReadStats | None = ...,
+        max_batch_bytes: int = ...,
     ) -> Iterator[BufferBatch]: ...
 
     def read_range(
@@ -805,14 +807,15 @@ class StreamClient:
         maps: bool = True,
         filter_values: Collection[str] | None = None,
         stats: ReadStats | None = None,
+        max_batch_bytes: int = MAX_BUFFER_BYTES,
     ) -> Iterator[RecordBatch] | Iterator[BufferBatch]:
         """Exactly the user records with ``start <= offset < end``; see :func:`reader.read_range`
         (``prefer``: which member serves the read, default a replica; ``layout="buffers"``: flat
-        :class:`BufferBatch` es, ``maps=False`` to skip their map columns; ``filter_values``: only the
-        chunks the broker's stream filtering lets through, a superset the caller post-filters;
-        ``stats``: what the broker delivered)."""
+        :class:`BufferBatch` es, ``maps=False`` to skip their map columns, ``max_batch_bytes`` to cut
+        them by body bytes too; ``filter_values``: only the chunks the broker's stream filtering lets
+        through, a superset the caller post-filters; ``stats``: what the broker delivered)."""
         return read_range(  # type: ignore[return-value]
             self, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
             max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
-            filter_values=filter_values, stats=stats,
+            filter_values=filter_values, stats=stats, max_batch_bytes=max_batch_bytes,
         )

@@ -208,6 +208,7 @@ def read_range(
     maps: bool = True,
     filter_values: Collection[str] | None = None,
     stats: ReadStats | None = None,
+    max_batch_bytes: int = MAX_BUFFER_BYTES,
 ) -> Iterator[Batch]:
     """Yield exactly the user records with ``start <= offset < end`` as :class:`RecordBatch` es.
 
@@ -218,7 +219,9 @@ def read_range(
     ``prefer`` picks the node that serves the read (module docstring): ``replica`` (default),
     ``leader`` or ``url``. ``layout="buffers"`` yields :class:`BufferBatch` es instead (flat body
     buffers, offsets as runs: no Python object per record); with it, ``maps=False`` skips the map
-    columns. Either way a batch holds at most ``max_batch_records`` records.
+    columns. Either way a batch holds at most ``max_batch_records`` records; a buffer batch also
+    ends before a chunk would take its body bytes past ``max_batch_bytes`` (it holds one chunk at
+    least): what a caller that writes as it reads keeps in memory at once, whatever the record size.
 
     Arguments and bounds are checked now (not on the first ``next()``): an empty range returns
     an empty iterator without touching the network, an ``end`` beyond the committed tail raises
@@ -227,7 +230,7 @@ def read_range(
     """
     check_range(stream, start, end)
     check_read_options(decode=decode, credit=credit, max_batch_records=max_batch_records, prefer=prefer,
-                       layout=layout)
+                       layout=layout, max_batch_bytes=max_batch_bytes)
     values = _filter_values(stream, filter_values)
     if start == end:
         return iter(())
@@ -235,7 +238,8 @@ def read_range(
     check_bounds(client, stream, start, end, known)
     return _read(client, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
                  max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
-                 filter_values=values, stats=stats if stats is not None else ReadStats())
+                 filter_values=values, stats=stats if stats is not None else ReadStats(),
+                 max_batch_bytes=max_batch_bytes)
 
 
 def check_range(stream: str, start: int, end: int) -> None:
@@ -247,13 +251,18 @@ def check_range(stream: str, start: int, end: int) -> None:
         raise InvalidRequest(f"read_range on stream {stream!r}: start {start} is after end {end}")
 
 
-def check_read_options(*, decode: str, credit: int, max_batch_records: int, prefer: str, layout: str) -> None:
+def check_read_options(*, decode: str, credit: int, max_batch_records: int, prefer: str, layout: str,
+                       max_batch_bytes: int = MAX_BUFFER_BYTES) -> None:
     if decode not in ("amqp", "raw"):
         raise InvalidRequest(f"decode must be 'amqp' or 'raw', not {decode!r}")
     if not isinstance(credit, int) or not 1 <= credit <= 32_767:
         raise InvalidRequest(f"credit must be in 1..32767 chunks, not {credit!r}")
     if not isinstance(max_batch_records, int) or max_batch_records < 1:
         raise InvalidRequest(f"max_batch_records must be a positive integer, not {max_batch_records!r}")
+    if (not isinstance(max_batch_bytes, int) or isinstance(max_batch_bytes, bool)
+            or not 1 <= max_batch_bytes <= MAX_BUFFER_BYTES):
+        raise InvalidRequest(f"max_batch_bytes must be in 1..{MAX_BUFFER_BYTES} bytes, "
+                             f"not {max_batch_bytes!r}")
     if prefer not in ("replica", "leader", "url"):
         raise InvalidRequest(f"prefer must be 'replica', 'leader' or 'url', not {prefer!r}")
     if layout not in ("lists", "buffers"):
@@ -461,6 +470,7 @@ def _read(
     maps: bool = True,
     filter_values: tuple[str, ...] | None = None,
     stats: ReadStats | None = None,
+    max_batch_bytes: int = MAX_BUFFER_BYTES,
 ) -> Iterator[Batch]:
     """Read with resume: if the connection drops, reconnect and subscribe again at the first offset
     not yet decoded (always a chunk boundary), so no record is lost or repeated."""
@@ -473,7 +483,8 @@ def _read(
         try:
             yield from _read_once(client, stream, progress, end, decode=decode, verify_crc=verify_crc,
                                   credit=credit, max_batch_records=max_batch_records, prefer=prefer,
-                                  layout=layout, maps=maps, filter_values=filter_values, stats=stats)
+                                  layout=layout, maps=maps, filter_values=filter_values, stats=stats,
+                                  max_batch_bytes=max_batch_bytes)
             break
         except ConnectionFailed as exc:
             if progress.position >= end:
@@ -528,6 +539,7 @@ def _read_once(
     maps: bool = True,
     filter_values: tuple[str, ...] | None = None,
     stats: ReadStats | None = None,
+    max_batch_bytes: int = MAX_BUFFER_BYTES,
 ) -> Iterator[Batch]:
     buffers = layout == "buffers"
     stats = stats if stats is not None else ReadStats()
@@ -586,11 +598,12 @@ def _read_once(
             chunk = pos + (9 if version >= 2 else 1)
             batch = progress.batch
             # Hand out the batch before it would outgrow max_batch_records (cheaper than slicing), or
-            # (buffers) the int32 body offsets; then only a chunk decompressing past that can fail.
+            # (buffers) max_batch_bytes, at most the int32 body offsets; then only a chunk
+            # decompressing past those can fail.
             if len(batch) and (
                 len(batch) + CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > max_batch_records
                 or (buffers and len(batch.body_data)  # type: ignore[union-attr]
-                    + CHUNK_DATA_LENGTH.unpack_from(view, chunk + 36)[0] > MAX_BUFFER_BYTES)
+                    + CHUNK_DATA_LENGTH.unpack_from(view, chunk + 36)[0] > max_batch_bytes)
             ):
                 progress.batch = _empty(stream, decode, layout)
                 yield batch

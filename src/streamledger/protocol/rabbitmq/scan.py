@@ -98,18 +98,19 @@ class _Reading:
     max_batch_records: int
     credit: int
     stats: ReadStats
+    max_batch_bytes: int = MAX_BUFFER_BYTES
 
 
 def _decode_into(s: _Sub, reading: _Reading, view: memoryview, chunk: int) -> ChunkHeader:
     """Decode one delivered chunk into the subscription's last batch, starting a new batch before
-    the last would outgrow ``max_batch_records`` (or, buffers, their int32 body offsets)."""
+    the last would outgrow ``max_batch_records`` (or, buffers, ``max_batch_bytes`` of bodies)."""
     assert s.end is not None
     buffers = reading.layout == "buffers"
     batch = s.batches[-1] if s.batches else None
     if batch is None or (len(batch) and (
         len(batch) + CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > reading.max_batch_records
         or (buffers and len(batch.body_data)  # type: ignore[union-attr]
-            + CHUNK_DATA_LENGTH.unpack_from(view, chunk + 36)[0] > MAX_BUFFER_BYTES)
+            + CHUNK_DATA_LENGTH.unpack_from(view, chunk + 36)[0] > reading.max_batch_bytes)
     )):
         batch = BufferBatch.empty(s.stream) if buffers else RecordBatch.empty(s.stream, reading.decode)
         s.batches.append(batch)
@@ -290,13 +291,14 @@ def _member(md: StreamMetadata | None, prefer: Prefer, taken: set[tuple[str, int
 
 def read_ranges(client: ManySource, ranges: Sequence[tuple[str, int, int]], *, decode: Literal["amqp", "raw"],
                 verify_crc: bool, credit: int, max_batch_records: int, prefer: Prefer, layout: Layout,
-                maps: bool, window: int, stats: ReadStats | None) -> Iterator[tuple[int, Batch]]:
+                maps: bool, window: int, stats: ReadStats | None,
+                max_batch_bytes: int = MAX_BUFFER_BYTES) -> Iterator[tuple[int, Batch]]:
     """:meth:`StreamClient.read_ranges`: the bounds are checked now (one pipelined StreamStats round,
     one Metadata), the records read when the iterator is."""
     for stream, start, end in ranges:
         check_range(stream, start, end)
     check_read_options(decode=decode, credit=credit, max_batch_records=max_batch_records, prefer=prefer,
-                       layout=layout)
+                       layout=layout, max_batch_bytes=max_batch_bytes)
     live = [i for i, (_s, start, end) in enumerate(ranges) if start < end]
     names = list(dict.fromkeys(ranges[i][0] for i in live))
     if not names:
@@ -313,7 +315,7 @@ def read_ranges(client: ManySource, ranges: Sequence[tuple[str, int, int]], *, d
         if members[name] is not None:
             taken.add(members[name])  # type: ignore[arg-type]
     reading = _Reading(decode, verify_crc, layout, maps, max_batch_records, credit,
-                       stats if stats is not None else ReadStats())
+                       stats if stats is not None else ReadStats(), max_batch_bytes)
     return _read_windows(client, ranges, live, members, reading, max(1, min(window, MAX_WINDOW)), prefer)
 
 
@@ -364,7 +366,8 @@ def _read_windows(client: ManySource, ranges: Sequence[tuple[str, int, int]], li
                     batches: list[Batch] = list(read_range(
                         client, stream, start, end, decode=reading.decode, verify_crc=reading.verify_crc,
                         credit=reading.credit, max_batch_records=reading.max_batch_records, prefer=prefer,
-                        layout=reading.layout, maps=reading.maps, stats=reading.stats))
+                        layout=reading.layout, maps=reading.maps, stats=reading.stats,
+                        max_batch_bytes=reading.max_batch_bytes))
                 else:
                     batches = subs[i].batches
                     subs[i].batches = []
