@@ -321,11 +321,12 @@ def check_location(uri: str, what: str = "output") -> None:
     """Refuse, in one line naming the location (as ``what``), an output no task could write: an
     unknown scheme, credentials in the URI or missing, a bucket (container) that does not exist,
     credentials the store refuses, a store that does not answer. Plain paths and ``file://`` pass
-    (a directory is created on write). One metadata call."""
-    import pyarrow.fs as pafs
-
+    (a directory is created on write), before pyarrow is imported (a batch process's first, for an
+    idle batch maybe its only, use of it). One metadata call."""
     if scheme(uri) in ("", "file"):
         return
+    import pyarrow.fs as pafs
+
     problem = credentials_problem(uri) or credentials_missing(uri)
     if problem is not None:
         raise LocationError(f"{what} {redact(uri)}: {problem}")

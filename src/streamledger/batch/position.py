@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from streamledger.ledger import Ledger, OffsetRange
 
 __all__ = [
-    "PipelineSource", "StreamPosition", "cluster_name", "first_offsets", "lag", "log_offsets", "measure",
-    "source_problem", "user_records", "user_records_many",
+    "LogOffsets", "PipelineSource", "StreamPosition", "cluster_name", "first_offsets", "lag", "log_offsets",
+    "measure", "source_problem", "survey_offsets", "user_records", "user_records_many",
 ]
 
 
@@ -162,6 +162,29 @@ def log_offsets(log: Any, streams: Sequence[str], reference: str, *, tails: bool
     return found, offsets
 
 
+@dataclass(frozen=True, slots=True)
+class LogOffsets:
+    """What a log said of many streams at once (:func:`survey_offsets`): committed tails, stored
+    offsets of one reference, and the StreamStats the tails came from when the log answers with
+    them (a RabbitMQ ``StreamClient``), which a probe of the same streams takes instead of asking
+    again (:func:`user_records_many`)."""
+
+    tails: dict[str, int]
+    stored: dict[str, int | None]
+    stats: Mapping[str, Any] | None = None
+
+
+def survey_offsets(log: Any, streams: Sequence[str], reference: str) -> LogOffsets:
+    """:func:`log_offsets` of many streams, keeping the stats the tails came from (each asked once)."""
+    names = list(streams)
+    many = getattr(log, "tails_with_stats", None)
+    if many is None:
+        return LogOffsets(*log_offsets(log, names, reference))
+    tails, stats = many(names)
+    stored = log_offsets(log, names, reference, tails=False)[1]
+    return LogOffsets({s: int(t) for s, t in tails.items()}, stored, stats)
+
+
 def first_offsets(log: Any, streams: Sequence[str]) -> dict[str, int]:
     """The first retained offset of many streams (all at once when the log can)."""
     names = list(streams)
@@ -253,12 +276,15 @@ def user_records(log: Any, stream: str, start: int, end: int, need: int = 1) -> 
     return seen
 
 
-def user_records_many(log: Any, ranges: Mapping[str, tuple[int, int]], need: int = 1) -> dict[str, int]:
+def user_records_many(log: Any, ranges: Mapping[str, tuple[int, int]], need: int = 1, *,
+                      seen: LogOffsets | None = None) -> dict[str, int]:
     """:func:`user_records` of many streams (``stream -> (start, end)``): all at once over one
     connection when the log can (``user_records_many``, a RabbitMQ ``StreamClient``; a start below
-    retention answers ``need`` there too), else one stream at a time."""
+    retention answers ``need`` there too), else one stream at a time. ``seen``: what the log said of
+    these streams already (:func:`survey_offsets`), so their stats are not asked again."""
     many = getattr(log, "user_records_many", None)
     if many is None or len(ranges) < 2:
         return {s: user_records(log, s, start, end, need) for s, (start, end) in ranges.items()}
-    found = many(dict(ranges), need=need)
+    found = (many(dict(ranges), need=need, stats=seen.stats) if seen is not None and seen.stats
+             else many(dict(ranges), need=need))
     return {s: need if found[s] is None else int(found[s]) for s in ranges}

@@ -39,6 +39,7 @@ from streamledger.batch.position import (
     first_offsets,
     log_offsets,
     measure,
+    survey_offsets,
     user_records_many,
 )
 from streamledger.batch.sinks import choose
@@ -193,6 +194,7 @@ class BatchRun:
         self._leases: _Leases | None = None  # while publish_ranges runs
         self._reread = True  # False once the broker holds another stream: never read it for the old
         self._probed: dict[str, tuple[int, int, int]] = {}  # stream -> (start, end, user records seen)
+        self._stored: dict[str, int | None] = {}  # stream -> the broker's stored offset the survey saw
         self._unchecked: dict[str, tuple[int, int | None, SourcePosition, int]] = {}
         """Settled sources whose identity check waits (:func:`plan.settled`): stream -> its tail, stored
         offset, position and the end of what it may claim unchecked (the tail: no user record
@@ -332,8 +334,8 @@ class BatchRun:
         src, span = req.source, req.span
         lost: tuple[int, int] | None = None
         for _ in range(100):
-            if rng.status != RangeStatus.CLAIMED:
-                break
+            if rng.status != RangeStatus.CLAIMED or self._record_free(rng):
+                break  # a range without a user record has none retention could have taken
             if first is None:
                 first = int(self.broker.first_offset(stream))
             if rng.start >= first:
@@ -383,7 +385,8 @@ class BatchRun:
         the old stream's committed but unpublished ranges are published (:meth:`publish_stranded`)."""
         cfg = self.config
         found = self.ledger.positions(cfg.pipeline, [self._source(s) for s in streams])
-        tails, stored = log_offsets(self.broker, streams, cfg.pipeline)
+        seen_log = survey_offsets(self.broker, streams, cfg.pipeline)
+        tails, stored = seen_log.tails, seen_log.stored
         settled = {s: pos for s, pos in zip(streams, found, strict=True)
                    if pos.chunk is not None and plan.settled(cfg, pos, tails[s], stored[s])}
         # New offsets of a settled source that may be only tracking chunks: probed now, all at once
@@ -391,7 +394,7 @@ class BatchRun:
         ahead = {s: (int(pos.end), tails[s]) for s, pos in settled.items()  # type: ignore[arg-type]
                  if tails[s] > int(pos.end or 0) and tails[s] - int(pos.end or 0) <= plan.TRACKING_SPAN}
         if ahead:
-            counts = user_records_many(self.broker, ahead)
+            counts = user_records_many(self.broker, ahead, seen=seen_log)
             self._probed.update({s: (a, b, int(counts[s])) for s, (a, b) in ahead.items()})
         idle = {s for s, pos in settled.items() if tails[s] <= int(pos.end or 0)
                 or (s in self._probed and self._probed[s][2] == 0)}
@@ -460,6 +463,7 @@ class BatchRun:
         self.sink.check()  # a table that cannot take the job's files: refused before any claim
         self.adopt_identities()
         seen = self.survey(self.streams())
+        self._stored = {s: stored for s, _tail, stored, _pos in seen}
         self._step("planned")
         if self._started is None:  # the ledger's clock, as claimed_at is: the host's may be minutes off
             self._started = self.ledger.clock()
@@ -481,7 +485,7 @@ class BatchRun:
                                      tails={self._source(s): tail for s, tail, _stored, _pos in seen})
         self.check_late([s for s, *_r in seen], got)
         held = first_offsets(self.broker, [s for (s, *_r), rng in zip(seen, got, strict=True)
-                                           if rng.status.value == "claimed"])
+                                           if rng.status.value == "claimed" and not self._record_free(rng)])
         self.parts = [self.settle_claim(s, rng, held.get(s), req)
                       for (s, *_r), rng, req in zip(seen, got, asks, strict=True)]
         self.result.partitions = [p.result for p in self.parts]
@@ -492,6 +496,12 @@ class BatchRun:
         self._step("claimed")
 
     # -- read + verify ---------------------------------------------------------------------------
+
+    def touched(self) -> list[_Part]:
+        """The partitions this batch may move: all but the idle ones the survey left unchecked (no user
+        record past the ledger's end, nothing to publish or store: :func:`plan.settled`), which the
+        batch leaves as if it had not run once their claim is settled."""
+        return [p for p in self.parts if p.result.stream not in self._unchecked]
 
     def to_read(self) -> list[_Part]:
         return [p for p in self.parts if p.result.status == PartitionStatus.CLAIMED]
@@ -517,6 +527,10 @@ class BatchRun:
             log.info("stream %s: [%d, %d) holds no user record (tracking only): committed, no job",
                      r.stream, r.start, r.end)
         self._step("probed")
+
+    def _record_free(self, rng: OffsetRange) -> bool:
+        """Whether the survey's probe found no user record in the claimed range."""
+        return self._known_records(rng.source.stream, rng.start, rng.end) == 0
 
     def _known_records(self, stream: str, start: int, end: int) -> int | None:
         """What the probe before the claim (:meth:`survey`) says of ``[start, end)``: no user record
@@ -697,8 +711,9 @@ class BatchRun:
                 # holds exactly the committed records (the audit reports it missing meanwhile).
                 self.reread_committed(rng, rng.output, lambda: None)
         # Ranges an earlier run left stranded, for every source in one read (own ones come first).
-        todo += [(rng, None, False) for rng in self.ledger.unpublished_many(
-            self.config.pipeline, [p.source for p in self.parts]) if rng.id not in mine]
+        touched = [p.source for p in self.touched()]
+        todo += [(rng, None, False) for rng in (self.ledger.unpublished_many(self.config.pipeline, touched)
+                                                if touched else []) if rng.id not in mine]
         placed = self.publish_ranges(todo)
         self.publish_to_table(placed)
         if self.staging is not None:
@@ -872,17 +887,23 @@ class BatchRun:
     # -- store offset ----------------------------------------------------------------------------
 
     def store_offsets(self) -> None:
-        """Move the broker's stored offset up to the ledger's watermark, and only when it is behind."""
+        """Move the broker's stored offset up to the ledger's watermark, and only when it is behind
+        (asked again of the broker only where the offset the survey saw is behind)."""
         cfg = self.config
         if not cfg.store_offset:
             return
-        marks = self.ledger.watermarks(cfg.pipeline, [p.source for p in self.parts])
-        _none, stored = log_offsets(self.broker, [p.result.stream for p in self.parts], cfg.pipeline,
-                                    tails=False)
+        parts = self.touched()
+        marks = self.ledger.watermarks(cfg.pipeline, [p.source for p in parts]) if parts else []
+        # The broker is asked again only where the offset the survey saw would be moved.
+        behind = [p.result.stream for p, mark in zip(parts, marks, strict=True)
+                  if plan.offset_to_store(mark, self._stored.get(p.result.stream)) is not None]
+        stored = dict(self._stored)
+        if behind:
+            stored.update(log_offsets(self.broker, behind, cfg.pipeline, tails=False)[1])
         targets: dict[str, int] = {}
-        for p, mark in zip(self.parts, marks, strict=True):
+        for p, mark in zip(parts, marks, strict=True):
             r = p.result
-            target = plan.offset_to_store(mark, stored[r.stream])
+            target = plan.offset_to_store(mark, stored.get(r.stream))
             if target is None:
                 if mark.unpublished is not None:
                     u = mark.unpublished
@@ -910,7 +931,7 @@ class BatchRun:
             log.info("broker offsets for %s stored past this batch's targets by another batch: %s",
                      cfg.pipeline, now)
         ranges = []
-        for p, mark in zip(self.parts, marks, strict=True):
+        for p, mark in zip(parts, marks, strict=True):
             r = p.result
             if r.stream not in targets:
                 continue

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import BigInteger, case, func, literal, select
+from sqlalchemy import BigInteger, case, func, literal, select, true
 from sqlalchemy.orm import Session
 
 from streamledger.ledger.models import Range, Source
@@ -134,11 +134,15 @@ class Positions(Sources):
             if candidates:
                 ends[src.id] = int(min(candidates))
         holders: dict[int, Any] = {}
+        # A done prefix that reaches the tail bounds nothing (no live range ends past the tail: they
+        # never overlap), so those sources need no CASE of bounds, the costly part for many sources.
         for chunk in chunks(sorted(ends)):
-            bound = case({i: literal(ends[i], BigInteger()) for i in chunk}, value=Source.id)
+            short = {i: literal(ends[i], BigInteger()) for i in chunk if ends[i] != facts[i].tail}
+            bound = (Range.end_offset <= case(short, value=Source.id, else_=Range.end_offset)
+                     if short else true())
             last = (select(Range.id).where(
                 Range.source_id == Source.id, Range.status == RangeStatus.COMMITTED.value,
-                Range.end_offset <= bound, Range.last_seen.is_not(None),
+                bound, Range.last_seen.is_not(None),
             ).order_by(Range.last_seen.desc()).limit(1))
             holders.update((int(r.sid), r) for r in session.execute(select(
                 Source.id.label("sid"), last.scalar_subquery().label("id"),

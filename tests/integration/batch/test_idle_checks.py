@@ -99,6 +99,64 @@ def test_an_idle_batch_checks_and_probes_only_what_it_claims(
     assert report.clean, report.to_text()
 
 
+class Frames:
+    """Every request the batch writes to the broker, by command (on every connection it opens)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from streamledger.protocol.rabbitmq import constants as c
+        from streamledger.protocol.rabbitmq.connection import Connection
+
+        self.sent: collections.Counter[str] = collections.Counter()
+        send = Connection.send
+
+        def counting(conn: Connection, frame: Any) -> None:
+            view, i = memoryview(bytes(frame)), 0
+            while i + 6 <= len(view):
+                self.sent[c.command_name(int.from_bytes(view[i + 4:i + 6], "big"))] += 1
+                i += 4 + int.from_bytes(view[i:i + 4], "big")
+            send(conn, frame)
+
+        monkeypatch.setattr(Connection, "send", counting)
+
+
+def test_idle_batches_over_many_partitions_ask_each_partition_once(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 32, item 3 (the idle batch at 1,000 partitions): what an idle batch asks the broker,
+    counted by command over 24 partitions. The first after a batch that stored its offsets finds a
+    tracking chunk past each ledger end: told from the stats and the last user chunk, no
+    subscription; the store step asks no stored offset again (nothing of an idle partition moves).
+    The next asks each partition's tail and stored offset once, and nothing else per partition."""
+    n = 24
+    sup = stream_name.super_stream("idle-many")
+    client.create_super_stream(sup, partitions=n)
+    parts = client.partitions(sup)
+    for p in parts:
+        client.publish(p, [b"r%d" % i for i in range(3)])
+    cfg = BatchConfig(pipeline=PIPE, url=rabbitmq_url, output_root=str(tmp_path / "out"), super_stream=sup)
+    run_batch(cfg, run=rid("t", run="r1"), ledger=any_ledger, broker=client, runner=runner)
+    assert client.query_offsets(parts, PIPE) == dict.fromkeys(parts, 2)  # tracking chunks at 3
+
+    frames = Frames(monkeypatch)
+    first = run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
+    assert [(r.start, r.end, r.records) for r in first.partitions] == [(3, 4, 0)] * n
+    asked = dict(frames.sent)
+    assert asked.pop("Subscribe", 0) == 0, frames.sent
+    assert asked.pop("QueryOffset") == n, frames.sent  # the survey's; none at the store step
+    assert asked.pop("ResolveOffsetSpec") == n, frames.sent  # the last user chunk, behind the tracking chunk
+    assert asked.pop("StreamStats") == n, frames.sent  # the survey's tails, whose stats the probe takes
+    assert sum(asked.values()) <= 3, frames.sent  # the partitions, the members (Metadata), no StoreOffset
+
+    frames.sent.clear()
+    second = run_batch(cfg, run=rid("t", run="r3"), ledger=any_ledger, broker=client, runner=runner)
+    assert [(r.start, r.end, r.records) for r in second.partitions] == [(4, 4, 0)] * n
+    assert frames.sent == {"Partitions": 1, "StreamStats": n, "QueryOffset": n}, frames.sent
+    assert runner.calls == 1
+    report = audit(any_ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
+
+
 @pytest.mark.parametrize("length", [100, 150])
 def test_a_recreated_stream_holding_the_old_stored_offset_is_refused_once_there_is_something_to_read(
     any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,

@@ -110,6 +110,49 @@ def test_chunk_headers_and_user_records_of_many_streams_at_once(broker_43: Broke
         assert client.chunk_at(names[0], 0).first_offset == 0  # type: ignore[union-attr]
 
 
+def test_a_tracking_chunk_at_the_tail_is_told_without_a_subscription(broker_43: Broker,
+                                                                     stream_name: StreamNames) -> None:
+    """Issue 32: the first idle batch after a batch that stored its offsets asks every partition
+    whether the tracking chunk that StoreOffset wrote holds a user record. On 4.3 the answer needs no
+    subscription (a chunk begins there, the last user chunk begins before it), and a one-record user
+    chunk in the same place is still counted: the answers are read_range's."""
+    from streamledger.protocol.rabbitmq import constants as c
+
+    names = [stream_name(f"tracking-{i}") for i in range(3)]
+    with StreamClient.connect(broker_43.url) as client:
+        for name in names:
+            client.create_stream(name)
+            client.publish(name, [b"r%d" % i for i in range(10)], batch_size=5)  # chunks 0..4, 5..9
+            client.store_offset_verified(name, "p", 9)  # a tracking chunk at 10
+        client.publish(names[2], [b"one"])  # a one-record user chunk at 11, after the tracking chunk
+        asked: list[int] = []
+        conn = client.connection
+        send = conn.send
+
+        def counting(frame: Any) -> None:
+            view, i = memoryview(bytes(frame)), 0
+            while i + 6 <= len(view):
+                asked.append(int.from_bytes(view[i + 4:i + 6], "big"))
+                i += 4 + int.from_bytes(view[i:i + 4], "big")
+            send(frame)
+
+        conn.send = counting  # type: ignore[method-assign]
+        assert client.user_records_many({n: (10, 11) for n in names[:2]}) == dict.fromkeys(names[:2], 0)
+        assert c.SUBSCRIBE not in asked, [c.command_name(k) for k in asked]
+        del asked[:]
+        # a range from inside the stream, a user chunk at the start, a tracking chunk that is not
+        # the last chunk: subscribed to, as before
+        cases = {names[0]: (10, 11), names[1]: (5, 11), names[2]: (11, 12)}
+        want = {n: min(1, sum(len(b) for b in client.read_range(n, a, b, decode="raw")))
+                for n, (a, b) in cases.items()}
+        assert want == {names[0]: 0, names[1]: 1, names[2]: 1}
+        del asked[:]
+        assert client.user_records_many(cases) == want
+        assert asked.count(c.SUBSCRIBE) == 2, [c.command_name(k) for k in asked]
+        assert client.user_records_many({names[2]: (10, 11)}) == {names[2]: 0}
+        assert client.user_records_many({names[2]: (10, 12)}) == {names[2]: 1}
+
+
 def test_fingerprints_of_many_streams_at_once_tell_a_recreated_one(broker_43: Broker,
                                                                    stream_name: StreamNames) -> None:
     """The batch takes every partition's fingerprint at commit and checks them all in its plan

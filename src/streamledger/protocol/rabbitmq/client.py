@@ -339,18 +339,22 @@ class StreamClient:
 
     def committed_tails(self, names: Sequence[str]) -> dict[str, int]:
         """:meth:`committed_tail` of every stream (one pipelined StreamStats round where available)."""
+        return self.tails_with_stats(names)[0]
+
+    def tails_with_stats(self, names: Sequence[str]) -> tuple[dict[str, int], dict[str, StreamStats]]:
+        """:meth:`committed_tails`, and the StreamStats they came from (none on a broker without
+        them): what :meth:`user_records_many` of the same streams takes instead of asking again."""
         if not self.supports(c.STREAM_STATS):
-            return {n: self.committed_tail(n) for n in names}
+            return {n: self.committed_tail(n) for n in names}, {}
         stats = self.stream_stats_many(names)
-        return {n: self.committed_tail(n, stats=stats[n]) for n in names}
+        return {n: self.committed_tail(n, stats=stats[n]) for n in names}, stats
 
     def first_offsets(self, names: Sequence[str]) -> dict[str, int]:
         """:meth:`first_offset` of every stream (one pipelined StreamStats round where available)."""
         if not self.supports(c.STREAM_STATS):
             return {n: self.first_offset(n) for n in names}
         stats = self.stream_stats_many(names)
-        return {n: (s.first_chunk_id if s.first_chunk_id is not None else self.committed_tail(n, stats=s))
-                for n, s in stats.items()}
+        return {n: self.first_offset(n, stats=s) for n, s in stats.items()}
 
     def query_offsets(self, streams: Sequence[str], reference: str) -> dict[str, int | None]:
         """:meth:`query_offset` of every stream for ``reference``, asked all at once."""
@@ -434,10 +438,13 @@ class StreamClient:
                 for (n, o), h in zip(wanted, heads, strict=True)}
 
     def user_records_many(self, ranges: Mapping[str, tuple[int, int]], *, need: int = 1,
-                          window: int = scan.MAX_WINDOW) -> dict[str, int | None]:
+                          window: int = scan.MAX_WINDOW,
+                          stats: Mapping[str, StreamStats] | None = None) -> dict[str, int | None]:
         """User records in each stream's ``[start, end)``, counting no further than ``need``, for
         many streams at once (:mod:`.scan`); None for a range whose start retention removed. An
-        ``end`` past the committed tail raises :class:`OffsetOutOfRange`, as :meth:`read_range` does."""
+        ``end`` past the committed tail raises :class:`OffsetOutOfRange`, as :meth:`read_range` does.
+        ``stats``: the StreamStats of these streams the caller asked for already (the ranges' ends
+        are tails they gave: :meth:`tails_with_stats`), not asked again."""
         for name, (start, end) in ranges.items():
             _check_name("stream", name)
             _check_offset(start)
@@ -447,15 +454,76 @@ class StreamClient:
         live = [n for n, (start, end) in ranges.items() if start < end]
         if not live:
             return dict.fromkeys(ranges, 0)
-        tails, firsts = (self.committed_tails(live), self.first_offsets(live))
+        known: dict[str, StreamStats] = {}
+        if self.supports(c.STREAM_STATS):  # tails and first offsets from one StreamStats round
+            known = {n: stats[n] for n in live if stats and n in stats}
+            known.update(self.stream_stats_many([n for n in live if n not in known]))
+            tails = {n: self.committed_tail(n, stats=known[n]) for n in live}
+            firsts = {n: self.first_offset(n, stats=known[n]) for n in live}
+        else:
+            tails, firsts = self.committed_tails(live), self.first_offsets(live)
         for name in live:
             if ranges[name][1] > tails[name]:
                 raise OffsetOutOfRange(name, ranges[name][1], tails[name])
         lost = {n for n in live if ranges[n][0] < firsts[n]}
-        todo = [(n, *ranges[n]) for n in live if n not in lost]
+        quiet = self._no_user_chunk_from({n: ranges[n] for n in live if n not in lost}, known)
+        todo = [(n, *ranges[n]) for n in live if n not in lost and n not in quiet]
         counts = dict(zip([t[0] for t in todo], scan.user_records(self._conn, todo, need=need, window=window,
                                                                   timeout=self.timeout), strict=True))
         return {n: (None if n in lost else counts.get(n, 0)) for n in ranges}
+
+    def _no_user_chunk_from(self, ranges: Mapping[str, tuple[int, int]],
+                            stats: Mapping[str, StreamStats]) -> set[str]:
+        """The streams whose ``[start, end)`` is known to hold no user record without a
+        subscription (4.3+, ResolveOffsetSpec): a chunk begins at ``start`` (its id is one the
+        StreamStats ``stats`` name: no chunk straddles it), and the last user chunk of a member that
+        holds every chunk below ``end``, resolved after those stats, begins before ``start``. What
+        a StoreOffset leaves on an idle stream: a tracking chunk at the tail, right after the
+        records a batch read. A stream with replicas (the Metadata asked after the resolution
+        names some) may have been answered by one that lags: its member's next offset, then its
+        last user chunk, are asked again together, so the next offset tells it holds the range."""
+        if not stats or not self.supports(c.RESOLVE_OFFSET_SPEC):
+            return set()
+        named = [n for n, (start, _end) in ranges.items() if n in stats and start in (
+            stats[n].first_chunk_id, stats[n].committed_chunk_id, stats[n].last_chunk_id)]
+        if not named:
+            return set()
+        answers = self._resolve_each(named, [OffsetSpec.last()])
+        md = self.metadata(named)
+        alone = {n for n in named if n in md and md[n].exists and not md[n].replicas}
+        shared = [n for n in named if n not in alone]
+        if shared:
+            answers.update(self._resolve_each(shared, [OffsetSpec.next(), OffsetSpec.last()]))
+        quiet = set()
+        for name in named:
+            start, end = ranges[name]
+            got = answers[name]
+            held = name in alone or (got[0] is not None and got[0] >= end)
+            if held and got[-1] is not None and got[-1] < start:
+                quiet.add(name)
+        return quiet
+
+    def _resolve_each(self, names: Sequence[str], specs: Sequence[OffsetSpec]) -> dict[str, list[int | None]]:
+        """ResolveOffsetSpec of every spec for every stream, pipelined, each stream's in the order
+        given (the broker answers one connection's requests in order); None for an error answer."""
+        conn = self._conn
+        requests = []
+        for name in names:
+            _check_name("stream", name)
+            for spec in specs:
+                corr = conn.next_corr()
+                w = Writer(c.RESOLVE_OFFSET_SPEC).u32(corr).string(name)
+                requests.append((c.RESOLVE_OFFSET_SPEC, corr, spec.encode(w).frame()))
+
+        def answer(_i: int, r: Reader) -> int | None:
+            if r.u16() != c.OK:
+                return None
+            r.u16()
+            return r.u64()
+
+        got = conn.pipeline(requests, answer)
+        k = len(specs)
+        return {n: got[i * k:(i + 1) * k] for i, n in enumerate(names)}
 
     def read_ranges(
         self, ranges: Sequence[tuple[str, int, int]], *, decode: Literal["amqp", "raw"] = "amqp",
@@ -475,15 +543,16 @@ class StreamClient:
                                 max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
                                 window=window, stats=stats, max_batch_bytes=max_batch_bytes)
 
-    def first_offset(self, name: str) -> int:
+    def first_offset(self, name: str, *, stats: StreamStats | None = None) -> int:
         """Lowest offset still retained (0 for an empty stream).
 
-        From StreamStats where available; otherwise the first chunk of any type delivered by a
-        ``first`` subscription with ``chunk_selector=all``.
+        From StreamStats where available (``stats`` when the caller has them); otherwise the first
+        chunk of any type delivered by a ``first`` subscription with ``chunk_selector=all``.
         """
         _check_name("stream", name)
-        if self.supports(c.STREAM_STATS):
+        if stats is None and self.supports(c.STREAM_STATS):
             stats = self.stream_stats(name)
+        if stats is not None:
             if stats.first_chunk_id is not None:
                 return stats.first_chunk_id
             return self.committed_tail(name, stats=stats)
