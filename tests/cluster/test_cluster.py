@@ -150,3 +150,27 @@ def test_a_url_whose_node_is_stopped_reads_through_the_nodes_it_names(cluster: C
     finally:
         cluster.start_node(1)
         _delete(cluster, name)
+
+
+def test_the_tracking_chunk_probe_on_replicated_streams_answers_as_a_read_does(cluster: Cluster) -> None:
+    """Issue 32's idle probe on streams with replicas: a range holding only the tracking chunk a
+    StoreOffset wrote counts no user record, a range holding a user chunk counts it, whichever member
+    answers: the answers are read_range's (the single-node broker never has replicas to ask)."""
+    names = [_stream(cluster, node=n) for n in (1, 2, 3)]
+    try:
+        with StreamClient.connect(cluster.stream_url(1)) as client:
+            for name in names:
+                client.publish(name, [b"r%d" % i for i in range(10)], batch_size=5)
+                client.store_offset_verified(name, "p", 9)  # a tracking chunk at 10
+            client.publish(names[2], [b"one"])  # a user chunk at 11, after the tracking chunk
+            time.sleep(1)  # let the replicas catch up; a lagging member must not change the answer
+            cases = {names[0]: (10, 11), names[1]: (5, 11), names[2]: (10, 12)}
+            want = {n: min(1, sum(len(b) for b in client.read_range(n, a, b, decode="raw")))
+                    for n, (a, b) in cases.items()}
+            assert want == {names[0]: 0, names[1]: 1, names[2]: 1}
+            for _ in range(3):
+                assert client.user_records_many(cases) == want
+                assert client.user_records_many({n: (10, 11) for n in names}) == dict.fromkeys(names, 0)
+    finally:
+        for name in names:
+            _delete(cluster, name)
