@@ -1,0 +1,48 @@
+"""Red team: ``nodes=`` and the broker identity. The ledger files a pipeline's history under the
+cluster name the broker reports. A RabbitMQ cluster without a configured ``cluster_name`` reports a
+name made from the answering node's own name (``<node prefix>@<its host>``: on the loopback 4.3
+broker ``rabbitmqctl eval 'rabbit_runtime_parameters:value_global(cluster_name)'`` answers
+``not_found`` while the stream protocol reports ``rabbit43@vm``), so each node of such a cluster
+names itself differently. With ``nodes=``, which node answers depends on which one is up: the same
+URL then files the same streams under two identities, each with a history of its own, and a batch
+through the other node starts its history anew (after the stored offset, which lags the ledger; or,
+on a pinned interval, at the interval's start) and reads again what the first identity read, while
+the audit of each identity says CLEAN.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from streamledger.batch import BatchError, run_batch
+from streamledger.ledger import Ledger
+from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.batch.helpers import CountingRunner, config, rid
+from tests.integration.spark.helpers import create_stream
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "nodes= lets the answering node decide the broker identity: a cluster without a configured "
+    "cluster_name reports each node's own default name, so a failover files the pipeline under a second "
+    "identity and reads its streams again; needs a policy (refuse nodes= unless the cluster name is "
+    "configured or broker_name is set, or an identity the whole cluster shares)"))
+def test_nodes_fallback_under_a_node_default_cluster_name_is_refused_before_any_claim(
+    any_ledger: Ledger, runner: CountingRunner, rabbitmq_url: str, stream_name: Any, tmp_path: Path,
+) -> None:
+    s = stream_name("nodes-identity")
+    create_stream(rabbitmq_url, s, 10)
+    port = urlsplit(rabbitmq_url).port
+    down = rabbitmq_url.replace(f":{port}", ":1")  # the URL's own node is down: the fallback answers
+    url = down + ("&" if "?" in down else "?") + f"nodes=127.0.0.1:{port}"
+    with StreamClient.connect(url) as via:
+        reported = via.cluster_name
+        assert reported is not None and "@" in reported  # RabbitMQ's per-node default, none configured
+        with pytest.raises(BatchError, match="cluster_name|broker_name"):
+            run_batch(config(url, tmp_path, s), run=rid("t"), ledger=any_ledger, broker=via, runner=runner)
+    assert any_ledger.ranges("p-exactly-once") == []
