@@ -130,6 +130,10 @@ class World:
         #: pipe -> the stream's first offset when a pipeline starting at ``first`` first ran on this
         #: incarnation of the stream: what retention took before that was never the pipeline's
         self.born: dict[int, int] = {}
+        #: pipe -> the first offset when a batch of a pipeline without history started: its ``born``
+        #: once a batch claimed (the ledger holds a range), dropped when none did (a batch killed
+        #: before its claim begins no history: the next batch's first run decides, as the product's)
+        self.unborn: dict[int, int] = {}
         self.drain_errors: dict[int, str] = {}  # pipe -> the last failure of a drain retry
         self.running: set[tuple[str, str]] = set()
         self.last_attempt: dict[tuple[int, str], int] = {}
@@ -249,9 +253,17 @@ class World:
 
     def _first_run(self, pipe: int) -> None:
         spec = self.scenario.pipelines[pipe]
-        if spec.initial_position == "first" and pipe not in self.born:  # else its history has an origin
+        if spec.initial_position == "first" and pipe not in self.born and pipe not in self.unborn:
             assert threading.current_thread() is threading.main_thread(), "a pair asks before its threads"
-            self.born[pipe] = self.client.first_offset(self.stream)
+            self.unborn[pipe] = self.client.first_offset(self.stream)  # else its history has an origin
+
+    def _settle_born(self) -> None:
+        """After batches ran: a pipeline whose batch claimed began its history where ``_first_run``
+        saw the stream start; one with no range yet has no history (its next batch decides)."""
+        for pipe, first in list(self.unborn.items()):
+            del self.unborn[pipe]
+            if self.current_sources(pipe):
+                self.born[pipe] = first
 
     def batch(self, op: Batch) -> str:
         cfg = self._config(op)
@@ -294,6 +306,8 @@ class World:
             return f"error: {type(exc).__name__}: {str(exc)[:300]}"
         finally:
             self.running.discard(key)
+            if threading.current_thread() is threading.main_thread():  # a pair settles after both
+                self._settle_born()
         self.unfinished.discard((op.pipe, op.run))
         return f"ok: {res.records} record(s) " + " ".join(
             f"[{p.start},{p.end}){p.status}" for p in res.partitions)
@@ -325,6 +339,7 @@ class World:
                 killed = True
                 os.killpg(proc.pid, signal.SIGKILL)  # the child's session: it and its Spark JVM
             proc.wait(timeout=120)
+            self._settle_born()
             out.seek(0)
             err.seek(0)
             stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
@@ -420,6 +435,7 @@ class World:
             t.start()
         for t in threads:
             t.join(timeout=600)
+        self._settle_born()
         return f"A: {results[0]} | B: {results[1]}"
 
     def current_sources(self, pipe: int) -> list[SourceRef]:
