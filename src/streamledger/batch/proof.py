@@ -180,15 +180,15 @@ def audit(ledger: Ledger, pipeline: str | None = None, *, broker: Any = None,
 
 
 def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any) -> list[Violation]:
-    """Offsets of one stream committed under two broker identities whose fingerprinted chunks the
-    one broker the audit was given both holds: the same stream read twice, each identity's history
+    """Offsets of one stream committed under two broker identities whose fingerprinted chunks one
+    broker the audit was given both holds: the same stream read twice, each identity's history
     whole on its own. How it happens: a cluster without a configured ``cluster_name`` reports each
     node's own default name, so a URL whose node is down (``nodes=``) files the pipeline under the
-    answering node's name. Not checked with a broker per identity (a mapping) or without chunk prints."""
+    answering node's name. Not checked without chunk prints or a broker that shows chunk headers."""
     from streamledger.offsets import same_stream
 
-    if broker is None or isinstance(broker, Mapping) or getattr(broker, "chunk_at", None) is None:
-        return []
+    given = list(broker.values()) if isinstance(broker, Mapping) else [] if broker is None else [broker]
+    logs = list({id(b): b for b in given if getattr(b, "chunk_at", None) is not None}.values())
     by: dict[tuple[str, str], list[OffsetRange]] = defaultdict(list)
     for r in ranges:
         if r.status == RangeStatus.COMMITTED and r.records and not is_retired(r.source.broker):
@@ -196,23 +196,33 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any) -> 
     found: list[Violation] = []
     for (pipeline, stream), theirs in sorted(by.items()):
         sources = {r.source.broker: r.source for r in theirs}
-        if len(sources) < 2:
+        if len(sources) < 2 or not logs:
             continue
         names = sorted(sources)
         prints = [pos.chunk for pos in ledger.positions(pipeline, [sources[n] for n in names])]
-        held = {n for n, chunk in zip(names, prints, strict=True)
-                if chunk is not None and same_stream(broker, stream, chunk)}
-        reach: dict[str, OffsetRange] = {}  # identity -> its range reaching furthest so far
-        for r in sorted((r for r in theirs if r.source.broker in held), key=lambda r: (r.start, r.end)):
-            for other, o in sorted(reach.items()):
-                if other != r.source.broker and o.end > r.start:
-                    why = (f"committed under broker {other} too (range {o.id}): the broker given to the "
-                           "audit holds both histories' stream, read twice under two names of one broker "
-                           "(a cluster name each node reports for itself?)")
-                    found.append(Violation(ViolationKind.OVERLAP, pipeline, stream, r.source.broker, r.start,
-                                           min(r.end, o.end), r.id, why))
-                    break
-            mine = reach.get(r.source.broker)
-            if mine is None or r.end > mine.end:
-                reach[r.source.broker] = r
+        for log in logs:
+            held = {n for n, chunk in zip(names, prints, strict=True)
+                    if chunk is not None and same_stream(log, stream, chunk)}
+            if len(held) > 1:
+                found += _overlaps(pipeline, stream, [r for r in theirs if r.source.broker in held])
+                break
+    return found
+
+
+def _overlaps(pipeline: str, stream: str, theirs: list[OffsetRange]) -> list[Violation]:
+    """Each range overlapping a range of another identity that begins at or before it (one line each)."""
+    found: list[Violation] = []
+    reach: dict[str, OffsetRange] = {}  # identity -> its range reaching furthest so far
+    for r in sorted(theirs, key=lambda r: (r.start, r.end)):
+        for other, o in sorted(reach.items()):
+            if other != r.source.broker and o.end > r.start:
+                why = (f"committed under broker {other} too (range {o.id}): a broker given to the audit "
+                       "holds both histories' stream, read twice under two names of one broker (a cluster "
+                       "name each node reports for itself?)")
+                found.append(Violation(ViolationKind.OVERLAP, pipeline, stream, r.source.broker, r.start,
+                                       min(r.end, o.end), r.id, why))
+                break
+        mine = reach.get(r.source.broker)
+        if mine is None or r.end > mine.end:
+            reach[r.source.broker] = r
     return found

@@ -22,6 +22,7 @@ from streamledger.batch import BatchError, run_batch
 from streamledger.batch.proof import audit
 from streamledger.ledger import Ledger
 from streamledger.protocol.rabbitmq import StreamClient
+from streamledger.sources import source_identity
 from tests.integration.batch.helpers import CountingRunner, committed_bodies, config, rid
 from tests.integration.spark.helpers import body, create_stream, publish
 
@@ -83,6 +84,11 @@ def test_offsets_read_under_two_names_of_one_broker_are_no_clean_audit(
     assert not report.clean, f"the audit says CLEAN with {len(got)} records in the outputs for 25 offsets"
     doubled = sorted((v.start, v.end) for v in report.violations if v.kind.value == "overlap")
     assert len(doubled) == 2 and doubled[0][0] == 10 and doubled[1][1] >= 25, report.to_text()
+    # as `streamledger ledger audit --broker-url` gives it: the URL's server under the name it answers to
+    own = {source_identity(rabbitmq_url, client.cluster_name): client}
+    report = audit(any_ledger, PIPE, broker=own)
+    assert not report.clean, f"the audit says CLEAN with {len(got)} records in the outputs for 25 offsets"
+    assert [v.kind.value for v in report.violations].count("overlap") == 2, report.to_text()
 
 
 @pytest.mark.xfail(strict=True, reason=(
