@@ -122,3 +122,31 @@ def test_publishing_through_a_node_that_is_not_the_leader(cluster: Cluster) -> N
         assert bodies == [b"via-replica-%d" % i for i in range(500)]
     finally:
         _delete(cluster, name)
+
+
+def test_a_url_whose_node_is_stopped_reads_through_the_nodes_it_names(cluster: Cluster) -> None:
+    """The node a URL names is stopped: with ``nodes=`` naming the other two, the client connects
+    through the next node, and a stream whose leader was on the stopped node is read in full from a
+    remaining member (its replicas elect a new leader)."""
+    name = _stream(cluster, node=1)
+    with StreamClient.connect(cluster.stream_url(1)) as client:
+        client.publish(name, (b"%05d" % i for i in range(500)), amqp=False, batch_size=100)
+    url = cluster.stream_url(1) + "?nodes=" + ",".join(f"127.0.0.1:{cluster.stream_port(n)}" for n in (2, 3))
+    cluster.stop_node(1)
+    try:
+        with StreamClient.connect(url) as client:
+            assert client.connection.params.port == cluster.stream_port(2)
+            deadline = time.monotonic() + 60
+            while True:  # until the survivors have a leader for it
+                try:
+                    tail = client.committed_tail(name)
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(1)
+            got = [x for b in client.read_range(name, 0, tail, decode="raw") for x in b.bodies]
+        assert got == [b"%05d" % i for i in range(500)]
+    finally:
+        cluster.start_node(1)
+        _delete(cluster, name)

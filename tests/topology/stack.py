@@ -244,7 +244,9 @@ def dag_settings(lay: Layout) -> dict[str, str]:
     env = {
         "AIRFLOW_CONN_RABBITMQ_STREAM_DEFAULT": json.dumps({
             "conn_type": "rabbitmq_stream", "host": broker.hostname, "port": broker.port,
-            "login": "guest", "password": "guest", "schema": "/"}),
+            "login": "guest", "password": "guest", "schema": "/",
+            # the cluster's other nodes: a try starting while the first is stopped connects anyway
+            "extra": {"nodes": ",".join(f"{HOST}:{p}" for p in CLUSTER_STREAM_PORTS[1:])}}),
         "AIRFLOW_CONN_SPARK_TOPOLOGY": json.dumps({
             "conn_type": "spark", "host": f"spark://{HOST}", "port": SPARK_MASTER_PORT,
             "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"}}),

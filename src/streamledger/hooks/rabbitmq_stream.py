@@ -4,7 +4,8 @@ Connection fields: host, port (5552; 5551 for TLS), login, password, schema = vi
 ``/``). Extra: ``tls`` (bool), ``ca_file``, ``cert_file``, ``key_file``, ``verify`` (bool),
 ``sasl_mechanism`` (``PLAIN`` | ``EXTERNAL``), ``timeout`` (seconds), ``topology`` (``stream``, the
 default, or ``amqp10``: the create/delete operators then manage topology over AMQP 1.0 through
-RabbitMQ 4's ``/management`` node) and ``amqp_port`` (5672; 5671 for TLS). A connection URI such as
+RabbitMQ 4's ``/management`` node), ``amqp_port`` (5672; 5671 for TLS) and ``nodes`` (a cluster's
+other nodes, ``host:port,host:port``, tried in order when the host does not answer). A connection URI such as
 ``rabbitmq-stream://user:pass@host:5552/vhost?tls=true`` works as well (Airflow turns the query into
 extra). The password, its encoded forms and the URLs holding it are registered with Airflow's secret
 masker (:mod:`streamledger.hooks.masking`) and never logged by this module.
@@ -58,6 +59,8 @@ def connection_url(
         server = f"[{server}]"
     url = f"{scheme}://{user}:{secret}@{server}:{int(port or (5551 if tls else 5552))}/{vh}"
     query: dict[str, str] = {}
+    if extra.get("nodes"):
+        query["nodes"] = str(extra["nodes"])
     if tls:
         for name in ("ca_file", "cert_file", "key_file", "server_hostname"):
             if extra.get(name):

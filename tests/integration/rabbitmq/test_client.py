@@ -251,3 +251,24 @@ def test_publish_error_is_reported(broker_43: Broker, stream_name: StreamNames) 
         assert result.confirmed == 0
         error = PublishRejected(name, result.errors)
         assert "2 message(s) rejected (first: publishing id 1, PUBLISHER_DOES_NOT_EXIST)" in str(error)
+
+
+def test_a_url_naming_more_nodes_connects_through_the_next_when_the_first_is_down(
+    broker_43: Broker, stream_name: StreamNames,
+) -> None:
+    """A cluster's URL names one node; ``nodes=`` names the others, tried in order when it refuses
+    (a stopped node must not stop every batch that starts meanwhile). A connection to a stream's
+    member (leader, replica) never falls back to another node: it must reach that member."""
+    name = stream_name("nodes")
+    down = broker_43.url.replace(f":{broker_43.stream_port}", ":1")
+    with StreamClient.connect(_with(down, f"nodes=127.0.0.1:2,localhost:{broker_43.stream_port}")) as client:
+        assert client.connection.params.address == f"localhost:{broker_43.stream_port}"
+        client.create_stream(name)
+        client.publish(name, [b"a", b"b"])
+        got = [body for b in client.read_range(name, 0, client.committed_tail(name)) for body in b.bodies]
+        assert got == [b"a", b"b"]
+    with pytest.raises(ConnectionFailed, match=r"cannot connect to 127\.0\.0\.1:1, 127\.0\.0\.1:2: "):
+        StreamClient.connect(_with(down, "nodes=127.0.0.1:2"), timeout=2)
+    for bad in ("nodes=127.0.0.1", "nodes=127.0.0.1:99999", "nodes=:5552", "nodes="):
+        with pytest.raises(InvalidRequest, match="nodes"):
+            StreamClient.connect(_with(down, bad))

@@ -23,6 +23,14 @@ def test_plain_connection_url_round_trips_through_the_client_parser() -> None:
         "broker.internal", 5552, "svc", "p@ss/word", "prod/eu", False)
 
 
+def test_a_clusters_other_nodes_from_extra_become_the_clients_fallbacks() -> None:
+    url = connection_url(host="rabbit-1", port=5552, login="svc", password="pw", vhost=None,
+                         extra={"nodes": "rabbit-2:5552,[fd00::3]:5552"})
+    params = parse_url(url)
+    assert params.addresses == [("rabbit-1", 5552), ("rabbit-2", 5552), ("fd00::3", 5552)]
+    assert "pw" not in repr(params)
+
+
 def test_tls_options_from_extra() -> None:
     url = connection_url(host="localhost", port=None, login="guest", password="guest", vhost=None,
                          extra={"tls": "true", "ca_file": "/pki/ca.pem", "cert_file": "/pki/c.pem",

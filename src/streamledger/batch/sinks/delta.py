@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from streamledger import fs as filesystems
 from streamledger.batch import plan, sinks
@@ -236,9 +237,26 @@ class DeltaSink(TableSink):
                 "version": dt.version() if dt is not None else None}
 
     def _rows(self, dt: Any, without: frozenset[str] = frozenset()) -> Any:
-        # (_missing_files is None here: ``without`` is always empty)
         have = set(_arrow_schema(dt).names)
-        return dt.to_pyarrow_table(columns=["stream", "offset", *(c for c in TABLE_COLUMNS if c in have)])
+        columns = ["stream", "offset", *(c for c in TABLE_COLUMNS if c in have)]
+        if not without:
+            return dt.to_pyarrow_table(columns=columns)
+        import pyarrow.dataset as ds
+
+        # the table's own dataset (delta-rs' file system, its credentials), less the files gone
+        dataset = dt.to_pyarrow_dataset()
+        gone = {unquote(u) for u in without}
+        kept = [f for f in dataset.get_fragments()
+                if not any(g.endswith("/" + unquote(f.path)) for g in gone)]
+        return ds.FileSystemDataset(kept, dataset.schema, dataset.format,
+                                    dataset.filesystem).to_table(columns=columns)
+
+    def _missing_files(self, dt: Any) -> list[str] | None:
+        """The add actions' files that are not there (as URIs: a local path as ``file://``), asked
+        of the location's own file system."""
+        fs = filesystems.filesystem_for(self.location)
+        files = [u if "://" in u else Path(u).as_uri() for u in dt.file_uris()]
+        return [u for u in files if not fs.exists(u)]
 
     def _evolve(self, dt: Any) -> bool:
         from deltalake.schema import Field

@@ -140,12 +140,7 @@ class Connection:
 
     @classmethod
     def _open_once(cls, params: ConnectionParams, timeout: float) -> Connection:
-        try:
-            raw = socket.create_connection((params.host, params.port), timeout=timeout)
-        except TimeoutError:
-            raise ConnectionFailed(f"connecting to {params.address} timed out after {timeout:g}s") from None
-        except OSError as exc:
-            raise ConnectionFailed(f"cannot connect to {params.address}: {exc.strerror or exc}") from None
+        raw, params = cls._first_answering(params, timeout)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock: socket.socket = raw
         if params.tls:
@@ -157,6 +152,28 @@ class Connection:
             conn._shutdown_socket()
             raise
         return conn
+
+    @staticmethod
+    def _first_answering(params: ConnectionParams, timeout: float) -> tuple[socket.socket, ConnectionParams]:
+        """A socket to the first of ``params.addresses`` that accepts one, and the params naming
+        it (its host is what TLS verifies); when none does, one error naming every address tried."""
+        tried = params.addresses
+        for i, (host, port) in enumerate(tried):
+            try:
+                raw = socket.create_connection((host, port), timeout=timeout)
+            except OSError as exc:
+                if i + 1 < len(tried):
+                    continue
+                where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in tried)
+                if isinstance(exc, TimeoutError):
+                    raise ConnectionFailed(f"connecting to {where} timed out after {timeout:g}s") from None
+                raise ConnectionFailed(f"cannot connect to {where}: {exc.strerror or exc}") from None
+            if i == 0:
+                return raw, params
+            # the node that answered first from now on; the others (the URL's own too) stay fallbacks
+            rest = tuple(a for a in tried if a != (host, port))
+            return raw, params.replace(host=host, port=port, fallbacks=rest)
+        raise AssertionError("unreachable: addresses is never empty")
 
     @staticmethod
     def _wrap_tls(raw: socket.socket, params: ConnectionParams) -> socket.socket:

@@ -4,6 +4,8 @@ The parsed :class:`ConnectionParams` is what every connection is built from. Its
 :meth:`ConnectionParams.redacted` never show the password, so it is safe in logs and errors.
 TLS options travel as query parameters (``ca_file``, ``cert_file``, ``key_file``, ``verify``,
 ``server_hostname``) and ``auth=external`` selects SASL EXTERNAL (client-certificate login).
+``nodes=host:port,host:port`` names a cluster's other nodes, tried in order when the URL's own does
+not accept a connection: the node a URL names may be the one stopped for maintenance.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ TLS_SCHEME = "rabbitmq-stream+tls"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _KNOWN_QUERY = {"ca_file", "cert_file", "key_file", "verify", "server_hostname", "auth", "heartbeat",
-                "connection_name", "frame_max"}
+                "connection_name", "frame_max", "nodes"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,8 @@ class ConnectionParams:
     heartbeat: int = 60
     frame_max: int = 0  # 0 = accept the server's value (spec advice, section 2)
     connection_name: str | None = None
+    fallbacks: tuple[tuple[str, int], ...] = ()
+    """More nodes of the same cluster (``nodes=``), tried in order when ``host:port`` refuses."""
 
     def __repr__(self) -> str:
         return f"ConnectionParams({self.redacted()!r})"
@@ -60,8 +64,17 @@ class ConnectionParams:
         """``host:port`` for messages about connectivity."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """Where a connection is tried, in order: ``host:port``, then the fallbacks."""
+        return [(self.host, self.port), *self.fallbacks]
+
     def replace(self, **changes: object) -> ConnectionParams:
-        """A copy with some fields changed (used to follow advertised host/port)."""
+        """A copy with some fields changed (used to follow advertised host/port). A copy naming
+        another host or port has no fallbacks unless given: a connection to a stream's member
+        must reach that member, never another node."""
+        if ("host" in changes or "port" in changes) and "fallbacks" not in changes:
+            changes["fallbacks"] = ()
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
@@ -82,6 +95,19 @@ def _int(name: str, value: str) -> int:
     if number < 0:
         raise InvalidRequest(f"URL query parameter {name} must not be negative")
     return number
+
+
+def _nodes(value: str) -> tuple[tuple[str, int], ...]:
+    """``host:port,host:port`` (an IPv6 host in brackets) of ``nodes=``."""
+    out = []
+    for item in value.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidRequest(f"URL query parameter nodes: {item.strip()!r} is not host:port "
+                                 "(nodes=host:port,host:port)")
+        out.append((host, int(port)))
+    return tuple(out)
 
 
 def parse_url(url: str) -> ConnectionParams:
@@ -137,6 +163,7 @@ def parse_url(url: str) -> ConnectionParams:
         heartbeat=_int("heartbeat", query["heartbeat"]) if "heartbeat" in query else 60,
         frame_max=_int("frame_max", query["frame_max"]) if "frame_max" in query else 0,
         connection_name=query.get("connection_name") or None,
+        fallbacks=_nodes(query["nodes"]) if "nodes" in query else (),
     )
 
 
