@@ -71,6 +71,22 @@ class _RawConn:
         code, _ = self.request(0x0013, _string(mechanism) + struct.pack(">i", len(data)) + data)
         return code
 
+    def open_guest(self) -> None:
+        """Log in as guest, answer the broker's Tune and open the default vhost."""
+        self.peer_properties()
+        assert "PLAIN" in self.sasl_mechanisms()
+        assert self.authenticate("PLAIN", b"\x00guest\x00guest") == OK
+        (size,) = struct.unpack(">I", self._recv_exact(4))
+        tune = self._recv_exact(size)
+        assert struct.unpack_from(">H", tune)[0] == 0x0014, tune
+        self._sock.sendall(struct.pack(">I", size) + tune)
+        code, _ = self.request(0x0015, _string("/"))
+        assert code == OK
+
+    def create_stream(self, name: str) -> int:
+        code, _ = self.request(0x000D, _string(name) + struct.pack(">i", 0))
+        return code
+
 
 def _read_string(buf: bytes, pos: int) -> tuple[str, int]:
     (n,) = struct.unpack_from(">h", buf, pos)
@@ -188,3 +204,21 @@ def test_stream_names_are_unique_and_cleaned_up(broker_310: Broker, stream_name:
     stream_name.cleanup()
     queues = broker_310.cli("rabbitmqctl", "-q", "list_queues", "name", "--no-table-headers")
     assert not any(p in queues for p in partitions)
+
+
+def test_cleanup_deletes_streams_and_super_streams_on_a_broker_with_the_wire_commands(
+    broker_43: Broker, stream_name: StreamNames
+) -> None:
+    """4.3 has Delete and DeleteSuperStream on the wire: cleanup uses them, not a CLI call per name."""
+    plain = stream_name("plain")
+    sup = stream_name.super_stream()
+    partitions = make_super_stream_310(broker_43, sup, 2)
+    with socket.create_connection((broker_43.host, broker_43.stream_port), timeout=10) as sock:
+        conn = _RawConn(sock)
+        conn.open_guest()
+        assert conn.create_stream(plain) == OK
+    queues = broker_43.cli("rabbitmqctl", "-q", "list_queues", "name", "--no-table-headers").split()
+    assert {plain, *partitions} <= set(queues)
+    stream_name.cleanup()
+    queues = broker_43.cli("rabbitmqctl", "-q", "list_queues", "name", "--no-table-headers").split()
+    assert not {plain, *partitions} & set(queues)

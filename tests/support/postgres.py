@@ -53,12 +53,13 @@ def postgres_server() -> str:
     return start_server()
 
 
-def create_database(server_url: str, name: str) -> str:
-    """Create database ``name`` on the server and return its SQLAlchemy URL."""
+def create_database(server_url: str, name: str, *, template: str | None = None) -> str:
+    """Create database ``name`` on the server (a copy of database ``template`` if given) and return
+    its SQLAlchemy URL."""
     import psycopg
 
     with psycopg.connect(_admin_dsn(server_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     return server_url.rsplit("/", 1)[0] + f"/{name}"
 
 

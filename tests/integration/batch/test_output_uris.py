@@ -71,12 +71,6 @@ class DiesMidCopy:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", create=True) as led:
-        yield led
-
-
-@pytest.fixture
 def client(rabbitmq_url: str) -> Iterator[StreamClient]:
     with StreamClient.connect(rabbitmq_url) as c:
         yield c

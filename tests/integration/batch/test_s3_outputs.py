@@ -25,6 +25,7 @@ from streamledger.ledger import Ledger, RangeStatus
 from streamledger.protocol.rabbitmq import StreamClient
 from tests.integration.batch.helpers import CountingRunner, Killed
 from tests.integration.spark.helpers import body, create_stream, publish
+from tests.support.ledgers import sqlite_ledger_url
 from tests.support.s3 import Bucket
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(300)]
@@ -36,8 +37,9 @@ def ledger_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    with Ledger(ledger_url, create=True) as led:
+def ledger(ledger_url: str, sqlite_ledger_template: Path) -> Iterator[Ledger]:
+    url = sqlite_ledger_url(sqlite_ledger_template, Path(ledger_url.removeprefix("sqlite:///")))
+    with Ledger(url) as led:
         yield led
 
 

@@ -40,6 +40,7 @@ from streamledger.protocol.rabbitmq import StreamClient
 from tests.integration.batch.helpers import CountingRunner, Killed
 from tests.integration.batch.test_table_faults import wait_for
 from tests.integration.spark.helpers import body, create_stream, publish
+from tests.support.ledgers import sqlite_ledger_url
 from tests.support.s3 import Bucket
 from tests.support.spark import spark_env
 
@@ -56,8 +57,9 @@ def ledger_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    with Ledger(ledger_url, create=True) as led:
+def ledger(ledger_url: str, sqlite_ledger_template: Path) -> Iterator[Ledger]:
+    url = sqlite_ledger_url(sqlite_ledger_template, Path(ledger_url.removeprefix("sqlite:///")))
+    with Ledger(url) as led:
         yield led
 
 

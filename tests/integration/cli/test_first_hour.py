@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.integration.cli.helpers import cli
+from tests.integration.cli.test_spark_quiet import NOISE as SPARK_NOISE
 from tests.integration.spark.helpers import create_stream
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(600)]
@@ -29,6 +30,7 @@ def test_a_first_batch_on_a_new_sqlite_ledger(rabbitmq_url: str, stream_name: An
             "--master", "local[1]", "--conf", "spark.sql.shuffle.partitions=1", "--splits", "2",
             "--on-data-loss", "record", env=env)
     assert r.rc == 0, r.err
+    assert [n for n in SPARK_NOISE if n in r.err] == [], r.err  # Spark's start-up noise stays off (issue 33)
     result = json.loads(r.out)  # stdout is the JSON alone
     assert result["records"] == 40 and [p["status"] for p in result["partitions"]] == ["committed"]
     assert ledger.is_file()

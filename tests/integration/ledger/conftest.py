@@ -1,4 +1,5 @@
-"""Fixtures of the ledger integration tests: a fresh PostgreSQL database per test."""
+"""Fixtures of the ledger integration tests: a fresh PostgreSQL database per test (a copy of the
+session's migrated template, tests/support/ledgers.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from streamledger.ledger import Ledger
 
 
 @pytest.fixture
-def ledger(postgres_url: str) -> Iterator[Ledger]:
-    led = Ledger(postgres_url, create=True)
+def ledger(postgres_ledger_url: str) -> Iterator[Ledger]:
+    led = Ledger(postgres_ledger_url)
     yield led
     led.close()

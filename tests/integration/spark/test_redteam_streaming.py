@@ -24,13 +24,17 @@ pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(300)]
 PIPELINE = "redteam-streaming"
 
 
-def run_query(spark: Any, url: str, out: Path, checkpoint: Path, ledger: Ledger, stream: str) -> None:
+def run_query(spark: Any, url: str, out: Path, checkpoint: Path, ledger: Ledger, stream: str, *,
+              earliest: bool = True) -> None:
     """An availableNow query recording into ``ledger`` (its range outputs under the test's
     ``ranges``, whatever the checkpoint), its rows (stream, offset, body) written per Spark batch,
-    run to the end."""
+    run to the end. ``earliest=False`` leaves ``startingOffsets`` unset, as docs/spark.md says to
+    start a new query on a pipeline with history (it starts where the ledger ends)."""
     reader = (spark.readStream.format("rabbitmq_stream").option("url", url).option("ledger", ledger.url)
               .option("pipeline", PIPELINE).option("ledgerOutput", str(checkpoint.parent.parent / "ranges"))
-              .option("stream", stream).option("startingOffsets", "earliest"))
+              .option("stream", stream))
+    if earliest:
+        reader = reader.option("startingOffsets", "earliest")
 
     def each(df: Any, batch_id: int) -> None:
         df.select("stream", "offset", "body").write.mode("overwrite").parquet(str(out / f"b{batch_id:05d}"))
@@ -126,26 +130,6 @@ def test_a_deep_audit_of_a_streaming_pipeline_is_clean(
 RETENTION = {"max_length_bytes": 60_000, "max_segment_size_bytes": 15_000}
 
 
-def resume_query(spark: Any, url: str, out: Path, checkpoint: Path, ledger: Ledger, stream: str) -> None:
-    """A new availableNow query of the pipeline as docs/spark.md says to start one on a pipeline with
-    history (``startingOffsets`` unset: it starts where the ledger ends)."""
-    reader = (spark.readStream.format("rabbitmq_stream").option("url", url).option("ledger", ledger.url)
-              .option("pipeline", PIPELINE).option("ledgerOutput", str(checkpoint.parent.parent / "ranges"))
-              .option("stream", stream))
-
-    def each(df: Any, batch_id: int) -> None:
-        df.select("stream", "offset", "body").write.mode("overwrite").parquet(str(out / f"b{batch_id:05d}"))
-
-    q = (reader.load().writeStream.foreachBatch(each).option("checkpointLocation", str(checkpoint))
-         .trigger(availableNow=True).start())
-    try:
-        q.awaitTermination(240)
-    except Exception as exc:
-        raise RuntimeError(str(exc)) from None
-    if q.exception() is not None:
-        raise RuntimeError(str(q.exception()))
-
-
 def test_a_recreated_stream_refused_once_stays_refused_after_retention_took_its_fingerprint(
     spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
 ) -> None:
@@ -168,7 +152,8 @@ def test_a_recreated_stream_refused_once_stays_refused_after_retention_took_its_
         c.create_stream(s, **RETENTION)
     publish(rabbitmq_url, s, 5, start=1000)
     with pytest.raises(RuntimeError, match="below"):  # the new stream's tail 5 is below the ledger's end
-        resume_query(spark, rabbitmq_url, tmp_path / "b" / "out", tmp_path / "b" / "cp", any_ledger, s)
+        run_query(spark, rabbitmq_url, tmp_path / "b" / "out", tmp_path / "b" / "cp", any_ledger, s,
+                  earliest=False)
     with StreamClient.connect(rabbitmq_url) as c:
         for i in range(5, 10):  # one segment each: retention drops the first segment, [0, 6)
             c.publish(s, [body(s, 1000 + i) + b"|" + b"x" * 16_000], batch_size=1)
@@ -181,7 +166,8 @@ def test_a_recreated_stream_refused_once_stays_refused_after_retention_took_its_
     # records below 10 still there, the fingerprinted chunk gone
     assert pos.chunk.offset < first < 10 < tail, (pos.chunk, first, tail)
     try:
-        resume_query(spark, rabbitmq_url, tmp_path / "c" / "out", tmp_path / "c" / "cp", any_ledger, s)
+        run_query(spark, rabbitmq_url, tmp_path / "c" / "out", tmp_path / "c" / "cp", any_ledger, s,
+                  earliest=False)
     except RuntimeError as exc:
         assert "deleted and re-created?" in str(exc), exc
         assert sorted((r.start, r.end) for r in any_ledger.ranges(PIPELINE) if r.records) == [(0, 10)]

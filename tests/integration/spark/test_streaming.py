@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +66,6 @@ def batches(query: Any) -> list[tuple[SourceOffset, SourceOffset, int]]:
         end = SourceOffset.from_json(json.loads(src.endOffset))
         out.append((start, end, int(src.numInputRows)))
     return out
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    led = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", create=True)
-    yield led
-    led.close()
 
 
 def test_available_now_stops_at_the_tail_fixed_at_start(rabbitmq_url: str, stream_name: Any) -> None:

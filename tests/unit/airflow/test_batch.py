@@ -28,6 +28,7 @@ from streamledger.batch import (
 )
 from streamledger.ledger import Ledger
 from streamledger.paths import broker_component
+from tests.support.ledgers import sqlite_ledger_url
 
 URL = "rabbitmq-stream://guest:secret@127.0.0.1:5552/"
 
@@ -111,8 +112,8 @@ def at(second: int) -> datetime:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
+def ledger(tmp_path: Path, sqlite_ledger_template: Path) -> Ledger:
+    return Ledger(sqlite_ledger_url(sqlite_ledger_template, tmp_path / "ledger.db"))
 
 
 @pytest.fixture

@@ -1,17 +1,21 @@
-"""Fixtures of the ledger unit tests: a fresh SQLite ledger per test."""
+"""Fixtures of the ledger unit tests: a fresh SQLite ledger per test (a copy of the session's
+migrated template, tests/support/ledgers.py), at ``sqlite_url``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from streamledger.ledger import Ledger
+from tests.support.ledgers import sqlite_ledger_url
 
 
 @pytest.fixture
-def ledger(sqlite_url: str) -> Iterator[Ledger]:
-    led = Ledger(sqlite_url, create=True)
+def ledger(sqlite_url: str, sqlite_ledger_template: Path) -> Iterator[Ledger]:
+    url = sqlite_ledger_url(sqlite_ledger_template, Path(sqlite_url.removeprefix("sqlite:///")))
+    led = Ledger(url)
     yield led
     led.close()
 
