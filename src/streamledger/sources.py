@@ -185,6 +185,27 @@ def source_identity(url: str, name: str | None = None) -> str:
     return log_kind(url).identity(url, name)
 
 
+def shared_name_problem(url: str, reported: str | None, given: str | None) -> str | None:
+    """Why a URL naming more nodes (``nodes=``) cannot be given a history here, else None.
+
+    Which node answers then depends on which one is up, so the identity must be one the whole cluster
+    shares: a name the user gives (``broker_name``), or the cluster's configured ``cluster_name``. A
+    RabbitMQ cluster without one reports each node's own default, ``<prefix>@<host>``: a failover would
+    file the pipeline under a second name with a history of its own and read its streams again."""
+    if given or not reported or "@" not in reported or "nodes=" not in url:
+        return None
+    if log_kind(url).name != "rabbitmq":
+        return None
+    from streamledger.protocol.rabbitmq.url import parse_url
+
+    if not parse_url(url).fallbacks:
+        return None
+    return (f"the broker URL names more nodes (nodes=) but the cluster name {reported!r} is RabbitMQ's "
+            "per-node default (no cluster_name configured): each node would file the pipeline's history "
+            "under its own name; configure the cluster's cluster_name (rabbitmqctl set_cluster_name) "
+            "or give broker_name")
+
+
 def _canonical_where(where: str) -> str:
     """A server's part of an identity: a quoted name stays; ``host:port`` (an unquoted ``:``, which a
     quoted name never has) gets its host lower-cased and an IPv6 address bracketed."""

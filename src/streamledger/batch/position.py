@@ -28,7 +28,7 @@ from streamledger.errors import BatchError
 from streamledger.ledger.types import RunIdentity as RunId
 from streamledger.ledger.types import SourcePosition, SourceRef, Watermark
 from streamledger.paths import name_problem
-from streamledger.sources import super_stream_partitions
+from streamledger.sources import shared_name_problem, super_stream_partitions
 
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger, OffsetRange
@@ -74,7 +74,11 @@ class PipelineSource:
 
     def identity(self, log: Any) -> str:
         """The credential-free broker identity the ledger files this pipeline's history under."""
-        return broker_identity(self.url, self.broker_name or cluster_name(log))
+        reported = None if self.broker_name else cluster_name(log)
+        problem = shared_name_problem(self.url, reported, self.broker_name)
+        if problem is not None:
+            raise BatchError(f"pipeline {self.pipeline!r}: {problem}")
+        return broker_identity(self.url, self.broker_name or reported)
 
     def ref(self, identity: str, stream: str) -> SourceRef:
         return SourceRef(broker=identity, stream=stream, super_stream=self.super_stream)

@@ -230,10 +230,14 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
             from streamledger.batch.microbatch import MicroBatchRecorder
             from streamledger.batch.plan import broker_identity
             from streamledger.ledger import Ledger
+            from streamledger.sources import shared_name_problem
 
             opts = self.options
             assert opts.pipeline is not None and opts.ledger_output is not None
             name = opts.broker_name or self.client().cluster_name
+            problem = shared_name_problem(opts.read.url, name, opts.broker_name)
+            if problem is not None:
+                raise StreamingError(f"pipeline {opts.pipeline!r}: {problem}")
             broker = broker_identity(opts.read.url, name)
             ledger = Ledger(opts.ledger_url, create=True)
             # Rows recorded under another spelling of this broker's identity are this query's history.

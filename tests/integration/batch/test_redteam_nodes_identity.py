@@ -31,11 +31,6 @@ pytestmark = pytest.mark.timeout(300)
 PIPE = "p-exactly-once"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "nodes= lets the answering node decide the broker identity: a cluster without a configured "
-    "cluster_name reports each node's own default name, so a failover files the pipeline under a second "
-    "identity and reads its streams again; needs a policy (refuse nodes= unless the cluster name is "
-    "configured or broker_name is set, or an identity the whole cluster shares)"))
 def test_nodes_fallback_under_a_node_default_cluster_name_is_refused_before_any_claim(
     any_ledger: Ledger, runner: CountingRunner, rabbitmq_url: str, stream_name: Any, tmp_path: Path,
 ) -> None:
