@@ -512,14 +512,10 @@ class StreamClient:
             _check_name("stream", name)
             for spec in specs:
                 corr = conn.next_corr()
-                w = Writer(c.RESOLVE_OFFSET_SPEC).u32(corr).string(name)
-                requests.append((c.RESOLVE_OFFSET_SPEC, corr, spec.encode(w).frame()))
+                requests.append((c.RESOLVE_OFFSET_SPEC, corr, _resolve_frame(corr, name, spec)))
 
         def answer(_i: int, r: Reader) -> int | None:
-            if r.u16() != c.OK:
-                return None
-            r.u16()
-            return r.u64()
+            return _resolved_offset(r) if r.u16() == c.OK else None
 
         got = conn.pipeline(requests, answer)
         k = len(specs)
@@ -606,11 +602,9 @@ class StreamClient:
         if self.supports(c.RESOLVE_OFFSET_SPEC):
             conn = self._conn
             corr = conn.next_corr()
-            frame = spec.encode(Writer(c.RESOLVE_OFFSET_SPEC).u32(corr).string(name)).frame()
-            code, r = conn.request(c.RESOLVE_OFFSET_SPEC, corr, frame, stream=name)
+            code, r = conn.request(c.RESOLVE_OFFSET_SPEC, corr, _resolve_frame(corr, name, spec), stream=name)
             raise_for_code(code, c.RESOLVE_OFFSET_SPEC, name)
-            r.u16()
-            return r.u64()
+            return _resolved_offset(r)
         info = self._probe(name, spec, all_chunks=False)
         if info is not None:
             return info.first_offset
@@ -811,3 +805,14 @@ class StreamClient:
             max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
             filter_values=filter_values, stats=stats, max_batch_bytes=max_batch_bytes,
         )
+
+
+def _resolve_frame(corr: int, name: str, spec: OffsetSpec) -> bytes:
+    """A ResolveOffsetSpec request (0x1f) for ``spec`` on stream ``name``."""
+    return spec.encode(Writer(c.RESOLVE_OFFSET_SPEC).u32(corr).string(name)).frame()
+
+
+def _resolved_offset(r: Reader) -> int:
+    """The offset of a ResolveOffsetSpec answer whose code was OK (its offset type skipped)."""
+    r.u16()
+    return r.u64()

@@ -41,7 +41,7 @@ from streamledger.protocol.rabbitmq.errors import (
     TlsError,
     UnsupportedByBroker,
 )
-from streamledger.protocol.rabbitmq.url import ConnectionParams
+from streamledger.protocol.rabbitmq.url import ConnectionParams, host_port
 from streamledger.protocol.rabbitmq.wire import (
     FrameReader,
     Reader,
@@ -173,7 +173,7 @@ class Connection:
             except OSError as exc:
                 if i + 1 < len(tried):
                     continue
-                where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in tried)
+                where = ", ".join(host_port(h, p) for h, p in tried)
                 if isinstance(exc, TimeoutError):
                     raise ConnectionFailed(f"connecting to {where} timed out after {timeout:g}s") from None
                 raise ConnectionFailed(f"cannot connect to {where}: {exc.strerror or exc}") from None

@@ -56,8 +56,7 @@ class ConnectionParams:
         scheme = TLS_SCHEME if self.tls else SCHEME
         user = quote(self.username, safe="")
         vhost = "" if self.vhost == "/" else quote(self.vhost, safe="")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{scheme}://{user}:***@{host}:{self.port}/{vhost}"
+        return f"{scheme}://{user}:***@{host_port(self.host, self.port)}/{vhost}"
 
     @property
     def address(self) -> str:
@@ -76,6 +75,11 @@ class ConnectionParams:
         if ("host" in changes or "port" in changes) and "fallbacks" not in changes:
             changes["fallbacks"] = ()
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _flag(name: str, value: str) -> bool:
