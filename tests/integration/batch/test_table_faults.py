@@ -285,6 +285,57 @@ def test_batches_of_two_pipelines_committing_to_one_table_at_once_retry_and_land
 
 
 @pytest.mark.parametrize("sink", ["iceberg", "delta"])
+def test_a_table_another_batch_creates_while_this_one_creates_it_is_used_not_refused(
+    sink: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
+    stream_name: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two batches starting on a table nobody created yet both find it missing; the one whose create
+    lands second (pyiceberg: CommitFailedException "Table already exists" from its create
+    transaction) opens the winner's table and commits on top (CI stop 39 failed on this race)."""
+    s = stream_name(f"create-race-{sink}")
+    create_stream(rabbitmq_url, s, 30)
+    table = shared_table(sink, tmp_path)
+    other_stream = "someone-elses"
+
+    def create_meanwhile() -> None:  # the other batch's create, landing between look and create
+        rows = foreign_rows(other_stream, [0, 1])
+        schema = sinks.with_table_columns(rows.schema)
+        if sink == "iceberg":
+            cat = catalog_of(ledger, tmp_path)
+            cat.create_namespace_if_not_exists("streamledger")
+            cat.create_table(table, schema=schema).append(in_schema(rows, schema))
+        else:
+            from deltalake import DeltaTable, write_deltalake
+
+            DeltaTable.create(table, schema, name="other")
+            write_deltalake(table, in_schema(rows, schema), mode="append")
+
+    if sink == "iceberg":
+        real = IcebergSink._create_namespace
+
+        def hook(self: Any, namespace: str) -> None:
+            create_meanwhile()
+            real(self, namespace)
+
+        monkeypatch.setattr(IcebergSink, "_create_namespace", hook)
+    else:
+        real_refuse = DeltaSink._refuse_foreign_log
+
+        def hook_delta(self: Any) -> None:
+            real_refuse(self)
+            create_meanwhile()
+
+        monkeypatch.setattr(DeltaSink, "_refuse_foreign_log", hook_delta)
+    cfg = config(rabbitmq_url, tmp_path, s, sink=sink, table=table)
+    run_batch(cfg, run=rid("t", run="r1"), ledger=ledger, broker=client, runner=runner)
+    rows = shared_rows(sink, ledger, tmp_path)
+    assert rows.filter(pa.compute.equal(rows["stream"], s)).column("offset").to_pylist() == list(range(30))
+    assert rows.filter(pa.compute.equal(rows["stream"], other_stream)).num_rows == 2
+    report = audit(ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
+
+
+@pytest.mark.parametrize("sink", ["iceberg", "delta"])
 def test_a_table_too_busy_to_commit_to_fails_in_one_line_and_the_next_run_publishes(
     sink: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
     stream_name: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

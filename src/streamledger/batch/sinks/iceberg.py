@@ -123,7 +123,7 @@ class IcebergSink(TableSink):
 
     def _open(self, schema_of: str | None) -> Any:
         """The table; created (partitioned by stream) from the first data file's schema if missing."""
-        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
         try:
             return self.catalog.load_table(self.identifier)
@@ -144,10 +144,17 @@ class IcebergSink(TableSink):
                     tx.update_spec() as spec:
                 spec.add_identity("stream")
             log.info("created iceberg table %s (partitioned by stream)", self.identifier)
-        except TableAlreadyExistsError:
-            pass  # another batch created it meanwhile
         except Exception as exc:
-            raise BatchError(f"iceberg table {self.identifier}: cannot be created: {line(exc)}") from exc
+            # Another batch created it meanwhile: the catalog's insert says TableAlreadyExistsError,
+            # the create transaction's assert-create a CommitFailedException. Either way its table
+            # is there now; anything else is this create's own error.
+            try:
+                table = self.catalog.load_table(self.identifier)
+            except Exception:
+                raise BatchError(f"iceberg table {self.identifier}: cannot be created: "
+                                 f"{line(exc)}") from exc
+            log.info("iceberg table %s was created by another batch meanwhile", self.identifier)
+            return table
         return self.catalog.load_table(self.identifier)
 
     def _create_namespace(self, namespace: str) -> None:
