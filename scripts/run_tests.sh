@@ -18,7 +18,8 @@
 # The core lane prints as it goes; the airflow lane's output follows when both are done.
 # Tests marked `matrix` (further cells of a fault matrix the suite samples one cell per row of) run
 # with `make test-matrix`, not here.
-# STREAMLEDGER_TEST_LANES=1 runs the lanes one after the other (for a quiet profile of each).
+# STREAMLEDGER_TEST_LANES=1 runs the lanes one after the other (for a quiet profile of each);
+# STREAMLEDGER_DURATIONS=0 prints every test's time (default: the slowest 15 of each pytest run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -29,7 +30,7 @@ INSTALL_TESTS=tests/install
 
 run() {
   set +e
-  "$VENV/bin/python" -m pytest -q --durations=15 "$@"
+  "$VENV/bin/python" -m pytest -q --durations="${STREAMLEDGER_DURATIONS:-15}" "$@"
   local rc=$?
   set -e
   if [ "$rc" -eq 5 ]; then
