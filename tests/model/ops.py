@@ -107,8 +107,9 @@ class AuditCli:
 @dataclass(frozen=True)
 class Stream:
     """A ledger-recorded Structured Streaming query of the pipeline, run to an available-now trigger:
-    its rows written per micro-batch (``foreachBatch``, overwritten by batch id) under the pipeline's
-    output root, its ranges recorded in the pipeline's ledger history between its batches.
+    its rows written per micro-batch (``foreachBatch``, idempotent by batch id:
+    :mod:`tests.model.streaming`) under the pipeline's output root, its ranges recorded in the
+    pipeline's ledger history between its batches.
     ``checkpoint``: a ``new`` query (it starts where the ledger ends, or at the first offset of a
     pipeline without history) or the pipeline's last query restarted from its checkpoint
     (``reuse``). ``fail_at``: the query dies before writing its micro-batch number ``fail_at`` (its

@@ -62,10 +62,11 @@ def write_rows(job: QueryJob, rows: Any, batch_id: int) -> None:
     if job.sink == "delta":
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-        path, app = str(where / "delta"), f"model-{where.name}"
-        if (where / "delta" / "_delta_log").exists() and (DeltaTable(path).transaction_version(app) or -1) >= batch_id:
+        path, app = where / "delta", f"model-{where.name}"
+        done = DeltaTable(str(path)).transaction_version(app) if (path / "_delta_log").exists() else None
+        if done is not None and done >= batch_id:
             return  # a replayed micro-batch the table holds already
-        write_deltalake(path, data, mode="append",
+        write_deltalake(str(path), data, mode="append",
                         commit_properties=CommitProperties(app_transactions=[Transaction(app, batch_id)]))
         return
     from streamledger.batch.sinks.iceberg import load_catalog
@@ -103,8 +104,9 @@ def run_query(spark: Any, job: QueryJob, timeout_s: float = 300.0) -> str | None
         if killing:
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
-    q = (reader.load().writeStream.foreachBatch(each)
-         .option("checkpointLocation", str(Path(job.where) / "checkpoint")).trigger(availableNow=True).start())
+    checkpoint = str(Path(job.where) / "checkpoint")
+    q = (reader.load().writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
+         .trigger(availableNow=True).start())
     try:
         q.awaitTermination(timeout_s)
     except Exception as exc:

@@ -106,12 +106,13 @@ class MicroBatchRecorder:
             return
         pinned = next((r for r in self.ledger.ranges(self.pipeline, stream=stream)
                        if r.source == src and r.interval is not None), None)
-        if pinned is not None:
+        if pinned is not None and pinned.interval is not None:
+            start, end = (t.isoformat() for t in pinned.interval)
             raise MicroBatchError(
                 f"pipeline {self.pipeline!r}, stream {stream!r}: its history is pinned to data intervals "
-                f"(range {pinned.id} [{pinned.start}, {pinned.end}) of interval {pinned.interval[0].isoformat()}"  # type: ignore[index]
-                f" to {pinned.interval[1].isoformat()}); a streaming query claims where the ledger ends and "  # type: ignore[index]
-                "would take an interval's offsets; nothing recorded. Stream into another pipeline"
+                f"(range {pinned.id} [{pinned.start}, {pinned.end}) of interval {start} to {end}); a "
+                "streaming query claims where the ledger ends and would take an interval's offsets; nothing "
+                "recorded. Stream into another pipeline"
             )
         self._unpinned.add(stream)
 
