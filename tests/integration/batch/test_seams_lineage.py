@@ -15,7 +15,7 @@ import pytest
 
 from streamledger.ledger import Ledger, RangeStatus
 from streamledger.protocol.rabbitmq import StreamClient, parse_url
-from tests.integration.batch.helpers import CountingRunner, split_pinned_span
+from tests.integration.batch.helpers import CountingRunner, config, split_pinned_span
 from tests.integration.spark.helpers import create_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq, pytest.mark.timeout(300)]
@@ -99,3 +99,47 @@ def test_every_orchestrator_surface_lists_every_piece_of_a_stream(
     assert meta["stored_offsets"] == {s: 149}, meta
     assert chosen(meta["pieces"]) == pieces, meta
     assert meta["ranges"] == {s: [0, 50, 100, 150]} and meta["records"] == 100
+
+
+def test_a_partition_check_keeps_a_re_created_streams_ranges_apart(
+    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """One Dagster asset partition holds [0, 10) of a stream, which is then deleted and re-created
+    with 3 records; after `new-epoch` a re-materialization of the partition commits [0, 3) of the new
+    stream (epoch 1). Both ranges are the partition's and both are right: its check must find nothing
+    (before, it put both epochs on one line of offsets and reported a gap [3, 0))."""
+    from dagster import AssetKey
+
+    from streamledger.batch import RunId, StreamReplaced, run_batch
+    from streamledger.batch.lineage import lineage_of
+    from streamledger.cli import main
+    from streamledger.dagster.checks import partition_findings, partition_ranges
+    from streamledger.dagster.identity import DAG_ID, task_id
+
+    pipeline, key, window = "p-lineage-epochs", AssetKey("events"), "2026-01-01"
+    s = stream_name("lineage-epochs")
+    create_stream(rabbitmq_url, s, 10)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=pipeline)
+
+    def materialize(run_id: str) -> Any:
+        return run_batch(cfg, run=RunId(DAG_ID, run_id, task_id(key, window)), ledger=ledger, broker=client,
+                         runner=runner)
+
+    materialize("r1")
+    client.delete_stream(s)
+    client.create_stream(s)
+    client.publish(s, [b"new-%d" % i for i in range(3)])
+    with pytest.raises(StreamReplaced):
+        materialize("r2")
+    broker = ledger.ranges(pipeline)[0].source.broker
+    assert main(["ledger", "new-epoch", "--db", ledger.url, "--pipeline", pipeline, "--stream", s,
+                 "--broker", broker, "--reason", "re-created"]) == 0
+    got = materialize("r3")
+    (piece,) = lineage_of(got).pieces
+    assert (piece.start, piece.end, piece.records, piece.epoch) == (0, 3, 3, 1), piece
+
+    ranges = partition_ranges(ledger, pipeline, key, window)
+    done = sorted((r.start, r.end) for r in ranges if r.status == RangeStatus.COMMITTED)
+    assert done == [(0, 3), (0, 10)], ranges
+    assert partition_findings(ledger, pipeline, ranges, broker=client) == []
