@@ -296,7 +296,12 @@ class BatchRun:
             # (plan.initial_start) is claimed, then failed or recorded lost by settle_claim.
             span = (initial, span[1])
         interval = (cfg.interval_start, cfg.interval_end) if span is not None else None
-        return ClaimRequest(self._source(stream), limit, initial, span, interval)  # type: ignore[arg-type]
+        # New offsets the survey probed and found without a user record (tracking chunks): the claim
+        # records a range of them committed at once, no commit after it.
+        probed = self._probed.get(stream)
+        free = (probed[0], probed[1]) if probed is not None and probed[2] == 0 else None
+        return ClaimRequest(self._source(stream), limit, initial, span, interval,  # type: ignore[arg-type]
+                            record_free=free)
 
     def settle_lost_before(self, asks: Sequence[ClaimRequest]) -> None:
         """Offsets of a pinned history that retention took before any interval claimed them (a new
@@ -361,7 +366,8 @@ class BatchRun:
         assert self._started is not None
         came = StartFrom.HELD if rng.claimed_at < self._started else StartFrom.NEW
         status = PartitionStatus.EMPTY if rng.empty else PartitionStatus(rng.status.value)
-        result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id, lost=lost, status=status)
+        result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id if rng.recorded else None,
+                                 lost=lost, status=status)
         if rng.status == RangeStatus.COMMITTED and not rng.empty:
             result.records = int(rng.records or 0)
             result.first_offset, result.last_offset = rng.first_seen, rng.last_seen

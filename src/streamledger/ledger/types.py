@@ -138,6 +138,10 @@ def skip_identity(start: int, end: int) -> RunIdentity:
     return RunIdentity(SKIP_RUN_DAG, f"skip-{start}-{end}", SKIP_RUN_TASK)
 
 
+UNRECORDED = 0
+"""The id of an empty claim answered without a row (:attr:`OffsetRange.recorded`); rows start at 1."""
+
+
 @dataclass(frozen=True, slots=True)
 class OffsetRange:
     """A snapshot of one ledger row: the half-open offset span ``[start, end)`` of one source."""
@@ -187,6 +191,12 @@ class OffsetRange:
     def empty(self) -> bool:
         """True when the span holds no offsets (``start == end``): nothing to read."""
         return self.start == self.end
+
+    @property
+    def recorded(self) -> bool:
+        """False for a claim's answer "nothing new" on a source with a history, which is not stored
+        (its ``id`` is :data:`UNRECORDED`): an idle batch adds no row per source."""
+        return self.id != UNRECORDED
 
     def describe(self) -> str:
         """A short human label: ``pipeline stream [start, end) status``."""
@@ -301,6 +311,9 @@ class ClaimRequest:
     span: tuple[int, int] | None = None
     """A pinned claim's offsets (with ``interval``): :meth:`Ledger.claim`'s ``span``."""
     interval: tuple[datetime, datetime] | None = None
+    record_free: tuple[int, int] | None = None
+    """Offsets ``[start, end)`` the caller probed and found to hold no user record (tracking chunks):
+    :meth:`Ledger.claim`'s ``record_free``."""
 
 
 @dataclass(frozen=True, slots=True)
