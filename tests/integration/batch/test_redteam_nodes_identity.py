@@ -12,6 +12,8 @@ the audit of each identity says CLEAN.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +23,7 @@ import pytest
 from streamledger.batch import BatchError, run_batch
 from streamledger.batch.proof import audit
 from streamledger.ledger import Ledger
+from streamledger.ledger.types import retired_broker
 from streamledger.protocol.rabbitmq import StreamClient
 from streamledger.sources import source_identity
 from tests.integration.batch.helpers import CountingRunner, committed_bodies, config, rid
@@ -48,22 +51,45 @@ def test_nodes_fallback_under_a_node_default_cluster_name_is_refused_before_any_
 
 
 
+@contextmanager
+def _parked(ledger: Ledger, identity: str) -> Iterator[None]:
+    """While inside, ``identity``'s history is filed under a retired epoch's name, which neither the
+    claim nor the audit compares: the ledger a batch from before the claim-time refusal wrote."""
+    parked = retired_broker(identity, 99)
+    ledger.rename_broker(identity, parked, pipeline=PIPE)
+    try:
+        yield
+    finally:
+        ledger.rename_broker(parked, identity, pipeline=PIPE)
+
+
 def _failover_and_back(ledger: Ledger, client: StreamClient, runner: CountingRunner, url: str, s: str,
-                       root: Path) -> list[bytes]:
+                       root: Path, *, unchecked: bool = False) -> tuple[list[bytes], list[BatchError]]:
     """Batch 1 through node 1, batch 2 while node 1 is down (the fallback node answers under its own
     default cluster name: one loopback broker answers under a second name only when it is given one,
     here as ``broker_name``; the rest is the real path), batch 3 through node 1 again, batch 4 while
-    it is down again. The bodies a reader of the outputs sees."""
+    it is down again. The bodies a reader of the outputs sees, and the refusals. ``unchecked``: each
+    batch runs with the other identity's history parked (:func:`_parked`), as before the refusal."""
     create_stream(url, s, 10)
     own = config(url, root, s)
     node2 = config(url, root, s, broker_name="rabbit2@node2")  # what node 2 reports of itself
-    run_batch(own, run=rid("t", run="r1"), ledger=ledger, broker=client, runner=runner)
+    names = (source_identity(url, client.cluster_name), source_identity(url, "rabbit2@node2"))
+    refused: list[BatchError] = []
+
+    def batch(cfg: Any, other: str, run: str) -> None:
+        with _parked(ledger, other) if unchecked else nullcontext():
+            try:
+                run_batch(cfg, run=rid("t", run=run), ledger=ledger, broker=client, runner=runner)
+            except BatchError as exc:
+                refused.append(exc)
+
+    batch(own, names[1], "r1")
     publish(url, s, 10, start=10)
-    run_batch(node2, run=rid("t", run="r2"), ledger=ledger, broker=client, runner=runner)
+    batch(node2, names[0], "r2")
     publish(url, s, 5, start=20)
-    run_batch(own, run=rid("t", run="r3"), ledger=ledger, broker=client, runner=runner)
-    run_batch(node2, run=rid("t", run="r4"), ledger=ledger, broker=client, runner=runner)
-    return sorted(committed_bodies(ledger, PIPE))
+    batch(own, names[1], "r3")
+    batch(node2, names[0], "r4")
+    return sorted(committed_bodies(ledger, PIPE)), refused
 
 
 def test_offsets_read_under_two_names_of_one_broker_are_no_clean_audit(
@@ -71,10 +97,12 @@ def test_offsets_read_under_two_names_of_one_broker_are_no_clean_audit(
     tmp_path: Path,
 ) -> None:
     """The audit must never say CLEAN while the outputs hold an offset twice. Before: CLEAN with 40
-    records in the outputs for 25 offsets ([10, 25) under both identities), SQLite and PostgreSQL."""
+    records in the outputs for 25 offsets ([10, 25) under both identities), SQLite and PostgreSQL.
+    The batch now refuses the second name before it claims: the doubled ledger is one an earlier
+    version wrote (each batch run with the other identity's history parked)."""
     s = stream_name("nodes-audit")
-    got = _failover_and_back(any_ledger, client, runner, rabbitmq_url, s, tmp_path)
-    assert len(got) == 40  # the doubling the next test waits for a fix of
+    got, refused = _failover_and_back(any_ledger, client, runner, rabbitmq_url, s, tmp_path, unchecked=True)
+    assert refused == [] and len(got) == 40  # the doubling an earlier version wrote
     report = audit(any_ledger, PIPE, broker=client)
     assert not report.clean, f"the audit says CLEAN with {len(got)} records in the outputs for 25 offsets"
     doubled = sorted((v.start, v.end) for v in report.violations if v.kind.value == "overlap")
@@ -86,13 +114,46 @@ def test_offsets_read_under_two_names_of_one_broker_are_no_clean_audit(
     assert [v.kind.value for v in report.violations].count("overlap") == 2, report.to_text()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a failover to a node reporting another cluster name, and back, reads again what the other name's "
-    "history read: each identity's history is its own (needs a broker identity the whole cluster shares)"))
 def test_a_failover_and_back_under_per_node_cluster_names_reads_no_offset_twice(
     any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path,
 ) -> None:
+    """Before: 40 records in the outputs for 25 offsets, each identity's history whole on its own.
+    Now the batches through the second name are refused before they claim; node 1's go on."""
     s = stream_name("nodes-failover")
-    got = _failover_and_back(any_ledger, client, runner, rabbitmq_url, s, tmp_path)
+    got, refused = _failover_and_back(any_ledger, client, runner, rabbitmq_url, s, tmp_path)
     assert got == sorted(body(s, i) for i in range(25)), f"{len(got)} records in the outputs for 25 offsets"
+    own, node2 = source_identity(rabbitmq_url, client.cluster_name), source_identity(rabbitmq_url, "rabbit2@node2")
+    assert len(refused) == 2
+    for exc in refused:
+        text = str(exc)
+        assert "\n" not in text and s in text and own in text and node2 in text, text
+        assert "broker_name" in text and "cluster_name" in text, text
+    assert {r.source.broker for r in any_ledger.ranges(PIPE)} == {own}  # nothing claimed under node 2
+    assert audit(any_ledger, PIPE, broker=client).clean
+
+
+def test_two_broker_names_given_for_one_broker_are_refused_before_any_claim(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """Two explicit ``broker_name`` s for one broker: the second is refused in one line naming the stream
+    and both identities, nothing claimed or stored under it; the first goes on where it stopped."""
+    s = stream_name("two-names")
+    create_stream(rabbitmq_url, s, 20)
+    east = config(rabbitmq_url, tmp_path, s, broker_name="east")
+    west = config(rabbitmq_url, tmp_path, s, broker_name="west")
+    run_batch(east, run=rid("t", run="r1"), ledger=any_ledger, broker=client, runner=runner)
+    stored = client.query_offset(s, PIPE)
+    publish(rabbitmq_url, s, 10, start=20)
+    calls = runner.calls
+    with pytest.raises(BatchError) as caught:
+        run_batch(west, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
+    text = str(caught.value)
+    assert "\n" not in text and repr(s) in text, text
+    assert "rabbitmq://east/%2F" in text and "rabbitmq://west/%2F" in text, text
+    assert runner.calls == calls and client.query_offset(s, PIPE) == stored
+    assert {r.source.broker for r in any_ledger.ranges(PIPE)} == {"rabbitmq://east/%2F"}
+    run_batch(east, run=rid("t", run="r3"), ledger=any_ledger, broker=client, runner=runner)
+    assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(body(s, i) for i in range(30))
+    assert audit(any_ledger, PIPE, broker=client).clean
