@@ -12,17 +12,19 @@ the audit of each identity says CLEAN.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from streamledger.batch import BatchError, run_batch
+from streamledger.batch import BatchError, StreamReplaced, run_batch
 from streamledger.batch.proof import audit
-from streamledger.ledger import Ledger
+from streamledger.ledger import Ledger, SourceRef
 from streamledger.ledger.types import retired_broker
 from streamledger.protocol.rabbitmq import StreamClient
 from streamledger.sources import source_identity
@@ -156,4 +158,84 @@ def test_two_broker_names_given_for_one_broker_are_refused_before_any_claim(
     assert {r.source.broker for r in any_ledger.ranges(PIPE)} == {"rabbitmq://east/%2F"}
     run_batch(east, run=rid("t", run="r3"), ledger=any_ledger, broker=client, runner=runner)
     assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(body(s, i) for i in range(30))
+    assert audit(any_ledger, PIPE, broker=client).clean
+
+
+def test_two_brokers_with_streams_of_one_name_are_not_one_broker(
+    any_ledger: Ledger, runner: CountingRunner, broker_43: Any, broker_40: Any, stream_name: Any, tmp_path: Path,
+) -> None:
+    """One pipeline reads a stream of one name on the 4.3 and on the 4.0 server, batch after batch:
+    each history's chunks are on its own broker only, so neither is refused, and the audit given both
+    brokers is clean."""
+    s = stream_name("two-brokers")
+    brokers = {b.url: StreamClient.connect(b.url) for b in (broker_43, broker_40)}
+    try:
+        for url in brokers:
+            create_stream(url, s, 10)
+        for n in range(2):
+            for i, (url, log) in enumerate(brokers.items()):
+                if n:
+                    publish(url, s, 5, start=10)
+                run_batch(config(url, tmp_path, s), run=rid("t", run=f"r{n}-{i}"), ledger=any_ledger, broker=log,
+                          runner=runner)
+        named = {source_identity(url, log.cluster_name): log for url, log in brokers.items()}
+        assert len(named) == 2 and {r.source.broker for r in any_ledger.ranges(PIPE)} == set(named)
+        assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(2 * [body(s, i) for i in range(15)])
+        report = audit(any_ledger, PIPE, broker=named)
+        assert report.clean, report.to_text()
+    finally:
+        for log in brokers.values():
+            log.close()
+
+
+def test_a_second_name_on_a_pinned_interval_is_refused_before_any_claim(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """A pinned run (an Airflow data interval) under a second name of the broker would read its interval
+    at the interval's start, again: refused before it claims, nothing under the second name."""
+    s = stream_name("two-names-pinned")
+    create_stream(rabbitmq_url, s)
+    start = datetime.now(UTC)
+    time.sleep(0.3)
+    publish(rabbitmq_url, s, 20, batch_size=10)
+    time.sleep(0.6)
+    end = datetime.now(UTC)
+    time.sleep(0.6)
+    publish(rabbitmq_url, s, 5, start=20)  # after the interval: its end is resolvable now
+
+    def pinned(name: str) -> Any:
+        return config(rabbitmq_url, tmp_path, s, broker_name=name, interval_start=start, interval_end=end,
+                      bound_by_interval=True, interval_grace=5.0)
+
+    got = run_batch(pinned("east"), run=rid("t", run="i1"), ledger=any_ledger, broker=client, runner=runner)
+    assert [(p.start, p.records) for p in got.partitions] == [(0, 20)]
+    with pytest.raises(BatchError, match=r"rabbitmq://east/%2F.*rabbitmq://west/%2F|rabbitmq://west/%2F.*east"):
+        run_batch(pinned("west"), run=rid("t", run="i1-west"), ledger=any_ledger, broker=client, runner=runner)
+    assert {r.source.broker for r in any_ledger.ranges(PIPE)} == {"rabbitmq://east/%2F"}
+    assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(body(s, i) for i in range(20))
+
+
+def test_a_new_epoch_under_one_name_is_compared_and_the_retired_one_is_not(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """The stream re-created: the old epoch's chunks are gone, so its history never refuses a name;
+    the new epoch's history under east makes west one broker under two names again."""
+    s = stream_name("two-names-epoch")
+    create_stream(rabbitmq_url, s, 10)
+    east = config(rabbitmq_url, tmp_path, s, broker_name="east")
+    west = config(rabbitmq_url, tmp_path, s, broker_name="west")
+    run_batch(east, run=rid("t", run="r1"), ledger=any_ledger, broker=client, runner=runner)
+    client.delete_stream(s)
+    client.create_stream(s)
+    client.publish(s, [b"new-%d" % i for i in range(7)])
+    with pytest.raises(StreamReplaced):
+        run_batch(east, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
+    any_ledger.new_epoch(PIPE, SourceRef("rabbitmq://east/%2F", s), reason="re-created")
+    run_batch(east, run=rid("t", run="r3"), ledger=any_ledger, broker=client, runner=runner)
+    with pytest.raises(BatchError) as caught:
+        run_batch(west, run=rid("t", run="r4"), ledger=any_ledger, broker=client, runner=runner)
+    assert "#epoch" not in str(caught.value) and "rabbitmq://east/%2F" in str(caught.value)
+    assert not any(r.source.broker.startswith("rabbitmq://west/") for r in any_ledger.ranges(PIPE))
     assert audit(any_ledger, PIPE, broker=client).clean
