@@ -94,6 +94,6 @@ def named_twice_because(log: Any, stream: str, pipeline: str, own: str, pos: Sou
     others = ", ".join(n for n in names if n != own)
     return (f"the broker reached as {own} holds the chunks pipeline {pipeline!r} committed under broker "
             f"{others}: one broker under two names, and a history under {own} would read again what "
-            f"{others} read; nothing was claimed; give every URL of this broker one broker_name (or configure its cluster_name "
-            f"on every node, rabbitmqctl set_cluster_name) and move a history to it by hand if needed "
-            f"(`streamledger ledger rename-broker OLD NEW`)")
+            f"{others} read; nothing was claimed; give every URL of this broker one broker_name (or "
+            "configure its cluster_name on every node, rabbitmqctl set_cluster_name) and move a history "
+            "to it by hand if needed (`streamledger ledger rename-broker OLD NEW`)")

@@ -237,7 +237,8 @@ class Positions(Sources):
         found: list[tuple[int, str, str]] = []
         for part in chunks(sorted({s.stream for s in sources})):
             found += [(int(i), b, st) for i, b, st in session.execute(
-                select(Source.id, Source.broker, Source.stream).join(Pipeline, Pipeline.id == Source.pipeline_id)
+                select(Source.id, Source.broker, Source.stream)
+                .join(Pipeline, Pipeline.id == Source.pipeline_id)
                 .where(Pipeline.name == pipeline, Source.stream.in_(part)))
                 if not is_retired(b)]
         by_stream: dict[str, list[tuple[int, str]]] = {}

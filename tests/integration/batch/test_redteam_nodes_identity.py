@@ -125,7 +125,8 @@ def test_a_failover_and_back_under_per_node_cluster_names_reads_no_offset_twice(
     s = stream_name("nodes-failover")
     got, refused = _failover_and_back(any_ledger, client, runner, rabbitmq_url, s, tmp_path)
     assert got == sorted(body(s, i) for i in range(25)), f"{len(got)} records in the outputs for 25 offsets"
-    own, node2 = source_identity(rabbitmq_url, client.cluster_name), source_identity(rabbitmq_url, "rabbit2@node2")
+    own = source_identity(rabbitmq_url, client.cluster_name)
+    node2 = source_identity(rabbitmq_url, "rabbit2@node2")
     assert len(refused) == 2
     for exc in refused:
         text = str(exc)
@@ -162,7 +163,8 @@ def test_two_broker_names_given_for_one_broker_are_refused_before_any_claim(
 
 
 def test_two_brokers_with_streams_of_one_name_are_not_one_broker(
-    any_ledger: Ledger, runner: CountingRunner, broker_43: Any, broker_40: Any, stream_name: Any, tmp_path: Path,
+    any_ledger: Ledger, runner: CountingRunner, broker_43: Any, broker_40: Any, stream_name: Any,
+    tmp_path: Path,
 ) -> None:
     """One pipeline reads a stream of one name on the 4.3 and on the 4.0 server, batch after batch:
     each history's chunks are on its own broker only, so neither is refused, and the audit given both
@@ -176,8 +178,8 @@ def test_two_brokers_with_streams_of_one_name_are_not_one_broker(
             for i, (url, log) in enumerate(brokers.items()):
                 if n:
                     publish(url, s, 5, start=10)
-                run_batch(config(url, tmp_path, s), run=rid("t", run=f"r{n}-{i}"), ledger=any_ledger, broker=log,
-                          runner=runner)
+                run_batch(config(url, tmp_path, s), run=rid("t", run=f"r{n}-{i}"), ledger=any_ledger,
+                          broker=log, runner=runner)
         named = {source_identity(url, log.cluster_name): log for url, log in brokers.items()}
         assert len(named) == 2 and {r.source.broker for r in any_ledger.ranges(PIPE)} == set(named)
         assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(2 * [body(s, i) for i in range(15)])
@@ -211,7 +213,8 @@ def test_a_second_name_on_a_pinned_interval_is_refused_before_any_claim(
     got = run_batch(pinned("east"), run=rid("t", run="i1"), ledger=any_ledger, broker=client, runner=runner)
     assert [(p.start, p.records) for p in got.partitions] == [(0, 20)]
     with pytest.raises(BatchError, match=r"rabbitmq://east/%2F.*rabbitmq://west/%2F|rabbitmq://west/%2F.*east"):
-        run_batch(pinned("west"), run=rid("t", run="i1-west"), ledger=any_ledger, broker=client, runner=runner)
+        run_batch(pinned("west"), run=rid("t", run="i1-west"), ledger=any_ledger, broker=client,
+                  runner=runner)
     assert {r.source.broker for r in any_ledger.ranges(PIPE)} == {"rabbitmq://east/%2F"}
     assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(body(s, i) for i in range(20))
 
