@@ -232,23 +232,19 @@ class Positions(Sources):
                    ) -> dict[tuple[str, str], tuple[tuple[str, ChunkPrint], ...]]:
         """(broker, stream) -> the newest chunk print of the pipeline's history of that stream under
         each other live broker identity (retired epochs left out: their stream is gone). One query
-        per 500 names; prints only for the identities found (usually none)."""
-        mine = {(s.broker, s.stream) for s in sources}
-        found: list[tuple[int, str, str]] = []
-        for part in chunks(sorted({s.stream for s in sources})):
-            found += [(int(i), b, st) for i, b, st in session.execute(
-                select(Source.id, Source.broker, Source.stream)
-                .join(Pipeline, Pipeline.id == Source.pipeline_id)
-                .where(Pipeline.name == pipeline, Source.stream.in_(part)))
-                if not is_retired(b)]
-        by_stream: dict[str, list[tuple[int, str]]] = {}
-        for sid, broker, stream in found:
-            by_stream.setdefault(stream, []).append((sid, broker))
-        theirs = {(b, st): [(sid, o) for sid, o in by_stream.get(st, ()) if o != b] for b, st in mine}
-        ids = sorted({sid for v in theirs.values() for sid, _o in v})
-        if not ids:  # no stream of these sources has a history under another identity: the usual case
+        per broker and 500 names, which finds no row in the usual case (one identity per stream)."""
+        theirs: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for broker in sorted({s.broker for s in sources}):
+            for part in chunks(sorted({s.stream for s in sources if s.broker == broker})):
+                for sid, other, stream in session.execute(
+                        select(Source.id, Source.broker, Source.stream)
+                        .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                        .where(Pipeline.name == pipeline, Source.stream.in_(part), Source.broker != broker)):
+                    if not is_retired(other):
+                        theirs.setdefault((broker, stream), []).append((int(sid), other))
+        if not theirs:
             return {}
-        prints = self._chunk_prints(session, ids)
+        prints = self._chunk_prints(session, sorted({sid for v in theirs.values() for sid, _o in v}))
         out: dict[tuple[str, str], tuple[tuple[str, ChunkPrint], ...]] = {}
         for key, v in theirs.items():
             others = sorted((o, prints[sid]) for sid, o in v if sid in prints)
