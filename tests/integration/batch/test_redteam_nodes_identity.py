@@ -242,3 +242,28 @@ def test_a_new_epoch_under_one_name_is_compared_and_the_retired_one_is_not(
     assert "#epoch" not in str(caught.value) and "rabbitmq://east/%2F" in str(caught.value)
     assert not any(r.source.broker.startswith("rabbitmq://west/") for r in any_ledger.ranges(PIPE))
     assert audit(any_ledger, PIPE, broker=client).clean
+
+
+def test_two_first_batches_under_two_names_that_race_are_no_clean_audit(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """What the claim-time refusal cannot see: a batch under a second name that surveys while the
+    first name's first batch is between its claim and its commit (no print yet). The audit finds it."""
+    s = stream_name("two-names-race")
+    create_stream(rabbitmq_url, s, 10)
+    east = config(rabbitmq_url, tmp_path, s, broker_name="east")
+    west = config(rabbitmq_url, tmp_path, s, broker_name="west")
+
+    def meanwhile(step: str, _batch: Any) -> None:
+        if step == "claimed":
+            run_batch(west, run=rid("t", run="w1"), ledger=any_ledger, broker=client, runner=runner)
+
+    run_batch(east, run=rid("t", run="e1"), ledger=any_ledger, broker=client, runner=runner,
+              on_step=meanwhile)
+    assert len(committed_bodies(any_ledger, PIPE)) == 20
+    report = audit(any_ledger, PIPE, broker=client)
+    assert [v.kind.value for v in report.violations].count("overlap") == 1, report.to_text()
+    for cfg, name in ((west, "w2"), (east, "e2")):  # from now on each name is refused: one must go
+        with pytest.raises(BatchError, match="one broker under two names"):
+            run_batch(cfg, run=rid("t", run=name), ledger=any_ledger, broker=client, runner=runner)
