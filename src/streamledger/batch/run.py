@@ -370,7 +370,8 @@ class BatchRun:
         assert self._started is not None
         came = StartFrom.HELD if rng.claimed_at < self._started else StartFrom.NEW
         status = PartitionStatus.EMPTY if rng.empty else PartitionStatus(rng.status.value)
-        result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id, lost=lost, status=status)
+        result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id, lost=lost, status=status,
+                                 epoch=self.epochs.get(stream, 0))
         if rng.status == RangeStatus.COMMITTED and not rng.empty:
             result.records = int(rng.records or 0)
             result.first_offset, result.last_offset = rng.first_seen, rng.last_seen
