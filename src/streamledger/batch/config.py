@@ -186,6 +186,7 @@ class PartitionResult:
 
     ``status`` is a :class:`PartitionStatus` (``committed`` with ``records`` 0 when the range held
     no user record); ``start_from`` a :class:`StartFrom`. ``to_dict`` gives both as their strings.
+    ``epoch``: the stream's incarnation in the ledger the range belongs to (0 until ``new-epoch``).
     """
 
     stream: str
@@ -201,6 +202,7 @@ class PartitionResult:
     offset_stored: int | None = None
     lost: tuple[int, int] | None = None
     read: bool = False
+    epoch: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -234,7 +236,8 @@ class BatchResult:
         """Per stream the bounds of every span the batch read, in offset order and flattened:
         ``[start, end]`` for the usual one piece, ``[s1, e1, s2, e2]`` when a pinned retry read
         several pieces of one stream (pieces that touch are one span). Never only the last piece:
-        what XCom, Dagster's metadata and asset events report."""
+        what XCom, Dagster's metadata and asset events report (each piece on its own:
+        :func:`streamledger.batch.lineage.lineage_of`)."""
         spans: dict[str, list[list[int]]] = {}
         for p in sorted(self.partitions, key=lambda p: (p.stream, p.start, p.end)):
             mine = spans.setdefault(p.stream, [])

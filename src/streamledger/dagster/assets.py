@@ -18,9 +18,10 @@ adds the Dagster side:
   unprocessed offsets is refused with an error naming them, instead of silently folding their data
   into the later window. Empty windows need no run; a window run again after it was done finds
   nothing new (its range is in the ledger and its directory is published once).
-* **metadata** — ranges, records, output paths and stored offsets of every stream, from
-  ``BatchResult.to_dict()``, and the lag left after the batch (``streamledger/lag_seconds``, from
-  chunk timestamps: :mod:`streamledger.dagster.freshness`); with a table sink (``sink="iceberg"`` /
+* **metadata** — ranges, records, output paths, ledger range ids and stored offsets of every stream,
+  each range of the batch on its own in ``pieces`` (:func:`streamledger.batch.lineage.lineage_of`),
+  and the lag left after the batch (``streamledger/lag_seconds``, from chunk timestamps:
+  :mod:`streamledger.dagster.freshness`); with a table sink (``sink="iceberg"`` /
   ``"delta"``) also the table (``streamledger/table``: format, identifier, location, snapshot id or
   version) and ``dagster/uri`` = the table's location.
 """
@@ -44,6 +45,7 @@ from dagster import (
 )
 
 from streamledger.batch import BatchConfig, BatchResult, run_batch
+from streamledger.batch.lineage import lineage_of
 from streamledger.batch.position import PipelineSource
 from streamledger.batch.spec import Door, PipelineSpec
 from streamledger.dagster.freshness import lag_by_stream
@@ -62,30 +64,30 @@ class StreamBatchOrderError(StreamledgerError):
 
 
 def batch_metadata(result: BatchResult) -> dict[str, Any]:
-    """Materialization metadata of one batch (one entry per stream in each JSON value)."""
-    parts = result.partitions
+    """Materialization metadata of one batch: every range (``pieces``) and the per-stream maps, from
+    :func:`~streamledger.batch.lineage.lineage_of` (docs/dagster.md, "Materialization metadata")."""
+    lineage = lineage_of(result)
     rows = [
-        f"| {p.stream} | [{p.start}, {p.end}) | {p.records} | {p.status} | "
+        f"| {p.stream} | {p.epoch} | [{p.start}, {p.end}) | {p.records} | {p.status} | "
+        f"{'' if p.range_id is None else p.range_id} | "
         f"{'' if p.offset_stored is None else p.offset_stored} | {p.output or ''} |"
-        for p in parts
+        for p in lineage.pieces
     ]
     table = "\n".join(
-        ["| stream | range | records | status | stored offset | output |", "|---|---|---|---|---|---|", *rows]
+        ["| stream | epoch | range | records | status | range id | stored offset | output |",
+         "|---|---|---|---|---|---|---|---|", *rows]
     )
     return {
-        "dagster/row_count": MetadataValue.int(result.records),
-        "records": MetadataValue.int(result.records),
-        "pipeline": MetadataValue.text(result.pipeline),
-        "broker": MetadataValue.text(result.broker),
-        "empty": MetadataValue.bool(result.empty),
-        "ranges": MetadataValue.json(result.ranges()),
-        "outputs": MetadataValue.json({p.stream: p.output for p in parts if p.output}),
-        "stored_offsets": MetadataValue.json(
-            {p.stream: p.offset_stored for p in parts if p.offset_stored is not None}
-        ),
-        "ledger_range_ids": MetadataValue.json(
-            {p.stream: p.range_id for p in parts if p.range_id is not None}
-        ),
+        "dagster/row_count": MetadataValue.int(lineage.records),
+        "records": MetadataValue.int(lineage.records),
+        "pipeline": MetadataValue.text(lineage.pipeline),
+        "broker": MetadataValue.text(lineage.broker),
+        "empty": MetadataValue.bool(lineage.empty),
+        "ranges": MetadataValue.json(lineage.ranges),
+        "outputs": MetadataValue.json(lineage.outputs()),
+        "stored_offsets": MetadataValue.json(lineage.stored_offsets()),
+        "ledger_range_ids": MetadataValue.json(lineage.range_ids()),
+        "pieces": MetadataValue.json([p.to_dict() for p in lineage.pieces]),
         "batch": MetadataValue.md(table),
     }
 
@@ -342,7 +344,7 @@ def stream_batch_asset(
                 config, run=run, ledger=ledger, broker=client, runner=runner,
                 holder_alive=holder_alive(context.instance, context.run.run_id),
             )
-            lag = lag_by_stream(client, ((p.stream, p.end) for p in result.partitions))
+            lag = lag_by_stream(client, lineage_of(result).ends().items())
         for p in result.partitions:
             context.log.info(
                 "%s [%d, %d) %s: %d records, stored offset %s, output %s",

@@ -28,7 +28,7 @@ from streamledger.batch.proof import audit, check_outputs
 from streamledger.dagster.assets import DEFAULT_BROKER_KEY, DEFAULT_LEDGER_KEY
 from streamledger.dagster.identity import DAG_ID, task_id
 from streamledger.errors import StreamledgerError
-from streamledger.ledger.types import RangeStatus
+from streamledger.ledger.types import RangeStatus, is_retired
 
 
 def audit_metadata(report: Any) -> dict[str, Any]:
@@ -89,29 +89,36 @@ def partition_ranges(ledger: Any, pipeline: str, asset_key: AssetKey, partition_
     return [r for r in ledger.ranges(pipeline) if r.run.dag_id == DAG_ID and r.run.task_id == task]
 
 
+def _where(source: Any) -> str:
+    """A source's stream, with its history's broker identity when that history is a retired epoch's
+    (``...#epochN``: the stream as it was before it was re-created)."""
+    return f"{source.stream} ({source.broker})" if is_retired(source.broker) else source.stream
+
+
 def partition_findings(ledger: Any, pipeline: str, ranges: Sequence[Any], broker: Any = None,
                        stale_after: timedelta = timedelta(hours=1)) -> list[str]:
     """Why one partition's ranges are not done exactly once, as one line each (empty: they are).
 
-    Per stream the partition's ranges must be committed (a failed range must have been redone over
-    the same span), contiguous, free of ledger-audit violations, and each published output must
-    hold exactly the range's records (rows counted in the data files).
+    Per source (a stream in one epoch: a re-created stream's offsets start again) the partition's
+    ranges must be committed (a failed range must have been redone over the same span), contiguous,
+    free of ledger-audit violations, and each published output must hold exactly the range's records
+    (rows counted in the data files).
     """
     findings: list[str] = []
-    done: dict[str, list[Any]] = {}
+    done: dict[Any, list[Any]] = {}
     for r in ranges:
         if r.status in (RangeStatus.COMMITTED, RangeStatus.LOST):
-            done.setdefault(r.source.stream, []).append(r)
-    spans = {(r.source.stream, r.start, r.end) for rs in done.values() for r in rs}
+            done.setdefault(r.source, []).append(r)
+    spans = {(r.source, r.start, r.end) for rs in done.values() for r in rs}
     for r in ranges:
         if r.status is RangeStatus.CLAIMED:
-            findings.append(f"{r.source.stream} [{r.start}, {r.end}) is still claimed by {r.run.run_id}")
-        elif r.status is RangeStatus.FAILED and (r.source.stream, r.start, r.end) not in spans:
-            findings.append(f"{r.source.stream} [{r.start}, {r.end}) failed and was not redone")
-    for stream, rs in sorted(done.items()):
+            findings.append(f"{_where(r.source)} [{r.start}, {r.end}) is still claimed by {r.run.run_id}")
+        elif r.status is RangeStatus.FAILED and (r.source, r.start, r.end) not in spans:
+            findings.append(f"{_where(r.source)} [{r.start}, {r.end}) failed and was not redone")
+    for source, rs in sorted(done.items(), key=lambda item: (item[0].stream, item[0].broker)):
         rs.sort(key=lambda r: (r.start, r.end))
         findings.extend(
-            f"{stream}: gap [{a.end}, {b.start}) between ranges {a.id} and {b.id}"
+            f"{_where(source)}: gap [{a.end}, {b.start}) between ranges {a.id} and {b.id}"
             for a, b in pairwise(rs)
             if b.start != a.end
         )
@@ -168,8 +175,9 @@ def build_partition_audit_check(
         ranges = partition_ranges(ledger, pipeline, key, partition)
         with getattr(context.resources, broker_resource_key).get_client() as client:
             findings = partition_findings(ledger, pipeline, ranges, broker=client, stale_after=stale_after)
-        table = {
-            r.source.stream + f" [{r.start}, {r.end})": {"status": str(r.status), "records": r.records}
+        table = {  # one entry per range: a failed range and its redo share a span
+            f"{_where(r.source)} [{r.start}, {r.end}) range {r.id}": {"status": str(r.status),
+                                                                     "records": r.records}
             for r in ranges
         }
         return AssetCheckResult(

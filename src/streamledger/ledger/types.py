@@ -285,6 +285,9 @@ class SourcePosition:
     differs holds another stream (``streamledger.offsets.same_stream``). ``replaced`` is why a batch
     found the broker holding another stream (None if none did): every later batch refuses it too,
     until ``new-epoch``. ``seen_tail`` the greatest committed tail of the stream a batch saw.
+    ``elsewhere``: the newest chunk fingerprint of the pipeline's history of the same stream under
+    every other live broker identity, ``(identity, print)`` sorted: a broker holding one of them is
+    one broker under two names (``streamledger.batch.identity.one_broker``).
     """
 
     end: int | None
@@ -298,6 +301,7 @@ class SourcePosition:
     chunk: ChunkPrint | None = None
     replaced: str | None = None
     seen_tail: int | None = None
+    elsewhere: tuple[tuple[str, ChunkPrint], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

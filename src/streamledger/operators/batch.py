@@ -28,6 +28,7 @@ from streamledger.batch import (
     run_batch,
     summarize,
 )
+from streamledger.batch.lineage import lineage_of
 from streamledger.batch.spec import Door, PipelineSpec, SpecError
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
@@ -454,19 +455,11 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         return batch_lineage(self._result, table=self._result.table, catalog=self._result.catalog)
 
     def _emit_asset_events(self, context: Context, result: BatchResult) -> None:
-        """Attach the ranges to every outlet's Asset event (consumers see what was processed)."""
+        """Attach the ranges to every outlet's Asset event (consumers see what was processed): every
+        range of the batch, :func:`~streamledger.batch.lineage.lineage_of`'s JSON form."""
         if not self.outlets:
             return
-        extra: dict[str, Any] = {
-            "pipeline": result.pipeline,
-            "broker": result.broker,
-            "super_stream": result.super_stream,
-            "records": result.records,
-            "ranges": result.ranges(),
-            "outputs": {p.stream: p.output for p in result.partitions if p.output},
-        }
-        if result.table is not None:
-            extra["table"] = result.table
+        extra = lineage_of(result).to_dict()
         key = _partition_key(context) if self.bound_by_interval else None
         events = context["outlet_events"]
         for outlet in self.outlets:

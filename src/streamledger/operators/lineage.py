@@ -6,8 +6,10 @@ Naming follows OpenLineage's conventions: an input is ``namespace = rabbitmq://h
 is ``namespace = file``
 (or ``<scheme>://<authority>`` for a URI root such as ``s3a://bucket``) and ``name`` = the range
 directory's path. The input facet ``streamledger_range`` holds the pipeline, the half-open range
-``[start, end)``, the records and the first/last offsets seen, so a lineage consumer can tell which
-offsets of the stream produced which directory. Only imported when the OpenLineage provider asks.
+``[start, end)``, the records, the first/last offsets seen, the ledger's range id and the stream's
+epoch, so a lineage consumer can tell which offsets of the stream produced which directory; a stream
+the batch read in several ranges (a pinned retry's pieces) is one input per range. Only imported
+when the OpenLineage provider asks.
 
 With a table sink the output is the table, named as OpenLineage's Spark integration names Iceberg and
 Delta tables: by the table's *location* (``file`` + path, ``s3://bucket`` + path...), which is what
@@ -36,6 +38,7 @@ from openlineage.client.generated.base import InputDatasetFacet
 from openlineage.client.generated.dataset_version_dataset import DatasetVersionDatasetFacet
 
 from streamledger.batch import BatchResult
+from streamledger.batch.lineage import lineage_of
 
 RANGE_FACET = "streamledger_range"
 
@@ -53,14 +56,17 @@ class StreamRangeInputDatasetFacet(InputDatasetFacet):
     superStream: str | None = None
     firstOffset: int | None = None
     lastOffset: int | None = None
+    rangeId: int | None = None
+    epoch: int = 0
 
     _additional_skip_redact: ClassVar[list[str]] = [
         "pipeline", "start", "end", "records", "status", "superStream", "firstOffset", "lastOffset",
+        "rangeId", "epoch",
     ]
 
     @staticmethod
     def _get_schema() -> str:
-        return "urn:streamledger:openlineage:StreamRangeInputDatasetFacet:1-0-0"
+        return "urn:streamledger:openlineage:StreamRangeInputDatasetFacet:1-1-0"
 
 
 def output_dataset_name(path: str) -> tuple[str, str]:
@@ -103,26 +109,28 @@ def table_dataset(table: Mapping[str, Any], records: int, catalog: Mapping[str, 
 
 def batch_lineage(result: BatchResult, *, table: Mapping[str, Any] | None = None,
                   catalog: Mapping[str, str] | None = None) -> OperatorLineage:  # type: ignore[type-arg]
-    """Inputs: every partition the batch planned (empty ranges too: the run looked at them).
-    Outputs: every range directory written, with its row count; with a table sink (``table``: the
-    sink's ``describe()``; ``catalog``: the Iceberg catalog's properties, None for the default),
-    the table instead, with the batch's row count."""
+    """Inputs: every range the batch planned (empty ones too: the run looked at them), one per range
+    even when a stream has several (:func:`~streamledger.batch.lineage.lineage_of`). Outputs: every
+    range directory written, with its row count; with a table sink (``table``: the sink's
+    ``describe()``; ``catalog``: the Iceberg catalog's properties, None for the default), the table
+    instead, with the batch's row count."""
+    lineage = lineage_of(result)
     inputs: list[Any] = []
     outputs: list[Any] = []
-    for part in result.partitions:
+    for piece in lineage.pieces:
         facet = StreamRangeInputDatasetFacet(
-            pipeline=result.pipeline, start=part.start, end=part.end, records=part.records,
-            status=part.status, superStream=result.super_stream, firstOffset=part.first_offset,
-            lastOffset=part.last_offset,
+            pipeline=lineage.pipeline, start=piece.start, end=piece.end, records=piece.records,
+            status=piece.status, superStream=lineage.super_stream, firstOffset=piece.first_offset,
+            lastOffset=piece.last_offset, rangeId=piece.range_id, epoch=piece.epoch,
         )
-        inputs.append(InputDataset(namespace=result.broker, name=part.stream,
+        inputs.append(InputDataset(namespace=lineage.broker, name=piece.stream,
                                    inputFacets={RANGE_FACET: facet}))
-        if part.output and table is None:
-            namespace, name = output_dataset_name(part.output)
+        if piece.output and table is None:
+            namespace, name = output_dataset_name(piece.output)
             outputs.append(OutputDataset(
                 namespace=namespace, name=name,
-                outputFacets={"outputStatistics": OutputStatisticsOutputDatasetFacet(rowCount=part.records)},
+                outputFacets={"outputStatistics": OutputStatisticsOutputDatasetFacet(rowCount=piece.records)},
             ))
     if table is not None:
-        outputs.append(table_dataset(table, result.records, catalog or {}))
+        outputs.append(table_dataset(table, lineage.records, catalog or {}))
     return OperatorLineage(inputs=inputs, outputs=outputs)

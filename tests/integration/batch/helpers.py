@@ -4,7 +4,9 @@ a broker whose StoreOffset kills, and readers of what a downstream reader sees."
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pyarrow.parquet as pq
 from streamledger.batch import BatchConfig, LocalSparkRunner, RunId
 from streamledger.ledger import Ledger, RangeStatus
 from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.spark.helpers import publish
 
 
 class Killed(BaseException):
@@ -91,3 +94,40 @@ def committed_bodies(ledger: Ledger, pipeline: str) -> list[bytes]:
             assert table.num_rows == r.records, r
             bodies.extend(table.column("body").to_pylist())
     return bodies
+
+
+def pinned_interval(pipeline: str, url: str, root: Path, stream: str, start: datetime, end: datetime,
+                    **kw: Any) -> BatchConfig:
+    """A batch pinned to the interval ``[start, end)`` (the history begins at its start)."""
+    return BatchConfig(pipeline=pipeline, url=url, output_root=str(root), stream=stream, interval_start=start,
+                       interval_end=end, bound_by_interval=True, interval_grace=5.0,
+                       initial_position="interval_start", **kw)
+
+
+def split_pinned_span(pipeline: str, url: str, root: Path, stream: str, ledger: Ledger, broker: StreamClient,
+                      runner: CountingRunner) -> tuple[datetime, datetime]:
+    """Interval i1 ``[t0, t1)`` holds offsets [0, 150) of a new ``stream``; run ``("dag", "i1", "read")``
+    claims it and fails; a run of a narrower interval inside it commits [50, 100). Returns (t0, t1):
+    i1's retry must read two pieces of the one stream in one batch, [0, 50) and [100, 150)."""
+    from streamledger.batch import run_batch
+
+    marks = [datetime.now(UTC)]
+    for wave in range(3):
+        time.sleep(0.3 if wave == 0 else 0.6)
+        publish(url, stream, 50, start=50 * wave, batch_size=10)
+        time.sleep(0.6)
+        marks.append(datetime.now(UTC))
+    time.sleep(0.6)
+    publish(url, stream, 5, start=150, batch_size=5)  # makes i1's end resolvable
+    t0, ta, tb, t1 = marks
+    runner.die = RuntimeError("executor lost")
+    try:
+        run_batch(pinned_interval(pipeline, url, root, stream, t0, t1), run=rid("read", run="i1"),
+                  ledger=ledger, broker=broker, runner=runner)
+    except RuntimeError as exc:
+        assert "executor lost" in str(exc), exc
+    else:
+        raise AssertionError("i1's first attempt should have failed")
+    run_batch(pinned_interval(pipeline, url, root, stream, ta, tb), run=rid("read", run="manual__inner"),
+              ledger=ledger, broker=broker, runner=runner)
+    return t0, t1

@@ -15,7 +15,7 @@ import pytest
 from streamledger.batch import BatchConfig, BatchError, run_batch
 from streamledger.ledger import Ledger, RangeStatus, ViolationKind
 from streamledger.protocol.rabbitmq import StreamClient
-from tests.integration.batch.helpers import CountingRunner, committed_bodies, rid
+from tests.integration.batch.helpers import CountingRunner, committed_bodies, rid, split_pinned_span
 from tests.integration.spark.helpers import body, create_stream, publish
 
 pytestmark = pytest.mark.timeout(300)
@@ -126,27 +126,8 @@ def test_an_interval_retried_after_a_narrower_run_split_its_span_reads_both_piec
     ledger = any_ledger
     s = stream_name("pieces")
     create_stream(rabbitmq_url, s)
-    t0 = datetime.now(UTC)
-    time.sleep(0.3)
-    publish(rabbitmq_url, s, 50, batch_size=10)
-    time.sleep(0.6)
-    ta = datetime.now(UTC)
-    time.sleep(0.6)
-    publish(rabbitmq_url, s, 50, start=50, batch_size=10)
-    time.sleep(0.6)
-    tb = datetime.now(UTC)
-    time.sleep(0.6)
-    publish(rabbitmq_url, s, 50, start=100, batch_size=10)
-    time.sleep(0.6)
-    t1 = datetime.now(UTC)
-    time.sleep(0.6)
-    publish(rabbitmq_url, s, 5, start=150, batch_size=5)
+    t0, t1 = split_pinned_span(PIPELINE, rabbitmq_url, tmp_path, s, ledger, client, runner)
     i1 = _interval(rabbitmq_url, tmp_path, s, t0, t1, initial_position="interval_start")
-    runner.die = RuntimeError("executor lost")
-    with pytest.raises(RuntimeError, match="executor lost"):
-        run_batch(i1, run=rid("read", run="i1"), ledger=ledger, broker=client, runner=runner)
-    inner = _interval(rabbitmq_url, tmp_path, s, ta, tb, initial_position="interval_start")
-    run_batch(inner, run=rid("read", run="manual__inner"), ledger=ledger, broker=client, runner=runner)
     assert [(a, b, st) for a, b, st in _spans(ledger) if a < b] == [
         (0, 150, "failed"), (50, 100, "committed")], _spans(ledger)
 
