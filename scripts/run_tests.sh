@@ -20,6 +20,7 @@
 # with `make test-matrix`, not here.
 # STREAMLEDGER_TEST_LANES=1 runs the lanes one after the other (for a quiet profile of each);
 # STREAMLEDGER_DURATIONS=0 prints every test's time (default: the slowest 15 of each pytest run).
+# STREAMLEDGER_TEST_TIMES=FILE appends each test phase's time to FILE as the suite goes (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}

@@ -24,3 +24,15 @@ def pytest_ignore_collect(collection_path: object, config: object) -> bool | Non
         return None
     named = [Path(str(a).split("::")[0]).resolve() for a in getattr(config, "args", [])]
     return not any(a == path or path in a.parents for a in named)
+
+
+def pytest_runtest_logreport(report: object) -> None:
+    """With STREAMLEDGER_TEST_TIMES=FILE, each phase's time is appended as the suite goes
+    ("seconds phase nodeid"), so a profile of the suite's wall time survives a run cut short."""
+    import os
+
+    path = os.environ.get("STREAMLEDGER_TEST_TIMES")
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(f"{getattr(report, 'duration', 0.0):.2f} {getattr(report, 'when', '?')} "
+                      f"{getattr(report, 'nodeid', '?')}\n")

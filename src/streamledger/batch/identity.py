@@ -11,18 +11,26 @@ and retention rolls chunks out); the committed tail below the ledger's end (a ta
 the broker lost the offset the ledger stored on it and neither the fingerprint nor retention
 explains it (:func:`stored_offset_retired`); the chunk the ledger fingerprinted at a commit is not
 the broker's (``same`` False, :func:`streamledger.offsets.same_streams`).
+
+And is the broker the one another identity's history read? One broker reached under two names (two
+``broker_name`` s, or a cluster whose nodes each report their own default cluster name) has a history
+under each, and the second would read again what the first committed. :func:`one_broker` decides it
+for the audit (``streamledger.batch.proof.check_identities``, after the fact) and for the batch and
+the streaming recorder (:func:`named_twice_because`, before they claim).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from streamledger.ledger.types import SourcePosition
+from streamledger.offsets import ChunkPrint, same_stream
 
 log = logging.getLogger(__name__)
 
-__all__ = ["replaced_because", "stored_offset_retired"]
+__all__ = ["named_twice_because", "one_broker", "replaced_because", "stored_offset_retired"]
 
 
 def stored_offset_retired(broker: Any, stream: str, pipeline: str, pos: SourcePosition, same: bool | None
@@ -59,3 +67,33 @@ def replaced_because(broker: Any, stream: str, pipeline: str, pos: SourcePositio
     if same is False and pos.chunk is not None:
         return pos.chunk.differs(f"ledger end {pos.end}, broker tail {tail}")
     return None
+
+
+def one_broker(log: Any, stream: str, prints: Iterable[tuple[str, ChunkPrint | None]],
+               own: str | None = None) -> list[str]:
+    """The broker identities whose histories of ``stream`` ``log`` holds, sorted, when there are two
+    or more (else none): each of ``prints`` (identity, the newest chunk fingerprint of its history)
+    whose fingerprinted chunk ``log`` holds, and ``own``, the identity ``log`` was reached under. Two
+    brokers with streams of one name hold each other's chunks at no offset (a chunk's timestamp and
+    CRC), and a re-created stream not the old one's; neither is one broker. One chunk header each."""
+    held = {name for name, chunk in prints if chunk is not None and same_stream(log, stream, chunk)}
+    if own is not None:
+        held.add(own)
+    return sorted(held) if len(held) > 1 else []
+
+
+def named_twice_because(log: Any, stream: str, pipeline: str, own: str, pos: SourcePosition) -> str | None:
+    """Why a history of ``stream`` under ``own`` must not be continued or begun (one line), or None:
+    ``log``, reached as ``own``, holds the stream another identity's history read
+    (:func:`one_broker`), so reading on here would read again offsets the other committed."""
+    if not pos.elsewhere:
+        return None
+    names = one_broker(log, stream, pos.elsewhere, own)
+    if not names:
+        return None
+    others = ", ".join(n for n in names if n != own)
+    return (f"the broker reached as {own} holds the chunks pipeline {pipeline!r} committed under broker "
+            f"{others}: one broker under two names, and a history under {own} would read again what "
+            f"{others} read; nothing was claimed; give every URL of this broker one broker_name (or "
+            "configure its cluster_name on every node, rabbitmqctl set_cluster_name) and move a history "
+            "to it by hand if needed (`streamledger ledger rename-broker OLD NEW`)")

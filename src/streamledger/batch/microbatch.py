@@ -74,12 +74,18 @@ class MicroBatchRecorder:
         claims: a stream deleted and re-created, then grown past the query's offset, would be read
         on from there, its head never read (issue 30, defect 3, for the batch). The signs are the
         batch's, decided in one place (:func:`streamledger.batch.identity.replaced_because`); a
-        refusal is recorded on the source (``replaced``) and refused again until ``new-epoch``."""
-        from streamledger.batch.identity import replaced_because
+        refusal is recorded on the source (``replaced``) and refused again until ``new-epoch``. A
+        stream another broker identity's history read on this very broker is refused too (the batch's
+        rule, :func:`streamledger.batch.identity.named_twice_because`)."""
+        from streamledger.batch.identity import named_twice_because, replaced_because
         from streamledger.batch.position import log_offsets
         from streamledger.offsets import same_streams
 
         found = self.ledger.positions(self.pipeline, [self.source(s) for s in streams])
+        for stream, pos in zip(streams, found, strict=True):  # the batch's check_one_name
+            twice = named_twice_because(client, stream, self.pipeline, self.broker, pos)
+            if twice is not None:
+                raise MicroBatchError(f"pipeline {self.pipeline!r}, stream {stream!r}: {twice}")
         tails, stored = log_offsets(client, streams, self.pipeline)  # after the ledger (see the rule)
         # every fingerprint asked at once (one round of chunk headers, as the batch asks them)
         same = same_streams(client, {s: pos.chunk for s, pos in zip(streams, found, strict=True)

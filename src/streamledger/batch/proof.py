@@ -182,10 +182,12 @@ def audit(ledger: Ledger, pipeline: str | None = None, *, broker: Any = None,
 def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any) -> list[Violation]:
     """Offsets of one stream committed under two broker identities whose fingerprinted chunks one
     broker the audit was given both holds: the same stream read twice, each identity's history
-    whole on its own. How it happens: a cluster without a configured ``cluster_name`` reports each
-    node's own default name, so a URL whose node is down (``nodes=``) files the pipeline under the
-    answering node's name. Not checked without chunk prints or a broker that shows chunk headers."""
-    from streamledger.offsets import same_stream
+    whole on its own (:func:`streamledger.batch.identity.one_broker`, the rule the batch refuses
+    such a claim by). How it happens: a ledger an earlier version wrote (a cluster without a configured
+    ``cluster_name`` reports each node's own default name, so a URL whose node was down filed the
+    pipeline under the answering node's name), or two batches under two names whose first commits
+    raced. Not checked without chunk prints or a broker that shows chunk headers."""
+    from streamledger.batch.identity import one_broker
 
     given = list(broker.values()) if isinstance(broker, Mapping) else [] if broker is None else [broker]
     logs = list({id(b): b for b in given if getattr(b, "chunk_at", None) is not None}.values())
@@ -201,9 +203,8 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any) -> 
         names = sorted(sources)
         prints = [pos.chunk for pos in ledger.positions(pipeline, [sources[n] for n in names])]
         for log in logs:
-            held = {n for n, chunk in zip(names, prints, strict=True)
-                    if chunk is not None and same_stream(log, stream, chunk)}
-            if len(held) > 1:
+            held = one_broker(log, stream, zip(names, prints, strict=True))
+            if held:
                 found += _overlaps(pipeline, stream, [r for r in theirs if r.source.broker in held])
                 break
     return found

@@ -32,7 +32,7 @@ from streamledger.batch.config import (
     StepHook,
     StreamReplaced,
 )
-from streamledger.batch.identity import replaced_because
+from streamledger.batch.identity import named_twice_because, replaced_because
 from streamledger.batch.position import (
     PipelineSource,
     cluster_name,
@@ -272,6 +272,15 @@ class BatchRun:
             "history and reads the new stream from its first offset"
         )
 
+    def check_one_name(self, streams: Sequence[str], found: Sequence[SourcePosition]) -> None:
+        """Refuse, before anything is claimed, a stream whose history another broker identity of
+        this very broker holds (:func:`streamledger.batch.identity.named_twice_because`, the audit's
+        rule): a history under this batch's identity would read it again."""
+        for s, pos in zip(streams, found, strict=True):
+            why = named_twice_because(self.broker, s, self.config.pipeline, self.identity, pos)
+            if why is not None:
+                raise BatchError(f"stream {s!r}: {why}")
+
     def claim_request(self, stream: str, tail: int, stored: int | None, pos: SourcePosition,
                       firsts: Mapping[str, int], span: tuple[int, int] | None) -> ClaimRequest:
         """The claim's inputs for one partition (``firsts``: first retained offsets of the streams
@@ -296,7 +305,12 @@ class BatchRun:
             # (plan.initial_start) is claimed, then failed or recorded lost by settle_claim.
             span = (initial, span[1])
         interval = (cfg.interval_start, cfg.interval_end) if span is not None else None
-        return ClaimRequest(self._source(stream), limit, initial, span, interval)  # type: ignore[arg-type]
+        # New offsets the survey probed and found without a user record (tracking chunks): the claim
+        # records a range of them committed at once, no commit after it.
+        probed = self._probed.get(stream)
+        free = (probed[0], probed[1]) if probed is not None and probed[2] == 0 else None
+        return ClaimRequest(self._source(stream), limit, initial, span, interval,  # type: ignore[arg-type]
+                            record_free=free)
 
     def settle_lost_before(self, asks: Sequence[ClaimRequest]) -> None:
         """Offsets of a pinned history that retention took before any interval claimed them (a new
@@ -361,8 +375,8 @@ class BatchRun:
         assert self._started is not None
         came = StartFrom.HELD if rng.claimed_at < self._started else StartFrom.NEW
         status = PartitionStatus.EMPTY if rng.empty else PartitionStatus(rng.status.value)
-        result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id, lost=lost, status=status,
-                                 epoch=self.epochs.get(stream, 0))
+        result = PartitionResult(stream, rng.start, rng.end, came, range_id=rng.id if rng.recorded else None,
+                                 lost=lost, status=status, epoch=self.epochs.get(stream, 0))
         if rng.status == RangeStatus.COMMITTED and not rng.empty:
             result.records = int(rng.records or 0)
             result.first_offset, result.last_offset = rng.first_seen, rng.last_seen
@@ -386,6 +400,7 @@ class BatchRun:
         the old stream's committed but unpublished ranges are published (:meth:`publish_stranded`)."""
         cfg = self.config
         found = self.ledger.positions(cfg.pipeline, [self._source(s) for s in streams])
+        self.check_one_name(streams, found)
         seen_log = survey_offsets(self.broker, streams, cfg.pipeline)
         tails, stored = seen_log.tails, seen_log.stored
         settled = {s: pos for s, pos in zip(streams, found, strict=True)

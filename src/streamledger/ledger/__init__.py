@@ -60,6 +60,7 @@ from streamledger.ledger.findings import (
 )
 from streamledger.ledger.store import Ledger
 from streamledger.ledger.types import (
+    UNRECORDED,
     ClaimRequest,
     CommitRequest,
     OffsetRange,
@@ -70,6 +71,7 @@ from streamledger.ledger.types import (
 )
 
 __all__ = [
+    "UNRECORDED",
     "AuditReport",
     "BrokerOffsetLookup",
     "Brokers",

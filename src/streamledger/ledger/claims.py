@@ -15,7 +15,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from streamledger.ledger.errors import LedgerError
-from streamledger.ledger.models import Range, Source
+from streamledger.ledger.models import IdleRun, Range, Source
 from streamledger.ledger.rows import check_offset, check_pipeline, chunks, snapshot, utc
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import (
@@ -27,7 +27,14 @@ from streamledger.ledger.statements import (
     REDO_SPANS,
     tail_of,
 )
-from streamledger.ledger.types import ClaimRequest, OffsetRange, RangeStatus, RunIdentity, SourceRef
+from streamledger.ledger.types import (
+    UNRECORDED,
+    ClaimRequest,
+    OffsetRange,
+    RangeStatus,
+    RunIdentity,
+    SourceRef,
+)
 from streamledger.runs import LEDGER_DAG
 
 _Pinned = tuple[tuple[int, int], tuple[datetime | None, datetime | None]]
@@ -43,10 +50,18 @@ class _Ask:
     end_limit: int
     initial_start: int | None
     pinned: _Pinned | None
+    record_free: tuple[int, int] | None = None
 
 
 _ORIGIN = RunIdentity(LEDGER_DAG, "origin", "ledger")
 """Who holds the empty range that marks where a pinned history begins (``Ledger.claim``)."""
+
+
+def _idle_run(pipeline_id: int, run: RunIdentity) -> Any:
+    """The statement finding ``run``'s key recorded idle on the pipeline (migration 0014)."""
+    return select(IdleRun.id).where(
+        IdleRun.pipeline_id == pipeline_id, IdleRun.dag_id == run.dag_id, IdleRun.run_id == run.run_id,
+        IdleRun.task_id == run.task_id, IdleRun.map_index == run.map_index)
 
 
 def redo_spans(session: Session, source_ids: Sequence[int],
@@ -114,13 +129,16 @@ class Claims(Sources):
         abandon_after: timedelta | None = None,
         span: tuple[int, int] | None = None,
         interval: tuple[datetime, datetime] | None = None,
+        record_free: tuple[int, int] | None = None,
     ) -> OffsetRange:
         """The range ``run`` processes next for ``pipeline`` and ``source``: the one claim rule.
 
         In one transaction, under the source's lock:
 
         1. the range ``run``'s key already holds (claimed or committed), whatever ``end_limit``
-           says; a claimed one gets its ``try_number`` and heartbeat refreshed;
+           says; a claimed one gets its ``try_number`` and heartbeat refreshed; a key that holds no
+           range of the source but was answered "nothing new" before (on any source of the
+           pipeline: ``streamledger_idle_run``) gets nothing again, at the tail;
         2. else, after failing every other claim not heard from for ``abandon_after`` (its holder
            is gone), the lowest offset a failed range held that no live range covers, redone up to
            the end of that failed range or the next live range (a failed range nobody redid comes
@@ -140,28 +158,40 @@ class Claims(Sources):
         history's origin (an empty committed range), so offsets from there to the first pinned
         range are a gap the watermark stops at, whichever interval runs first.
 
-        An empty result is stored already committed with 0 records. Callers never re-derive this
-        rule: they ask here and process what they get.
+        An empty result on a source with a history is answered, not stored (its id is
+        :data:`~streamledger.ledger.types.UNRECORDED`; the run is recorded once, for rule 1), so
+        idle batches do not grow the ledger; a source's first range is stored even when empty (it
+        fixes where the history begins), and so are pinned ones. A range inside ``record_free``
+        (offsets the caller probed to hold no user record: tracking chunks) is stored already
+        committed with 0 records. Callers never re-derive this rule: they ask here and process what
+        they get.
         """
         check_pipeline(pipeline)
         what, pinned = self._claim_checked(pipeline, source, end_limit, run, initial_start, max_span,
-                                           abandon_after, span, interval)
+                                           abandon_after, span, interval, record_free)
         if self.dialect == "postgresql":
             pinned = self._retry_pinned(pipeline, source, run, pinned)
             got = self._claim_pg(what, pipeline, source, end_limit, run, initial_start, max_span,
-                                 abandon_after, pinned)
+                                 abandon_after, pinned, record_free)
             return _pinned_answer(what, got, run, pinned)
         with self._tx(what) as session:
-            ask = _Ask(what, source, end_limit, initial_start, pinned)
+            ask = _Ask(what, source, end_limit, initial_start, pinned, record_free)
             return self._claim_sqlite(session, pipeline, [ask], run, max_span, abandon_after)[0]
 
     @staticmethod
     def _claim_checked(pipeline: str, source: SourceRef, end_limit: int, run: RunIdentity,
                        initial_start: int | None, max_span: int | None, abandon_after: timedelta | None,
                        span: tuple[int, int] | None, interval: tuple[datetime, datetime] | None,
-                       ) -> tuple[str, _Pinned | None]:
+                       record_free: tuple[int, int] | None = None) -> tuple[str, _Pinned | None]:
         """A claim's arguments checked (before anything is written): its label and pinned span."""
         check_offset("end_limit", end_limit, source.stream)
+        if record_free is not None:
+            if not isinstance(record_free, tuple) or len(record_free) != 2:
+                raise LedgerError(f"record_free for stream {source.stream!r} must be (start, end), "
+                                  f"got {record_free!r}")
+            if check_offset("record_free end", record_free[1], source.stream) < check_offset(
+                    "record_free start", record_free[0], source.stream):
+                raise LedgerError(f"record_free {record_free!r} of stream {source.stream!r} is reversed")
         if initial_start is not None:
             check_offset("initial_start", initial_start, source.stream)
         if max_span is not None and (not isinstance(max_span, int) or max_span < 1):
@@ -224,21 +254,23 @@ class Claims(Sources):
         retry = self._own_retry_spans(session, pinned_ids, run)
         for sid in retry:
             held.pop(sid, None)
-        fresh = [i for i in ids if i not in held]
+        # Rule 1 for a run answered "nothing new" before: nothing again where its key holds no range.
+        again = self._idle_again(session, srcs[0].pipeline_id, [
+            s.id for s, a in zip(srcs, asks, strict=True) if a.pinned is None and s.id not in held], run)
+        fresh = [i for i in ids if i not in held and i not in again]
         if abandon_after is not None and fresh:
             self._abandon(session, fresh, now - abandon_after, now)
-        free = [s.id for s, a in zip(srcs, asks, strict=True) if s.id not in held and a.pinned is None]
+        free = [s.id for s, a in zip(srcs, asks, strict=True)
+                if s.id not in held and s.id not in again and a.pinned is None]
         redo = redo_spans(session, free)
-        tails: dict[int, int | None] = {}
-        for chunk in chunks([i for i in free if i not in redo]):
-            tails.update((int(r.sid), r.tail) for r in session.execute(select(
-                Source.id.label("sid"), tail_of(Source.id).scalar_subquery().label("tail"),
-            ).where(Source.id.in_(chunk))))
+        tails = self._tails(session, [i for i in free if i not in redo])
         out: list[OffsetRange | None] = []
         made: list[tuple[int, dict[str, Any]]] = []  # (place in out, row): inserted together below
+        idle = False  # an empty answer left unstored: the run is recorded (rule 1)
         for ask, src in zip(asks, srcs, strict=True):
             what, source, pinned = ask.what, ask.source, ask.pinned
             mine = held.get(src.id)
+            tail = again.get(src.id)
             if mine is not None:
                 if mine.status == RangeStatus.CLAIMED.value:
                     mine.try_number = run.try_number
@@ -265,6 +297,8 @@ class Claims(Sources):
                     origin.records, origin.committed_at = 0, now
                     session.add(origin)
                     session.flush()
+            elif tail is not None:
+                start = end = tail  # rule 1: nothing again
             else:
                 if src.id in redo:
                     start, end = redo[src.id]
@@ -281,19 +315,21 @@ class Claims(Sources):
                     if max_span is not None:
                         end = min(end, start + max_span)
             empty = start == end
+            # Nothing to process: committed (0 records) at once, no claim left open. So are offsets
+            # the caller probed to hold no user record (tracking chunks).
+            settled = empty or (pinned is None and ask.record_free is not None
+                             and ask.record_free[0] <= start and end <= ask.record_free[1])
             values: dict[str, Any] = {
                 "source_id": src.id,
                 "start_offset": start,
                 "end_offset": end,
-                # An empty range is nothing to process: stored already committed (0 records) so
-                # the run stays auditable and idempotent without a claim left open.
-                "status": RangeStatus.COMMITTED.value if empty else RangeStatus.CLAIMED.value,
+                "status": RangeStatus.COMMITTED.value if settled else RangeStatus.CLAIMED.value,
                 "dag_id": run.dag_id,
                 "run_id": run.run_id,
                 "task_id": run.task_id,
                 "map_index": run.map_index,
                 "try_number": run.try_number,
-                "records": 0 if empty else None,
+                "records": 0 if settled else None,
                 "first_seen": None,
                 "last_seen": None,
                 "output": None,
@@ -301,7 +337,7 @@ class Claims(Sources):
                 "offset_verified": False,
                 "error": None,
                 "claimed_at": now,
-                "committed_at": now if empty else None,
+                "committed_at": now if settled else None,
                 "updated_at": now,
                 "heartbeat_at": now,
                 "staging": None,
@@ -310,8 +346,15 @@ class Claims(Sources):
                 "interval_end": None if pinned is None else pinned[1][1],
             }
             self._sources[src.id] = (pipeline, source)
+            if empty and pinned is None and tail is not None:
+                # Nothing new on a source with a history: answered, not stored (rule 1 keeps it).
+                idle = True
+                out.append(snapshot(SimpleNamespace(**values, id=UNRECORDED), pipeline, src))
+                continue
             made.append((len(out), values))
             out.append(None)
+        if idle:
+            self._record_idle(session, srcs[0].pipeline_id, run, now)
         for chunk in chunks(made):
             rows = session.execute(INSERT_RANGES, [v for _i, v in chunk])
             new_ids = {int(sid): int(rid) for sid, rid in rows}
@@ -323,6 +366,39 @@ class Claims(Sources):
         answers = [r for r in out if r is not None]
         assert len(answers) == len(asks)
         return answers
+
+    @staticmethod
+    def _tails(session: Session, source_ids: Sequence[int]) -> dict[int, int | None]:
+        """The tail of each source (None: no live range yet)."""
+        tails: dict[int, int | None] = {}
+        for chunk in chunks(list(source_ids)):
+            tails.update((int(r.sid), None if r.tail is None else int(r.tail)) for r in session.execute(
+                select(Source.id.label("sid"), tail_of(Source.id).scalar_subquery().label("tail"))
+                .where(Source.id.in_(chunk))))
+        return tails
+
+    def _idle_again(self, session: Session, pipeline_id: int, source_ids: Sequence[int],
+                    run: RunIdentity) -> dict[int, int]:
+        """Sources (of ``source_ids``, with a history) where rule 1 answers ``run`` "nothing new"
+        again, with their tails: its key was answered so before on the pipeline
+        (:meth:`_record_idle`) and holds no range of the source, whatever its status."""
+        if not source_ids or session.scalars(_idle_run(pipeline_id, run)).first() is None:
+            return {}
+        own: set[int] = set()
+        for chunk in chunks(list(source_ids)):
+            own.update(int(i) for i in session.scalars(select(Range.source_id).where(
+                Range.source_id.in_(chunk), Range.dag_id == run.dag_id, Range.run_id == run.run_id,
+                Range.task_id == run.task_id, Range.map_index == run.map_index).distinct()))
+        tails = self._tails(session, [i for i in source_ids if i not in own])
+        return {i: t for i, t in tails.items() if t is not None}
+
+    @staticmethod
+    def _record_idle(session: Session, pipeline_id: int, run: RunIdentity, now: datetime) -> None:
+        """Record once that ``run``'s key was answered "nothing new" on the pipeline (rule 1)."""
+        if session.scalars(_idle_run(pipeline_id, run)).first() is None:
+            session.add(IdleRun(pipeline_id=pipeline_id, dag_id=run.dag_id, run_id=run.run_id,
+                                task_id=run.task_id, map_index=run.map_index, claimed_at=now))
+            session.flush()
 
     @staticmethod
     def _abandon(session: Session, source_ids: Sequence[int], before: datetime, now: datetime) -> None:
@@ -351,6 +427,7 @@ class Claims(Sources):
         max_span: int | None,
         abandon_after: timedelta | None,
         pinned: _Pinned | None = None,
+        record_free: tuple[int, int] | None = None,
     ) -> OffsetRange:
         """PostgreSQL: the same rule in one server-side call (migration 0008), one round trip; its
         ``now`` and abandonment cutoff are the server's clock (:meth:`_clock`)."""
@@ -373,6 +450,8 @@ class Claims(Sources):
             "span_end": span[1],
             "interval_start": when[0],
             "interval_end": when[1],
+            "free_start": None if record_free is None else record_free[0],
+            "free_end": None if record_free is None else record_free[1],
         }
         outer = self._outer()
         if outer is not None:
@@ -426,8 +505,8 @@ class Claims(Sources):
         asks = []
         for r in requests:  # every request checked before anything is claimed
             what, pinned = self._claim_checked(pipeline, r.source, r.end_limit, run, r.initial_start,
-                                               max_span, abandon_after, r.span, r.interval)
-            asks.append(_Ask(what, r.source, r.end_limit, r.initial_start, pinned))
+                                               max_span, abandon_after, r.span, r.interval, r.record_free)
+            asks.append(_Ask(what, r.source, r.end_limit, r.initial_start, pinned, r.record_free))
         if self.dialect != "postgresql":
             with self._tx(f"claims of pipeline {pipeline!r} by {run}") as session:
                 return self._claim_sqlite(session, pipeline, asks, run, max_span, abandon_after)
@@ -468,6 +547,8 @@ class Claims(Sources):
             "span_ends": each(lambda a: None if a.pinned is None else a.pinned[0][1]),
             "interval_starts": each(lambda a: None if a.pinned is None else a.pinned[1][0]),
             "interval_ends": each(lambda a: None if a.pinned is None else a.pinned[1][1]),
+            "free_starts": each(lambda a: None if a.record_free is None else a.record_free[0]),
+            "free_ends": each(lambda a: None if a.record_free is None else a.record_free[1]),
         }
         got = {int(row.source_id): row for row in session.execute(PG_CLAIM_MANY, params)}
         out = []

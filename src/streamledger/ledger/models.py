@@ -39,7 +39,8 @@ NAMING_CONVENTION = {
 PIPELINE_TABLE = "streamledger_pipeline"
 SOURCE_TABLE = "streamledger_source"
 RANGE_TABLE = "streamledger_range"
-LEDGER_TABLES = frozenset({PIPELINE_TABLE, SOURCE_TABLE, RANGE_TABLE})
+IDLE_RUN_TABLE = "streamledger_idle_run"
+LEDGER_TABLES = frozenset({PIPELINE_TABLE, SOURCE_TABLE, RANGE_TABLE, IDLE_RUN_TABLE})
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
 _ID = BigInteger().with_variant(Integer(), "sqlite")
@@ -207,3 +208,22 @@ class Range(LedgerBase):
     chunk_offset: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     chunk_timestamp: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     chunk_crc: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class IdleRun(LedgerBase):
+    """0014: a run whose claim found nothing to read on a source with a history, recorded once per
+    run (not a range per source): its retry finds nothing there again, whatever came since."""
+
+    __tablename__ = IDLE_RUN_TABLE
+    __table_args__ = (UniqueConstraint("pipeline_id", "dag_id", "run_id", "task_id", "map_index",
+                                       name="uq_streamledger_idle_run_key"),)
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    pipeline_id: Mapped[int] = mapped_column(
+        ForeignKey(f"{PIPELINE_TABLE}.id", ondelete="CASCADE"), nullable=False
+    )
+    dag_id: Mapped[str] = mapped_column(String(250), nullable=False)
+    run_id: Mapped[str] = mapped_column(String(250), nullable=False)
+    task_id: Mapped[str] = mapped_column(String(250), nullable=False)
+    map_index: Mapped[int] = mapped_column(Integer, nullable=False)
+    claimed_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import BigInteger, case, func, literal, select, true
 from sqlalchemy.orm import Session
 
-from streamledger.ledger.models import Range, Source
+from streamledger.ledger.models import Pipeline, Range, Source
 from streamledger.ledger.rows import check_pipeline, chunks, snapshot
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import (
@@ -24,7 +24,7 @@ from streamledger.ledger.statements import (
     any_pinned_of,
     tail_of,
 )
-from streamledger.ledger.types import RangeStatus, SourcePosition, SourceRef, Watermark
+from streamledger.ledger.types import RangeStatus, SourcePosition, SourceRef, Watermark, is_retired
 from streamledger.offsets import ChunkPrint
 
 
@@ -197,12 +197,14 @@ class Positions(Sources):
                                        {"ids": chunk}):
                 holes[row.source_id].append(row)
         prints = self._chunk_prints(session, ids)
+        elsewhere = self._elsewhere(session, pipeline, sources)
         cutoff = (self._clock(session) - stale_after if stale_after is not None and any(claims.values())
                   else None)
         out: list[SourcePosition] = []
-        for src in srcs:
+        for ref, src in zip(sources, srcs, strict=True):
+            others = elsewhere.get((ref.broker, ref.stream), ())
             if src is None:
-                out.append(SourcePosition(None, 0, None, Watermark(None, None)))
+                out.append(SourcePosition(None, 0, None, Watermark(None, None), elsewhere=others))
                 continue
             f, mark = facts[src.id], marks[src.id]
             mine = claims[src.id]
@@ -222,7 +224,32 @@ class Positions(Sources):
                 chunk=prints.get(src.id),
                 replaced=src.replaced,
                 seen_tail=None if src.seen_tail is None else int(src.seen_tail),
+                elsewhere=others,
             ))
+        return out
+
+    def _elsewhere(self, session: Session, pipeline: str, sources: Sequence[SourceRef]
+                   ) -> dict[tuple[str, str], tuple[tuple[str, ChunkPrint], ...]]:
+        """(broker, stream) -> the newest chunk print of the pipeline's history of that stream under
+        each other live broker identity (retired epochs left out: their stream is gone). One query
+        per broker and 500 names, which finds no row in the usual case (one identity per stream)."""
+        theirs: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for broker in sorted({s.broker for s in sources}):
+            for part in chunks(sorted({s.stream for s in sources if s.broker == broker})):
+                for sid, other, stream in session.execute(
+                        select(Source.id, Source.broker, Source.stream)
+                        .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                        .where(Pipeline.name == pipeline, Source.stream.in_(part), Source.broker != broker)):
+                    if not is_retired(other):
+                        theirs.setdefault((broker, stream), []).append((int(sid), other))
+        if not theirs:
+            return {}
+        prints = self._chunk_prints(session, sorted({sid for v in theirs.values() for sid, _o in v}))
+        out: dict[tuple[str, str], tuple[tuple[str, ChunkPrint], ...]] = {}
+        for key, v in theirs.items():
+            others = sorted((o, prints[sid]) for sid, o in v if sid in prints)
+            if others:
+                out[key] = tuple(others)
         return out
 
     @staticmethod

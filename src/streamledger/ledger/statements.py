@@ -232,7 +232,7 @@ PG_CLAIM = (
         "SELECT * FROM streamledger_claim(:pipeline, :broker, :stream, :super_stream, :end_limit, "
         f":dag_id, :run_id, :task_id, :map_index, :try_number, :initial, {PG_NOW}, :max_span, "
         f"{PG_NOW} - make_interval(secs => :abandon_secs), :span_start, :span_end, :interval_start, "
-        ":interval_end)"
+        ":interval_end, :free_start, :free_end, NULL)"
     )
     .bindparams(
         bindparam("super_stream", type_=String()),
@@ -246,16 +246,18 @@ PG_CLAIM = (
         bindparam("span_end", type_=BigInteger()),
         bindparam("interval_start", type_=DateTime()),
         bindparam("interval_end", type_=DateTime()),
+        bindparam("free_start", type_=BigInteger()),
+        bindparam("free_end", type_=BigInteger()),
     )
     .columns(*_RANGES.c)
 )
-# The claims of many sources in one call (migration 0013): one array element per source.
+# The claims of many sources in one call (migrations 0013, 0014): one array element per source.
 PG_CLAIM_MANY = (
     text(
         "SELECT * FROM streamledger_claim_many(:pipeline, :brokers, :streams, :super_streams, :end_limits, "
         f":dag_id, :run_id, :task_id, :map_index, :try_number, :initials, {PG_NOW}, :max_span, "
         f"{PG_NOW} - make_interval(secs => :abandon_secs), :span_starts, :span_ends, :interval_starts, "
-        ":interval_ends)"
+        ":interval_ends, :free_starts, :free_ends)"
     )
     .bindparams(
         bindparam("brokers", type_=ARRAY(String())),
@@ -271,6 +273,8 @@ PG_CLAIM_MANY = (
         bindparam("span_ends", type_=ARRAY(BigInteger())),
         bindparam("interval_starts", type_=ARRAY(DateTime())),
         bindparam("interval_ends", type_=ARRAY(DateTime())),
+        bindparam("free_starts", type_=ARRAY(BigInteger())),
+        bindparam("free_ends", type_=ARRAY(BigInteger())),
     )
     .columns(*_RANGES.c)
 )

@@ -138,6 +138,10 @@ def skip_identity(start: int, end: int) -> RunIdentity:
     return RunIdentity(SKIP_RUN_DAG, f"skip-{start}-{end}", SKIP_RUN_TASK)
 
 
+UNRECORDED = 0
+"""The id of an empty claim answered without a row (:attr:`OffsetRange.recorded`); rows start at 1."""
+
+
 @dataclass(frozen=True, slots=True)
 class OffsetRange:
     """A snapshot of one ledger row: the half-open offset span ``[start, end)`` of one source."""
@@ -187,6 +191,12 @@ class OffsetRange:
     def empty(self) -> bool:
         """True when the span holds no offsets (``start == end``): nothing to read."""
         return self.start == self.end
+
+    @property
+    def recorded(self) -> bool:
+        """False for a claim's answer "nothing new" on a source with a history, which is not stored
+        (its ``id`` is :data:`UNRECORDED`): an idle batch adds no row per source."""
+        return self.id != UNRECORDED
 
     def describe(self) -> str:
         """A short human label: ``pipeline stream [start, end) status``."""
@@ -275,6 +285,9 @@ class SourcePosition:
     differs holds another stream (``streamledger.offsets.same_stream``). ``replaced`` is why a batch
     found the broker holding another stream (None if none did): every later batch refuses it too,
     until ``new-epoch``. ``seen_tail`` the greatest committed tail of the stream a batch saw.
+    ``elsewhere``: the newest chunk fingerprint of the pipeline's history of the same stream under
+    every other live broker identity, ``(identity, print)`` sorted: a broker holding one of them is
+    one broker under two names (``streamledger.batch.identity.one_broker``).
     """
 
     end: int | None
@@ -288,6 +301,7 @@ class SourcePosition:
     chunk: ChunkPrint | None = None
     replaced: str | None = None
     seen_tail: int | None = None
+    elsewhere: tuple[tuple[str, ChunkPrint], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +315,9 @@ class ClaimRequest:
     span: tuple[int, int] | None = None
     """A pinned claim's offsets (with ``interval``): :meth:`Ledger.claim`'s ``span``."""
     interval: tuple[datetime, datetime] | None = None
+    record_free: tuple[int, int] | None = None
+    """Offsets ``[start, end)`` the caller probed and found to hold no user record (tracking chunks):
+    :meth:`Ledger.claim`'s ``record_free``."""
 
 
 @dataclass(frozen=True, slots=True)

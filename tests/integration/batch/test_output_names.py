@@ -96,18 +96,19 @@ def test_pipelines_a_slash_b_and_a_underscore_b_get_distinct_directories(
 
 
 def test_two_brokers_of_one_pipeline_and_stream_publish_apart(
-    ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
-    tmp_path: Path,
+    ledger: Ledger, runner: CountingRunner, broker_43: Any, broker_40: Any, stream_name: Any, tmp_path: Path,
 ) -> None:
+    """One pipeline reads a stream of one name on two brokers (the 4.3 and the 4.0 server, named east
+    and west): each history publishes apart. (One broker under two names is refused instead:
+    test_redteam_nodes_identity.)"""
     s = stream_name("brokers")
-    create_stream(rabbitmq_url, s, 20)
     root = tmp_path / "out"
     outputs = {}
-    for name in ("east", "west"):
-        # store_offset off: both "brokers" are one real broker here, which keeps one stored offset
-        cfg = BatchConfig(pipeline="p-two", url=rabbitmq_url, output_root=str(root), stream=s,
-                          broker_name=name, store_offset=False)
-        result = run_batch(cfg, run=RunId("dag", name, "t"), ledger=ledger, broker=client, runner=runner)
+    for name, where in (("east", broker_43), ("west", broker_40)):
+        create_stream(where.url, s, 20)
+        cfg = BatchConfig(pipeline="p-two", url=where.url, output_root=str(root), stream=s, broker_name=name)
+        with StreamClient.connect(where.url) as client:
+            result = run_batch(cfg, run=RunId("dag", name, "t"), ledger=ledger, broker=client, runner=runner)
         (part,) = result.partitions
         assert (part.start, part.end, part.records) == (0, 20, 20)
         outputs[name] = part.output

@@ -34,6 +34,34 @@ def test_claim_many_gives_what_claim_gives(ledger: Ledger) -> None:
     check_invariants(ledger, PIPE)
 
 
+def test_claim_many_answers_nothing_new_without_a_row(ledger: Ledger) -> None:
+    """Migration 0014: an idle source of a batch adds no row (its answer has id 0) and the run is
+    recorded once; the batch's other sources are claimed as ever, whichever comes first (an idle
+    source before one with data must not make that one "nothing again"); the retry gets the same
+    answers though data came since; offsets probed to hold no user record are recorded committed."""
+    for s in SOURCES[:4]:
+        first = ledger.claim(PIPE, s, 10, run(1), initial_start=0)
+        ledger.commit(first.id, records=10, first_seen=0, last_seen=9, output=f"/o/{s.stream}")
+    asks = [ClaimRequest(SOURCES[0], 10), ClaimRequest(SOURCES[1], 15), ClaimRequest(SOURCES[2], 10),
+            ClaimRequest(SOURCES[3], 11, record_free=(10, 11))]
+    got = ledger.claim_many(PIPE, asks, run(2))
+    assert [(r.start, r.end, r.status, r.recorded) for r in got] == [
+        (10, 10, RangeStatus.COMMITTED, False), (10, 15, RangeStatus.CLAIMED, True),
+        (10, 10, RangeStatus.COMMITTED, False), (10, 11, RangeStatus.COMMITTED, True)]
+    assert got[3].records == 0
+    assert len(ledger.ranges(PIPE)) == 6
+    later = [ClaimRequest(s, 20) for s in SOURCES[:4]]
+    again = ledger.claim_many(PIPE, later, run(2, try_number=2))
+    assert [(r.start, r.end, r.id) for r in again] == [(10, 10, 0), (10, 15, got[1].id), (10, 10, 0),
+                                                       (10, 11, got[3].id)]
+    assert len(ledger.ranges(PIPE)) == 6
+    nxt = ledger.claim_many(PIPE, later, run(3))
+    assert [(r.start, r.end, r.status) for r in nxt] == [
+        (10, 20, RangeStatus.CLAIMED), (15, 20, RangeStatus.CLAIMED), (10, 20, RangeStatus.CLAIMED),
+        (11, 20, RangeStatus.CLAIMED)]
+    check_invariants(ledger, PIPE)
+
+
 def test_one_refused_claim_claims_nothing(ledger: Ledger) -> None:
     ledger.claim(PIPE, SOURCES[0], 10, run(1), initial_start=0)
     asks = [ClaimRequest(SOURCES[1], 10, initial_start=0), ClaimRequest(SOURCES[2], 10)]  # no initial_start

@@ -22,7 +22,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from streamledger.ledger import Ledger, LedgerError, RangeStatus, ViolationKind
+from streamledger.ledger import UNRECORDED, Ledger, LedgerError, RangeStatus, ViolationKind
 from tests.unit.ledger.util import SRC, check_invariants, run
 
 _PIPELINES = itertools.count()
@@ -48,6 +48,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.pipeline = f"prop-{next(_PIPELINES)}"
         self.rows: list[Row] = []
         self.tries: dict[int, int] = {}
+        self.idle: set[int] = set()  # keys answered "nothing new" without a row (migration 0014)
 
     # -- model ---------------------------------------------------------------------------------
 
@@ -125,16 +126,22 @@ class LedgerMachine(RuleBasedStateMachine):
         held, redo = self.held(key), self.redo()
         if held is not None:
             expect = (held.start, held.end, held.status, held.id)
+        elif key in self.idle and tail is not None and not any(r.key == key for r in self.rows):
+            expect = (tail, tail, RangeStatus.COMMITTED, UNRECORDED)  # rule 1: nothing again, no row
         elif redo is not None:
             expect = (redo[0], redo[1], RangeStatus.CLAIMED, None)
         else:
             start = tail if tail is not None else INITIAL
             end = max(start, end_limit)
-            expect = (start, end, RangeStatus.COMMITTED if end == start else RangeStatus.CLAIMED, None)
+            # nothing new on a source with a history is answered, not stored; the run is recorded
+            expect = (start, end, RangeStatus.COMMITTED if end == start else RangeStatus.CLAIMED,
+                      UNRECORDED if end == start and tail is not None else None)
         got = self.ledger.claim(
             self.pipeline, SRC, end_limit, run(key, self.tries.get(key, 1)), initial_start=INITIAL
         )
         assert (got.start, got.end, got.status) == expect[:3]
+        if expect[3] == UNRECORDED:
+            self.idle.add(key)
         if expect[3] is not None:
             assert got.id == expect[3]
         else:

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from streamledger.ledger import Ledger, LedgerError, RangeStatus, RunIdentity, SourceRef
+from streamledger.ledger import UNRECORDED, Ledger, LedgerError, RangeStatus, RunIdentity, SourceRef
 from tests.unit.ledger.util import SRC, SRC2, check_invariants, run
 
 
@@ -88,20 +88,26 @@ def test_failed_range_is_reclaimed_as_is(ledger: Ledger) -> None:
     assert ledger.audit(stale_after=timedelta(hours=1)).clean
 
 
-def test_empty_range_is_stored_committed(ledger: Ledger) -> None:
+def test_an_empty_answer_is_not_stored_and_a_retry_gets_it_again(ledger: Ledger) -> None:
+    """Migration 0014: "nothing new" on a source with a history is answered without a row (an idle
+    batch adds none per source); the run is recorded once, so its retry gets nothing again even when
+    data arrived since. A source's first range is stored even when empty (where the history begins)."""
     a = ledger.claim("p", SRC, 50, run(1), initial_start=0)
     ledger.commit(a.id, records=50, first_seen=0, last_seen=49, output=None)
     e = ledger.claim("p", SRC, 50, run(2))
     assert (e.start, e.end, e.status, e.records) == (50, 50, RangeStatus.COMMITTED, 0) and e.empty
+    assert not e.recorded and e.id == UNRECORDED
     e2 = ledger.claim("p", SRC, 10, run(3))  # end_limit behind the tail: still empty at the tail
-    assert (e2.start, e2.end) == (50, 50)
-    assert ledger.claim("p", SRC, 60, run(2)).id == e.id  # idempotent, even when data arrived since
-    # committing an empty range with 0 records is accepted as a no-op repeat
-    assert ledger.commit(e.id, records=0, first_seen=None, last_seen=None, output=None).id == e.id
+    assert (e2.start, e2.end) == (50, 50) and not e2.recorded
+    again = ledger.claim("p", SRC, 60, run(2))  # idempotent, even when data arrived since
+    assert (again.start, again.end, again.status) == (50, 50, RangeStatus.COMMITTED) and not again.recorded
+    assert [(r.start, r.end) for r in ledger.ranges("p")] == [(0, 50)]
+    with pytest.raises(LedgerError, match="does not exist"):  # nothing to commit
+        ledger.commit(e.id, records=0, first_seen=None, last_seen=None, output=None)
     f = ledger.claim("p", SRC, 60, run(4))
     assert (f.start, f.end) == (50, 60)
     first_empty = ledger.claim("p", SRC2, 0, run(1), initial_start=0)
-    assert first_empty.empty and ledger.last_end("p", SRC2) == 0
+    assert first_empty.empty and first_empty.recorded and ledger.last_end("p", SRC2) == 0
     check_invariants(ledger)
     assert ledger.audit().clean
 
