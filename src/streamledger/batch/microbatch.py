@@ -104,22 +104,17 @@ class MicroBatchRecorder:
             )
 
     def _refuse_pinned(self, stream: str, src: SourceRef) -> None:
-        """A history pinned to data intervals (``bound_by_interval``) is refused before anything is
-        claimed: a query claims where the ledger ends, so it would take offsets of an interval whose
-        run has not come yet, and that run's pinned claim would overlap a live range on every retry.
-        Asked once per stream and run of the query (the ranges read through the public API)."""
+        """A history pinned to data intervals is refused before anything is claimed (the batch's rule,
+        :func:`streamledger.batch.history.mixed_because`): a query claims where the ledger ends, so
+        it would take offsets of an interval whose run has not come yet. Asked once per stream and
+        run of the query."""
+        from streamledger.batch.history import mixed_because
+
         if stream in self._unpinned:
             return
-        pinned = next((r for r in self.ledger.ranges(self.pipeline, stream=stream)
-                       if r.source == src and r.interval is not None), None)
-        if pinned is not None and pinned.interval is not None:
-            start, end = (t.isoformat() for t in pinned.interval)
-            raise MicroBatchError(
-                f"pipeline {self.pipeline!r}, stream {stream!r}: its history is pinned to data intervals "
-                f"(range {pinned.id} [{pinned.start}, {pinned.end}) of interval {start} to {end}); a "
-                "streaming query claims where the ledger ends and would take an interval's offsets; nothing "
-                "recorded. Stream into another pipeline"
-            )
+        why = mixed_because(self.pipeline, stream, self.ledger.position(self.pipeline, src), pinned=False)
+        if why is not None:
+            raise MicroBatchError(f"{why} (stream into another pipeline)")
         self._unpinned.add(stream)
 
     def _mine(self, src: SourceRef, run: RunIdentity) -> OffsetRange | None:

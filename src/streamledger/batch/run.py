@@ -32,6 +32,7 @@ from streamledger.batch.config import (
     StepHook,
     StreamReplaced,
 )
+from streamledger.batch.history import mixed_because
 from streamledger.batch.identity import named_twice_because, replaced_because
 from streamledger.batch.position import (
     PipelineSource,
@@ -281,6 +282,15 @@ class BatchRun:
             if why is not None:
                 raise BatchError(f"stream {s!r}: {why}")
 
+    def check_one_kind(self, streams: Sequence[str], found: Sequence[SourcePosition]) -> None:
+        """Refuse, before anything is claimed, a history of the other kind: an interval-bound batch on
+        a history claimed where the ledger ended, or a free batch on one pinned to data intervals
+        (:func:`streamledger.batch.history.mixed_because`, the streaming query's rule too)."""
+        for s, pos in zip(streams, found, strict=True):
+            why = mixed_because(self.config.pipeline, s, pos, pinned=self.config.bound_by_interval)
+            if why is not None:
+                raise BatchError(why)
+
     def claim_request(self, stream: str, tail: int, stored: int | None, pos: SourcePosition,
                       firsts: Mapping[str, int], span: tuple[int, int] | None) -> ClaimRequest:
         """The claim's inputs for one partition (``firsts``: first retained offsets of the streams
@@ -401,6 +411,7 @@ class BatchRun:
         cfg = self.config
         found = self.ledger.positions(cfg.pipeline, [self._source(s) for s in streams])
         self.check_one_name(streams, found)
+        self.check_one_kind(streams, found)
         seen_log = survey_offsets(self.broker, streams, cfg.pipeline)
         tails, stored = seen_log.tails, seen_log.stored
         settled = {s: pos for s, pos in zip(streams, found, strict=True)

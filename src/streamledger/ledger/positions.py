@@ -16,6 +16,7 @@ from streamledger.ledger.statements import (
     ANY_PINNED,
     FIRST_REDO,
     FIRST_UNCONTINUED,
+    FREE_CLAIM,
     IS_UNPUBLISHED,
     LIVE,
     ORIGIN_START,
@@ -103,6 +104,10 @@ class Positions(Sources):
                 select(Range.status).where(Range.source_id == sid, LIVE)
                 .order_by(Range.start_offset, Range.end_offset).limit(1)
                 .scalar_subquery().label("first_live"),
+                select(Range.id).where(Range.source_id == sid, Range.interval_start.is_not(None))
+                .limit(1).scalar_subquery().label("pinned_at"),
+                select(Range.id).where(Range.source_id == sid, FREE_CLAIM).limit(1)
+                .scalar_subquery().label("free_at"),
             ]
         out: dict[int, Any] = {}
         for chunk in chunks(list(ids)):
@@ -198,6 +203,9 @@ class Positions(Sources):
                 holes[row.source_id].append(row)
         prints = self._chunk_prints(session, ids)
         elsewhere = self._elsewhere(session, pipeline, sources)
+        kinds = {i for f in facts.values() for i in (f.pinned_at, f.free_at) if i is not None}
+        kind_rows = {int(r.id): r for chunk in chunks(sorted(kinds))
+                     for r in session.scalars(select(Range).where(Range.id.in_(chunk)))}
         cutoff = (self._clock(session) - stale_after if stale_after is not None and any(claims.values())
                   else None)
         out: list[SourcePosition] = []
@@ -225,6 +233,8 @@ class Positions(Sources):
                 replaced=src.replaced,
                 seen_tail=None if src.seen_tail is None else int(src.seen_tail),
                 elsewhere=others,
+                pinned_range=None if f.pinned_at is None else snapshot(kind_rows[f.pinned_at], pipeline, src),
+                free_range=None if f.free_at is None else snapshot(kind_rows[f.free_at], pipeline, src),
             ))
         return out
 

@@ -149,6 +149,15 @@ def any_pinned_of(sid: Any) -> Any:
     return select(Range.id).where(Range.source_id == sid, Range.pinned).limit(1)
 
 ANY_PINNED = any_pinned_of(bindparam("source_id"))
+# A range only a free claim makes (where the ledger ends: a batch without an interval, a streaming
+# query): not pinned, not empty, claimed or committed with records. Lost and failed ranges are left
+# out (retention's losses and refusals are recorded unpinned in pinned histories too), and so are
+# tracking-only ranges (0 records committed).
+FREE_CLAIM = and_(
+    Range.pinned.is_(False), Range.end_offset > Range.start_offset,
+    or_(Range.status == RangeStatus.CLAIMED.value,
+        and_(Range.status == RangeStatus.COMMITTED.value, Range.records > 0)),
+)
 # A history starts at the lowest start of any of its ranges (audit rule 1): a failed first claim
 # counts, or the span it held and nobody redid would lie before the "origin".
 ORIGIN_START = select(func.min(Range.start_offset)).where(Range.source_id == bindparam("source_id"))

@@ -287,7 +287,10 @@ class SourcePosition:
     until ``new-epoch``. ``seen_tail`` the greatest committed tail of the stream a batch saw.
     ``elsewhere``: the newest chunk fingerprint of the pipeline's history of the same stream under
     every other live broker identity, ``(identity, print)`` sorted: a broker holding one of them is
-    one broker under two names (``streamledger.batch.identity.one_broker``).
+    one broker under two names (``streamledger.batch.identity.one_broker``). ``pinned_range``: a
+    range of the history pinned to a data interval; ``free_range``: a non-empty range a free claim
+    made (where the ledger ended: a batch without an interval, a streaming query); a history holds
+    one kind only (``streamledger.batch.history.mixed_because``).
     """
 
     end: int | None
@@ -302,6 +305,8 @@ class SourcePosition:
     replaced: str | None = None
     seen_tail: int | None = None
     elsewhere: tuple[tuple[str, ChunkPrint], ...] = ()
+    pinned_range: OffsetRange | None = None
+    free_range: OffsetRange | None = None
 
 
 @dataclass(frozen=True, slots=True)

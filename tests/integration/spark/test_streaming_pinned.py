@@ -87,11 +87,6 @@ def test_a_streaming_query_on_a_pinned_pipeline_is_refused_before_any_claim(
     assert _interval_batch(spark, rabbitmq_url, s, ledger, tmp_path, t1, t2, "i1").records == 20
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not fixed: a pinned batch does not look for a streaming query's ranges in its history: here interval "
-    "0's run takes the query's committed [0, 30) as its own (30 records it never read, no error) and "
-    "interval 1's is claimed beside it; an interval whose span overlaps a query's range without equalling "
-    "it fails on every retry ('range overlaps a live range': the model checker's stall)"))
 def test_a_pinned_batch_on_a_history_a_streaming_query_recorded_is_refused_before_any_claim(
     spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
 ) -> None:
