@@ -5,6 +5,7 @@ claims made through the ledger's one claim rule; ledger-only, so each test takes
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -66,3 +67,25 @@ def test_a_retry_of_an_idle_run_after_new_epoch_gets_nothing_and_the_next_run_re
 
 def _request(src: SourceRef, end_limit: int) -> ClaimRequest:
     return ClaimRequest(src, end_limit)
+
+
+def test_an_idle_key_is_answered_alike_on_both_ledgers_behind_an_open_claim_and_when_pinned(
+    any_ledger: Ledger,
+) -> None:
+    """Promise kept, SQLite and PostgreSQL alike: a retry of a key answered "nothing new" gets nothing
+    at the tail even when the tail is another run's open claim (no overlap, no wait), while the same
+    key's pinned claim (an interval) is claimed and stored as ever."""
+    pipe, src = _pipe(), SourceRef(BROKER, "s11-idle-open")
+    first = any_ledger.claim(pipe, src, 3, _cli("o-data"), initial_start=0)
+    any_ledger.commit(first.id, records=3, first_seen=0, last_seen=2, output=None)
+    assert not any_ledger.claim(pipe, src, 3, _cli("o-idle")).recorded
+    held = any_ledger.claim(pipe, src, 8, _cli("o-other"))
+    assert (held.start, held.end, held.status) == (3, 8, RangeStatus.CLAIMED)
+    again = any_ledger.claim_many(pipe, [_request(src, 12)], _cli("o-idle", try_number=2),
+                                  abandon_after=timedelta(0))[0]
+    assert (again.start, again.end, again.recorded) == (8, 8, False)
+    assert any_ledger.get(held.id).status == RangeStatus.CLAIMED  # not abandoned by the idle retry
+    when = datetime(2026, 11, 27, tzinfo=UTC)
+    pinned = any_ledger.claim(pipe, src, 12, _cli("o-idle", try_number=3), span=(8, 12),
+                              interval=(when, when + timedelta(hours=1)))
+    assert (pinned.start, pinned.end, pinned.status, pinned.recorded) == (8, 12, RangeStatus.CLAIMED, True)
