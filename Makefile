@@ -87,7 +87,8 @@ chaos-topology: venv
 
 # The independent model checker's long form (tests/model, issue 30): SEEDS seeds from SEED, OPS operations
 # each (batches on every sink killed at random steps, real SIGKILLs, retention, re-created streams,
-# URL spellings...), judged by the data; the first disagreement of a seed is shrunk and printed as a
+# URL spellings, streaming queries on every sink and on pinned pipelines, SIGKILLed mid-batch...),
+# judged by the data; the first disagreement of a seed is shrunk and printed as a
 # replayable operation list. Example: make soak SEED=1 SEEDS=10 OPS=200 LEDGER=postgresql
 SEED ?= 1
 SEEDS ?= 1

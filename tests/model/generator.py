@@ -4,7 +4,7 @@ of which runs failed, so retries and clears name real runs; which intervals are 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tests.model.ops import (
@@ -44,6 +44,10 @@ class Options:
     #: ledger-recorded streaming queries (available-now) on the directory-sink pipelines not pinned to
     #: intervals; off, the draws are those of the checker before it had them
     streaming: bool = True
+    #: streaming queries composed with the rest: on table-sink pipelines (rows into a Delta or Iceberg
+    #: table of the query's), on pinned pipelines, and (with ``sigkill``) SIGKILLed mid-batch, then
+    #: restarted from the checkpoint; off, the streaming draws are the ones before them
+    compose: bool = True
 
 
 @dataclass
@@ -69,7 +73,7 @@ def _pipelines(rnd: random.Random, opts: Options) -> tuple[PipelineSpec, ...]:
             # both starts of a pinned history, without a draw (earlier seeds keep their scenarios)
             initial_position="interval_start" if pinned and k % 2 else "first",
         ))
-    if opts.streaming and not any(p.sink == "directory" and not p.pinned for p in out):
+    if opts.streaming and not opts.compose and not any(p.sink == "directory" and not p.pinned for p in out):
         # a streaming query needs one: the first pipeline becomes it (no draw: the rest stays as drawn)
         out[0] = PipelineSpec(name=out[0].name, sink="directory", on_data_loss=out[0].on_data_loss,
                               max_offsets=out[0].max_offsets or 40)
@@ -110,15 +114,19 @@ def _batch(rnd: random.Random, sh: _Shadow, pipes: tuple[PipelineSpec, ...], opt
 
 def _stream(rnd: random.Random, sh: _Shadow, pipes: tuple[PipelineSpec, ...], opts: Options
             ) -> Stream | None:
-    able = [k for k, p in enumerate(pipes) if p.sink == "directory" and not p.pinned]
+    able = [k for k, p in enumerate(pipes) if opts.compose or (p.sink == "directory" and not p.pinned)]
     if not able:
         return None
     pipe = rnd.choice(able)
     reuse = pipe in sh.queried and rnd.random() < 0.4
     sh.queried.add(pipe)
-    return Stream(pipe=pipe, max_offsets=rnd.choice((None, None, 30)), checkpoint="reuse" if reuse else "new",
-                  fail_at=rnd.choice((0, 1)) if rnd.random() < 0.2 else None,
-                  fail_on_data_loss=rnd.random() < 0.7, spelling=rnd.choice(opts.spellings))
+    op = Stream(pipe=pipe, max_offsets=rnd.choice((None, None, 30)), checkpoint="reuse" if reuse else "new",
+                fail_at=rnd.choice((0, 1)) if rnd.random() < 0.2 else None,
+                fail_on_data_loss=rnd.random() < 0.7, spelling=rnd.choice(opts.spellings))
+    if opts.compose and opts.sigkill and rnd.random() < 0.3:  # drawn after the rest: earlier draws stay
+        op = replace(op, fail_at=None, kill_at=rnd.choice((0, 0, 1)),
+                     kill_when=rnd.choice(("before_write", "after_write")))
+    return op
 
 
 def draw(seed: int, opts: Options | None = None) -> Scenario:

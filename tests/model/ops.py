@@ -107,12 +107,16 @@ class AuditCli:
 @dataclass(frozen=True)
 class Stream:
     """A ledger-recorded Structured Streaming query of the pipeline, run to an available-now trigger:
-    its rows written per micro-batch (``foreachBatch``, overwritten by batch id) under the pipeline's
-    output root, its ranges recorded in the pipeline's ledger history between its batches.
+    its rows written per micro-batch (``foreachBatch``, idempotent by batch id:
+    :mod:`tests.model.streaming`) under the pipeline's output root, its ranges recorded in the
+    pipeline's ledger history between its batches.
     ``checkpoint``: a ``new`` query (it starts where the ledger ends, or at the first offset of a
     pipeline without history) or the pipeline's last query restarted from its checkpoint
     (``reuse``). ``fail_at``: the query dies before writing its micro-batch number ``fail_at`` (its
-    claims stay open, its rows unwritten)."""
+    claims stay open, its rows unwritten). ``kill_at``: the query runs in a child process SIGKILLed
+    (with its Spark) at its micro-batch number ``kill_at``, before or after the micro-batch's rows
+    are written (``kill_when``; planned and claimed, never committed), then is restarted from its
+    checkpoint. Any pipeline: a pinned one's too, and its rows go to a sink of the pipeline's kind."""
 
     pipe: int
     max_offsets: int | None = None
@@ -120,6 +124,8 @@ class Stream:
     fail_at: int | None = None
     fail_on_data_loss: bool = True
     spelling: str = "/"
+    kill_at: int | None = None
+    kill_when: Literal["before_write", "after_write"] = "after_write"
     kind: str = "stream"
 
 
@@ -184,5 +190,6 @@ def describe(op: Op) -> str:
         limit = f" max{op.max_offsets}" if op.max_offsets else ""
         fail = f" fail@{op.fail_at}" if op.fail_at is not None else ""
         loss = "" if op.fail_on_data_loss else " no-fail-on-loss"
-        return f"stream p{op.pipe} {op.checkpoint}{limit}{fail}{loss} url{op.spelling}"
+        kill = f" sigkill@{op.kill_at}:{op.kill_when}" if op.kill_at is not None else ""
+        return f"stream p{op.pipe} {op.checkpoint}{limit}{fail}{kill}{loss} url{op.spelling}"
     return op.kind.replace("_", "-")

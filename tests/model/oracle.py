@@ -22,7 +22,9 @@ from tests.model.ops import PipelineSpec
 
 MANIFEST = "_manifest.json"
 #: Under a pipeline's output root: its streaming queries' rows (``q<n>/out/b<batch id>``, each a Spark
-#: parquet write, read only once its ``_SUCCESS`` is there) and checkpoints.
+#: parquet write, read only once its ``_SUCCESS`` is there; a table pipeline's queries write a Delta
+#: table ``q<n>/delta`` or an Iceberg table located at ``q<n>/iceberg``, read as the pipeline's tables
+#: are) and checkpoints.
 STREAMING = "_streaming"
 
 

@@ -133,6 +133,10 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
     known = sorted(w.seen.items())  # what is on the broker, and what retention took since it was seen
     # what retention took before the oracle ever saw it: offsets known only within bounds
     vanished = unseen(w.seen, w.ids(w.first_seq, w.seq), w.client.committed_tail(w.stream))
+    for pipe, what in w.refusals:  # a composition the product refuses, not refused cleanly
+        found.append(Disagreement("refusal", pipe, at, "a query on a history pinned to data intervals must "
+                                  "be refused, nothing claimed or written", what))
+    w.refusals.clear()
     stray = stray_files(w.home, w.allowed())
     if stray:
         try:

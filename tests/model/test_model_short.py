@@ -154,12 +154,24 @@ FIXED = {
         '{"kind":"publish","n":57,"pad":1500},{"kind":"batch","pipe":0,"run":"r2","attempt":1}]}'),
 }
 
+#: Streaming composed with the table sinks in the short form (its seeds draw no streaming): a query
+#: writing its rows into an Iceberg table of its own (read back with pyiceberg) between batches of an
+#: Iceberg pipeline. The soak composes the rest (Delta, pinned pipelines, SIGKILLs mid-batch); the
+#: refusal of a query on a pinned history is tests/integration/spark/test_streaming_pinned.py's.
+COMPOSED = {
+    "streaming-into-an-iceberg-pipeline": (
+        '{"seed":null,"retention":true,"pipelines":[{"name":"orders v2-0","sink":"iceberg","pinned":false,'
+        '"on_data_loss":"record","max_offsets":40,"initial_position":"first"}],'
+        '"ops":[{"kind":"publish","n":30,"pad":0},{"kind":"stream","pipe":0},'
+        '{"kind":"publish","n":10,"pad":0},{"kind":"batch","pipe":0,"run":"r1","attempt":1}]}'),
+}
 
-@pytest.mark.parametrize("name", sorted(FIXED))
+
+@pytest.mark.parametrize("name", sorted(FIXED) + sorted(COMPOSED))
 def test_fixed_disagreement_stays_fixed(name: str, rabbitmq_url: str, spark: Any, tmp_path: Path) -> None:
     servers = Servers(rabbitmq_url, spark, lambda where: f"sqlite:///{where / 'ledger.sqlite'}", "model")
-    outcome = run_scenario(servers, Scenario.from_json(FIXED[name]), tmp_path / "world", log=lambda _m: None,
-                           keep=True)
+    outcome = run_scenario(servers, Scenario.from_json({**FIXED, **COMPOSED}[name]), tmp_path / "world",
+                           log=lambda _m: None, keep=True)
     if not outcome.figures.batches:  # not an AssertionError: a scenario that ran nothing is no XFAIL
         raise RuntimeError("the scenario ran no batch:\n" + "\n".join(outcome.lines))
     assert not outcome.disagreements, report(outcome)

@@ -52,6 +52,8 @@ class MicroBatchRecorder:
         self.super_stream = super_stream
         #: stream -> (query, batch) last settled: an idle query asks again and again
         self._settled: dict[str, tuple[str, int]] = {}
+        #: streams whose history this run found free of pinned ranges (:meth:`_refuse_pinned`)
+        self._unpinned: set[str] = set()
 
     def source(self, stream: str) -> SourceRef:
         return SourceRef(self.broker, stream, self.super_stream)
@@ -100,6 +102,25 @@ class MicroBatchRecorder:
                 "read (deleted and re-created?); nothing recorded. `streamledger ledger new-epoch` starts a "
                 "new history; restart the query with a new checkpoint"
             )
+
+    def _refuse_pinned(self, stream: str, src: SourceRef) -> None:
+        """A history pinned to data intervals (``bound_by_interval``) is refused before anything is
+        claimed: a query claims where the ledger ends, so it would take offsets of an interval whose
+        run has not come yet, and that run's pinned claim would overlap a live range on every retry.
+        Asked once per stream and run of the query (the ranges read through the public API)."""
+        if stream in self._unpinned:
+            return
+        pinned = next((r for r in self.ledger.ranges(self.pipeline, stream=stream)
+                       if r.source == src and r.interval is not None), None)
+        if pinned is not None and pinned.interval is not None:
+            start, end = (t.isoformat() for t in pinned.interval)
+            raise MicroBatchError(
+                f"pipeline {self.pipeline!r}, stream {stream!r}: its history is pinned to data intervals "
+                f"(range {pinned.id} [{pinned.start}, {pinned.end}) of interval {start} to {end}); a "
+                "streaming query claims where the ledger ends and would take an interval's offsets; nothing "
+                "recorded. Stream into another pipeline"
+            )
+        self._unpinned.add(stream)
 
     def _mine(self, src: SourceRef, run: RunIdentity) -> OffsetRange | None:
         """The open claim ``run`` holds on ``src``, if any."""
@@ -154,6 +175,7 @@ class MicroBatchRecorder:
             if start < end:
                 self._take(src, run, where, start, end)
             return
+        self._refuse_pinned(stream, src)
         last = self.ledger.last_end(self.pipeline, src)
         if last is not None and last != begin and not (lost and begin < last <= start):
             raise MicroBatchError(
