@@ -261,3 +261,16 @@ def test_split_buffers_cuts_runs_bodies_and_maps() -> None:
     joined = [m for p in pieces for m in p.to_record_batch().properties or []]
     assert joined == whole.to_record_batch().properties
     assert pieces[0].properties is None  # its 25 records are lone data sections
+
+
+@pytest.mark.parametrize("mode", ["amqp"])
+def test_a_data_section_holding_a_decimal_is_no_message_in_either_layout(mode: str) -> None:
+    """A data section must hold binary (vbin8/vbin32). One byte turned a section's ``a0`` into ``74``
+    (decimal32, whose value type subclasses bytes): the walker took it for a body, the list layout
+    kept a Decimal32 and the buffer layout raised TypeError (found by the random-corruption test in
+    CI-like runs, pure Python). Now the record is not AMQP: its bytes pass through raw, alike."""
+    record = b"\x00\x53\x75\x74\x03q10"
+    chunk = build_chunk([encode_message(b"ok"), record], first_offset=0, timestamp=1)
+    a, b = lists([chunk], mode), buffers([chunk], mode)
+    assert a.bodies == [b"ok", record] and all(type(x) is bytes for x in a.bodies)
+    assert_same(a, b, mode)

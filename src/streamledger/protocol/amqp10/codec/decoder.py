@@ -435,7 +435,8 @@ def walk_sections(buf: bytes) -> _Walked:
         else:
             v, pos = _DECODERS[c](buf, pos + 1)
         if code == 0x75:
-            if not isinstance(v, bytes):
+            # binary by its constructor (vbin8/vbin32): decimal and uuid values are bytes too
+            if c not in (0xA0, 0xB0):
                 raise _Bad("data section does not hold binary")
             if data is None:
                 data = [v]
