@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import BigInteger, case, func, literal, select, true
+from sqlalchemy import BigInteger, case, func, literal, or_, select, true
 from sqlalchemy.orm import Session
 
 from streamledger.ledger.models import Pipeline, Range, Source
@@ -104,7 +104,8 @@ class Positions(Sources):
                 select(Range.status).where(Range.source_id == sid, LIVE)
                 .order_by(Range.start_offset, Range.end_offset).limit(1)
                 .scalar_subquery().label("first_live"),
-                select(Range.id).where(Range.source_id == sid, Range.interval_start.is_not(None))
+                select(Range.id).where(Range.source_id == sid, Range.pinned,  # the partial index
+                                       Range.interval_start.is_not(None))
                 .limit(1).scalar_subquery().label("pinned_at"),
                 select(Range.id).where(Range.source_id == sid, FREE_CLAIM).limit(1)
                 .scalar_subquery().label("free_at"),
@@ -191,11 +192,19 @@ class Positions(Sources):
         ids = [s.id for s in known]
         claims: dict[int, list[Range]] = {i: [] for i in ids}
         holes: dict[int, list[Range]] = {i: [] for i in ids}
+        # the ranges naming each history's kind (pinned / free) come with the open claims
+        kinds = {i for f in facts.values() for i in (f.pinned_at, f.free_at) if i is not None}
+        kind_rows: dict[int, Range] = {}
         for chunk in chunks(ids):
+            named = sorted(i for s in chunk for i in (facts[s].pinned_at, facts[s].free_at) if i is not None)
             for row in session.scalars(select(Range).where(
-                    Range.source_id.in_(chunk), Range.status == RangeStatus.CLAIMED.value)
+                    Range.source_id.in_(chunk),
+                    or_(Range.status == RangeStatus.CLAIMED.value, Range.id.in_(named)))
                     .order_by(Range.source_id, Range.start_offset)):
-                claims[row.source_id].append(row)
+                if row.id in kinds:
+                    kind_rows[int(row.id)] = row
+                if row.status == RangeStatus.CLAIMED.value:
+                    claims[row.source_id].append(row)
             # Failed ranges holding offsets the claim rule redoes (rule 2): work still to do.
             for row in session.scalars(select(Range).where(Range.id.in_(select(REDO_POINTS.c.failed_id)))
                                        .order_by(Range.source_id, Range.start_offset, Range.id),
@@ -203,9 +212,6 @@ class Positions(Sources):
                 holes[row.source_id].append(row)
         prints = self._chunk_prints(session, ids)
         elsewhere = self._elsewhere(session, pipeline, sources)
-        kinds = {i for f in facts.values() for i in (f.pinned_at, f.free_at) if i is not None}
-        kind_rows = {int(r.id): r for chunk in chunks(sorted(kinds))
-                     for r in session.scalars(select(Range).where(Range.id.in_(chunk)))}
         cutoff = (self._clock(session) - stale_after if stale_after is not None and any(claims.values())
                   else None)
         out: list[SourcePosition] = []

@@ -131,7 +131,10 @@ def test_a_batch_from_any_front_door_logs_its_progress(
     create_stream(rabbitmq_url, s, 300)
     runner = LocalSparkRunner()
     runner._spark = spark
-    cfg = BatchConfig(pipeline="logged", url=rabbitmq_url, output_root=str(tmp_path / "out"), stream=s)
+    # Many tasks keep the job running for several polls: a one-task job of 300 records could end
+    # before Spark registered its tasks (one "running" line without them, in a run at load 10).
+    cfg = BatchConfig(pipeline="logged", url=rabbitmq_url, output_root=str(tmp_path / "out"), stream=s,
+                      splits=48)
     with Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}", create=True) as ledger, \
             StreamClient.connect(rabbitmq_url) as client, caplog.at_level(logging.INFO, "streamledger.batch"):
         run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner)
