@@ -2,20 +2,21 @@
 # Runs the whole pytest suite; servers are provisioned and started by the fixtures.
 # Fails when pytest collects nothing (exit 5) in any lane, or anything else goes wrong.
 #
-# Two lanes run at the same time, because much of the suite's wall time is spent waiting, not computing:
+# Three lanes run at the same time, because much of the suite's wall time is spent waiting, not computing:
 # * lane "core": tests/unit, tests/integration (but the Dagster integration tests and the Spark
 #   Connect tests) and the model checker's short form (tests/model) in one process (one shared
 #   classic SparkSession);
-# * lane "airflow": tests/integration/dagster, tests/e2e and tests/chaos, whose time goes to
-#   Airflow's own processes (the scheduler's loops, `airflow dags test` starting up) and to waiting
-#   for data intervals to pass; then tests/install, then, in a process of its own, the tests that
-#   open Spark Connect sessions in-process (tests/integration/spark/test_connect.py): PySpark refuses
-#   a Connect session in a process that already runs a classic session.
-# Balanced by measurement (fresh clone at 0f42500: core 1433 s with install and Connect in it, airflow
-# 901 s: they moved); move whole directories between them, never split one.
+# * lane "airflow": tests/integration/dagster and tests/e2e, whose time goes to Airflow's own
+#   processes (the scheduler's loops, `airflow dags test` starting up); then tests/install, then, in
+#   a process of its own, the tests that open Spark Connect sessions in-process
+#   (tests/integration/spark/test_connect.py): PySpark refuses a Connect session in a process that
+#   already runs a classic session;
+# * lane "chaos": tests/chaos, the short chaos run, most of whose time is waiting for data intervals
+#   to pass and for faults to be healed.
+# Balanced by measurement (see docs/development.md); move whole directories between them, never split one.
 # The servers are shared safely: the fixtures start each one once under an fcntl lock, tests use
 # their own streams, databases and Airflow homes, and the chaos run restarts only its private servers.
-# The core lane prints as it goes; the airflow lane's output follows when both are done.
+# The core lane prints as it goes; the other lanes' output follows when all are done.
 # Tests marked `matrix` (further cells of a fault matrix the suite samples one cell per row of) run
 # with `make test-matrix`, not here.
 # STREAMLEDGER_TEST_LANES=1 runs the lanes one after the other (for a quiet profile of each);
@@ -26,7 +27,8 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 CONNECT_TESTS=tests/integration/spark/test_connect.py
 DAGSTER_TESTS=tests/integration/dagster
-AIRFLOW_LANE=("$DAGSTER_TESTS" tests/e2e tests/chaos)
+AIRFLOW_LANE=("$DAGSTER_TESTS" tests/e2e)
+CHAOS_TESTS=tests/chaos
 INSTALL_TESTS=tests/install
 
 run() {
@@ -54,6 +56,10 @@ airflow_lane() {
   return "$rc"
 }
 
+chaos_lane() {
+  run "$CHAOS_TESTS"
+}
+
 core_lane() {
   run tests/unit tests/integration tests/model --ignore="$CONNECT_TESTS" --ignore="$DAGSTER_TESTS" \
     -m "not matrix"
@@ -61,26 +67,39 @@ core_lane() {
 
 began=$SECONDS
 rc=0
-if [ "${STREAMLEDGER_TEST_LANES:-2}" = "1" ]; then
+if [ "${STREAMLEDGER_TEST_LANES:-3}" = "1" ]; then
   core_lane || rc=$?
   echo "== lane core: $((SECONDS - began)) s"
   mark=$SECONDS
   airflow_lane || rc=$?
   echo "== lane airflow: $((SECONDS - mark)) s"
+  mark=$SECONDS
+  chaos_lane || rc=$?
+  echo "== lane chaos: $((SECONDS - mark)) s"
   exit "$rc"
 fi
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
-( arc=0; airflow_lane > "$logs/airflow.log" 2>&1 || arc=$?
-  echo "$arc" > "$logs/airflow.rc"; echo $((SECONDS - began)) > "$logs/airflow.s" ) &
-lane=$!
+background() {  # background NAME: run NAME_lane, its output, exit code and seconds kept in $logs
+  local name=$1
+  ( lrc=0; "${name}_lane" > "$logs/$name.log" 2>&1 || lrc=$?
+    echo "$lrc" > "$logs/$name.rc"; echo $((SECONDS - began)) > "$logs/$name.s" ) &
+}
+background chaos
+background airflow
 core_lane || rc=$?
 echo "== lane core (tests/unit tests/integration tests/model): $((SECONDS - began)) s (exit $rc)"
-wait "$lane" || true
-airflow_rc=$(cat "$logs/airflow.rc" 2>/dev/null || echo 1)
-echo "== lane airflow (${AIRFLOW_LANE[*]}, then $INSTALL_TESTS, then $CONNECT_TESTS): $(cat "$logs/airflow.s" 2>/dev/null || echo '?') s (exit $airflow_rc)"
-cat "$logs/airflow.log"
-echo "== both lanes: $((SECONDS - began)) s"
-[ "$airflow_rc" -eq 0 ] || rc=$airflow_rc
+wait || true
+for name in airflow chaos; do
+  lane_rc=$(cat "$logs/$name.rc" 2>/dev/null || echo 1)
+  case $name in
+    airflow) what="${AIRFLOW_LANE[*]}, then $INSTALL_TESTS, then $CONNECT_TESTS" ;;
+    chaos) what="$CHAOS_TESTS" ;;
+  esac
+  echo "== lane $name ($what): $(cat "$logs/$name.s" 2>/dev/null || echo '?') s (exit $lane_rc)"
+  cat "$logs/$name.log"
+  [ "$lane_rc" -eq 0 ] || rc=$lane_rc
+done
+echo "== all lanes: $((SECONDS - began)) s"
 exit "$rc"
