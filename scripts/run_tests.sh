@@ -3,16 +3,17 @@
 # Fails when pytest collects nothing (exit 5) in any lane, or anything else goes wrong.
 #
 # Three lanes run at the same time, because much of the suite's wall time is spent waiting, not computing:
-# * lane "core": tests/unit, tests/integration (but the Dagster integration tests and the Spark
-#   Connect tests) and the model checker's short form (tests/model) in one process (one shared
-#   classic SparkSession);
+# * lane "core": tests/unit, tests/integration (but the Dagster, Spark and mewbase integration tests)
+#   and the model checker's short form (tests/model) in one process (one shared classic
+#   SparkSession);
 # * lane "airflow": tests/integration/dagster and tests/e2e, whose time goes to Airflow's own
 #   processes (the scheduler's loops, `airflow dags test` starting up); then tests/install, then, in
 #   a process of its own, the tests that open Spark Connect sessions in-process
 #   (tests/integration/spark/test_connect.py): PySpark refuses a Connect session in a process that
 #   already runs a classic session;
-# * lane "chaos": tests/chaos, the short chaos run, most of whose time is waiting for data intervals
-#   to pass and for faults to be healed.
+# * lane "side": tests/chaos, the short chaos run, most of whose time is waiting for data intervals
+#   to pass and for faults to be healed; then tests/integration/spark (but Connect) and
+#   tests/integration/mewbase, with a classic SparkSession of their own.
 # Balanced by measurement (see docs/development.md); move whole directories between them, never split one.
 # The servers are shared safely: the fixtures start each one once under an fcntl lock, tests use
 # their own streams, databases and Airflow homes, and the chaos run restarts only its private servers.
@@ -29,6 +30,8 @@ CONNECT_TESTS=tests/integration/spark/test_connect.py
 DAGSTER_TESTS=tests/integration/dagster
 AIRFLOW_LANE=("$DAGSTER_TESTS" tests/e2e)
 CHAOS_TESTS=tests/chaos
+SPARK_TESTS=tests/integration/spark
+MEWBASE_TESTS=tests/integration/mewbase
 INSTALL_TESTS=tests/install
 
 run() {
@@ -56,13 +59,16 @@ airflow_lane() {
   return "$rc"
 }
 
-chaos_lane() {
-  run "$CHAOS_TESTS"
+side_lane() {
+  local rc=0
+  run "$CHAOS_TESTS" || rc=$?
+  run "$SPARK_TESTS" "$MEWBASE_TESTS" --ignore="$CONNECT_TESTS" -m "not matrix" || rc=$?
+  return "$rc"
 }
 
 core_lane() {
   run tests/unit tests/integration tests/model --ignore="$CONNECT_TESTS" --ignore="$DAGSTER_TESTS" \
-    -m "not matrix"
+    --ignore="$SPARK_TESTS" --ignore="$MEWBASE_TESTS" -m "not matrix"
 }
 
 began=$SECONDS
@@ -74,8 +80,8 @@ if [ "${STREAMLEDGER_TEST_LANES:-3}" = "1" ]; then
   airflow_lane || rc=$?
   echo "== lane airflow: $((SECONDS - mark)) s"
   mark=$SECONDS
-  chaos_lane || rc=$?
-  echo "== lane chaos: $((SECONDS - mark)) s"
+  side_lane || rc=$?
+  echo "== lane side: $((SECONDS - mark)) s"
   exit "$rc"
 fi
 
@@ -86,16 +92,16 @@ background() {  # background NAME: run NAME_lane, its output, exit code and seco
   ( lrc=0; "${name}_lane" > "$logs/$name.log" 2>&1 || lrc=$?
     echo "$lrc" > "$logs/$name.rc"; echo $((SECONDS - began)) > "$logs/$name.s" ) &
 }
-background chaos
+background side
 background airflow
 core_lane || rc=$?
 echo "== lane core (tests/unit tests/integration tests/model): $((SECONDS - began)) s (exit $rc)"
 wait || true
-for name in airflow chaos; do
+for name in airflow side; do
   lane_rc=$(cat "$logs/$name.rc" 2>/dev/null || echo 1)
   case $name in
     airflow) what="${AIRFLOW_LANE[*]}, then $INSTALL_TESTS, then $CONNECT_TESTS" ;;
-    chaos) what="$CHAOS_TESTS" ;;
+    side) what="$CHAOS_TESTS, then $SPARK_TESTS and $MEWBASE_TESTS" ;;
   esac
   echo "== lane $name ($what): $(cat "$logs/$name.s" 2>/dev/null || echo '?') s (exit $lane_rc)"
   cat "$logs/$name.log"
