@@ -27,7 +27,7 @@ test: venv lint
 # Every cell of the fault matrices the suite samples (tests marked `matrix`: e.g. each crash row on S3
 # for both table sinks, where the suite runs each row once with the sinks taking turns).
 test-matrix: venv
-	scripts/run_tests.sh tests/integration -m matrix
+	scripts/run_tests.sh tests/integration tests/e2e -m matrix
 
 unit: venv
 	$(PY) -m pytest tests/unit -q
