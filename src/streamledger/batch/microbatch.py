@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from streamledger.errors import StreamledgerError
-from streamledger.ledger import Ledger, OffsetRange, RangeStatus, RunIdentity, SourceRef
+from streamledger.ledger import Ledger, OffsetRange, RangeStatus, RunIdentity, SourcePosition, SourceRef
 from streamledger.runs import STREAMING_PREFIX
 
 DAG_PREFIX = STREAMING_PREFIX
@@ -86,6 +86,7 @@ class MicroBatchRecorder:
             twice = named_twice_because(client, stream, self.pipeline, self.broker, pos)
             if twice is not None:
                 raise MicroBatchError(f"pipeline {self.pipeline!r}, stream {stream!r}: {twice}")
+            self._check_kind(stream, pos)  # read here already: the claim need not read it again
         tails, stored = log_offsets(client, streams, self.pipeline)  # after the ledger (see the rule)
         # every fingerprint asked at once (one round of chunk headers, as the batch asks them)
         same = same_streams(client, {s: pos.chunk for s, pos in zip(streams, found, strict=True)
@@ -107,12 +108,14 @@ class MicroBatchRecorder:
         """A history pinned to data intervals is refused before anything is claimed (the batch's rule,
         :func:`streamledger.batch.history.mixed_because`): a query claims where the ledger ends, so
         it would take offsets of an interval whose run has not come yet. Asked once per stream and
-        run of the query."""
+        run of the query (or already by :meth:`check_same_streams`)."""
+        if stream not in self._unpinned:
+            self._check_kind(stream, self.ledger.position(self.pipeline, src))
+
+    def _check_kind(self, stream: str, position: SourcePosition) -> None:
         from streamledger.batch.history import mixed_because
 
-        if stream in self._unpinned:
-            return
-        why = mixed_because(self.pipeline, stream, self.ledger.position(self.pipeline, src), pinned=False)
+        why = mixed_because(self.pipeline, stream, position, pinned=False)
         if why is not None:
             raise MicroBatchError(f"{why} (stream into another pipeline)")
         self._unpinned.add(stream)
