@@ -97,7 +97,7 @@ select_instance() {
 other_node_alive() {
   local f
   for f in "$D/run/broker.pid" "$D"/instances/*/run/broker.pid; do
-    [ -f "$f" ] && [ "$f" != "$PIDFILE" ] && kill -0 "$(cat "$f")" 2>/dev/null && return 0
+    [ "$f" != "$PIDFILE" ] && pidfile_alive "$f" && return 0
   done
   return 1
 }
@@ -251,11 +251,35 @@ write_config() {
   chown "$ids" "$ETC_HOST/rabbitmq-env.conf" "$ETC_HOST/rabbitmq.conf" "$ETC_HOST/enabled_plugins"
 }
 
-pid_alive() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+# A pid file holds "PID STARTTIME". Pids are recycled (pid_max is 32768 on small machines and a test
+# suite starts tens of thousands of processes), so a bare pid can name some other process long after
+# the broker died: "already running" then, and a wait for a port nobody opens (CI stop 40).
+proc_start() { # PID -> its start time in clock ticks since boot (field 22 of /proc/PID/stat)
+  local s
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  s=${s##*) }
+  # shellcheck disable=SC2086
+  set -- $s
+  echo "${20}"
+}
+write_pidfile() { echo "$1 $(proc_start "$1" || true)" > "$2"; }
+pidfile_pid() { awk 'NR==1{print $1}' "$1" 2>/dev/null; }
+pidfile_alive() { # FILE -> true while the process it recorded still runs
+  local pid="" start=""
+  [ -f "$1" ] || return 1
+  read -r pid start < "$1" || [ -n "$pid" ] || return 1
+  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+  if [ -n "$start" ]; then
+    [ "$(proc_start "$pid")" = "$start" ]
+  else # the old format: a RabbitMQ process or nothing
+    tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q rabbitmq
+  fi
+}
+pid_alive() { pidfile_alive "$PIDFILE"; }
 
 start() {
   [ -f "$STAMP" ] || die "not provisioned; run: $0 provision $V"
-  if pid_alive; then log "already running (pid $(cat "$PIDFILE"))"; return 0; fi
+  if pid_alive; then log "already running (pid $(pidfile_pid "$PIDFILE"))"; return 0; fi
   if port_open "$STREAM_PORT"; then
     if as_broker rabbitmqctl -q ping >/dev/null 2>&1; then log "already running (started elsewhere)"; return 0; fi
     die "port $STREAM_PORT is in use by something else"
@@ -273,10 +297,10 @@ start() {
       RABBITMQ_CONF_ENV_FILE="$ETC_HOST/rabbitmq-env.conf" \
       /usr/lib/rabbitmq/bin/rabbitmq-server > "$STDOUT_LOG" 2>&1 < /dev/null {lockfd}>&- &
   fi
-  echo $! > "$PIDFILE"
+  write_pidfile $! "$PIDFILE"
   date +%s.%N > "$RUN_DIR/started_at"
   rm -f "$RUN_DIR/boot_seconds"
-  log "started pid $(cat "$PIDFILE") (stdout: $STDOUT_LOG)"
+  log "started pid $(pidfile_pid "$PIDFILE") (stdout: $STDOUT_LOG)"
 }
 
 # Idempotent setup done once the node is up: the user SASL EXTERNAL maps the client cert to.
@@ -301,13 +325,22 @@ post_start() {
   fi
 }
 
+boot_tails() { # what a hung boot left in its logs, for the error a CI run prints
+  local node_log=$DATA_IN/log/$NODE@localhost.log
+  [ "$KIND" = chroot ] && node_log=$R$node_log
+  echo "--- tail of $STDOUT_LOG"; tail -8 "$STDOUT_LOG" 2>/dev/null || true
+  echo "--- tail of $node_log"; tail -12 "$node_log" 2>/dev/null | cut -c1-300 || true
+}
+
 wait_ready() {
   local timeout=${1:-180} t
   t=$(now)
   until port_open "$STREAM_PORT"; do
     pid_alive || { tail -20 "$STDOUT_LOG" >&2 || true; die "broker is not running (see $STDOUT_LOG)"; }
-    [ "$(awk -v a="$t" -v b="$(now)" -v m="$timeout" 'BEGIN{print (b-a > m)}')" = 1 ] \
-      && die "stream port $STREAM_PORT not open after ${timeout}s (see $STDOUT_LOG)"
+    if [ "$(awk -v a="$t" -v b="$(now)" -v m="$timeout" 'BEGIN{print (b-a > m)}')" = 1 ]; then
+      boot_tails >&2
+      die "stream port $STREAM_PORT not open after ${timeout}s; pid $(pidfile_pid "$PIDFILE") runs (see $STDOUT_LOG)"
+    fi
     sleep 0.3
   done
   as_broker rabbitmqctl -q await_startup --timeout "$timeout" >/dev/null
@@ -326,7 +359,7 @@ stop() {
   local t pid
   t=$(now)
   if pid_alive; then
-    pid=$(cat "$PIDFILE")
+    pid=$(pidfile_pid "$PIDFILE")
     as_broker rabbitmqctl -q shutdown >/dev/null 2>&1 || kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -0 "$pid" 2>/dev/null && die "broker pid $pid did not stop"
@@ -344,7 +377,7 @@ stop() {
 
 status() {
   local state="stopped"
-  pid_alive && state="running pid $(cat "$PIDFILE")"
+  pid_alive && state="running pid $(pidfile_pid "$PIDFILE")"
   local prov="not provisioned"
   [ -f "$STAMP" ] && prov="RabbitMQ $(cat "$STAMP")"
   log "$prov, $state, node $NODE@localhost, stream $STREAM_PORT${TLS_PORT:+ tls $TLS_PORT}, amqp $AMQP_PORT, mgmt $MGMT_PORT, dist $DIST_PORT, epmd $EPMD_PORT"
@@ -418,15 +451,15 @@ cluster_write_config() {
 cluster_start_node() {
   select_cluster_node "$1"
   [ -f "$STAMP" ] || die "not provisioned; run: $0 provision cluster"
-  if pid_alive; then log "$NODE already running (pid $(cat "$PIDFILE"))"; return 0; fi
+  if pid_alive; then log "$NODE already running (pid $(pidfile_pid "$PIDFILE"))"; return 0; fi
   port_open "$STREAM_PORT" && die "port $STREAM_PORT is in use by something else"
   cluster_write_config
   mount_proc
   setsid chroot --userspec="$(broker_ids)" "$R" /usr/bin/env -i HOME=/var/lib/rabbitmq LANG=C.UTF-8 \
     PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin RABBITMQ_CONF_ENV_FILE="$ETC_IN/rabbitmq-env.conf" \
     /usr/lib/rabbitmq/bin/rabbitmq-server > "$STDOUT_LOG" 2>&1 < /dev/null {lockfd}>&- &
-  echo $! > "$PIDFILE"
-  log "started $NODE pid $(cat "$PIDFILE") (stream $STREAM_PORT, amqp $AMQP_PORT, mgmt $MGMT_PORT)"
+  write_pidfile $! "$PIDFILE"
+  log "started $NODE pid $(pidfile_pid "$PIDFILE") (stream $STREAM_PORT, amqp $AMQP_PORT, mgmt $MGMT_PORT)"
 }
 
 cluster_wait_node() {
@@ -446,7 +479,7 @@ cluster_stop_node() {
   select_cluster_node "$1"
   local pid
   if pid_alive; then
-    pid=$(cat "$PIDFILE")
+    pid=$(pidfile_pid "$PIDFILE")
     node_as_broker rabbitmqctl -q shutdown >/dev/null 2>&1 || kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -0 "$pid" 2>/dev/null && die "$NODE pid $pid did not stop"
@@ -479,7 +512,7 @@ cluster_main() {
       for n in "${CLUSTER_NODES[@]}"; do
         select_cluster_node "$n"
         local state=stopped
-        pid_alive && state="running pid $(cat "$PIDFILE")"
+        pid_alive && state="running pid $(pidfile_pid "$PIDFILE")"
         log "$NODE@localhost: $state, stream $STREAM_PORT, amqp $AMQP_PORT, mgmt $MGMT_PORT, dist $DIST_PORT"
       done ;;
     *) usage ;;

@@ -140,17 +140,29 @@ def _is_up(version: str) -> bool:
     return stamp.exists() and all(port_open(HOST, p, 0.5) for p in needed)
 
 
+# A broker that could not be started in this process: later requests fail at once with the first
+# reason, instead of each test waiting out the same 180 s (CI stop 40 spent an hour that way).
+_SETUP_FAILED: dict[str, BrokerSetupError] = {}
+
+
 def ensure_broker(version: str) -> Broker:
     """Provision and start ``version`` unless it is already up; return its details."""
     if version not in PORTS:
         raise ValueError(f"unknown broker version {version!r}; expected one of {', '.join(VERSIONS)}")
+    if version in _SETUP_FAILED:
+        first = _SETUP_FAILED[version]
+        raise BrokerSetupError(f"rabbitmq {version} failed to start earlier in this run: {first}")
     home = streamledger_home()
     with _FileLock(home / "rabbitmq" / f".pytest-{version}.lock"):
         if not _is_up(version):
             t0 = time.monotonic()
-            _run_script("provision", version)
-            _run_script("start", version)
-            _run_script("wait", version)
+            try:
+                _run_script("provision", version)
+                _run_script("start", version)
+                _run_script("wait", version)
+            except BrokerSetupError as exc:
+                _SETUP_FAILED[version] = exc
+                raise
             print(f"rabbitmq {version}: ready after {time.monotonic() - t0:.1f}s")
     return _broker(version)
 

@@ -45,6 +45,9 @@ class ServerState:
     url: str
     log: str
     master: str
+    #: the process's start time (clock ticks since boot): a pid alone may name another process
+    #: once the server died and the pid was reused; ``None`` in a record written before it existed
+    started: int | None = None
 
 
 def state_dir(root: Path | None = None) -> Path:
@@ -70,6 +73,27 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started (field 22 of ``/proc/PID/stat``), or ``None`` when it does not run."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_the_server(state: ServerState) -> bool:
+    """The recorded process still runs and is the one recorded: same start time, or for a record
+    without one, a process running the Connect server class."""
+    if not _alive(state.pid):
+        return False
+    if state.started is not None:
+        return process_start(state.pid) == state.started
+    try:
+        return SERVER_CLASS.encode() in Path(f"/proc/{state.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1.0)
@@ -83,7 +107,7 @@ def status(root: Path | None = None) -> ServerState | None:
         state = ServerState(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    if not _alive(state.pid):
+    if not _is_the_server(state):
         path.unlink(missing_ok=True)
         return None
     return state
@@ -162,7 +186,7 @@ def start(
             server_command(port, master, conf, root=root), env=env, cwd=str(root), stdout=out,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
-    state = ServerState(proc.pid, port, f"sc://127.0.0.1:{port}", str(log), master)
+    state = ServerState(proc.pid, port, f"sc://127.0.0.1:{port}", str(log), master, process_start(proc.pid))
     deadline = time.monotonic() + timeout
     while True:
         text = log.read_text(errors="replace")
