@@ -47,6 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamledger.processes import process_start, same_process
 from streamledger.spark.session import QUICK_START_JAVA_OPTIONS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,21 +180,14 @@ class Layout:
         return self.run / f"{name}.pid"
 
     def pid(self, name: str) -> int | None:
+        """The recorded process of ``name`` while it runs: pid and start time (a bare pid of an
+        older record is believed while it runs; see streamledger.processes)."""
         try:
-            pid = int(self.pidfile(name).read_text().strip())
-        except (OSError, ValueError):
+            fields = self.pidfile(name).read_text().split()
+            pid, started = int(fields[0]), (int(fields[1]) if len(fields) > 1 else None)
+        except (OSError, ValueError, IndexError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return pid
-        state = Path(f"/proc/{pid}/stat")
-        with contextlib.suppress(OSError):
-            if state.read_text().split(") ", 1)[1].startswith("Z"):
-                return None
-        return pid
+        return pid if same_process(pid, started) else None
 
 
 def layout() -> Layout:
@@ -371,7 +365,7 @@ def _spawn(lay: Layout, name: str, cmd: list[str], env: Mapping[str, str], cwd: 
     with open(lay.logs / f"{name}.log", "ab") as out:
         proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    lay.pidfile(name).write_text(f"{proc.pid}\n")
+    lay.pidfile(name).write_text(f"{proc.pid} {process_start(proc.pid) or ''}\n")
     _log(f"started {name} (pid {proc.pid})")
     return proc.pid
 

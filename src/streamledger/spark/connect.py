@@ -28,6 +28,7 @@ from typing import Any
 
 from streamledger import home
 from streamledger.errors import StreamledgerError
+from streamledger.processes import alive, process_start, same_process
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 STARTED_LINE = "Spark Connect server started at"
@@ -59,35 +60,13 @@ def _state_file(root: Path | None = None) -> Path:
     return state_dir(root) / "server.json"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our own exited child) is not a server.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def process_start(pid: int) -> int | None:
-    """When ``pid`` started (field 22 of ``/proc/PID/stat``), or ``None`` when it does not run."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _is_the_server(state: ServerState) -> bool:
     """The recorded process still runs and is the one recorded: same start time, or for a record
     without one, a process running the Connect server class."""
-    if not _alive(state.pid):
-        return False
     if state.started is not None:
-        return process_start(state.pid) == state.started
+        return same_process(state.pid, state.started)
+    if not alive(state.pid):
+        return False
     try:
         return SERVER_CLASS.encode() in Path(f"/proc/{state.pid}/cmdline").read_bytes()
     except OSError:
@@ -221,7 +200,7 @@ def _kill_group(pid: int, timeout: float = 30.0) -> None:
                 if os.waitpid(pid, os.WNOHANG)[0]:  # our own child: reap it
                     return
             except ChildProcessError:
-                if not _alive(pid):
+                if not alive(pid):
                     return
             time.sleep(0.2)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from streamledger.processes import process_start
 from streamledger.spark import connect
 
 
@@ -56,7 +57,7 @@ def test_a_record_of_this_very_process_counts(tmp_path: Path) -> None:
     a record with the right pid and start time is believed (here: a ``sleep`` standing in)."""
     proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
-        _record(tmp_path, proc.pid, started=connect.process_start(proc.pid))
+        _record(tmp_path, proc.pid, started=process_start(proc.pid))
         state = connect.status(tmp_path)
         assert state is not None and state.pid == proc.pid
     finally:
