@@ -14,15 +14,20 @@ the broker's (``same`` False, :func:`streamledger.offsets.same_streams`).
 
 And is the broker the one another identity's history read? One broker reached under two names (two
 ``broker_name`` s, or a cluster whose nodes each report their own default cluster name) has a history
-under each, and the second would read again what the first committed. :func:`one_broker` decides it
-for the audit (``streamledger.batch.proof.check_identities``, after the fact) and for the batch and
-the streaming recorder (:func:`named_twice_because`, before they claim).
+under each, and the second would read again what the first committed. :func:`one_broker` finds it
+by a chunk (for the audit, ``streamledger.batch.proof.check_identities``, after the fact, and for
+the batch and the streaming recorder, :func:`named_twice_because`, before they claim). The chunk
+goes with retention, so the finding is recorded in the ledger the first time it is made
+(``SourcePosition.same_broker``, ``Ledger.record_same_broker``) and the decision rests on the record
+as well as on the chunk (:func:`named_twice_because`, :func:`one_broker_groups`), as a re-created
+stream's refusal rests on ``replaced``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from streamledger.ledger.types import SourcePosition
@@ -30,7 +35,8 @@ from streamledger.offsets import ChunkPrint, same_stream
 
 log = logging.getLogger(__name__)
 
-__all__ = ["named_twice_because", "one_broker", "replaced_because", "stored_offset_retired"]
+__all__ = ["NamedTwice", "named_twice_because", "one_broker", "one_broker_groups", "replaced_because",
+           "stored_offset_retired"]
 
 
 def stored_offset_retired(broker: Any, stream: str, pipeline: str, pos: SourcePosition, same: bool | None
@@ -82,18 +88,67 @@ def one_broker(log: Any, stream: str, prints: Iterable[tuple[str, ChunkPrint | N
     return sorted(held) if len(held) > 1 else []
 
 
-def named_twice_because(log: Any, stream: str, pipeline: str, own: str, pos: SourcePosition) -> str | None:
-    """Why a history of ``stream`` under ``own`` must not be continued or begun (one line), or None:
+def one_broker_groups(names: Iterable[str], pairs: Iterable[tuple[str, str]]) -> list[tuple[str, ...]]:
+    """The identities of one stream that are one broker, as groups of two or more (sorted): ``names``
+    a broker was just found to hold (:func:`one_broker`) and every recorded pair (``pairs``: the
+    ledger's ``SameBroker`` records). Two names recorded with a third are one broker with each other."""
+    parent: dict[str, str] = {}
+
+    def root(n: str) -> str:
+        while parent.setdefault(n, n) != n:
+            n = parent[n]
+        return n
+
+    found = sorted(names)
+    links = [*pairs, *((found[0], n) for n in found[1:])]
+    for a, b in links:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    groups: dict[str, list[str]] = {}
+    for n in parent:
+        groups.setdefault(root(n), []).append(n)
+    return sorted(tuple(sorted(g)) for g in groups.values() if len(g) > 1)
+
+
+@dataclass(frozen=True, slots=True)
+class NamedTwice:
+    """Why a history under ``own`` must not be continued or begun: ``others``, identities of the same
+    broker whose histories of the stream the ledger holds (by their chunk on the broker, or by the
+    ledger's record); ``unrecorded`` those of them the ledger does not record yet (the caller records
+    them: ``Ledger.record_same_broker``); ``why`` one line naming the stream's names and the cure."""
+
+    own: str
+    others: tuple[str, ...]
+    unrecorded: tuple[str, ...]
+    why: str
+
+
+def named_twice_because(log: Any, stream: str, pipeline: str, own: str, pos: SourcePosition
+                        ) -> NamedTwice | None:
+    """Whether a history of ``stream`` under ``own`` must not be continued or begun, or None:
     ``log``, reached as ``own``, holds the stream another identity's history read
-    (:func:`one_broker`), so reading on here would read again offsets the other committed."""
-    if not pos.elsewhere:
+    (:func:`one_broker`), or the ledger recorded an identity that holds a history of it as this
+    very broker (``pos.same_broker``: the chunk it was found by may be gone), so reading on here
+    would read again offsets the other committed. A recorded identity without a history of the
+    stream refuses nothing (the name that was refused before it read)."""
+    recorded = {r.other for r in pos.same_broker}
+    kept = {r.other for r in pos.same_broker if r.other_end is not None} - {own}
+    held = set(one_broker(log, stream, pos.elsewhere, own)) - {own} if pos.elsewhere else set()
+    others = tuple(sorted(kept | held))
+    if not others:
         return None
-    names = one_broker(log, stream, pos.elsewhere, own)
-    if not names:
-        return None
-    others = ", ".join(n for n in names if n != own)
-    return (f"the broker reached as {own} holds the chunks pipeline {pipeline!r} committed under broker "
-            f"{others}: one broker under two names, and a history under {own} would read again what "
-            f"{others} read; nothing was claimed; give every URL of this broker one broker_name (or "
-            "configure its cluster_name on every node, rabbitmqctl set_cluster_name) and move a history "
-            "to it by hand if needed (`streamledger ledger rename-broker OLD NEW`)")
+    named = ", ".join(others)
+    if held:
+        seen = (f"the broker reached as {own} holds the chunks pipeline {pipeline!r} committed under broker "
+                f"{named}")
+    else:
+        first = min(r.found_at for r in pos.same_broker if r.other in kept)
+        seen = (f"the ledger recorded broker {named} as the broker reached as {own} for pipeline "
+                f"{pipeline!r} (found {first.isoformat(timespec='seconds')})")
+    return NamedTwice(own, others, tuple(sorted(held - recorded)), (
+        f"{seen}: one broker under two names, and a history under {own} would read again what {named} "
+        "read; nothing was claimed; give every URL of this broker one broker_name (or configure its "
+        "cluster_name on every node, rabbitmqctl set_cluster_name) and move a history to it by hand if "
+        "needed (`streamledger ledger rename-broker OLD NEW`, which also clears the record of the two "
+        "names)"))

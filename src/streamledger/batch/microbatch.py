@@ -85,7 +85,10 @@ class MicroBatchRecorder:
         for stream, pos in zip(streams, found, strict=True):  # the batch's check_one_name
             twice = named_twice_because(client, stream, self.pipeline, self.broker, pos)
             if twice is not None:
-                raise MicroBatchError(f"pipeline {self.pipeline!r}, stream {stream!r}: {twice}")
+                if twice.unrecorded:  # remembered: the chunk it was found by goes with retention
+                    self.ledger.record_same_broker(self.pipeline, stream, (twice.own, *twice.unrecorded),
+                                                   f"stream {stream!r}: {twice.why}")
+                raise MicroBatchError(f"pipeline {self.pipeline!r}, stream {stream!r}: {twice.why}")
             self._check_kind(stream, pos)  # read here already: the claim need not read it again
         tails, stored = log_offsets(client, streams, self.pipeline)  # after the ledger (see the rule)
         # every fingerprint asked at once (one round of chunk headers, as the batch asks them)

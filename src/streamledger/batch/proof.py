@@ -25,6 +25,7 @@ the ledger never touches a file system.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
@@ -32,12 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 from streamledger import fs as filesystems
 from streamledger.batch import outputs
+from streamledger.errors import StreamledgerError
 from streamledger.ledger.audit import AuditReport, Violation, ViolationKind
-from streamledger.ledger.types import RangeStatus, is_retired
+from streamledger.ledger.types import RangeStatus, SameBroker, is_retired
 from streamledger.manifest import MANIFEST, ManifestError
 
 if TYPE_CHECKING:
     from streamledger.ledger import Ledger, OffsetRange
+
+log = logging.getLogger(__name__)
 
 __all__ = ["audit", "check_identities", "check_output", "check_tables", "count_rows"]
 
@@ -171,23 +175,33 @@ def audit(ledger: Ledger, pipeline: str | None = None, *, broker: Any = None,
     the tables' (for pipelines with a table sink). ``progress(checked, total)``: the outputs' check,
     the long part of an audit of many ranges."""
     report = ledger.audit(pipeline, broker=broker, stale_after=stale_after)
+    ranges = ledger.ranges(pipeline)
+    # not an output check: two names of one broker are a finding with or without the outputs
+    twice, twice_notes = check_identities(ledger, ranges, broker, pipeline=pipeline)
+    report = report.with_findings(twice, twice_notes)
     if not outputs_too:
         return report
-    ranges = ledger.ranges(pipeline)
     findings = (check_outputs(ranges, deep=deep, fs_for=fs_for, progress=progress)
-                + check_tables(ledger, ranges, catalog=catalog) + check_identities(ledger, ranges, broker))
+                + check_tables(ledger, ranges, catalog=catalog))
     return report.with_findings(findings, outputs_checked=True)
 
 
-def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any) -> list[Violation]:
-    """Offsets of one stream committed under two broker identities whose fingerprinted chunks one
-    broker the audit was given both holds: the same stream read twice, each identity's history
-    whole on its own (:func:`streamledger.batch.identity.one_broker`, the rule the batch refuses
-    such a claim by). How it happens: a ledger an earlier version wrote (a cluster without a configured
+def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *, pipeline: str | None = None
+                     ) -> tuple[list[Violation], list[Violation]]:
+    """Offsets of one stream committed under two broker identities of one broker: the same stream
+    read twice, each identity's history whole on its own. One broker by the rule the batch refuses
+    such a claim by (:mod:`streamledger.batch.identity`): a broker the audit was given holds both
+    identities' fingerprinted chunks (:func:`~streamledger.batch.identity.one_broker`; the finding is
+    then recorded in the ledger for both names, as the batch's refusal records it), or the ledger
+    recorded them as one broker (``Ledger.same_broker``: the chunk may be gone since, rolled out by
+    retention). Each range read under one name that another name's range also covers is an
+    ``overlap``; two names with histories that do not overlap (a history split between them) one
+    ``named_twice``; a recorded name with no history beside the one that has it a ``named_twice``
+    note. How it happens: a ledger an earlier version wrote (a cluster without a configured
     ``cluster_name`` reports each node's own default name, so a URL whose node was down filed the
     pipeline under the answering node's name), or two batches under two names whose first commits
-    raced. Not checked without chunk prints or a broker that shows chunk headers."""
-    from streamledger.batch.identity import one_broker
+    raced. Returns (violations, notes)."""
+    from streamledger.batch.identity import one_broker, one_broker_groups
 
     given = list(broker.values()) if isinstance(broker, Mapping) else [] if broker is None else [broker]
     logs = list({id(b): b for b in given if getattr(b, "chunk_at", None) is not None}.values())
@@ -195,31 +209,74 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any) -> 
     for r in ranges:
         if r.status == RangeStatus.COMMITTED and r.records and not is_retired(r.source.broker):
             by[(r.pipeline, r.source.stream)].append(r)
+    recorded: dict[tuple[str, str], dict[tuple[str, str], SameBroker]] = defaultdict(dict)
+    for rec in ledger.same_broker(pipeline):
+        recorded[(rec.pipeline, rec.source.stream)][(rec.source.broker, rec.other)] = rec
     found: list[Violation] = []
-    for (pipeline, stream), theirs in sorted(by.items()):
+    notes: list[Violation] = []
+    for key in sorted(set(by) | set(recorded)):
+        pipe, stream = key
+        theirs, pairs = by.get(key, []), recorded.get(key, {})
         sources = {r.source.broker: r.source for r in theirs}
-        if len(sources) < 2 or not logs:
-            continue
-        names = sorted(sources)
-        prints = [pos.chunk for pos in ledger.positions(pipeline, [sources[n] for n in names])]
-        for log in logs:
-            held = one_broker(log, stream, zip(names, prints, strict=True))
-            if held:
-                found += _overlaps(pipeline, stream, [r for r in theirs if r.source.broker in held])
-                break
-    return found
+        held: list[str] = []
+        if len(sources) > 1 and logs:
+            names = sorted(sources)
+            prints = [pos.chunk for pos in ledger.positions(pipe, [sources[n] for n in names])]
+            for log in logs:
+                held = one_broker(log, stream, zip(names, prints, strict=True))
+                if held:
+                    break
+        if any((a, b) not in pairs for a in held for b in held if a != b):
+            _remember(ledger, pipe, stream, held)
+        for group in one_broker_groups(held, pairs):
+            read = [r for r in theirs if r.source.broker in group]
+            holders = sorted({r.source.broker for r in read})
+            if set(holders) <= set(held):
+                how = "a broker given to the audit holds both histories' stream"
+            else:
+                since = min(rec.found_at for (a, b), rec in pairs.items() if a in group and b in group)
+                when = since.isoformat(timespec="seconds")
+                how = f"the ledger recorded the names as one broker (found {when})"
+            if len(holders) > 1:
+                because = (f"{how}, read twice under two names of one broker (a cluster name each node "
+                           "reports for itself?)")
+                found += _overlaps(pipe, stream, read, because) or [Violation(
+                    ViolationKind.NAMED_TWICE, pipe, stream, holders[0], None, None, None,
+                    f"one broker's stream has histories under {', '.join(holders)}: {how}; each history "
+                    "proves nothing about the other's offsets; keep one name and move the other history to "
+                    "it (`streamledger ledger rename-broker OLD NEW`)")]
+            else:
+                others = [n for n in group if n not in holders]
+                notes.append(Violation(
+                    ViolationKind.NAMED_TWICE, pipe, stream, holders[0] if holders else group[0], None, None,
+                    None, f"the ledger recorded {', '.join(others)} as this very broker (a batch under that "
+                    "name was refused); batches under it stay refused while this history exists "
+                    "(`streamledger ledger rename-broker OLD NEW` clears the record once one name is used)"))
+    return found, notes
 
 
-def _overlaps(pipeline: str, stream: str, theirs: list[OffsetRange]) -> list[Violation]:
-    """Each range overlapping a range of another identity that begins at or before it (one line each)."""
+def _remember(ledger: Ledger, pipeline: str, stream: str, held: list[str]) -> None:
+    """Record the audit's finding (a broker holds the chunks of these names' histories) in the
+    ledger, as the batch's refusal records it: the chunk goes with retention. Best effort (the
+    finding is reported either way; an audit may run with a read-only database user)."""
+    try:
+        ledger.record_same_broker(pipeline, stream, held, (
+            f"stream {stream!r}: the audit found the chunks pipeline {pipeline!r} committed under "
+            f"{', '.join(held)} on one broker: one broker under two names"))
+    except StreamledgerError as exc:
+        log.warning("the audit could not record that %s are one broker for stream "
+                                            "%s: %s", ", ".join(held), stream, exc)
+
+
+def _overlaps(pipeline: str, stream: str, theirs: list[OffsetRange], because: str) -> list[Violation]:
+    """Each range overlapping a range of another identity that begins at or before it (one line each,
+    ``because`` saying why the identities are one broker)."""
     found: list[Violation] = []
     reach: dict[str, OffsetRange] = {}  # identity -> its range reaching furthest so far
     for r in sorted(theirs, key=lambda r: (r.start, r.end)):
         for other, o in sorted(reach.items()):
             if other != r.source.broker and o.end > r.start:
-                why = (f"committed under broker {other} too (range {o.id}): a broker given to the audit "
-                       "holds both histories' stream, read twice under two names of one broker (a cluster "
-                       "name each node reports for itself?)")
+                why = f"committed under broker {other} too (range {o.id}): {because}"
                 found.append(Violation(ViolationKind.OVERLAP, pipeline, stream, r.source.broker, r.start,
                                        min(r.end, o.end), r.id, why))
                 break

@@ -276,11 +276,18 @@ class BatchRun:
     def check_one_name(self, streams: Sequence[str], found: Sequence[SourcePosition]) -> None:
         """Refuse, before anything is claimed, a stream whose history another broker identity of
         this very broker holds (:func:`streamledger.batch.identity.named_twice_because`, the audit's
-        rule): a history under this batch's identity would read it again."""
-        for s, pos in zip(streams, found, strict=True):
-            why = named_twice_because(self.broker, s, self.config.pipeline, self.identity, pos)
-            if why is not None:
-                raise BatchError(f"stream {s!r}: {why}")
+        rule): a history under this batch's identity would read it again. A finding made by a chunk
+        is recorded for both names first (every refused stream's), so it outlives the chunk."""
+        refused = [(s, twice) for s, pos in zip(streams, found, strict=True)
+                   if (twice := named_twice_because(self.broker, s, self.config.pipeline, self.identity,
+                                                    pos)) is not None]
+        for s, twice in refused:
+            if twice.unrecorded:
+                self.ledger.record_same_broker(self.config.pipeline, s, (twice.own, *twice.unrecorded),
+                                               f"stream {s!r}: {twice.why}")
+        if refused:
+            s, twice = refused[0]
+            raise BatchError(f"stream {s!r}: {twice.why}")
 
     def check_one_kind(self, streams: Sequence[str], found: Sequence[SourcePosition]) -> None:
         """Refuse, before anything is claimed, a history of the other kind: an interval-bound batch on

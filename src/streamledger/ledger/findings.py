@@ -48,6 +48,7 @@ class ViolationKind(enum.StrEnum):
     BROKER_NOT_GIVEN = "broker_not_given"
     SKIPPED = "skipped"
     STREAM_REPLACED = "stream_replaced"
+    NAMED_TWICE = "named_twice"
 
 
 @dataclass(frozen=True, slots=True)

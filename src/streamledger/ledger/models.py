@@ -40,7 +40,8 @@ PIPELINE_TABLE = "streamledger_pipeline"
 SOURCE_TABLE = "streamledger_source"
 RANGE_TABLE = "streamledger_range"
 IDLE_RUN_TABLE = "streamledger_idle_run"
-LEDGER_TABLES = frozenset({PIPELINE_TABLE, SOURCE_TABLE, RANGE_TABLE, IDLE_RUN_TABLE})
+ONE_BROKER_TABLE = "streamledger_one_broker"
+LEDGER_TABLES = frozenset({PIPELINE_TABLE, SOURCE_TABLE, RANGE_TABLE, IDLE_RUN_TABLE, ONE_BROKER_TABLE})
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
 _ID = BigInteger().with_variant(Integer(), "sqlite")
@@ -227,3 +228,25 @@ class IdleRun(LedgerBase):
     task_id: Mapped[str] = mapped_column(String(250), nullable=False)
     map_index: Mapped[int] = mapped_column(Integer, nullable=False)
     claimed_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
+
+
+class OneBroker(LedgerBase):
+    """0015: a source of a pipeline's stream (keyed as a source is: pipeline, broker identity,
+    stream) found to be the broker reached under ``other`` too; one row per direction. Remembered
+    so a refusal and the audit's finding outlive the chunk they were found by."""
+
+    __tablename__ = ONE_BROKER_TABLE
+    __table_args__ = (
+        UniqueConstraint("pipeline_id", "stream", "broker", "other", name="uq_streamledger_one_broker_pair"),
+        CheckConstraint("broker <> other", name="two_names"),
+    )
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    pipeline_id: Mapped[int] = mapped_column(
+        ForeignKey(f"{PIPELINE_TABLE}.id", ondelete="CASCADE"), nullable=False
+    )
+    stream: Mapped[str] = mapped_column(String(256), nullable=False)
+    broker: Mapped[str] = mapped_column(String(1024), nullable=False)
+    other: Mapped[str] = mapped_column(String(1024), nullable=False)
+    found_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
+    why: Mapped[str] = mapped_column(Text, nullable=False)

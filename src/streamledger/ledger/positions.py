@@ -10,6 +10,7 @@ from sqlalchemy import BigInteger, case, func, literal, or_, select, true
 from sqlalchemy.orm import Session
 
 from streamledger.ledger.models import Pipeline, Range, Source
+from streamledger.ledger.names import BrokerNames
 from streamledger.ledger.rows import check_pipeline, chunks, snapshot
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import (
@@ -29,8 +30,9 @@ from streamledger.ledger.types import RangeStatus, SourcePosition, SourceRef, Wa
 from streamledger.offsets import ChunkPrint
 
 
-class Positions(Sources):
-    """Watermarks (the contiguous done prefix) and positions of sources."""
+class Positions(Sources, BrokerNames):
+    """Watermarks (the contiguous done prefix) and positions of sources (with the one-broker records
+    of their names, :class:`BrokerNames`)."""
 
     @staticmethod
     def _first_gap(session: Session, source_id: int, *, pinned: bool | None = None) -> int | None:
@@ -212,13 +214,16 @@ class Positions(Sources):
                 holes[row.source_id].append(row)
         prints = self._chunk_prints(session, ids)
         elsewhere = self._elsewhere(session, pipeline, sources)
+        same = self._same_broker_of(session, pipeline, sources)
         cutoff = (self._clock(session) - stale_after if stale_after is not None and any(claims.values())
                   else None)
         out: list[SourcePosition] = []
         for ref, src in zip(sources, srcs, strict=True):
             others = elsewhere.get((ref.broker, ref.stream), ())
+            recorded = same.get((ref.broker, ref.stream), ())
             if src is None:
-                out.append(SourcePosition(None, 0, None, Watermark(None, None), elsewhere=others))
+                out.append(SourcePosition(None, 0, None, Watermark(None, None), elsewhere=others,
+                                          same_broker=recorded))
                 continue
             f, mark = facts[src.id], marks[src.id]
             mine = claims[src.id]
@@ -241,6 +246,7 @@ class Positions(Sources):
                 elsewhere=others,
                 pinned_range=None if f.pinned_at is None else snapshot(kind_rows[f.pinned_at], pipeline, src),
                 free_range=None if f.free_at is None else snapshot(kind_rows[f.free_at], pipeline, src),
+                same_broker=recorded,
             ))
         return out
 

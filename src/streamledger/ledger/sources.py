@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Pipeline, Range, Source
+from streamledger.ledger.names import rename_in_records
 from streamledger.ledger.rows import check_pipeline, chunks, clip, snapshot
 from streamledger.ledger.session import LedgerSession
 from streamledger.ledger.statements import (
@@ -118,7 +119,9 @@ class Sources(LedgerSession):
         Used when a broker's identity changes form (0.1 named it by the URL's host and port; now by
         the cluster name it reports): the first batch that reaches the broker adopts the old rows.
         Refuses when ``new`` already has a history for the same pipeline and stream (two histories
-        cannot be merged blindly). Returns the number of sources moved.
+        cannot be merged blindly). The one-broker records (migration 0015) follow the name: a pair
+        naming ``old`` names ``new``, and a pair of ``old`` and ``new`` is cleared (one name now).
+        Returns the number of sources moved.
         """
         if not old or not new:
             raise LedgerError("rename_broker needs both the old and the new broker identity")
@@ -145,6 +148,10 @@ class Sources(LedgerSession):
                         f"under {old!r}; merge them by hand"
                     )
                 src.broker = new
+            scope = None
+            if pipeline is not None:
+                scope = list(session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)))
+            rename_in_records(session, old, new, scope)
             self._sources.clear()
             return len(moving)
 

@@ -268,6 +268,23 @@ class Watermark:
 
 
 @dataclass(frozen=True, slots=True)
+class SameBroker:
+    """The ledger's record that ``source``'s broker is the one reached under identity ``other`` too,
+    for ``pipeline``'s stream (migration 0015): a claim's refusal or the audit found it (the broker
+    held the chunks the other name's history committed) and wrote it for both names. Kept when the
+    evidence is gone (retention rolled the chunk out), so the decision
+    (``streamledger.batch.identity``) rests on it. ``why`` is the finding, one line, as first made;
+    ``other_end`` where ``other``'s live history of the stream ends now (None: it has none)."""
+
+    pipeline: str
+    source: SourceRef
+    other: str
+    why: str
+    found_at: datetime
+    other_end: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SourcePosition:
     """Where a pipeline stands on one source, as the ledger knows it: one read, one transaction.
 
@@ -287,7 +304,9 @@ class SourcePosition:
     until ``new-epoch``. ``seen_tail`` the greatest committed tail of the stream a batch saw.
     ``elsewhere``: the newest chunk fingerprint of the pipeline's history of the same stream under
     every other live broker identity, ``(identity, print)`` sorted: a broker holding one of them is
-    one broker under two names (``streamledger.batch.identity.one_broker``). ``pinned_range``: a
+    one broker under two names (``streamledger.batch.identity.one_broker``); ``same_broker``: the
+    identities the ledger recorded as this very broker (:class:`SameBroker`), which outlive the
+    prints. ``pinned_range``: a
     range of the history pinned to a data interval; ``free_range``: a non-empty range a free claim
     made (where the ledger ended: a batch without an interval, a streaming query); a history holds
     one kind only (``streamledger.batch.history.mixed_because``).
@@ -307,6 +326,7 @@ class SourcePosition:
     elsewhere: tuple[tuple[str, ChunkPrint], ...] = ()
     pinned_range: OffsetRange | None = None
     free_range: OffsetRange | None = None
+    same_broker: tuple[SameBroker, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,13 +36,6 @@ def _padded(client: StreamClient, s: str, start: int, count: int) -> None:
     _require(got.confirmed == count, got)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "defect: the one-broker-two-names refusal and the audit's overlap finding (check_identities) rest "
-    "on the first name's newest chunk print alone and are not remembered in the ledger (unlike a "
-    "re-created stream's `replaced` mark): once retention rolls that chunk out, the audit no longer "
-    "reports the offsets read twice (only a broker drift on the first name's history, misread as "
-    "offsets not done) and the second name's batches are accepted again. Fix: record the finding on "
-    "both sources when first made (a migration), refuse and report on that record"))
 def test_two_names_of_one_broker_stay_found_after_retention_rolls_out_the_evidence(
     any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path,

@@ -1,0 +1,117 @@
+"""Two names of one broker, remembered (``streamledger_one_broker``, migration 0015).
+
+A batch's claim-time refusal and the audit find that two broker identities of a pipeline's stream are
+one broker by a chunk the broker holds; retention rolls that chunk out, so the finding is written
+here the first time it is made, for both names, and read back as :class:`SameBroker`. What counts
+as one broker is decided elsewhere (``streamledger.batch.identity``): the ledger stores and reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import permutations
+
+from sqlalchemy import and_, delete, or_, select, tuple_
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from streamledger.ledger.errors import LedgerError
+from streamledger.ledger.models import OneBroker, Pipeline, Source
+from streamledger.ledger.rows import check_pipeline, chunks, clip, utc
+from streamledger.ledger.session import LedgerSession
+from streamledger.ledger.statements import TAIL
+from streamledger.ledger.types import SameBroker, SourceRef, is_retired
+
+
+class BrokerNames(LedgerSession):
+    """The records of broker identities found to be one broker, per pipeline and stream."""
+
+    def record_same_broker(self, pipeline: str, stream: str, names: Sequence[str], why: str) -> int:
+        """Remember that ``names`` (two or more broker identities) reach one broker for ``pipeline``'s
+        ``stream``: a row for every ordered pair, so each name's source holds it (a name with no
+        history yet included). A pair already recorded keeps its first finding. Returns the rows
+        added."""
+        check_pipeline(pipeline)
+        named = sorted({n for n in names if n})
+        if len(named) < 2 or any(is_retired(n) for n in named):
+            raise LedgerError(f"stream {stream!r} of pipeline {pipeline!r}: one broker needs two live "
+                              f"identities, got {named}")
+        with self._tx(f"stream {stream!r} of pipeline {pipeline!r}: one broker under {named}") as session:
+            insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+            now = self._clock(session)
+            session.execute(insert(Pipeline).values(name=pipeline, created_at=now)
+                            .on_conflict_do_nothing(index_elements=["name"]))
+            pid = session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)).one()
+            rows = [{"pipeline_id": pid, "stream": stream, "broker": a, "other": b, "found_at": now,
+                     "why": clip(why)} for a, b in permutations(named, 2)]
+            done = session.execute(insert(OneBroker).values(rows).on_conflict_do_nothing(
+                index_elements=["pipeline_id", "stream", "broker", "other"]))
+            return max(int(getattr(done, "rowcount", 0) or 0), 0)
+
+    def same_broker(self, pipeline: str | None = None) -> list[SameBroker]:
+        """Every record (of ``pipeline``, or of all pipelines), each with where its other name's
+        live history of the stream ends now; records naming a retired epoch are left out."""
+        if pipeline is not None:
+            check_pipeline(pipeline)
+        with self._tx("one-broker records", write=False) as session:
+            query = (select(Pipeline.name, OneBroker).join(Pipeline, Pipeline.id == OneBroker.pipeline_id)
+                     .order_by(Pipeline.name, OneBroker.stream, OneBroker.broker, OneBroker.other))
+            if pipeline is not None:
+                query = query.where(Pipeline.name == pipeline)
+            return self._as_records(session, [(str(n), row) for n, row in session.execute(query)])
+
+    def _same_broker_of(self, session: Session, pipeline: str, sources: Sequence[SourceRef]
+                        ) -> dict[tuple[str, str], tuple[SameBroker, ...]]:
+        """(broker, stream) -> the records of that name of the stream (one query per 500 names, which
+        finds no row in the usual case)."""
+        keys = sorted({(s.broker, s.stream) for s in sources})
+        found: list[tuple[str, OneBroker]] = []
+        for part in chunks(keys):
+            found += [(pipeline, row) for row in session.scalars(
+                select(OneBroker).join(Pipeline, Pipeline.id == OneBroker.pipeline_id)
+                .where(Pipeline.name == pipeline, tuple_(OneBroker.broker, OneBroker.stream).in_(part))
+                .order_by(OneBroker.broker, OneBroker.stream, OneBroker.other))]
+        out: dict[tuple[str, str], list[SameBroker]] = {}
+        for rec in self._as_records(session, found):
+            out.setdefault((rec.source.broker, rec.source.stream), []).append(rec)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @staticmethod
+    def _as_records(session: Session, rows: Iterable[tuple[str, OneBroker]]) -> list[SameBroker]:
+        out: list[SameBroker] = []
+        for pipeline, row in rows:
+            if is_retired(row.other) or is_retired(row.broker):
+                continue
+            sid = session.scalars(select(Source.id).where(
+                Source.pipeline_id == row.pipeline_id, Source.broker == row.other,
+                Source.stream == row.stream)).first()
+            end = None if sid is None else session.scalars(TAIL, {"source_id": sid}).first()
+            out.append(SameBroker(pipeline, SourceRef(row.broker, row.stream), row.other, row.why,
+                                  utc(row.found_at), None if end is None else int(end)))
+        return out
+
+
+def rename_in_records(session: Session, old: str, new: str, pipeline_ids: Sequence[int] | None) -> None:
+    """The records follow a broker's rename (``Ledger.rename_broker``): a pair naming ``old`` names
+    ``new``, one the rename made a single name is dropped (nothing is left to refuse), and one
+    already recorded under ``new`` is kept once."""
+    scope = [] if pipeline_ids is None else [OneBroker.pipeline_id.in_(list(pipeline_ids))]
+    moving = session.scalars(select(OneBroker).where(or_(OneBroker.broker == old, OneBroker.other == old),
+                                                     *scope)).all()
+    if not moving:
+        return
+    kept = [(r.pipeline_id, r.stream, new if r.broker == old else r.broker,
+             new if r.other == old else r.other, r.found_at, r.why) for r in moving]
+    session.execute(delete(OneBroker).where(OneBroker.id.in_([r.id for r in moving]))
+                    .execution_options(synchronize_session=False))
+    seen: set[tuple[int, str, str, str]] = set()
+    for pid, stream, broker, other, found_at, why in kept:
+        key = (pid, stream, broker, other)
+        if broker == other or key in seen or session.scalars(select(OneBroker.id).where(and_(
+                OneBroker.pipeline_id == pid, OneBroker.stream == stream, OneBroker.broker == broker,
+                OneBroker.other == other))).first() is not None:
+            continue
+        seen.add(key)
+        session.add(OneBroker(pipeline_id=pid, stream=stream, broker=broker, other=other, found_at=found_at,
+                              why=why))
+    session.flush()

@@ -1,0 +1,55 @@
+"""Two names of one broker are remembered, not found again each time from a chunk that may be gone.
+
+* ``streamledger_one_broker``: one row per source of a pair of broker identities that a batch's
+  claim-time refusal, a streaming query's, or the audit found to be one broker for a pipeline's
+  stream (the broker reached under one holds the chunks the other's history committed). Keyed as a
+  source is (pipeline, broker identity, stream), so the name that was refused before it had a
+  history keeps its record too; both directions are written. Every later batch refuses on the
+  record and the audit reports it, after retention rolled the fingerprinted chunk out.
+  ``streamledger ledger rename-broker OLD NEW`` moves the records with the name, and drops a pair
+  the rename made one name.
+
+Self-contained: a new table only, no change to another revision's objects.
+
+Revision ID: 0015_one_broker_names
+Revises: 0014_idle_claims_unrecorded
+Create Date: 2026-11-27
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0015_one_broker_names"
+down_revision: str | None = "0014_idle_claims_unrecorded"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+_TABLE = "streamledger_one_broker"
+
+
+def upgrade() -> None:
+    op.create_table(
+        _TABLE,
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True,
+                  nullable=False),
+        sa.Column("pipeline_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("stream", sa.String(256), nullable=False),
+        sa.Column("broker", sa.String(1024), nullable=False),
+        sa.Column("other", sa.String(1024), nullable=False),
+        sa.Column("found_at", sa.DateTime(), nullable=False),
+        sa.Column("why", sa.Text(), nullable=False),
+        sa.ForeignKeyConstraint(["pipeline_id"], ["streamledger_pipeline.id"], ondelete="CASCADE",
+                                name="fk_streamledger_one_broker_pipeline_id_streamledger_pipeline"),
+        sa.PrimaryKeyConstraint("id", name="pk_streamledger_one_broker"),
+        sa.UniqueConstraint("pipeline_id", "stream", "broker", "other",
+                            name="uq_streamledger_one_broker_pair"),
+        sa.CheckConstraint("broker <> other", name="ck_streamledger_one_broker_two_names"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table(_TABLE)
