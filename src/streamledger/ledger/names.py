@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import permutations
+from typing import cast
 
-from sqlalchemy import and_, delete, or_, select, tuple_
+from sqlalchemy import Table, and_, delete, or_, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -44,9 +45,9 @@ class BrokerNames(LedgerSession):
             pid = session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)).one()
             rows = [{"pipeline_id": pid, "stream": stream, "broker": a, "other": b, "found_at": now,
                      "why": clip(why)} for a, b in permutations(named, 2)]
-            done = session.execute(insert(OneBroker).values(rows).on_conflict_do_nothing(
-                index_elements=["pipeline_id", "stream", "broker", "other"]))
-            return max(int(getattr(done, "rowcount", 0) or 0), 0)
+            added = session.connection().execute(insert(OneBroker).values(rows).on_conflict_do_nothing(
+                index_elements=["pipeline_id", "stream", "broker", "other"]).returning(OneBroker.id))
+            return len(added.all())
 
     def same_broker(self, pipeline: str | None = None) -> list[SameBroker]:
         """Every record (of ``pipeline``, or of all pipelines), each with where its other name's
@@ -94,24 +95,19 @@ class BrokerNames(LedgerSession):
 def rename_in_records(session: Session, old: str, new: str, pipeline_ids: Sequence[int] | None) -> None:
     """The records follow a broker's rename (``Ledger.rename_broker``): a pair naming ``old`` names
     ``new``, one the rename made a single name is dropped (nothing is left to refuse), and one
-    already recorded under ``new`` is kept once."""
-    scope = [] if pipeline_ids is None else [OneBroker.pipeline_id.in_(list(pipeline_ids))]
-    moving = session.scalars(select(OneBroker).where(or_(OneBroker.broker == old, OneBroker.other == old),
-                                                     *scope)).all()
+    already recorded under ``new`` is kept once (its first finding)."""
+    t = cast(Table, OneBroker.__table__)
+    scope = [] if pipeline_ids is None else [t.c.pipeline_id.in_(list(pipeline_ids))]
+    conn = session.connection()
+    moving = conn.execute(select(t).where(or_(t.c.broker == old, t.c.other == old), *scope)).all()
     if not moving:
         return
-    kept = [(r.pipeline_id, r.stream, new if r.broker == old else r.broker,
-             new if r.other == old else r.other, r.found_at, r.why) for r in moving]
-    session.execute(delete(OneBroker).where(OneBroker.id.in_([r.id for r in moving]))
-                    .execution_options(synchronize_session=False))
-    seen: set[tuple[int, str, str, str]] = set()
-    for pid, stream, broker, other, found_at, why in kept:
-        key = (pid, stream, broker, other)
-        if broker == other or key in seen or session.scalars(select(OneBroker.id).where(and_(
-                OneBroker.pipeline_id == pid, OneBroker.stream == stream, OneBroker.broker == broker,
-                OneBroker.other == other))).first() is not None:
+    conn.execute(delete(t).where(t.c.id.in_([r.id for r in moving])))
+    for r in sorted(moving, key=lambda r: r.found_at):
+        broker, other = (new if r.broker == old else r.broker), (new if r.other == old else r.other)
+        if broker == other or conn.execute(select(t.c.id).where(and_(
+                t.c.pipeline_id == r.pipeline_id, t.c.stream == r.stream, t.c.broker == broker,
+                t.c.other == other))).first() is not None:
             continue
-        seen.add(key)
-        session.add(OneBroker(pipeline_id=pid, stream=stream, broker=broker, other=other, found_at=found_at,
-                              why=why))
-    session.flush()
+        conn.execute(t.insert().values(pipeline_id=r.pipeline_id, stream=r.stream, broker=broker, other=other,
+                                       found_at=r.found_at, why=r.why))

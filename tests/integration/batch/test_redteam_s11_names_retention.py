@@ -76,3 +76,38 @@ def test_two_names_of_one_broker_stay_found_after_retention_rolls_out_the_eviden
     assert [v.kind.value for v in after.violations].count("overlap") == 1, after.to_text()
     with pytest.raises(BatchError, match="one broker under two names"):
         run_batch(west, run=rid("t", run="w3"), ledger=any_ledger, broker=client, runner=runner)
+
+
+def test_a_refused_second_name_stays_refused_after_retention_rolls_out_the_first_name_s_chunk(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """No race: west is refused at its first claim while east's print is on the broker; east stays
+    idle while retention rolls that chunk out. West must still be refused (before: it began a history
+    of its own), in one line naming the stream and both names, nothing claimed under it."""
+    s = stream_name("names-refused")
+    create_stream(rabbitmq_url, s, 0, max_length_bytes=150_000, max_segment_size_bytes=8_000)
+    publish(rabbitmq_url, s, 10)
+    east = config(rabbitmq_url, tmp_path, s, broker_name="east")
+    west = config(rabbitmq_url, tmp_path, s, broker_name="west")
+    run_batch(east, run=rid("t", run="e1"), ledger=any_ledger, broker=client, runner=runner)
+    try:
+        run_batch(west, run=rid("t", run="w1"), ledger=any_ledger, broker=client, runner=runner)
+        _require(False, "west's first batch was not refused while east's chunk is there")
+    except BatchError as exc:
+        _require("one broker under two names" in str(exc), exc)
+    sent = 10
+    while client.first_offset(s) <= 9 and sent < 400:
+        _padded(client, s, sent, 3)
+        sent += 3
+    _require(client.first_offset(s) > 9, client.first_offset(s))
+    calls = runner.calls
+    with pytest.raises(BatchError) as caught:
+        run_batch(west, run=rid("t", run="w2"), ledger=any_ledger, broker=client, runner=runner)
+    text = str(caught.value)
+    assert "\n" not in text and repr(s) in text, text
+    assert "rabbitmq://east/%2F" in text and "rabbitmq://west/%2F" in text and "rename-broker" in text, text
+    assert runner.calls == calls
+    assert {r.source.broker for r in any_ledger.ranges(PIPE)} == {"rabbitmq://east/%2F"}
+    report = audit(any_ledger, PIPE, broker=client)
+    assert [n.kind.value for n in report.notes].count("named_twice") == 1, report.to_text()
