@@ -352,7 +352,8 @@ def register(sub: Any) -> None:
     add_json(p)
     p.set_defaults(func=_ranges)
 
-    p = cmds.add_parser("rename-broker", help="move histories to another broker identity (one per cluster)")
+    p = cmds.add_parser("rename-broker", help="move histories to another broker identity (one per cluster; "
+                        "records of one broker under two names follow, a pair made one name is cleared)")
     add_ledger(p)
     p.add_argument("old", help="e.g. rabbitmq://127.0.0.1:5552/%%2F (the 0.1 host:port form)")
     p.add_argument("new", help="e.g. rabbitmq://rabbit@node1/%%2F (the broker's cluster name)")
