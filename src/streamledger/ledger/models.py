@@ -227,3 +227,6 @@ class IdleRun(LedgerBase):
     task_id: Mapped[str] = mapped_column(String(250), nullable=False)
     map_index: Mapped[int] = mapped_column(Integer, nullable=False)
     claimed_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
+    # 0015: the highest try answered "nothing new" under the key (a range keeps its own try), so the
+    # run's retry is numbered past it (``Ledger.last_try``).
+    try_number: Mapped[int] = mapped_column(Integer, nullable=False, default=1, server_default="1")

@@ -34,9 +34,9 @@ def test_upgrade_audit_ranges_release(
     capsys: pytest.CaptureFixture[str], sqlite_url: str, tmp_path: Path
 ) -> None:
     rc, out, _ = cli(capsys, "upgrade", "--db", sqlite_url)
-    assert rc == 0 and "empty -> 0014_idle_claims_unrecorded" in out
+    assert rc == 0 and "empty -> 0015_idle_run_try" in out
     rc, out, _ = cli(capsys, "upgrade", "--db", sqlite_url)
-    assert rc == 0 and "0014_idle_claims_unrecorded -> 0014_idle_claims_unrecorded" in out
+    assert rc == 0 and "0015_idle_run_try -> 0015_idle_run_try" in out
     ledger = make_history(sqlite_url)
 
     rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--no-outputs")
