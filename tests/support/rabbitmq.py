@@ -159,7 +159,13 @@ def ensure_broker(version: str) -> Broker:
             try:
                 _run_script("provision", version)
                 _run_script("start", version)
-                _run_script("wait", version)
+                try:
+                    _run_script("wait", version)
+                except BrokerSetupError as hung:  # a boot that hangs is stopped and made once more
+                    warnings.warn(f"rabbitmq {version}: starting again after: {hung}", stacklevel=1)
+                    _run_script("stop", version)
+                    _run_script("start", version)
+                    _run_script("wait", version)
             except BrokerSetupError as exc:
                 _SETUP_FAILED[version] = exc
                 raise

@@ -91,10 +91,11 @@ def _remote(text: str) -> str:
 
 
 def _try_number(ledger: Any, pipeline: str, run_id: str) -> int:
-    """One past the ledger's last try of this run identity (1 for a new one)."""
-    tries = [r.run.try_number for r in ledger.ranges(pipeline)
-             if (r.run.dag_id, r.run.run_id, r.run.task_id) == (DAG, run_id, TASK)]
-    return max(tries, default=0) + 1
+    """One past the ledger's last try of this run identity (1 for a new one): ``Ledger.last_try``
+    counts an attempt answered "nothing new" too, which left no range."""
+    from streamledger.ledger.types import RunIdentity
+
+    return int(ledger.last_try(pipeline, RunIdentity(DAG, run_id, TASK))) + 1
 
 
 def _config(args: argparse.Namespace, url: str) -> BatchConfig:

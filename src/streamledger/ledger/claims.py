@@ -11,11 +11,11 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, union_all, update
 from sqlalchemy.orm import Session
 
 from streamledger.ledger.errors import LedgerError
-from streamledger.ledger.models import IdleRun, Range, Source
+from streamledger.ledger.models import IdleRun, Pipeline, Range, Source
 from streamledger.ledger.rows import check_offset, check_pipeline, chunks, snapshot, utc
 from streamledger.ledger.sources import Sources
 from streamledger.ledger.statements import (
@@ -59,7 +59,7 @@ _ORIGIN = RunIdentity(LEDGER_DAG, "origin", "ledger")
 
 def _idle_run(pipeline_id: int, run: RunIdentity) -> Any:
     """The statement finding ``run``'s key recorded idle on the pipeline (migration 0014)."""
-    return select(IdleRun.id).where(
+    return select(IdleRun).where(
         IdleRun.pipeline_id == pipeline_id, IdleRun.dag_id == run.dag_id, IdleRun.run_id == run.run_id,
         IdleRun.task_id == run.task_id, IdleRun.map_index == run.map_index)
 
@@ -394,11 +394,18 @@ class Claims(Sources):
 
     @staticmethod
     def _record_idle(session: Session, pipeline_id: int, run: RunIdentity, now: datetime) -> None:
-        """Record once that ``run``'s key was answered "nothing new" on the pipeline (rule 1)."""
-        if session.scalars(_idle_run(pipeline_id, run)).first() is None:
+        """Record once that ``run``'s key was answered "nothing new" on the pipeline (rule 1), with
+        the highest try answered so (migration 0015: :meth:`last_try` counts it)."""
+        row = session.scalars(_idle_run(pipeline_id, run)).first()
+        if row is None:
             session.add(IdleRun(pipeline_id=pipeline_id, dag_id=run.dag_id, run_id=run.run_id,
-                                task_id=run.task_id, map_index=run.map_index, claimed_at=now))
-            session.flush()
+                                task_id=run.task_id, map_index=run.map_index, claimed_at=now,
+                                try_number=run.try_number))
+        elif row.try_number < run.try_number:
+            row.try_number = run.try_number
+        else:
+            return
+        session.flush()
 
     @staticmethod
     def _abandon(session: Session, source_ids: Sequence[int], before: datetime, now: datetime) -> None:
@@ -572,6 +579,24 @@ class Claims(Sources):
             found = self._find_sources(session, pipeline, list(sources))
             left = redo_spans(session, [s.id for s in found if s is not None], run)
             return [s is not None and s.id in left for s in found]
+
+    def last_try(self, pipeline: str, run: RunIdentity) -> int:
+        """The highest try the ledger holds of ``run``'s key on ``pipeline`` (0: none), so a retry
+        is numbered past every earlier attempt: its ranges' tries, and since migration 0015 the try
+        of an attempt answered "nothing new", which left no range (``streamledger_idle_run``)."""
+        check_pipeline(pipeline)
+        ranges = (select(Range.try_number.label("try_number"))
+                  .join(Source, Source.id == Range.source_id)
+                  .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                  .where(Pipeline.name == pipeline, Range.dag_id == run.dag_id, Range.run_id == run.run_id,
+                         Range.task_id == run.task_id, Range.map_index == run.map_index))
+        idle = (select(IdleRun.try_number.label("try_number"))
+                .join(Pipeline, Pipeline.id == IdleRun.pipeline_id)
+                .where(Pipeline.name == pipeline, IdleRun.dag_id == run.dag_id, IdleRun.run_id == run.run_id,
+                       IdleRun.task_id == run.task_id, IdleRun.map_index == run.map_index))
+        tries = union_all(ranges, idle).subquery()
+        with self._tx(f"last try of {run}", write=False) as session:
+            return int(session.scalar(select(func.coalesce(func.max(tries.c.try_number), 0))) or 0)
 
     def heartbeat(self, range_ids: list[int], run: RunIdentity) -> list[int]:
         """Refresh the heartbeat of ``run``'s claims; returns the ids it still holds.

@@ -228,10 +228,13 @@ class IdleRun(LedgerBase):
     task_id: Mapped[str] = mapped_column(String(250), nullable=False)
     map_index: Mapped[int] = mapped_column(Integer, nullable=False)
     claimed_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
+    # 0015: the highest try answered "nothing new" under the key (a range keeps its own try), so the
+    # run's retry is numbered past it (``Ledger.last_try``).
+    try_number: Mapped[int] = mapped_column(Integer, nullable=False, default=1, server_default="1")
 
 
 class OneBroker(LedgerBase):
-    """0015: a source of a pipeline's stream (keyed as a source is: pipeline, broker identity,
+    """0016: a source of a pipeline's stream (keyed as a source is: pipeline, broker identity,
     stream) found to be the broker reached under ``other`` too; one row per direction. Remembered
     so a refusal and the audit's finding outlive the chunk they were found by."""
 

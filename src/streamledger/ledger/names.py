@@ -1,4 +1,4 @@
-"""Two names of one broker, remembered (``streamledger_one_broker``, migration 0015).
+"""Two names of one broker, remembered (``streamledger_one_broker``, migration 0016).
 
 A batch's claim-time refusal and the audit find that two broker identities of a pipeline's stream are
 one broker by a chunk the broker holds; retention rolls that chunk out, so the finding is written

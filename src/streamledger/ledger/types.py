@@ -270,7 +270,7 @@ class Watermark:
 @dataclass(frozen=True, slots=True)
 class SameBroker:
     """The ledger's record that ``source``'s broker is the one reached under identity ``other`` too,
-    for ``pipeline``'s stream (migration 0015): a claim's refusal or the audit found it (the broker
+    for ``pipeline``'s stream (migration 0016): a claim's refusal or the audit found it (the broker
     held the chunks the other name's history committed) and wrote it for both names. Kept when the
     evidence is gone (retention rolled the chunk out), so the decision
     (``streamledger.batch.identity``) rests on it. ``why`` is the finding, one line, as first made;

@@ -25,13 +25,6 @@ def _cli(run_id: str, try_number: int = 1) -> RunIdentity:
     return RunIdentity(DAG, run_id, TASK, try_number=try_number)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "defect: `streamledger batch run --run-id X` numbers its try one past the ledger's last try of X, "
-    "read from X's ranges; an attempt answered 'nothing new' leaves no range (migration 0014 records "
-    "only the run key in streamledger_idle_run, without its try), so its retry is numbered try 1 again "
-    "(its staging name and publish-lease token carry the first attempt's try, so a lease that attempt "
-    "left is not taken over as superseded). Fix: keep the try in streamledger_idle_run (a new "
-    "migration) and count it"))
 def test_cli_retry_of_an_idle_run_is_numbered_past_its_first_try(any_ledger: Ledger) -> None:
     pipe, src = _pipe(), SourceRef(BROKER, "s11-idle-try")
     first = any_ledger.claim(pipe, src, 3, _cli("cli-data"), initial_start=0)

@@ -34,12 +34,12 @@ def test_upgrade_and_downgrade_step_by_step(db_url: str) -> None:
         assert migrate.current(engine) == "0001_ledger_tables"
         assert tables(db_url) >= LEDGER_TABLES
         migrate.upgrade(engine)
-        assert migrate.current(engine) == migrate.head() == "0015_one_broker_names"
+        assert migrate.current(engine) == migrate.head() == "0016_one_broker_names"
         migrate.upgrade(engine)  # idempotent
         with engine.connect() as conn:
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "airflow_head"
             assert conn.execute(text("SELECT version_num FROM streamledger_ledger_version")).scalar() == (
-                "0015_one_broker_names"
+                "0016_one_broker_names"
             )
         led = Ledger(db_url)
         r = led.claim("p", SRC, 10, run(1), initial_start=0, max_span=5)
@@ -69,6 +69,58 @@ def test_upgrade_and_downgrade_step_by_step(db_url: str) -> None:
         assert {"alembic_version", "dag_run"} <= left  # never touched
     finally:
         engine.dispose()
+
+
+def test_0015_keeps_the_idle_runs_and_their_try(db_url: str) -> None:
+    """0015 down and up again: the idle rows stay (rows of 0014 get try 1, the least any attempt
+    had), and the claim of 0015 raises the try of an idle run answered "nothing new" again."""
+    led = Ledger(db_url, create=True)
+    try:
+        first = led.claim("p", SRC, 3, run(1), initial_start=0)
+        led.commit(first.id, records=3, first_seen=0, last_seen=2, output=None)
+        assert not led.claim("p", SRC, 3, run(2, try_number=3)).recorded
+        assert led.last_try("p", run(2)) == 3
+    finally:
+        led.close()
+    engine = make_engine(db_url)
+    try:
+        migrate.downgrade(engine, "0014_idle_claims_unrecorded")
+        migrate.upgrade(engine)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT run_id, try_number FROM streamledger_idle_run")).all() == [
+                ("run-2", 1)]
+    finally:
+        engine.dispose()
+    led = Ledger(db_url)
+    try:
+        assert not led.claim("p", SRC, 9, run(2, try_number=4)).recorded  # nothing again, try kept
+        assert led.last_try("p", run(2)) == 4
+    finally:
+        led.close()
+
+
+def test_0016_adds_and_drops_the_one_broker_records(db_url: str) -> None:
+    """0016 down and up again: its table goes with its records (nothing else holds them) and comes
+    back empty; a new record is written and read on the upgraded ledger."""
+    led = Ledger(db_url, create=True)
+    try:
+        assert led.record_same_broker("p", "s", ["rabbitmq://a/%2F", "rabbitmq://b/%2F"], "found") == 2
+    finally:
+        led.close()
+    engine = make_engine(db_url)
+    try:
+        migrate.downgrade(engine, "0015_idle_run_try")
+        assert "streamledger_one_broker" not in tables(db_url)
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    led = Ledger(db_url)
+    try:
+        assert led.same_broker() == []
+        assert led.record_same_broker("p", "s", ["rabbitmq://a/%2F", "rabbitmq://b/%2F"], "again") == 2
+        assert [r.why for r in led.same_broker("p")] == ["again", "again"]
+    finally:
+        led.close()
 
 
 def test_concurrent_create_is_safe(db_url: str) -> None:

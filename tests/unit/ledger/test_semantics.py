@@ -8,7 +8,15 @@ from datetime import timedelta
 
 import pytest
 
-from streamledger.ledger import UNRECORDED, Ledger, LedgerError, RangeStatus, RunIdentity, SourceRef
+from streamledger.ledger import (
+    UNRECORDED,
+    ClaimRequest,
+    Ledger,
+    LedgerError,
+    RangeStatus,
+    RunIdentity,
+    SourceRef,
+)
 from tests.unit.ledger.util import SRC, SRC2, check_invariants, run
 
 
@@ -110,6 +118,31 @@ def test_an_empty_answer_is_not_stored_and_a_retry_gets_it_again(ledger: Ledger)
     assert first_empty.empty and first_empty.recorded and ledger.last_end("p", SRC2) == 0
     check_invariants(ledger)
     assert ledger.audit().clean
+
+
+def test_last_try_counts_an_attempt_answered_nothing_new(ledger: Ledger) -> None:
+    """Migration 0015: an attempt answered "nothing new" leaves no range, yet its try is kept with the
+    run's idle row, raised by a later try answered so again (single and many-source claims alike),
+    never lowered; the ranges' tries count too, and another pipeline or map index is another key."""
+    a = ledger.claim("p", SRC, 50, run(1), initial_start=0)
+    ledger.commit(a.id, records=50, first_seen=0, last_seen=49, output=None)
+    b = ledger.claim("p", SRC2, 5, run(1), initial_start=0)
+    ledger.commit(b.id, records=5, first_seen=0, last_seen=4, output=None)
+    assert ledger.last_try("p", run(2)) == 0  # never ran
+    assert ledger.last_try("p", run(1)) == 1
+    assert not ledger.claim("p", SRC, 50, run(2)).recorded  # nothing new
+    assert ledger.last_try("p", run(2)) == ledger.last_try("p", run(2, try_number=9)) == 1
+    assert not ledger.claim("p", SRC, 70, run(2, try_number=2)).recorded  # the retry: nothing again
+    assert ledger.last_try("p", run(2)) == 2
+    many = ledger.claim_many("p", [ClaimRequest(SRC, 80), ClaimRequest(SRC2, 9)], run(2, try_number=3))
+    assert [(r.start, r.end, r.recorded) for r in many] == [(50, 50, False), (5, 5, False)]
+    assert ledger.last_try("p", run(2)) == 3
+    assert not ledger.claim("p", SRC, 90, run(2, try_number=1)).recorded  # an older try lowers nothing
+    assert ledger.last_try("p", run(2)) == 3
+    assert ledger.last_try("other", run(2)) == 0
+    assert ledger.last_try("p", RunIdentity("dag", "run-2", "read", 0)) == 0
+    c = ledger.claim("p", SRC, 90, run(3, try_number=4))  # a range's try counts as ever
+    assert c.recorded and ledger.last_try("p", run(3)) == 4
 
 
 def test_record_lost(ledger: Ledger) -> None:

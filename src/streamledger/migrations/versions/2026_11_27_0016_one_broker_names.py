@@ -9,10 +9,11 @@
   ``streamledger ledger rename-broker OLD NEW`` moves the records with the name, and drops a pair
   the rename made one name.
 
-Self-contained: a new table only, no change to another revision's objects.
+Self-contained: a new table only, no change to another revision's objects (written as 0015 beside
+0015_idle_run_try, chained after it when the branches met).
 
-Revision ID: 0015_one_broker_names
-Revises: 0014_idle_claims_unrecorded
+Revision ID: 0016_one_broker_names
+Revises: 0015_idle_run_try
 Create Date: 2026-11-27
 """
 
@@ -23,8 +24,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0015_one_broker_names"
-down_revision: str | None = "0014_idle_claims_unrecorded"
+revision: str = "0016_one_broker_names"
+down_revision: str | None = "0015_idle_run_try"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,83 @@
+"""An idle run keeps its try: ``streamledger_idle_run.try_number``.
+
+Since 0014 an attempt answered "nothing new" leaves no range, only its run key in
+``streamledger_idle_run``. The last try of a run was read from its ranges alone, so the retry of an
+idle attempt was numbered try 1 again: its staging name and publish-lease token carried the first
+attempt's try, and a lease that attempt left was not taken over as superseded.
+
+* ``streamledger_idle_run`` gains ``try_number``: the highest try answered idle under the key
+  (rows of 0014 get 1, the least any attempt had). ``Ledger.last_try`` reads it with the ranges'.
+* PostgreSQL ``streamledger_claim`` (0014's text, one edit; same signature, so replaced in place)
+  records the try with the idle row and raises it when a later try is answered idle again; the row
+  is written only when the try grows, so a repeated idle answer writes nothing.
+
+Revision ID: 0015_idle_run_try
+Revises: 0014_idle_claims_unrecorded
+Create Date: 2026-11-27
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0015_idle_run_try"
+down_revision: str | None = "0014_idle_claims_unrecorded"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+_TABLE = "streamledger_idle_run"
+
+_OLD_IDLE_INSERT = """\
+    INSERT INTO streamledger_idle_run (pipeline_id, dag_id, run_id, task_id, map_index, claimed_at)
+      SELECT src.pipeline_id, p_dag_id, p_run_id, p_task_id, p_map_index, p_now
+        FROM streamledger_source src WHERE src.id = sid
+      ON CONFLICT DO NOTHING;"""
+_NEW_IDLE_INSERT = """\
+    -- with the highest try answered so (0015: its retry is numbered past it)
+    INSERT INTO streamledger_idle_run (pipeline_id, dag_id, run_id, task_id, map_index, claimed_at,
+        try_number)
+      SELECT src.pipeline_id, p_dag_id, p_run_id, p_task_id, p_map_index, p_now, p_try_number
+        FROM streamledger_source src WHERE src.id = sid
+      ON CONFLICT (pipeline_id, dag_id, run_id, task_id, map_index) DO UPDATE
+        SET try_number = EXCLUDED.try_number
+        WHERE streamledger_idle_run.try_number < EXCLUDED.try_number;"""
+
+
+def _previous(name: str) -> ModuleType:
+    """An earlier revision's module (their names start with a digit, so load them by path)."""
+    path = Path(__file__).with_name(name)
+    spec = importlib.util.spec_from_file_location(f"_streamledger_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def function(with_try: bool) -> str:
+    """The PostgreSQL claim function of this revision (``with_try``) or of 0014, as a replacement."""
+    text = str(_previous("2026_11_27_0014_idle_claims_unrecorded.py").texts(idle=True)[0])
+    text = text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    if with_try:
+        assert text.count(_OLD_IDLE_INSERT) == 1, _OLD_IDLE_INSERT
+        text = text.replace(_OLD_IDLE_INSERT, _NEW_IDLE_INSERT)
+    return text
+
+
+def upgrade() -> None:
+    # Plain ALTER TABLE ADD COLUMN on both dialects (no table rebuild).
+    op.add_column(_TABLE, sa.Column("try_number", sa.Integer(), nullable=False, server_default="1"))
+    if op.get_context().dialect.name == "postgresql":
+        op.execute(function(with_try=True))
+
+
+def downgrade() -> None:
+    if op.get_context().dialect.name == "postgresql":
+        op.execute(function(with_try=False))
+    # SQLite >= 3.35 drops columns in place.
+    op.execute(f"ALTER TABLE {_TABLE} DROP COLUMN try_number")
