@@ -9,16 +9,18 @@ as one broker is decided elsewhere (``streamledger.batch.identity``): the ledger
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from itertools import permutations
-from typing import cast
+from typing import Any, cast
 
-from sqlalchemy import Table, and_, delete, or_, select, tuple_
+from sqlalchemy import DateTime, Table, Text, and_, delete, literal, null, or_, select, union_all
+from sqlalchemy import cast as cast_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import OneBroker, Pipeline, Source
-from streamledger.ledger.rows import check_pipeline, chunks, clip, utc
+from streamledger.ledger.rows import check_pipeline, clip, utc
 from streamledger.ledger.session import LedgerSession
 from streamledger.ledger.statements import TAIL
 from streamledger.ledger.types import SameBroker, SourceRef, is_retired
@@ -61,21 +63,45 @@ class BrokerNames(LedgerSession):
                 query = query.where(Pipeline.name == pipeline)
             return self._as_records(session, [(str(n), row) for n, row in session.execute(query)])
 
-    def _same_broker_of(self, session: Session, pipeline: str, sources: Sequence[SourceRef]
-                        ) -> dict[tuple[str, str], tuple[SameBroker, ...]]:
-        """(broker, stream) -> the records of that name of the stream (one query per 500 names, which
-        finds no row in the usual case)."""
-        keys = sorted({(s.broker, s.stream) for s in sources})
-        found: list[tuple[str, OneBroker]] = []
-        for part in chunks(keys):
-            found += [(pipeline, row) for row in session.scalars(
-                select(OneBroker).join(Pipeline, Pipeline.id == OneBroker.pipeline_id)
-                .where(Pipeline.name == pipeline, tuple_(OneBroker.broker, OneBroker.stream).in_(part))
-                .order_by(OneBroker.broker, OneBroker.stream, OneBroker.other))]
-        out: dict[tuple[str, str], list[SameBroker]] = {}
-        for rec in self._as_records(session, found):
-            out.setdefault((rec.source.broker, rec.source.stream), []).append(rec)
-        return {k: tuple(v) for k, v in out.items()}
+    @staticmethod
+    def _names_query(pipeline: str, broker: str, streams: Sequence[str]) -> Any:
+        """One statement for a position's other names of ``streams`` (``record`` 0: the pipeline's
+        sources of them under another identity, ``sid`` and ``name``) and the records of ``broker``'s
+        (``record`` 1: ``name`` the other identity, its finding): both are asked before every claim,
+        and both find nothing in the usual case."""
+        when, why = cast_(null(), DateTime()).label("found_at"), cast_(null(), Text()).label("why")
+        sources = (select(literal(0).label("record"), Source.id.label("sid"), Source.broker.label("name"),
+                          Source.stream.label("stream"), when, why)
+                   .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                   .where(Pipeline.name == pipeline, Source.stream.in_(streams), Source.broker != broker))
+        records = (select(literal(1), OneBroker.pipeline_id, OneBroker.other, OneBroker.stream,
+                          OneBroker.found_at, OneBroker.why)
+                   .join(Pipeline, Pipeline.id == OneBroker.pipeline_id)
+                   .where(Pipeline.name == pipeline, OneBroker.stream.in_(streams),
+                          OneBroker.broker == broker))
+        return union_all(sources, records)
+
+    @staticmethod
+    def _records_of(session: Session, pipeline: str, marks: dict[tuple[str, str], list[Any]],
+                    theirs: dict[tuple[str, str], list[tuple[int, str]]]
+                    ) -> dict[tuple[str, str], tuple[SameBroker, ...]]:
+        """The rows :meth:`_names_query` found as records, each with where its other name's history
+        ends (``theirs``: the other names' source ids; a tail read per record, only when there are
+        records)."""
+        out: dict[tuple[str, str], tuple[SameBroker, ...]] = {}
+        for (broker, stream), rows in marks.items():
+            sids = {name: sid for sid, name in theirs.get((broker, stream), [])}
+            found: list[SameBroker] = []
+            for row in sorted(rows, key=lambda r: str(r.name)):
+                if is_retired(row.name):
+                    continue
+                sid = sids.get(row.name)
+                end = None if sid is None else session.scalars(TAIL, {"source_id": sid}).first()
+                found.append(SameBroker(pipeline, SourceRef(broker, stream), str(row.name), str(row.why),
+                                        utc(_when(row.found_at)), None if end is None else int(end)))
+            if found:
+                out[(broker, stream)] = tuple(found)
+        return out
 
     @staticmethod
     def _as_records(session: Session, rows: Iterable[tuple[str, OneBroker]]) -> list[SameBroker]:
@@ -90,6 +116,11 @@ class BrokerNames(LedgerSession):
             out.append(SameBroker(pipeline, SourceRef(row.broker, row.stream), row.other, row.why,
                                   utc(row.found_at), None if end is None else int(end)))
         return out
+
+
+def _when(value: Any) -> datetime:
+    """A timestamp a union handed back (SQLite gives its text)."""
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
 
 
 def rename_in_records(session: Session, old: str, new: str, pipeline_ids: Sequence[int] | None) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import BigInteger, case, func, literal, or_, select, true
 from sqlalchemy.orm import Session
 
-from streamledger.ledger.models import Pipeline, Range, Source
+from streamledger.ledger.models import Range, Source
 from streamledger.ledger.names import BrokerNames
 from streamledger.ledger.rows import check_pipeline, chunks, snapshot
 from streamledger.ledger.sources import Sources
@@ -26,7 +26,14 @@ from streamledger.ledger.statements import (
     any_pinned_of,
     tail_of,
 )
-from streamledger.ledger.types import RangeStatus, SourcePosition, SourceRef, Watermark, is_retired
+from streamledger.ledger.types import (
+    RangeStatus,
+    SameBroker,
+    SourcePosition,
+    SourceRef,
+    Watermark,
+    is_retired,
+)
 from streamledger.offsets import ChunkPrint
 
 
@@ -213,8 +220,7 @@ class Positions(Sources, BrokerNames):
                                        {"ids": chunk}):
                 holes[row.source_id].append(row)
         prints = self._chunk_prints(session, ids)
-        elsewhere = self._elsewhere(session, pipeline, sources)
-        same = self._same_broker_of(session, pipeline, sources)
+        elsewhere, same = self._elsewhere(session, pipeline, sources)
         cutoff = (self._clock(session) - stale_after if stale_after is not None and any(claims.values())
                   else None)
         out: list[SourcePosition] = []
@@ -250,29 +256,32 @@ class Positions(Sources, BrokerNames):
             ))
         return out
 
-    def _elsewhere(self, session: Session, pipeline: str, sources: Sequence[SourceRef]
-                   ) -> dict[tuple[str, str], tuple[tuple[str, ChunkPrint], ...]]:
+    def _elsewhere(self, session: Session, pipeline: str, sources: Sequence[SourceRef]) -> tuple[
+            dict[tuple[str, str], tuple[tuple[str, ChunkPrint], ...]],
+            dict[tuple[str, str], tuple[SameBroker, ...]]]:
         """(broker, stream) -> the newest chunk print of the pipeline's history of that stream under
-        each other live broker identity (retired epochs left out: their stream is gone). One query
-        per broker and 500 names, which finds no row in the usual case (one identity per stream)."""
+        each other live broker identity (retired epochs left out: their stream is gone), and the
+        one-broker records of that name (:meth:`BrokerNames.same_broker_rows`). One query per broker
+        and 500 names for both, which finds no row in the usual case (one identity per stream)."""
         theirs: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        marks: dict[tuple[str, str], list[Any]] = {}
         for broker in sorted({s.broker for s in sources}):
             for part in chunks(sorted({s.stream for s in sources if s.broker == broker})):
-                for sid, other, stream in session.execute(
-                        select(Source.id, Source.broker, Source.stream)
-                        .join(Pipeline, Pipeline.id == Source.pipeline_id)
-                        .where(Pipeline.name == pipeline, Source.stream.in_(part), Source.broker != broker)):
-                    if not is_retired(other):
-                        theirs.setdefault((broker, stream), []).append((int(sid), other))
+                for row in session.execute(self._names_query(pipeline, broker, part)):
+                    if row.record:
+                        marks.setdefault((broker, row.stream), []).append(row)
+                    elif not is_retired(row.name):
+                        theirs.setdefault((broker, row.stream), []).append((int(row.sid), row.name))
+        same = self._records_of(session, pipeline, marks, theirs)
         if not theirs:
-            return {}
+            return {}, same
         prints = self._chunk_prints(session, sorted({sid for v in theirs.values() for sid, _o in v}))
         out: dict[tuple[str, str], tuple[tuple[str, ChunkPrint], ...]] = {}
         for key, v in theirs.items():
             others = sorted((o, prints[sid]) for sid, o in v if sid in prints)
             if others:
                 out[key] = tuple(others)
-        return out
+        return out, same
 
     @staticmethod
     def _chunk_prints(session: Session, source_ids: Sequence[int]) -> dict[int, ChunkPrint]:
