@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -175,19 +175,23 @@ def audit(ledger: Ledger, pipeline: str | None = None, *, broker: Any = None,
     the tables' (for pipelines with a table sink). ``progress(checked, total)``: the outputs' check,
     the long part of an audit of many ranges."""
     report = ledger.audit(pipeline, broker=broker, stale_after=stale_after)
-    ranges = ledger.ranges(pipeline)
-    # not an output check: two names of one broker are a finding with or without the outputs
-    twice, twice_notes = check_identities(ledger, ranges, broker, pipeline=pipeline)
-    report = report.with_findings(twice, twice_notes)
+    records = ledger.same_broker(pipeline)
     if not outputs_too:
-        return report
+        # not an output check: recorded names of one broker are a finding without the outputs too
+        # (the ranges are read only then: an audit without outputs stays a few statements)
+        if not records:
+            return report
+        return report.with_findings(*check_identities(ledger, ledger.ranges(pipeline), broker,
+                                                      records=records))
+    ranges = ledger.ranges(pipeline)
+    twice, twice_notes = check_identities(ledger, ranges, broker, records=records)
     findings = (check_outputs(ranges, deep=deep, fs_for=fs_for, progress=progress)
-                + check_tables(ledger, ranges, catalog=catalog))
-    return report.with_findings(findings, outputs_checked=True)
+                + check_tables(ledger, ranges, catalog=catalog) + twice)
+    return report.with_findings(findings, twice_notes, outputs_checked=True)
 
 
-def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *, pipeline: str | None = None
-                     ) -> tuple[list[Violation], list[Violation]]:
+def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *,
+                     records: Sequence[SameBroker] | None = None) -> tuple[list[Violation], list[Violation]]:
     """Offsets of one stream committed under two broker identities of one broker: the same stream
     read twice, each identity's history whole on its own. One broker by the rule the batch refuses
     such a claim by (:mod:`streamledger.batch.identity`): a broker the audit was given holds both
@@ -200,7 +204,8 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *, 
     note. How it happens: a ledger an earlier version wrote (a cluster without a configured
     ``cluster_name`` reports each node's own default name, so a URL whose node was down filed the
     pipeline under the answering node's name), or two batches under two names whose first commits
-    raced. Returns (violations, notes)."""
+    raced. ``records``: the ledger's (``Ledger.same_broker``; read here when not given). Returns
+    (violations, notes)."""
     from streamledger.batch.identity import one_broker, one_broker_groups
 
     given = list(broker.values()) if isinstance(broker, Mapping) else [] if broker is None else [broker]
@@ -210,7 +215,10 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *, 
         if r.status == RangeStatus.COMMITTED and r.records and not is_retired(r.source.broker):
             by[(r.pipeline, r.source.stream)].append(r)
     recorded: dict[tuple[str, str], dict[tuple[str, str], SameBroker]] = defaultdict(dict)
-    for rec in ledger.same_broker(pipeline):
+    audited = {r.pipeline for r in ranges}
+    for rec in ledger.same_broker() if records is None else records:
+        if rec.pipeline not in audited:
+            continue
         recorded[(rec.pipeline, rec.source.stream)][(rec.source.broker, rec.other)] = rec
     found: list[Violation] = []
     notes: list[Violation] = []
