@@ -106,3 +106,27 @@ def test_unreachable_broker_is_a_clear_error(capsys: pytest.CaptureFixture[str],
         capsys, "audit", "--db", sqlite_url, "--broker-url", "rabbitmq-stream://u:pw1234@127.0.0.1:1/"
     )
     assert rc == 3 and err.startswith("streamledger: error:") and "pw1234" not in err
+
+
+def test_recorded_names_of_one_broker_in_the_audit_and_rename_broker_clears_them(
+    capsys: pytest.CaptureFixture[str], sqlite_url: str
+) -> None:
+    """Without outputs and without a broker: two recorded names that both hold a history fail the
+    audit (the offsets both read); `rename-broker OLD NEW` of a recorded name without a history
+    makes it one name with NEW and clears its record, the others' stay."""
+    from streamledger.ledger import SourceRef
+
+    cli(capsys, "upgrade", "--db", sqlite_url)
+    ledger = make_history(sqlite_url)
+    other = SourceRef("rabbitmq://west/%2F", SRC.stream)
+    r = ledger.claim("p", other, 5, run(9), initial_start=0)
+    ledger.commit(r.id, records=1, first_seen=0, last_seen=0, output="/out/w")
+    ledger.record_same_broker("p", SRC.stream, [SRC.broker, other.broker], "found")
+    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--no-outputs", "--json")
+    assert rc == 1 and json.loads(out)["violation_counts"] == {"overlap": 1}, out
+    third = "rabbitmq://north/%2F"
+    ledger.record_same_broker("p", SRC.stream, [SRC.broker, third], "refused")
+    rc, out, _ = cli(capsys, "rename-broker", "--db", sqlite_url, third, SRC.broker)
+    assert rc == 0 and "0 source(s) moved" in out
+    assert sorted(x.other for x in ledger.same_broker("p")) == [SRC.broker, other.broker]
+    ledger.close()
