@@ -272,8 +272,8 @@ def _remember(ledger: Ledger, pipeline: str, stream: str, held: list[str]) -> No
             f"stream {stream!r}: the audit found the chunks pipeline {pipeline!r} committed under "
             f"{', '.join(held)} on one broker: one broker under two names"))
     except StreamledgerError as exc:
-        log.warning("the audit could not record that %s are one broker for stream "
-                                            "%s: %s", ", ".join(held), stream, exc)
+        log.warning("the audit could not record that %s are one broker for stream %s: %s",
+                    ", ".join(held), stream, exc)
 
 
 def _overlaps(pipeline: str, stream: str, theirs: list[OffsetRange], because: str) -> list[Violation]:
