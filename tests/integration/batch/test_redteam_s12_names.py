@@ -28,7 +28,8 @@ def _read(ledger: Ledger, pipe: str, broker: str, end: int, run: str) -> None:
     """A committed range [start, end) of S under ``broker`` (from 0 for a new history)."""
     rng = ledger.claim(pipe, SourceRef(broker, S), end, RunIdentity("d", run, "t"), initial_start=0)
     assert rng.end > rng.start, rng
-    ledger.commit(rng.id, records=rng.end - rng.start, first_seen=rng.start, last_seen=rng.end - 1, output=None)
+    ledger.commit(rng.id, records=rng.end - rng.start, first_seen=rng.start, last_seen=rng.end - 1,
+                  output=None)
 
 
 def _refused(ledger: Ledger, pipe: str, own: str) -> bool:
@@ -124,7 +125,8 @@ def _delete_history(ledger: Ledger, pipe: str, broker: str) -> None:
     with ledger.engine.begin() as conn:
         sid = conn.execute(text(
             "SELECT s.id FROM streamledger_source s JOIN streamledger_pipeline p ON p.id = s.pipeline_id "
-            "WHERE p.name = :p AND s.broker = :b AND s.stream = :s"), {"p": pipe, "b": broker, "s": S}).scalar_one()
+            "WHERE p.name = :p AND s.broker = :b AND s.stream = :s"),
+            {"p": pipe, "b": broker, "s": S}).scalar_one()
         conn.execute(text("DELETE FROM streamledger_range WHERE source_id = :i"), {"i": sid})
         conn.execute(text("DELETE FROM streamledger_source WHERE id = :i"), {"i": sid})
 
