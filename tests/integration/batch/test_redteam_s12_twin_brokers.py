@@ -1,0 +1,107 @@
+"""Red team (session 12): two genuinely different brokers (the 4.3 and 4.0 servers) with a stream of
+one name each, fed by one producer that fans every batch out to both (mirrored clusters). A chunk
+print is (first offset, timestamp in ms, CRC of the records): the same records written in the same
+millisecond at the same offset give the same print on both brokers (measured on loopback: 25 of 40
+single-message fan-outs). ``one_broker`` then takes the two brokers for one, the batch under the
+second refuses and records the pair for good (migration 0016). Real brokers, local Spark, both
+ledgers."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamledger.batch import BatchError, run_batch
+from streamledger.batch.proof import audit
+from streamledger.offsets import ChunkPrint
+from streamledger.protocol.rabbitmq import StreamClient
+from streamledger.sources import source_identity
+from tests.integration.batch.helpers import CountingRunner, committed_bodies, config, rid
+from tests.integration.spark.helpers import body
+
+pytestmark = pytest.mark.timeout(300)
+
+PIPE = "p-s12-twins"
+
+
+def _require(ok: bool, what: object) -> None:
+    if not ok:
+        raise RuntimeError(f"scenario broken: {what}")
+
+
+def _fan_out(logs: list[StreamClient], s: str, messages: list[bytes]) -> None:
+    """One producer writing the same batch to both brokers at once."""
+    bar = threading.Barrier(len(logs))
+
+    def send(log: StreamClient) -> None:
+        bar.wait()
+        got = log.publish(s, messages, batch_size=len(messages), application_properties={"source": "fan-out"})
+        _require(got.confirmed == len(messages), got)
+
+    threads = [threading.Thread(target=send, args=(log,)) for log in logs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _twin_stream(logs: list[StreamClient]) -> str:
+    """A stream of one name on both brokers whose first chunk has one print on both (a few tries)."""
+    for _ in range(30):
+        s = f"s12-twins-{uuid.uuid4().hex[:8]}"
+        for log in logs:
+            log.create_stream(s)
+        _fan_out(logs, s, [body(s, i) for i in range(3)])
+        prints = {ChunkPrint.of(log.chunk_at(s, 0)) for log in logs}
+        if len(prints) == 1:
+            return s
+        for log in logs:
+            log.delete_stream(s)
+    raise RuntimeError("scenario broken: no fan-out gave one print on both brokers in 30 tries")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "defect: two different brokers fed the same records in the same millisecond hold chunks of one "
+    "print (offset, ms timestamp, CRC), and batch/identity.py one_broker decides 'one broker' by that "
+    "print alone: the batch under the second broker's identity is refused ('one broker under two "
+    "names') and Ledger.record_same_broker records the pair for good, so every later batch there is "
+    "refused with no cure (rename-broker would merge two brokers' histories; nothing forgets a "
+    "record). Fix in batch/identity.py: one broker needs more than a chunk print a second broker can "
+    "hold too (e.g. also compare the brokers' node names/cluster identity, or the chunk's epoch and "
+    "the log's first offsets), and the record needs a way to be cleared"))
+def test_two_mirrored_brokers_fed_by_one_producer_are_never_taken_for_one(
+    any_ledger: Any, runner: CountingRunner, broker_43: Any, broker_40: Any, tmp_path: Path,
+) -> None:
+    logs = [StreamClient.connect(b.url) for b in (broker_43, broker_40)]
+    s = ""
+    try:
+        s = _twin_stream(logs)
+        east, west = (source_identity(b.url, log.cluster_name)
+                      for b, log in zip((broker_43, broker_40), logs, strict=True))
+        _require(east != west, (east, west))
+
+        urls = (broker_43.url, broker_40.url)
+
+        def batch(i: int, run: str) -> Any:
+            return run_batch(config(urls[i], tmp_path, s, pipeline=PIPE), run=rid("t", run=run),
+                             ledger=any_ledger, broker=logs[i], runner=runner)
+
+        assert batch(0, "e1").records == 3
+        try:
+            got = batch(1, "w1")
+        except BatchError as exc:
+            raise AssertionError(f"the 4.0 broker's batch was refused: {exc}") from None
+        assert got.records == 3
+        assert any_ledger.same_broker(PIPE) == []
+        assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(2 * [body(s, i) for i in range(3)])
+        report = audit(any_ledger, PIPE, broker={east: logs[0], west: logs[1]})
+        assert report.clean, report.to_text()
+    finally:
+        for log in logs:
+            if s:
+                log.delete_stream(s)
+            log.close()
