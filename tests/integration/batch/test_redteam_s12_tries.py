@@ -99,9 +99,9 @@ def test_a_pinned_run_s_retry_while_its_claim_is_open_is_numbered_past_it(any_le
     claim is open, gets its range back with the new try, and the next is numbered past it."""
     pipe, src = _pipe(), SourceRef(BROKER, "s12-pinned")
     _with_data(any_ledger, pipe, src)
-    full = any_ledger.claim_many(pipe, [_pinned(src, (0, 3))], _cli("pf"))[0]
-    assert (full.start, full.end) == (0, 3)
-    retry = any_ledger.claim_many(pipe, [_pinned(src, (0, 3))], _cli("pf", 2))[0]
+    full = any_ledger.claim_many(pipe, [_pinned(src, (3, 6))], _cli("pf"))[0]
+    assert (full.start, full.end, full.run.run_id) == (3, 6, "pf")
+    retry = any_ledger.claim_many(pipe, [_pinned(src, (3, 6))], _cli("pf", 2))[0]
     assert retry.id == full.id
     assert _try_number(any_ledger, pipe, "pf") == 3
 
