@@ -43,8 +43,20 @@ as_owner() {
   fi
 }
 
+# postmaster.pid names the server by pid alone, and pids are recycled. A server killed without a
+# shutdown leaves it behind; once its pid names another process of the cluster's user (another
+# cluster's backend: the suite runs several), pg_ctl calls the cluster running and the server refuses
+# to start over the lock. The server is the process running postgres on this data directory.
+stale_lock() {
+  local pid
+  [ -f "$DATA/postmaster.pid" ] || return 1
+  pid=$(head -n 1 "$DATA/postmaster.pid")
+  [[ $pid =~ ^[0-9]+$ ]] || return 0
+  ! tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "-D $DATA"
+}
+
 running() {
-  [ -f "$DATA/PG_VERSION" ] && as_owner "$BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1
+  [ -f "$DATA/PG_VERSION" ] && ! stale_lock && as_owner "$BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1
 }
 
 init_cluster() {
@@ -88,6 +100,10 @@ start() {
   flock 9
   init_cluster
   if ! running; then
+    if stale_lock; then
+      echo "postgres: removing a stale postmaster.pid (its pid $(head -n 1 "$DATA/postmaster.pid") is not this cluster's server)" >&2
+      rm -f "$DATA/postmaster.pid"
+    fi
     mkdir -p "$RUN"
     [ "$(id -u)" = 0 ] && chown postgres: "$RUN" "$BASE"
     touch "$LOG"

@@ -1,13 +1,16 @@
-"""``scripts/rabbitmq.sh`` knows whether its broker runs from the pid file, and pids are recycled.
+"""The server scripts know whether their server runs, though pids are recycled.
 
 CI stop 40 lost an hour to this: the 3.10 broker's pid file named a pid that, by the time the suite
 asked for the broker, belonged to another process (``pid_max`` is 32768 on these machines and a suite
 starts tens of thousands of processes). ``start`` said "already running", ``wait`` waited 180 s for a
-port nobody would open, and every later test of 3.10 did the same. A pid file now records the
+port nobody would open, and every later test of 3.10 did the same. A broker's pid file now records the
 process's start time too, and a pid file of the old format counts only for a RabbitMQ process.
+PostgreSQL's own lock file (``postmaster.pid``) has the same weakness; ``scripts/postgres.sh`` now
+believes it only for a process running postgres on the cluster's data directory.
 
-Each test uses a private node of the provisioned 3.10 installation (``STREAMLEDGER_RABBITMQ_INSTANCE``,
-ports moved by an offset), so the brokers the rest of the suite shares are never touched.
+The broker tests use a private node of the provisioned 3.10 installation
+(``STREAMLEDGER_RABBITMQ_INSTANCE``, ports moved by an offset) and the PostgreSQL test a private
+cluster, so the servers the rest of the suite shares are never touched.
 """
 
 from __future__ import annotations
@@ -104,3 +107,50 @@ def test_start_over_a_recycled_pid_starts_the_broker_and_wait_sees_it_ready(
     assert port_open("127.0.0.1", private_310.stream_port)
     assert private_310.pidfile.read_text().split()[0] != str(decoy.pid)
     assert decoy.poll() is None  # stop must not have touched the other process either
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_postgres_starts_over_a_lock_file_whose_pid_another_process_reused() -> None:
+    """The same on ``scripts/postgres.sh``: a cluster killed without a shutdown leaves
+    ``postmaster.pid``; when its pid names another live process of the cluster's user (another
+    cluster's backend: the suite runs several), ``pg_ctl status`` said "running", ``start`` skipped
+    the start and gave up after 30 s on a server nobody ran."""
+    as_postgres = ["setpriv", "--reuid=postgres", "--regid=postgres", "--clear-groups"]
+    decoy = subprocess.Popen([*as_postgres, "sleep", "600"], start_new_session=True)
+    # under the servers' home: the cluster runs as the postgres user, who cannot reach pytest's tmp
+    home = streamledger_home() / "pidfile-tests" / f"pg{os.getpid()}{random.randrange(10**6)}"
+    home.mkdir(parents=True, mode=0o755)
+    env = {**os.environ, "STREAMLEDGER_HOME": str(home), "STREAMLEDGER_PG_PORT": str(_free_port())}
+    script = str(SCRIPT.with_name("postgres.sh"))
+
+    def pg(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([script, *args], capture_output=True, text=True, timeout=180, env=env)
+
+    first = pg("start")
+    assert first.returncode == 0, first.stderr
+    try:
+        lock = home / "pg" / "data" / "postmaster.pid"
+        postmaster = int(lock.read_text().split()[0])
+        os.kill(postmaster, 9)  # no shutdown: the lock file stays behind
+        while Path(f"/proc/{postmaster}").exists():
+            pass
+        lines = lock.read_text().splitlines()
+        lock.write_text("\n".join([str(decoy.pid), *lines[1:]]) + "\n")
+
+        again = pg("start")
+
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "running at" in pg("status").stdout
+        assert decoy.poll() is None
+    finally:
+        pg("stop")
+        shutil.rmtree(home, ignore_errors=True)
+        os.killpg(decoy.pid, 9)
+        decoy.wait()
