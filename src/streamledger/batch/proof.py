@@ -177,9 +177,10 @@ def audit(ledger: Ledger, pipeline: str | None = None, *, broker: Any = None,
     report = ledger.audit(pipeline, broker=broker, stale_after=stale_after)
     records = ledger.same_broker(pipeline)
     if not outputs_too:
-        # not an output check: recorded names of one broker are a finding without the outputs too
-        # (the ranges are read only then: an audit without outputs stays a few statements)
-        if not records:
+        # not an output check: names of one broker are a finding without the outputs too, found by
+        # the ledger's record or by a broker given that can read chunks (the ranges are read only
+        # then: an audit without either stays a few statements)
+        if not records and not _chunk_readers(broker):
             return report
         return report.with_findings(*check_identities(ledger, ledger.ranges(pipeline), broker,
                                                       records=records))
@@ -188,6 +189,13 @@ def audit(ledger: Ledger, pipeline: str | None = None, *, broker: Any = None,
     findings = (check_outputs(ranges, deep=deep, fs_for=fs_for, progress=progress)
                 + check_tables(ledger, ranges, catalog=catalog) + twice)
     return report.with_findings(findings, twice_notes, outputs_checked=True)
+
+
+def _chunk_readers(broker: Any) -> list[Any]:
+    """The brokers given to the audit (one, a mapping of them, or None) that can read a chunk's
+    print, each once: those the identities can be checked by."""
+    given = list(broker.values()) if isinstance(broker, Mapping) else [] if broker is None else [broker]
+    return list({id(b): b for b in given if getattr(b, "chunk_at", None) is not None}.values())
 
 
 def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *,
@@ -208,8 +216,7 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *,
     (violations, notes)."""
     from streamledger.batch.identity import one_broker, one_broker_groups
 
-    given = list(broker.values()) if isinstance(broker, Mapping) else [] if broker is None else [broker]
-    logs = list({id(b): b for b in given if getattr(b, "chunk_at", None) is not None}.values())
+    logs = _chunk_readers(broker)
     by: dict[tuple[str, str], list[OffsetRange]] = defaultdict(list)
     for r in ranges:
         if r.status == RangeStatus.COMMITTED and r.records and not is_retired(r.source.broker):

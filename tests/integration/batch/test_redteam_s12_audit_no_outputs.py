@@ -27,14 +27,6 @@ def _require(ok: bool, what: object) -> None:
         raise RuntimeError(f"scenario broken: {what}")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "defect: batch/proof.py audit(outputs_too=False) runs check_identities only when the ledger "
-    "already records two names of one broker (`if not records: return report`), so "
-    "`ledger audit --no-outputs` given the very broker that holds both names' chunks says CLEAN over "
-    "offsets read twice (docs/ledger.md: --no-outputs leaves only the file systems alone; the "
-    "identities are checked 'by a broker given to the audit or by the ledger's record'), and records "
-    "nothing, so the finding is lost once retention rolls the chunk out. Fix in audit(): read the "
-    "ranges and run check_identities also when a broker with chunk_at is given"))
 def test_an_audit_without_outputs_given_the_broker_finds_one_stream_read_twice_under_two_names(
     any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path,
