@@ -72,13 +72,6 @@ def test_an_attempt_numbered_past_the_killed_one_takes_over_its_lease_and_publis
     assert len(committed_bodies(any_ledger, PIPE)) == 6
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "defect: the third command-line attempt of a run killed after its commit is numbered try 2 again "
-    "(Ledger.last_try does not count a retry that got its committed range back: see "
-    "test_redteam_s12_tries), so BatchRun._replace does not see the lease the killed try 2 left as "
-    "superseded and the batch fails 'being published by ... try 2' until claim_timeout passes; "
-    "no double publish, but the retry the CLI offers is refused. Fix in the claim/last_try (record the "
-    "retry's try), not in _replace"))
 def test_the_third_cli_attempt_of_a_committed_run_takes_over_the_lease_the_killed_second_left(
     any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path,

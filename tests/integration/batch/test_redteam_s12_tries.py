@@ -67,15 +67,6 @@ def test_an_idle_try_counts_for_its_map_index_only(any_ledger: Ledger) -> None:
     assert _try_number(any_ledger, pipe, "m") == 1
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "defect: a retry of a run whose range is already committed does not record its try: the claim "
-    "(ledger/claims.py, the held-range branch of _claim_sqlite, and the PostgreSQL streamledger_claim "
-    "of 0015) raises a held range's try_number only while it is CLAIMED, and records an idle row only "
-    "for an empty answer, so Ledger.last_try stays at the committing try and cli/batch.py _try_number "
-    "numbers the third, fourth... attempt 2 again: their staging names and publish-lease tokens carry "
-    "try 2, and a lease a killed try 2 left is not taken over as superseded (BatchRun._replace compares "
-    "tries) but refused until claim_timeout. Fix: record the retry's try for a held committed range "
-    "(e.g. in streamledger_idle_run, which last_try already counts), on both ledgers"))
 def test_a_retry_of_a_committed_run_is_numbered_past_every_earlier_try(any_ledger: Ledger) -> None:
     pipe, src = _pipe(), SourceRef(BROKER, "s12-committed-retry")
     assert _try_number(any_ledger, pipe, "c") == 1
@@ -106,13 +97,6 @@ def test_a_pinned_run_s_retry_while_its_claim_is_open_is_numbered_past_it(any_le
     assert _try_number(any_ledger, pipe, "pf") == 3
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "defect (same root as test_a_retry_of_a_committed_run_is_numbered_past_every_earlier_try): a run "
-    "pinned to an interval that holds no offsets gets an empty range stored COMMITTED at its claim, "
-    "and its retries get it back without their try being recorded (ledger/claims.py held-range "
-    "branch, PostgreSQL streamledger_claim), so Ledger.last_try stays 1 and every CLI retry of "
-    "such a run is numbered try 2 (shared staging prefix and lease-token try; no records to publish, so "
-    "little harm here). Fix with the committed case: record a held committed range's retry try"))
 def test_a_pinned_run_whose_interval_held_no_offsets_is_numbered_past_every_try(any_ledger: Ledger) -> None:
     pipe, src = _pipe(), SourceRef(BROKER, "s12-pinned-empty")
     _with_data(any_ledger, pipe, src)
