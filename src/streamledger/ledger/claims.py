@@ -136,7 +136,9 @@ class Claims(Sources):
         In one transaction, under the source's lock:
 
         1. the range ``run``'s key already holds (claimed or committed), whatever ``end_limit``
-           says; a claimed one gets its ``try_number`` and heartbeat refreshed; a key that holds no
+           says; a claimed one gets its ``try_number`` and heartbeat refreshed, a committed one
+           keeps its try and a later try is recorded with the run (:meth:`_record_idle`, migration
+           0017, so :meth:`last_try` counts it); a key that holds no
            range of the source but was answered "nothing new" before (on any source of the
            pipeline: ``streamledger_idle_run``) gets nothing again, at the tail;
         2. else, after failing every other claim not heard from for ``abandon_after`` (its holder
@@ -267,6 +269,7 @@ class Claims(Sources):
         out: list[OffsetRange | None] = []
         made: list[tuple[int, dict[str, Any]]] = []  # (place in out, row): inserted together below
         idle = False  # an empty answer left unstored: the run is recorded (rule 1)
+        retried = False  # a committed range handed back to a later try: that try is recorded (0017)
         for ask, src in zip(asks, srcs, strict=True):
             what, source, pinned = ask.what, ask.source, ask.pinned
             mine = held.get(src.id)
@@ -277,6 +280,8 @@ class Claims(Sources):
                     mine.heartbeat_at = now
                     mine.updated_at = now
                     session.flush()
+                elif run.try_number > mine.try_number:
+                    retried = True  # the committed range keeps the try that committed it
                 out.append(_pinned_answer(what, snapshot(mine, pipeline, src), run, pinned))
                 continue
             if pinned is not None:
@@ -353,7 +358,7 @@ class Claims(Sources):
                 continue
             made.append((len(out), values))
             out.append(None)
-        if idle:
+        if idle or retried:
             self._record_idle(session, srcs[0].pipeline_id, run, now)
         for chunk in chunks(made):
             rows = session.execute(INSERT_RANGES, [v for _i, v in chunk])
@@ -395,7 +400,14 @@ class Claims(Sources):
     @staticmethod
     def _record_idle(session: Session, pipeline_id: int, run: RunIdentity, now: datetime) -> None:
         """Record once that ``run``'s key was answered "nothing new" on the pipeline (rule 1), with
-        the highest try answered so (migration 0015: :meth:`last_try` counts it)."""
+        the highest try answered so (migration 0015: :meth:`last_try` counts it).
+
+        Since 0017 a later try handed back a range its key committed is recorded here too: the
+        range keeps the try that committed it (coverage, lost ranges and the audit name that
+        attempt), and this row is the one place :meth:`last_try` reads a run's tries beside its
+        ranges. Rule 1 is unchanged for the run's sources: each holds its range; a source the
+        key never claimed answers that retry "nothing new", as it answered the attempt that
+        committed (a retry redoes its run's work, it takes no new work)."""
         row = session.scalars(_idle_run(pipeline_id, run)).first()
         if row is None:
             session.add(IdleRun(pipeline_id=pipeline_id, dag_id=run.dag_id, run_id=run.run_id,

@@ -34,12 +34,12 @@ def test_upgrade_and_downgrade_step_by_step(db_url: str) -> None:
         assert migrate.current(engine) == "0001_ledger_tables"
         assert tables(db_url) >= LEDGER_TABLES
         migrate.upgrade(engine)
-        assert migrate.current(engine) == migrate.head() == "0016_one_broker_names"
+        assert migrate.current(engine) == migrate.head() == "0017_committed_retry_try"
         migrate.upgrade(engine)  # idempotent
         with engine.connect() as conn:
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "airflow_head"
             assert conn.execute(text("SELECT version_num FROM streamledger_ledger_version")).scalar() == (
-                "0016_one_broker_names"
+                "0017_committed_retry_try"
             )
         led = Ledger(db_url)
         r = led.claim("p", SRC, 10, run(1), initial_start=0, max_span=5)
@@ -119,6 +119,33 @@ def test_0016_adds_and_drops_the_one_broker_records(db_url: str) -> None:
         assert led.same_broker() == []
         assert led.record_same_broker("p", "s", ["rabbitmq://a/%2F", "rabbitmq://b/%2F"], "again") == 2
         assert [r.why for r in led.same_broker("p")] == ["again", "again"]
+    finally:
+        led.close()
+
+
+def test_0017_records_the_try_a_committed_range_was_handed_back_to(db_url: str) -> None:
+    """0017 down and up again: a later try handed back its run's committed range is counted by
+    ``last_try`` (the range keeps the try that committed it) before and after the round trip."""
+    led = Ledger(db_url, create=True)
+    try:
+        first = led.claim("p", SRC, 3, run(1), initial_start=0)
+        led.commit(first.id, records=3, first_seen=0, last_seen=2, output=None)
+        assert led.claim("p", SRC, 9, run(1, try_number=2)).id == first.id
+        assert led.last_try("p", run(1)) == 2
+        assert led.get(first.id).run.try_number == 1
+    finally:
+        led.close()
+    engine = make_engine(db_url)
+    try:
+        migrate.downgrade(engine, "0016_one_broker_names")
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    led = Ledger(db_url)
+    try:
+        assert led.claim("p", SRC, 9, run(1, try_number=3)).id == first.id
+        assert led.claim("p", SRC, 9, run(1, try_number=2)).id == first.id  # a zombie lowers nothing
+        assert led.last_try("p", run(1)) == 3
     finally:
         led.close()
 
