@@ -145,6 +145,28 @@ def test_last_try_counts_an_attempt_answered_nothing_new(ledger: Ledger) -> None
     assert c.recorded and ledger.last_try("p", run(3)) == 4
 
 
+def test_last_try_counts_a_retry_handed_back_its_committed_range(ledger: Ledger) -> None:
+    """Migration 0017: a later try handed back the range its key committed is counted by
+    ``last_try`` (single and many-source claims alike) while the range keeps the try that committed
+    it; a source the key never claimed answers that retry "nothing new" at its tail, offsets added
+    since or not (rule 1, read as for an idle run: a retry takes no new work)."""
+    a = ledger.claim("p", SRC, 50, run(1), initial_start=0)
+    ledger.commit(a.id, records=50, first_seen=0, last_seen=49, output=None)
+    b = ledger.claim("p", SRC2, 5, run(2), initial_start=0)
+    ledger.commit(b.id, records=5, first_seen=0, last_seen=4, output=None)
+    again = ledger.claim("p", SRC, 90, run(1))  # the same try claims again: nothing to record
+    assert again.id == a.id and ledger.last_try("p", run(1)) == 1
+    retry = ledger.claim("p", SRC, 90, run(1, try_number=2))
+    assert (retry.id, retry.start, retry.end, retry.status) == (a.id, 0, 50, RangeStatus.COMMITTED)
+    assert ledger.last_try("p", run(1)) == 2 and ledger.get(a.id).run.try_number == 1
+    many = ledger.claim_many("p", [ClaimRequest(SRC, 90), ClaimRequest(SRC2, 9)], run(1, try_number=3))
+    assert [(r.id, r.start, r.end) for r in many] == [(a.id, 0, 50), (0, 5, 5)]
+    assert ledger.last_try("p", run(1)) == 3
+    assert ledger.claim("p", SRC, 90, run(1, try_number=2)).id == a.id  # a zombie lowers nothing
+    assert ledger.last_try("p", run(1)) == 3 and ledger.get(a.id).run.try_number == 1
+    assert ledger.audit().clean
+
+
 def test_record_lost(ledger: Ledger) -> None:
     a = ledger.claim("p", SRC, 100, run(1), initial_start=0)
     ledger.commit(a.id, records=100, first_seen=0, last_seen=99, output=None)
