@@ -595,7 +595,8 @@ class Claims(Sources):
     def last_try(self, pipeline: str, run: RunIdentity) -> int:
         """The highest try the ledger holds of ``run``'s key on ``pipeline`` (0: none), so a retry
         is numbered past every earlier attempt: its ranges' tries, and since migration 0015 the try
-        of an attempt answered "nothing new", which left no range (``streamledger_idle_run``)."""
+        of an attempt answered "nothing new", which left no range (``streamledger_idle_run``), and
+        since 0017 the try of a retry handed back a committed range (recorded in the same row)."""
         check_pipeline(pipeline)
         ranges = (select(Range.try_number.label("try_number"))
                   .join(Source, Source.id == Range.source_id)
