@@ -107,7 +107,8 @@ def one_broker(log: Any, stream: str, prints: Iterable[tuple[str, ChunkPrint | N
 def judged_distinct(records: Iterable[SameBroker]) -> set[tuple[str, str]]:
     """The pairs of names (both orders) the operator judged two brokers among the ledger's records:
     never one broker, by a record or by a chunk."""
-    return {p for r in records if r.distinct for p in ((r.source.broker, r.other), (r.other, r.source.broker))}
+    return {pair for r in records if r.distinct
+            for pair in ((r.source.broker, r.other), (r.other, r.source.broker))}
 
 
 def one_broker_groups(names: Iterable[str], pairs: Iterable[tuple[str, str]],

@@ -1,5 +1,5 @@
-"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|distinct-brokers|new-epoch|skip``
-commands.
+"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|distinct-brokers|``
+``new-epoch|skip`` commands.
 
 The database comes from ``--ledger URL`` (old name ``--db``; default ``$STREAMLEDGER_LEDGER_URL`` or
 the SQLite file under ``$STREAMLEDGER_HOME``); only ``upgrade`` creates one (docs/cli.md). ``audit``
@@ -289,7 +289,8 @@ def _distinct_brokers(args: argparse.Namespace) -> int:
         judged = ledger.record_distinct_brokers(*names, pipeline=args.pipeline, stream=args.stream,
                                                 why=args.reason)
     if getattr(args, "json", False):
-        print(json.dumps({"names": names, "pipeline": args.pipeline, "stream": args.stream, "judged": judged}))
+        print(json.dumps({"names": names, "pipeline": args.pipeline, "stream": args.stream,
+                          "judged": judged}))
     else:
         print(f"{names[0]} and {names[1]} recorded as two brokers for {judged} stream(s): neither refuses "
               "the other's batches, and the audit no longer takes them for one")

@@ -28,7 +28,6 @@ from streamledger.ledger.session import LedgerSession
 from streamledger.ledger.statements import TAIL
 from streamledger.ledger.types import SameBroker, SourceRef, is_retired
 
-
 DISTINCT = "distinct"
 """``streamledger_one_broker.verdict`` of the operator's verdict: two brokers (else 'same')."""
 
@@ -104,7 +103,8 @@ class BrokerNames(LedgerSession):
         ``pipeline`` and ``stream`` when given): what a verdict without both applies to."""
         scope_p = [] if pipeline is None else [Pipeline.name == pipeline]
         found: set[tuple[int, str]] = set()
-        q_sources = (select(Source.pipeline_id, Source.stream).join(Pipeline, Pipeline.id == Source.pipeline_id)
+        q_sources = (select(Source.pipeline_id, Source.stream)
+                     .join(Pipeline, Pipeline.id == Source.pipeline_id)
                      .where(Source.broker.in_(named), *scope_p))
         q_records = (select(OneBroker.pipeline_id, OneBroker.stream)
                      .join(Pipeline, Pipeline.id == OneBroker.pipeline_id)

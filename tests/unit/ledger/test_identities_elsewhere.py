@@ -101,7 +101,8 @@ def test_the_audit_reports_recorded_names_without_a_broker(any_ledger: Ledger) -
     assert NORTH in notes[0].detail
 
 
-def test_a_distinct_verdict_is_recorded_for_both_names_and_wins_over_later_findings(any_ledger: Ledger) -> None:
+def test_a_distinct_verdict_is_recorded_for_both_names_and_wins_over_later_findings(
+        any_ledger: Ledger) -> None:
     """The operator's verdict that two names are two brokers (mirrors a chunk print cannot tell
     apart) replaces a one-broker record, is read by both names' positions as such, and a later
     finding of the pair records nothing."""
@@ -111,7 +112,8 @@ def test_a_distinct_verdict_is_recorded_for_both_names_and_wins_over_later_findi
     assert led.record_distinct_brokers(WEST, EAST, pipeline="p", why="mirrors") == 1  # one stream judged
     assert led.record_same_broker("p", "s", [EAST, WEST], "found again") == 0
     west, east = led.positions("p", [SourceRef(WEST, "s"), SourceRef(EAST, "s")])
-    assert [(r.other, r.distinct, r.why, r.other_end) for r in west.same_broker] == [(EAST, True, "mirrors", 10)]
+    assert [(r.other, r.distinct, r.why, r.other_end) for r in west.same_broker] == [
+        (EAST, True, "mirrors", 10)]
     assert [(r.other, r.distinct) for r in east.same_broker] == [(WEST, True)]
     assert sorted((r.source.broker, r.other, r.distinct) for r in led.same_broker()) == [
         (EAST, WEST, True), (WEST, EAST, True)]
