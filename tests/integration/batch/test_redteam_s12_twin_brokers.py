@@ -2,9 +2,10 @@
 one name each, fed by one producer that fans every batch out to both (mirrored clusters). A chunk
 print is (first offset, timestamp in ms, CRC of the records): the same records written in the same
 millisecond at the same offset give the same print on both brokers (measured on loopback: 25 of 40
-single-message fan-outs). ``one_broker`` then takes the two brokers for one, the batch under the
-second refuses and records the pair for good (migration 0016). Real brokers, local Spark, both
-ledgers."""
+single-message fan-outs). ``one_broker`` then takes the two brokers for one, and no chunk can tell
+them apart, so the cure is the operator's verdict (``streamledger ledger distinct-brokers``): the
+refusal and the audit name it, and after it batches on both brokers run and the audit is CLEAN.
+Real brokers, local Spark, both ledgers."""
 
 from __future__ import annotations
 
