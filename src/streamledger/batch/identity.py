@@ -21,6 +21,11 @@ goes with retention, so the finding is recorded in the ledger the first time it 
 (``SourcePosition.same_broker``, ``Ledger.record_same_broker``) and the decision rests on the record
 as well as on the chunk (:func:`named_twice_because`, :func:`one_broker_groups`), as a re-created
 stream's refusal rests on ``replaced``.
+
+A chunk print cannot tell two mirrors apart: two brokers fed the same records in the same
+millisecond by one producer hold chunks of one print. The cure is the operator's verdict, recorded
+with the findings (``streamledger ledger distinct-brokers``, ``SameBroker.distinct``): a pair judged
+two brokers is never one broker here (:func:`judged_distinct`), whatever a chunk says later.
 """
 
 from __future__ import annotations
@@ -30,13 +35,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from streamledger.ledger.types import SourcePosition
+from streamledger.ledger.types import SameBroker, SourcePosition
 from streamledger.offsets import ChunkPrint, same_stream
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NamedTwice", "named_twice_because", "one_broker", "one_broker_groups", "replaced_because",
-           "stored_offset_retired"]
+__all__ = ["NamedTwice", "cures", "judged_distinct", "named_twice_because", "one_broker", "one_broker_groups",
+           "replaced_because", "stored_offset_retired"]
+
+def cures(pipeline: str, stream: str, names: Iterable[str]) -> str:
+    """The two cures of a finding that ``names`` are one broker (one line, named by the batch's
+    refusal and the audit alike): a chunk print cannot tell which one applies."""
+    named = " ".join(sorted(names)[:2])
+    return ("if it is one broker under two names, give every URL of it one broker_name (or configure its "
+            "cluster_name on every node, rabbitmqctl set_cluster_name) and move a history to it if needed "
+            "(`streamledger ledger rename-broker OLD NEW`, which also clears the record of the two names); "
+            "if they are two brokers fed the same records (mirrors hold chunks of one print), record that "
+            f"verdict (`streamledger ledger distinct-brokers {named} --pipeline {pipeline} --stream "
+            f"{stream}`)")
 
 
 def stored_offset_retired(broker: Any, stream: str, pipeline: str, pos: SourcePosition, same: bool | None
@@ -88,10 +104,19 @@ def one_broker(log: Any, stream: str, prints: Iterable[tuple[str, ChunkPrint | N
     return sorted(held) if len(held) > 1 else []
 
 
-def one_broker_groups(names: Iterable[str], pairs: Iterable[tuple[str, str]]) -> list[tuple[str, ...]]:
+def judged_distinct(records: Iterable[SameBroker]) -> set[tuple[str, str]]:
+    """The pairs of names (both orders) the operator judged two brokers among the ledger's records:
+    never one broker, by a record or by a chunk."""
+    return {pair for r in records if r.distinct
+            for pair in ((r.source.broker, r.other), (r.other, r.source.broker))}
+
+
+def one_broker_groups(names: Iterable[str], pairs: Iterable[tuple[str, str]],
+                      distinct: Iterable[tuple[str, str]] = ()) -> list[tuple[str, ...]]:
     """The identities of one stream that are one broker, as groups of two or more (sorted): ``names``
-    a broker was just found to hold (:func:`one_broker`) and every recorded pair (``pairs``: the
-    ledger's ``SameBroker`` records). Two names recorded with a third are one broker with each other."""
+    a broker was just found to hold (:func:`one_broker`; each two of them not judged ``distinct``,
+    :func:`judged_distinct`) and every recorded pair (``pairs``: the ledger's ``SameBroker`` records
+    found one broker). Two names recorded with a third are one broker with each other."""
     parent: dict[str, str] = {}
 
     def root(n: str) -> str:
@@ -100,7 +125,8 @@ def one_broker_groups(names: Iterable[str], pairs: Iterable[tuple[str, str]]) ->
         return n
 
     found = sorted(names)
-    links = [*pairs, *((found[0], n) for n in found[1:])]
+    apart = set(distinct)
+    links = [*pairs, *((a, b) for i, a in enumerate(found) for b in found[i + 1:] if (a, b) not in apart)]
     for a, b in links:
         ra, rb = root(a), root(b)
         if ra != rb:
@@ -131,10 +157,13 @@ def named_twice_because(log: Any, stream: str, pipeline: str, own: str, pos: Sou
     (:func:`one_broker`), or the ledger recorded an identity that holds a history of it as this
     very broker (``pos.same_broker``: the chunk it was found by may be gone), so reading on here
     would read again offsets the other committed. A recorded identity without a history of the
-    stream refuses nothing (the name that was refused before it read)."""
+    stream refuses nothing (the name that was refused before it read), nor one the operator judged
+    another broker (``SameBroker.distinct``: its print is not asked about)."""
+    apart = {r.other for r in pos.same_broker if r.distinct}
     recorded = {r.other for r in pos.same_broker}
-    kept = {r.other for r in pos.same_broker if r.other_end is not None} - {own}
-    held = set(one_broker(log, stream, pos.elsewhere, own)) - {own} if pos.elsewhere else set()
+    kept = {r.other for r in pos.same_broker if r.other_end is not None and not r.distinct} - {own}
+    asked = [(name, chunk) for name, chunk in pos.elsewhere if name not in apart]  # judged: not asked
+    held = set(one_broker(log, stream, asked, own)) - {own} if asked else set()
     others = tuple(sorted(kept | held))
     if not others:
         return None
@@ -148,7 +177,4 @@ def named_twice_because(log: Any, stream: str, pipeline: str, own: str, pos: Sou
                 f"{pipeline!r} (found {first.isoformat(timespec='seconds')})")
     return NamedTwice(own, others, tuple(sorted(held - recorded)), (
         f"{seen}: one broker under two names, and a history under {own} would read again what {named} "
-        "read; nothing was claimed; give every URL of this broker one broker_name (or configure its "
-        "cluster_name on every node, rabbitmqctl set_cluster_name) and move a history to it by hand if "
-        "needed (`streamledger ledger rename-broker OLD NEW`, which also clears the record of the two "
-        "names)"))
+        f"read; nothing was claimed; {cures(pipeline, stream, (own, *others))}"))

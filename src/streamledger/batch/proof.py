@@ -214,7 +214,7 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *,
     pipeline under the answering node's name), or two batches under two names whose first commits
     raced. ``records``: the ledger's (``Ledger.same_broker``; read here when not given). Returns
     (violations, notes)."""
-    from streamledger.batch.identity import one_broker, one_broker_groups
+    from streamledger.batch.identity import cures, judged_distinct, one_broker, one_broker_groups
 
     logs = _chunk_readers(broker)
     by: dict[tuple[str, str], list[OffsetRange]] = defaultdict(list)
@@ -222,16 +222,21 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *,
         if r.status == RangeStatus.COMMITTED and r.records and not is_retired(r.source.broker):
             by[(r.pipeline, r.source.stream)].append(r)
     recorded: dict[tuple[str, str], dict[tuple[str, str], SameBroker]] = defaultdict(dict)
+    judged: dict[tuple[str, str], list[SameBroker]] = defaultdict(list)
     audited = {r.pipeline for r in ranges}
     for rec in ledger.same_broker() if records is None else records:
         if rec.pipeline not in audited:
             continue
-        recorded[(rec.pipeline, rec.source.stream)][(rec.source.broker, rec.other)] = rec
+        if rec.distinct:  # the operator's verdict: two brokers, whatever a chunk says
+            judged[(rec.pipeline, rec.source.stream)].append(rec)
+        else:
+            recorded[(rec.pipeline, rec.source.stream)][(rec.source.broker, rec.other)] = rec
     found: list[Violation] = []
     notes: list[Violation] = []
     for key in sorted(set(by) | set(recorded)):
         pipe, stream = key
         theirs, pairs = by.get(key, []), recorded.get(key, {})
+        apart = judged_distinct(judged.get(key, []))
         sources = {r.source.broker: r.source for r in theirs}
         held: list[str] = []
         if len(sources) > 1 and logs:
@@ -241,11 +246,12 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *,
                 held = one_broker(log, stream, zip(names, prints, strict=True))
                 if held:
                     break
-        if any((a, b) not in pairs for a in held for b in held if a != b):
+        if any((a, b) not in pairs and (a, b) not in apart for a in held for b in held if a != b):
             _remember(ledger, pipe, stream, held)
-        for group in one_broker_groups(held, pairs):
+        for group in one_broker_groups(held, pairs, apart):
             read = [r for r in theirs if r.source.broker in group]
             holders = sorted({r.source.broker for r in read})
+            cure = cures(pipe, stream, group)
             if set(holders) <= set(held):
                 how = "a broker given to the audit holds both histories' stream"
             else:
@@ -254,19 +260,17 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *,
                 how = f"the ledger recorded the names as one broker (found {when})"
             if len(holders) > 1:
                 because = (f"{how}, read twice under two names of one broker (a cluster name each node "
-                           "reports for itself?)")
+                           f"reports for itself?); {cure}")
                 found += _overlaps(pipe, stream, read, because) or [Violation(
                     ViolationKind.NAMED_TWICE, pipe, stream, holders[0], None, None, None,
                     f"one broker's stream has histories under {', '.join(holders)}: {how}; each history "
-                    "proves nothing about the other's offsets; keep one name and move the other history to "
-                    "it (`streamledger ledger rename-broker OLD NEW`)")]
+                    f"proves nothing about the other's offsets; {cure}")]
             else:
                 others = [n for n in group if n not in holders]
                 notes.append(Violation(
                     ViolationKind.NAMED_TWICE, pipe, stream, holders[0] if holders else group[0], None, None,
                     None, f"the ledger recorded {', '.join(others)} as this very broker (a batch under that "
-                    "name was refused); batches under it stay refused while this history exists "
-                    "(`streamledger ledger rename-broker OLD NEW` clears the record once one name is used)"))
+                    f"name was refused); batches under it stay refused while this history exists; {cure}"))
     return found, notes
 
 

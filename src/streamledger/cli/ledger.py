@@ -1,4 +1,5 @@
-"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|new-epoch|skip`` commands.
+"""``streamledger ledger upgrade|downgrade|audit|ranges|release-stale|rename-broker|distinct-brokers|``
+``new-epoch|skip`` commands.
 
 The database comes from ``--ledger URL`` (old name ``--db``; default ``$STREAMLEDGER_LEDGER_URL`` or
 the SQLite file under ``$STREAMLEDGER_HOME``); only ``upgrade`` creates one (docs/cli.md). ``audit``
@@ -282,6 +283,20 @@ def _rename_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _distinct_brokers(args: argparse.Namespace) -> int:
+    names = [args.name1, args.name2]  # as the ledger names them (rename-broker's too)
+    with _ledger(args) as ledger:
+        judged = ledger.record_distinct_brokers(*names, pipeline=args.pipeline, stream=args.stream,
+                                                why=args.reason)
+    if getattr(args, "json", False):
+        print(json.dumps({"names": names, "pipeline": args.pipeline, "stream": args.stream,
+                          "judged": judged}))
+    else:
+        print(f"{names[0]} and {names[1]} recorded as two brokers for {judged} stream(s): neither refuses "
+              "the other's batches, and the audit no longer takes them for one")
+    return 0
+
+
 def _status(text: str) -> str:
     """A range status (checked when given: the ledger's types are not imported to build the parser)."""
     from streamledger.ledger.types import RangeStatus
@@ -360,6 +375,20 @@ def register(sub: Any) -> None:
     p.add_argument("--pipeline", default=None)
     add_json(p)
     p.set_defaults(func=_rename_broker)
+
+    p = cmds.add_parser("distinct-brokers", help="record the verdict that two broker identities are two "
+                        "brokers (mirrors fed the same records, which a chunk print takes for one broker): "
+                        "neither refuses the other's batches, and the audit no longer reports them as one")
+    add_ledger(p)
+    p.add_argument("name1", help="a broker identity as the ledger names it (the refusal prints both)")
+    p.add_argument("name2", help="the other broker identity")
+    p.add_argument("--pipeline", default=None, help="only this pipeline (default: every pipeline either "
+                   "name has a history or record of)")
+    p.add_argument("--stream", default=None, help="only this stream (default: every stream either name has a "
+                   "history or record of; with --pipeline, names a stream to judge ahead of any history)")
+    p.add_argument("--reason", default="", help="recorded with the verdict (shown with the records)")
+    add_json(p)
+    p.set_defaults(func=_distinct_brokers)
 
     p = cmds.add_parser("new-epoch", help="a stream was deleted and re-created: keep its history, start anew")
     add_ledger(p)

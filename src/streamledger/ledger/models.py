@@ -242,6 +242,7 @@ class OneBroker(LedgerBase):
     __table_args__ = (
         UniqueConstraint("pipeline_id", "stream", "broker", "other", name="uq_streamledger_one_broker_pair"),
         CheckConstraint("broker <> other", name="two_names"),
+        CheckConstraint("verdict IN ('same', 'distinct')", name="verdict"),
     )
 
     id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
@@ -253,3 +254,5 @@ class OneBroker(LedgerBase):
     other: Mapped[str] = mapped_column(String(1024), nullable=False)
     found_at: Mapped[datetime] = mapped_column(DateTime(), nullable=False)
     why: Mapped[str] = mapped_column(Text, nullable=False)
+    # 'same': found one broker; 'distinct': the operator's verdict that the names are two brokers
+    verdict: Mapped[str] = mapped_column(String(8), nullable=False, default="same", server_default="same")

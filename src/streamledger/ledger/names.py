@@ -2,8 +2,11 @@
 
 A batch's claim-time refusal and the audit find that two broker identities of a pipeline's stream are
 one broker by a chunk the broker holds; retention rolls that chunk out, so the finding is written
-here the first time it is made, for both names, and read back as :class:`SameBroker`. What counts
-as one broker is decided elsewhere (``streamledger.batch.identity``): the ledger stores and reads.
+here the first time it is made, for both names, and read back as :class:`SameBroker`. A chunk print
+cannot tell two mirrors fed the same records apart from one broker, so the operator's verdict that
+two names are two brokers (``distinct-brokers``) is a row here too (``verdict`` 'distinct'), read back
+with the records (``SameBroker.distinct``) and never replaced by a later finding. What counts as one
+broker is decided elsewhere (``streamledger.batch.identity``): the ledger stores and reads.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from streamledger.ledger.session import LedgerSession
 from streamledger.ledger.statements import TAIL
 from streamledger.ledger.types import SameBroker, SourceRef, is_retired
 
+DISTINCT = "distinct"
+"""``streamledger_one_broker.verdict`` of the operator's verdict: two brokers (else 'same')."""
+
 
 class BrokerNames(LedgerSession):
     """The records of broker identities found to be one broker, per pipeline and stream."""
@@ -32,7 +38,8 @@ class BrokerNames(LedgerSession):
     def record_same_broker(self, pipeline: str, stream: str, names: Sequence[str], why: str) -> int:
         """Remember that ``names`` (two or more broker identities) reach one broker for ``pipeline``'s
         ``stream``: a row for every ordered pair, so each name's source holds it (a name with no
-        history yet included). A pair already recorded keeps its first finding. Returns the rows
+        history yet included). A pair already recorded keeps its first finding, and a pair the
+        operator judged two brokers (:meth:`record_distinct_brokers`) stays judged. Returns the rows
         added."""
         check_pipeline(pipeline)
         named = sorted({n for n in names if n})
@@ -50,6 +57,64 @@ class BrokerNames(LedgerSession):
             added = session.connection().execute(insert(OneBroker).values(rows).on_conflict_do_nothing(
                 index_elements=["pipeline_id", "stream", "broker", "other"]).returning(OneBroker.id))
             return len(added.all())
+
+    def record_distinct_brokers(self, first: str, second: str, *, pipeline: str | None = None,
+                                stream: str | None = None, why: str = "") -> int:
+        """The operator's verdict that broker identities ``first`` and ``second`` are two brokers (a
+        mirror fed the same records holds chunks of one print, which no chunk tells apart): written
+        for both names of ``pipeline``'s ``stream``, replacing a one-broker record, and kept against
+        every later finding. Without ``stream`` (or ``pipeline``): every stream (pipeline) either
+        name has a history or a record of. Returns the streams judged."""
+        if pipeline is not None:
+            check_pipeline(pipeline)
+        named = sorted({first, second})
+        if len(named) < 2 or any(not n or is_retired(n) for n in named):
+            raise LedgerError(f"two brokers need two live identities, got {named}")
+        what = f"{named[0]} and {named[1]} judged two brokers"
+        with self._tx(what) as session:
+            insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+            now = self._clock(session)
+            if pipeline is not None and stream is not None:
+                session.execute(insert(Pipeline).values(name=pipeline, created_at=now)
+                                .on_conflict_do_nothing(index_elements=["name"]))
+                pid = session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)).one()
+                judged = {(int(pid), stream)}
+            else:
+                judged = self._judged(session, named, pipeline, stream)
+            if not judged:
+                raise LedgerError(f"{what}: nothing to judge (no history or record under either name"
+                                  f"{'' if pipeline is None else f' for pipeline {pipeline!r}'}"
+                                  f"{'' if stream is None else f', stream {stream!r}'}; name --pipeline "
+                                  "and --stream to judge ahead)")
+            rows = [{"pipeline_id": pid, "stream": s, "broker": a, "other": b, "found_at": now,
+                     "why": clip(why), "verdict": "distinct"}
+                    for pid, s in sorted(judged) for a, b in permutations(named, 2)]
+            stmt = insert(OneBroker).values(rows)
+            session.execute(stmt.on_conflict_do_update(
+                index_elements=["pipeline_id", "stream", "broker", "other"],
+                set_={"verdict": stmt.excluded.verdict, "why": stmt.excluded.why,
+                      "found_at": stmt.excluded.found_at}))
+            return len(judged)
+
+    @staticmethod
+    def _judged(session: Session, named: Sequence[str], pipeline: str | None, stream: str | None
+                ) -> set[tuple[int, str]]:
+        """(pipeline id, stream) of every history or record under either of ``named`` (within
+        ``pipeline`` and ``stream`` when given): what a verdict without both applies to."""
+        scope_p = [] if pipeline is None else [Pipeline.name == pipeline]
+        found: set[tuple[int, str]] = set()
+        q_sources = (select(Source.pipeline_id, Source.stream)
+                     .join(Pipeline, Pipeline.id == Source.pipeline_id)
+                     .where(Source.broker.in_(named), *scope_p))
+        q_records = (select(OneBroker.pipeline_id, OneBroker.stream)
+                     .join(Pipeline, Pipeline.id == OneBroker.pipeline_id)
+                     .where(or_(OneBroker.broker.in_(named), OneBroker.other.in_(named)), *scope_p))
+        if stream is not None:
+            q_sources = q_sources.where(Source.stream == stream)
+            q_records = q_records.where(OneBroker.stream == stream)
+        for query in (q_sources, q_records):
+            found |= {(int(pid), str(s)) for pid, s in session.execute(query)}
+        return found
 
     def same_broker(self, pipeline: str | None = None) -> list[SameBroker]:
         """Every record (of ``pipeline``, or of all pipelines), each with where its other name's
@@ -70,12 +135,13 @@ class BrokerNames(LedgerSession):
         (``record`` 1: ``name`` the other identity, its finding): both are asked before every claim,
         and both find nothing in the usual case."""
         when, why = cast_(null(), DateTime()).label("found_at"), cast_(null(), Text()).label("why")
+        verdict = cast_(null(), Text()).label("verdict")
         sources = (select(literal(0).label("record"), Source.id.label("sid"), Source.broker.label("name"),
-                          Source.stream.label("stream"), when, why)
+                          Source.stream.label("stream"), when, why, verdict)
                    .join(Pipeline, Pipeline.id == Source.pipeline_id)
                    .where(Pipeline.name == pipeline, Source.stream.in_(streams), Source.broker != broker))
         records = (select(literal(1), OneBroker.pipeline_id, OneBroker.other, OneBroker.stream,
-                          OneBroker.found_at, OneBroker.why)
+                          OneBroker.found_at, OneBroker.why, cast_(OneBroker.verdict, Text()))
                    .join(Pipeline, Pipeline.id == OneBroker.pipeline_id)
                    .where(Pipeline.name == pipeline, OneBroker.stream.in_(streams),
                           OneBroker.broker == broker))
@@ -98,7 +164,8 @@ class BrokerNames(LedgerSession):
                 sid = sids.get(row.name)
                 end = None if sid is None else session.scalars(TAIL, {"source_id": sid}).first()
                 found.append(SameBroker(pipeline, SourceRef(broker, stream), str(row.name), str(row.why),
-                                        utc(_when(row.found_at)), None if end is None else int(end)))
+                                        utc(_when(row.found_at)), None if end is None else int(end),
+                                        distinct=row.verdict == DISTINCT))
             if found:
                 out[(broker, stream)] = tuple(found)
         return out
@@ -114,7 +181,8 @@ class BrokerNames(LedgerSession):
                 Source.stream == row.stream)).first()
             end = None if sid is None else session.scalars(TAIL, {"source_id": sid}).first()
             out.append(SameBroker(pipeline, SourceRef(row.broker, row.stream), row.other, row.why,
-                                  utc(row.found_at), None if end is None else int(end)))
+                                  utc(row.found_at), None if end is None else int(end),
+                                  distinct=row.verdict == DISTINCT))
         return out
 
 
@@ -126,7 +194,8 @@ def _when(value: Any) -> datetime:
 def rename_in_records(session: Session, old: str, new: str, pipeline_ids: Sequence[int] | None) -> None:
     """The records follow a broker's rename (``Ledger.rename_broker``): a pair naming ``old`` names
     ``new``, one the rename made a single name is dropped (nothing is left to refuse), and one
-    already recorded under ``new`` is kept once (its first finding)."""
+    already recorded under ``new`` is kept once (its first finding; a ``distinct`` verdict of either
+    wins, as it wins over a later finding)."""
     t = cast(Table, OneBroker.__table__)
     scope = [] if pipeline_ids is None else [t.c.pipeline_id.in_(list(pipeline_ids))]
     conn = session.connection()
@@ -136,9 +205,14 @@ def rename_in_records(session: Session, old: str, new: str, pipeline_ids: Sequen
     conn.execute(delete(t).where(t.c.id.in_([r.id for r in moving])))
     for r in sorted(moving, key=lambda r: r.found_at):
         broker, other = (new if r.broker == old else r.broker), (new if r.other == old else r.other)
-        if broker == other or conn.execute(select(t.c.id).where(and_(
-                t.c.pipeline_id == r.pipeline_id, t.c.stream == r.stream, t.c.broker == broker,
-                t.c.other == other))).first() is not None:
+        if broker == other:
             continue
-        conn.execute(t.insert().values(pipeline_id=r.pipeline_id, stream=r.stream, broker=broker, other=other,
-                                       found_at=r.found_at, why=r.why))
+        there = conn.execute(select(t.c.id, t.c.verdict).where(and_(
+            t.c.pipeline_id == r.pipeline_id, t.c.stream == r.stream, t.c.broker == broker,
+            t.c.other == other))).first()
+        if there is None:
+            conn.execute(t.insert().values(pipeline_id=r.pipeline_id, stream=r.stream, broker=broker,
+                                           other=other, found_at=r.found_at, why=r.why, verdict=r.verdict))
+        elif r.verdict == DISTINCT and there.verdict != DISTINCT:
+            conn.execute(t.update().where(t.c.id == there.id).values(found_at=r.found_at, why=r.why,
+                                                                     verdict=r.verdict))

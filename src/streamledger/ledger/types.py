@@ -274,7 +274,10 @@ class SameBroker:
     held the chunks the other name's history committed) and wrote it for both names. Kept when the
     evidence is gone (retention rolled the chunk out), so the decision
     (``streamledger.batch.identity``) rests on it. ``why`` is the finding, one line, as first made;
-    ``other_end`` where ``other``'s live history of the stream ends now (None: it has none)."""
+    ``other_end`` where ``other``'s live history of the stream ends now (None: it has none).
+    ``distinct``: the operator's verdict (``streamledger ledger distinct-brokers``) that the two names
+    are two brokers after all (mirrors fed the same records hold chunks of one print): such a record
+    refuses nothing and no later finding turns it back; ``why`` is then the operator's reason."""
 
     pipeline: str
     source: SourceRef
@@ -282,6 +285,7 @@ class SameBroker:
     why: str
     found_at: datetime
     other_end: int | None = None
+    distinct: bool = False
 
 
 @dataclass(frozen=True, slots=True)

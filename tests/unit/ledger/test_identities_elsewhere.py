@@ -99,3 +99,79 @@ def test_the_audit_reports_recorded_names_without_a_broker(any_ledger: Ledger) -
     assert len(found) == 1 and [(v.kind.value, v.stream, v.broker) for v in notes] == [
         ("named_twice", "t", EAST)], notes
     assert NORTH in notes[0].detail
+
+
+def test_a_distinct_verdict_is_recorded_for_both_names_and_wins_over_later_findings(
+        any_ledger: Ledger) -> None:
+    """The operator's verdict that two names are two brokers (mirrors a chunk print cannot tell
+    apart) replaces a one-broker record, is read by both names' positions as such, and a later
+    finding of the pair records nothing."""
+    led = any_ledger
+    commit(led, "p", SourceRef(EAST, "s"), 10, 1, ChunkPrint(0, 1000, 7))
+    assert led.record_same_broker("p", "s", [EAST, WEST], "found") == 2
+    assert led.record_distinct_brokers(WEST, EAST, pipeline="p", why="mirrors") == 1  # one stream judged
+    assert led.record_same_broker("p", "s", [EAST, WEST], "found again") == 0
+    west, east = led.positions("p", [SourceRef(WEST, "s"), SourceRef(EAST, "s")])
+    assert [(r.other, r.distinct, r.why, r.other_end) for r in west.same_broker] == [
+        (EAST, True, "mirrors", 10)]
+    assert [(r.other, r.distinct) for r in east.same_broker] == [(WEST, True)]
+    assert sorted((r.source.broker, r.other, r.distinct) for r in led.same_broker()) == [
+        (EAST, WEST, True), (WEST, EAST, True)]
+    # three names found one broker: the pairs not judged distinct are recorded, the judged one is not
+    assert led.record_same_broker("p", "s", [EAST, WEST, NORTH], "three") == 4
+    assert sorted((r.source.broker, r.other, r.distinct) for r in led.same_broker("p")) == [
+        (EAST, NORTH, False), (EAST, WEST, True), (NORTH, EAST, False), (NORTH, WEST, False),
+        (WEST, EAST, True), (WEST, NORTH, False)]
+
+
+def test_a_distinct_verdict_needs_two_live_names_and_something_to_judge(any_ledger: Ledger) -> None:
+    led = any_ledger
+    with pytest.raises(LedgerError, match="two live identities"):
+        led.record_distinct_brokers(EAST, EAST, pipeline="p", stream="s")
+    with pytest.raises(LedgerError, match="nothing to judge"):
+        led.record_distinct_brokers(EAST, WEST, pipeline="p")  # no history, no record, no stream named
+    assert led.record_distinct_brokers(EAST, WEST, pipeline="p", stream="s") == 1  # named: judged ahead
+    assert led.record_distinct_brokers(EAST, WEST, pipeline="p", stream="s") == 1  # again: kept
+    commit(led, "q", SourceRef(WEST, "t"), 4, 2, ChunkPrint(0, 1000, 7))
+    commit(led, "q", SourceRef(EAST, "u"), 4, 3, ChunkPrint(0, 1000, 7))
+    assert led.record_distinct_brokers(EAST, WEST) == 3  # every pipeline's streams either name read
+    assert sorted((r.pipeline, r.source.stream) for r in led.same_broker() if r.source.broker == EAST) == [
+        ("p", "s"), ("q", "t"), ("q", "u")]
+
+
+def test_the_batch_rule_and_the_audit_respect_a_distinct_verdict(any_ledger: Ledger) -> None:
+    """``named_twice_because`` refuses nothing for a pair judged distinct (neither by the record nor
+    by a chunk: the judged name's print is not even asked about, so no broker is needed here), and
+    the audit neither reports nor records them as one; before the verdict it names both cures."""
+    from streamledger.batch.identity import named_twice_because
+    from streamledger.batch.proof import check_identities
+
+    led = any_ledger
+    commit(led, "p", SourceRef(EAST, "s"), 10, 1, ChunkPrint(0, 1000, 7))
+    commit(led, "p", SourceRef(WEST, "s"), 10, 2, ChunkPrint(0, 1000, 7))
+    led.record_same_broker("p", "s", [EAST, WEST], "found")
+    found, _notes = check_identities(led, led.ranges("p"), None)
+    assert found and "distinct-brokers" in found[0].detail and "rename-broker" in found[0].detail
+    led.record_distinct_brokers(EAST, WEST, pipeline="p", stream="s")
+    west = led.position("p", SourceRef(WEST, "s"))
+    assert [(r.other, r.distinct) for r in west.same_broker] == [(EAST, True)]
+    assert named_twice_because(None, "s", "p", WEST, west) is None
+    assert check_identities(led, led.ranges("p"), None) == ([], [])
+    assert all(r.distinct for r in led.same_broker("p"))
+
+
+def test_rename_broker_carries_a_distinct_verdict_and_clears_it_with_the_pair(any_ledger: Ledger) -> None:
+    """The verdict follows the name as a record does; a rename that makes the pair one name drops
+    it; a verdict meeting a one-broker record of the renamed pair wins (the operator's word)."""
+    led = any_ledger
+    commit(led, "p", SourceRef(EAST, "s"), 10, 1, ChunkPrint(0, 1000, 7))
+    led.record_distinct_brokers(EAST, WEST, pipeline="p", stream="s")
+    assert led.rename_broker(WEST, NORTH) == 0
+    assert sorted((r.source.broker, r.other, r.distinct) for r in led.same_broker("p")) == [
+        (EAST, NORTH, True), (NORTH, EAST, True)]
+    led.record_same_broker("p", "s", [EAST, WEST], "found")
+    assert led.rename_broker(NORTH, WEST) == 0  # the verdict meets the record of the same pair
+    assert sorted((r.source.broker, r.other, r.distinct) for r in led.same_broker("p")) == [
+        (EAST, WEST, True), (WEST, EAST, True)]
+    assert led.rename_broker(WEST, EAST) == 0  # one name now: the verdict goes with the pair
+    assert led.same_broker() == []

@@ -101,7 +101,7 @@ def test_0015_keeps_the_idle_runs_and_their_try(db_url: str) -> None:
 
 def test_0016_adds_and_drops_the_one_broker_records(db_url: str) -> None:
     """0016 down and up again: its table goes with its records (nothing else holds them) and comes
-    back empty; a new record is written and read on the upgraded ledger."""
+    back empty; a new record is written and read on the upgraded ledger, and a verdict on it."""
     led = Ledger(db_url, create=True)
     try:
         assert led.record_same_broker("p", "s", ["rabbitmq://a/%2F", "rabbitmq://b/%2F"], "found") == 2
@@ -119,6 +119,8 @@ def test_0016_adds_and_drops_the_one_broker_records(db_url: str) -> None:
         assert led.same_broker() == []
         assert led.record_same_broker("p", "s", ["rabbitmq://a/%2F", "rabbitmq://b/%2F"], "again") == 2
         assert [r.why for r in led.same_broker("p")] == ["again", "again"]
+        assert led.record_distinct_brokers("rabbitmq://a/%2F", "rabbitmq://b/%2F", pipeline="p") == 1
+        assert [(r.distinct, r.why) for r in led.same_broker("p")] == 2 * [(True, "")]
     finally:
         led.close()
 

@@ -8,6 +8,10 @@
   record and the audit reports it, after retention rolled the fingerprinted chunk out.
   ``streamledger ledger rename-broker OLD NEW`` moves the records with the name, and drops a pair
   the rename made one name.
+* ``verdict``: ``same`` (found one broker) or ``distinct`` (the operator's word, ``streamledger
+  ledger distinct-brokers``, that the two names are two brokers: mirrors fed the same records in the
+  same millisecond hold chunks of one print, which no chunk can tell apart). A ``distinct`` row is
+  never turned back into ``same`` by a later finding; it refuses nothing.
 
 Self-contained: a new table only, no change to another revision's objects (written as 0015 beside
 0015_idle_run_try, chained after it when the branches met).
@@ -43,12 +47,14 @@ def upgrade() -> None:
         sa.Column("other", sa.String(1024), nullable=False),
         sa.Column("found_at", sa.DateTime(), nullable=False),
         sa.Column("why", sa.Text(), nullable=False),
+        sa.Column("verdict", sa.String(8), nullable=False, server_default="same"),
         sa.ForeignKeyConstraint(["pipeline_id"], ["streamledger_pipeline.id"], ondelete="CASCADE",
                                 name="fk_streamledger_one_broker_pipeline_id_streamledger_pipeline"),
         sa.PrimaryKeyConstraint("id", name="pk_streamledger_one_broker"),
         sa.UniqueConstraint("pipeline_id", "stream", "broker", "other",
                             name="uq_streamledger_one_broker_pair"),
         sa.CheckConstraint("broker <> other", name="ck_streamledger_one_broker_two_names"),
+        sa.CheckConstraint("verdict IN ('same', 'distinct')", name="ck_streamledger_one_broker_verdict"),
     )
 
 
