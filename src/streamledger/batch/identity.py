@@ -161,7 +161,13 @@ def named_twice_because(log: Any, stream: str, pipeline: str, own: str, pos: Sou
     another broker (``SameBroker.distinct``: its print is not asked about)."""
     apart = {r.other for r in pos.same_broker if r.distinct}
     recorded = {r.other for r in pos.same_broker}
-    kept = {r.other for r in pos.same_broker if r.other_end is not None and not r.distinct} - {own}
+    # the recorded group own belongs to (the audit's join: a name recorded with a name recorded with a
+    # third is one broker with the third), and which of its names holds a live history
+    every = (*pos.same_broker, *pos.same_broker_joined)
+    pairs = [(r.source.broker, r.other) for r in every if not r.distinct]
+    group = next((g for g in one_broker_groups((), pairs, judged_distinct(every)) if own in g), ())
+    ends = {r.other: r.other_end for r in every if not r.distinct}
+    kept = {n for n in group if n != own and n not in apart and ends.get(n) is not None}
     asked = [(name, chunk) for name, chunk in pos.elsewhere if name not in apart]  # judged: not asked
     held = set(one_broker(log, stream, asked, own)) - {own} if asked else set()
     others = tuple(sorted(kept | held))
@@ -172,7 +178,7 @@ def named_twice_because(log: Any, stream: str, pipeline: str, own: str, pos: Sou
         seen = (f"the broker reached as {own} holds the chunks pipeline {pipeline!r} committed under broker "
                 f"{named}")
     else:
-        first = min(r.found_at for r in pos.same_broker if r.other in kept)
+        first = min(r.found_at for r in every if r.other in kept or r.source.broker in kept)
         seen = (f"the ledger recorded broker {named} as the broker reached as {own} for pipeline "
                 f"{pipeline!r} (found {first.isoformat(timespec='seconds')})")
     return NamedTwice(own, others, tuple(sorted(held - recorded)), (

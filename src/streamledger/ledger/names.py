@@ -153,17 +153,26 @@ class BrokerNames(LedgerSession):
                     ) -> dict[tuple[str, str], tuple[SameBroker, ...]]:
         """The rows :meth:`_names_query` found as records, each with where its other name's history
         ends (``theirs``: the other names' source ids; a tail read per record, only when there are
-        records)."""
+        records). A name with records gets the stream's records of the other names too (one query
+        more, only then): the batch joins them into groups (``streamledger.batch.identity``), so a
+        name recorded with a second that is recorded with a third is refused on the third's history."""
         out: dict[tuple[str, str], tuple[SameBroker, ...]] = {}
         for (broker, stream), rows in marks.items():
             sids = {name: sid for sid, name in theirs.get((broker, stream), [])}
+            others = session.execute(
+                select(OneBroker.broker.label("owner"), OneBroker.other.label("name"), OneBroker.found_at,
+                       OneBroker.why, OneBroker.verdict)
+                .join(Pipeline, Pipeline.id == OneBroker.pipeline_id)
+                .where(Pipeline.name == pipeline, OneBroker.stream == stream, OneBroker.broker != broker))
             found: list[SameBroker] = []
-            for row in sorted(rows, key=lambda r: str(r.name)):
-                if is_retired(row.name):
+            mine = [(broker, row) for row in rows]
+            for owner, row in sorted([*mine, *((str(r.owner), r) for r in others)],
+                                     key=lambda x: (x[0] != broker, x[0], str(x[1].name))):
+                if is_retired(row.name) or is_retired(owner):
                     continue
                 sid = sids.get(row.name)
                 end = None if sid is None else session.scalars(TAIL, {"source_id": sid}).first()
-                found.append(SameBroker(pipeline, SourceRef(broker, stream), str(row.name), str(row.why),
+                found.append(SameBroker(pipeline, SourceRef(owner, stream), str(row.name), str(row.why),
                                         utc(_when(row.found_at)), None if end is None else int(end),
                                         distinct=row.verdict == DISTINCT))
             if found:

@@ -226,10 +226,12 @@ class Positions(Sources, BrokerNames):
         out: list[SourcePosition] = []
         for ref, src in zip(sources, srcs, strict=True):
             others = elsewhere.get((ref.broker, ref.stream), ())
-            recorded = same.get((ref.broker, ref.stream), ())
+            found = same.get((ref.broker, ref.stream), ())
+            recorded = tuple(r for r in found if r.source.broker == ref.broker)
+            joined = tuple(r for r in found if r.source.broker != ref.broker)
             if src is None:
                 out.append(SourcePosition(None, 0, None, Watermark(None, None), elsewhere=others,
-                                          same_broker=recorded))
+                                          same_broker=recorded, same_broker_joined=joined))
                 continue
             f, mark = facts[src.id], marks[src.id]
             mine = claims[src.id]
@@ -253,6 +255,7 @@ class Positions(Sources, BrokerNames):
                 pinned_range=None if f.pinned_at is None else snapshot(kind_rows[f.pinned_at], pipeline, src),
                 free_range=None if f.free_at is None else snapshot(kind_rows[f.free_at], pipeline, src),
                 same_broker=recorded,
+                same_broker_joined=joined,
             ))
         return out
 

@@ -310,7 +310,9 @@ class SourcePosition:
     every other live broker identity, ``(identity, print)`` sorted: a broker holding one of them is
     one broker under two names (``streamledger.batch.identity.one_broker``); ``same_broker``: the
     identities the ledger recorded as this very broker (:class:`SameBroker`), which outlive the
-    prints. ``pinned_range``: a
+    prints; ``same_broker_joined``: when there are such, the stream's records of the other names
+    (``source.broker`` another name), which the batch joins into groups: a name recorded with a
+    name recorded with a third is one broker with the third. ``pinned_range``: a
     range of the history pinned to a data interval; ``free_range``: a non-empty range a free claim
     made (where the ledger ended: a batch without an interval, a streaming query); a history holds
     one kind only (``streamledger.batch.history.mixed_because``).
@@ -331,6 +333,7 @@ class SourcePosition:
     pinned_range: OffsetRange | None = None
     free_range: OffsetRange | None = None
     same_broker: tuple[SameBroker, ...] = ()
+    same_broker_joined: tuple[SameBroker, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,14 +150,6 @@ def test_after_one_name_s_rows_are_deleted_by_hand_the_audit_still_joins_the_oth
     assert refused or not report.clean, report.to_text()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "defect: the claim-time refusal reads only the records pairing its own identity "
-    "(batch/identity.py named_twice_because over pos.same_broker) and refuses only on such a name with "
-    "a live history; it does not join the records as the audit does (one_broker_groups). With A-B and "
-    "A-C recorded and A's rows gone (deleted by hand), C is recorded only with a name without history "
-    "and, once B's chunk is rolled out, a batch under C reads again what B committed (the audit reports "
-    "the overlap after the fact). Fix: named_twice_because (fed by Ledger.positions) should refuse on "
-    "every name of own's recorded group that has a live history"))
 def test_a_name_joined_to_a_history_through_a_third_name_is_refused_before_it_claims(
     any_ledger: Ledger,
 ) -> None:
