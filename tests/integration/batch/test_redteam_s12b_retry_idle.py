@@ -56,8 +56,8 @@ def test_a_partition_added_between_attempts_is_read_by_the_retry_or_the_next_run
     p0, p1, p2 = (SourceRef(BROKER, f"s-{i}", "s") for i in range(3))
     _done(led, led.claim(pipe, p0, 5, _run("r"), initial_start=0))
     for try_number, asked in ((2, [p1, p0]), (3, [p0, p1, p2])):
-        got = led.claim_many(pipe, [ClaimRequest(s, 5, initial_start=0) for s in asked], _run("r", try_number))
-        for rng in got:
+        asks = [ClaimRequest(s, 5, initial_start=0) for s in asked]
+        for rng in led.claim_many(pipe, asks, _run("r", try_number)):
             _done(led, rng)
     assert led.last_try(pipe, _run("r")) == 3
     nxt = led.claim_many(pipe, [ClaimRequest(s, 8, initial_start=0) for s in (p0, p1, p2)], _run("next"))
