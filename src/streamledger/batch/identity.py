@@ -43,16 +43,26 @@ log = logging.getLogger(__name__)
 __all__ = ["NamedTwice", "cures", "judged_distinct", "named_twice_because", "one_broker", "one_broker_groups",
            "replaced_because", "stored_offset_retired"]
 
-def cures(pipeline: str, stream: str, names: Iterable[str]) -> str:
+def cures(pipeline: str, stream: str, names: Iterable[str], apart: Iterable[tuple[str, str]] = ()) -> str:
     """The two cures of a finding that ``names`` are one broker (one line, named by the batch's
-    refusal and the audit alike): a chunk print cannot tell which one applies."""
-    named = " ".join(sorted(names)[:2])
+    refusal and the audit alike): a chunk print cannot tell which one applies. The verdict named is
+    for a pair not judged already (``apart``, :func:`judged_distinct`): names the operator judged two
+    brokers yet joined through a third by records contradict the verdict, and judging the same pair
+    again would change nothing."""
+    group = sorted(names)
+    judged = set(apart)
+    pairs = [(a, b) for i, a in enumerate(group) for b in group[i + 1:]]
+    a, b = next((pair for pair in pairs if pair not in judged), pairs[0] if pairs else (group[0], group[0]))
+    clash = [f"{x} and {y}" for x, y in pairs if (x, y) in judged]
+    conflict = (f" (the operator judged {'; '.join(clash)} two brokers, but the ledger's records join "
+                f"them through {', '.join(n for n in group if all(n not in c for c in judged))}: judge that "
+                "link too)") if clash else ""
     return ("if it is one broker under two names, give every URL of it one broker_name (or configure its "
             "cluster_name on every node, rabbitmqctl set_cluster_name) and move a history to it if needed "
             "(`streamledger ledger rename-broker OLD NEW`, which also clears the record of the two names); "
             "if they are two brokers fed the same records (mirrors hold chunks of one print), record that "
-            f"verdict (`streamledger ledger distinct-brokers {named} --pipeline {pipeline} --stream "
-            f"{stream}`)")
+            f"verdict (`streamledger ledger distinct-brokers {a} {b} --pipeline {pipeline} --stream "
+            f"{stream}`){conflict}")
 
 
 def stored_offset_retired(broker: Any, stream: str, pipeline: str, pos: SourcePosition, same: bool | None

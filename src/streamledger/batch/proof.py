@@ -233,10 +233,11 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *,
             recorded[(rec.pipeline, rec.source.stream)][(rec.source.broker, rec.other)] = rec
     found: list[Violation] = []
     notes: list[Violation] = []
-    for key in sorted(set(by) | set(recorded)):
+    for key in sorted(set(by) | set(recorded) | set(judged)):
         pipe, stream = key
         theirs, pairs = by.get(key, []), recorded.get(key, {})
         apart = judged_distinct(judged.get(key, []))
+        notes += _verdicts_relied_on(pipe, stream, theirs, judged.get(key, []))
         sources = {r.source.broker: r.source for r in theirs}
         held: list[str] = []
         if len(sources) > 1 and logs:
@@ -251,7 +252,7 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *,
         for group in one_broker_groups(held, pairs, apart):
             read = [r for r in theirs if r.source.broker in group]
             holders = sorted({r.source.broker for r in read})
-            cure = cures(pipe, stream, group)
+            cure = cures(pipe, stream, group, apart)
             if set(holders) <= set(held):
                 how = "a broker given to the audit holds both histories' stream"
             else:
@@ -272,6 +273,32 @@ def check_identities(ledger: Ledger, ranges: list[OffsetRange], broker: Any, *,
                     None, f"the ledger recorded {', '.join(others)} as this very broker (a batch under that "
                     f"name was refused); batches under it stay refused while this history exists; {cure}"))
     return found, notes
+
+
+def _verdicts_relied_on(pipeline: str, stream: str, theirs: list[OffsetRange],
+                        judged: Sequence[SameBroker]) -> list[Violation]:
+    """A note per operator's verdict (``distinct-brokers``) the audit relied on: two names judged two
+    brokers whose histories of the stream hold the same offsets. Not a violation (the operator said
+    each broker's copy is read once), but said aloud: a mistaken verdict would hide a doubled read."""
+    notes: list[Violation] = []
+    seen: set[tuple[str, str]] = set()
+    for rec in judged:
+        a, b = sorted((rec.source.broker, rec.other))
+        if (a, b) in seen:
+            continue
+        seen.add((a, b))
+        spans = {n: [(r.start, r.end) for r in theirs if r.source.broker == n] for n in (a, b)}
+        both = [(max(s1, s2), min(e1, e2)) for s1, e1 in spans[a] for s2, e2 in spans[b]
+                if max(s1, s2) < min(e1, e2)]
+        if not both:
+            continue
+        lo, hi = min(x for x, _ in both), max(y for _, y in both)
+        notes.append(Violation(
+            ViolationKind.NAMED_TWICE, pipeline, stream, a, lo, hi, None,
+            f"offsets in [{lo}, {hi}) were read under {a} and under {b}: counted once each because the "
+            f"operator judged them two brokers (verdict of {rec.found_at.isoformat(timespec='seconds')}: "
+            f"{rec.why or 'no reason given'}); if they are one broker, the stream was read twice"))
+    return notes
 
 
 def _remember(ledger: Ledger, pipeline: str, stream: str, held: list[str]) -> None:

@@ -290,10 +290,12 @@ def _distinct_brokers(args: argparse.Namespace) -> int:
                                                 why=args.reason)
     if getattr(args, "json", False):
         print(json.dumps({"names": names, "pipeline": args.pipeline, "stream": args.stream,
-                          "judged": judged}))
+                          "judged": [{"pipeline": p, "stream": s} for p, s in judged]}))
     else:
-        print(f"{names[0]} and {names[1]} recorded as two brokers for {judged} stream(s): neither refuses "
-              "the other's batches, and the audit no longer takes them for one")
+        covers = "; ".join(f"pipeline {p!r} stream {s!r}" for p, s in judged)  # a too-wide verdict is seen
+        print(f"{names[0]} and {names[1]} recorded as two brokers for {len(judged)} stream(s) ({covers}): "
+              "neither refuses the other's batches, and the audit no longer takes them for one (it notes "
+              "each stream read under both)")
     return 0
 
 

@@ -59,12 +59,13 @@ class BrokerNames(LedgerSession):
             return len(added.all())
 
     def record_distinct_brokers(self, first: str, second: str, *, pipeline: str | None = None,
-                                stream: str | None = None, why: str = "") -> int:
+                                stream: str | None = None, why: str = "") -> list[tuple[str, str]]:
         """The operator's verdict that broker identities ``first`` and ``second`` are two brokers (a
         mirror fed the same records holds chunks of one print, which no chunk tells apart): written
         for both names of ``pipeline``'s ``stream``, replacing a one-broker record, and kept against
         every later finding. Without ``stream`` (or ``pipeline``): every stream (pipeline) either
-        name has a history or a record of. Returns the streams judged."""
+        name has a history or a record of. Returns the (pipeline, stream) pairs judged, sorted, for
+        the operator to see what the audit now accepts read under both names."""
         if pipeline is not None:
             check_pipeline(pipeline)
         named = sorted({first, second})
@@ -94,7 +95,10 @@ class BrokerNames(LedgerSession):
                 index_elements=["pipeline_id", "stream", "broker", "other"],
                 set_={"verdict": stmt.excluded.verdict, "why": stmt.excluded.why,
                       "found_at": stmt.excluded.found_at}))
-            return len(judged)
+            ids = sorted({p for p, _s in judged})
+            names = dict(session.execute(select(Pipeline.id, Pipeline.name).where(Pipeline.id.in_(ids)))
+                         .tuples().all())
+            return sorted((str(names[p]), st) for p, st in judged)
 
     @staticmethod
     def _judged(session: Session, named: Sequence[str], pipeline: str | None, stream: str | None

@@ -109,7 +109,7 @@ def test_a_distinct_verdict_is_recorded_for_both_names_and_wins_over_later_findi
     led = any_ledger
     commit(led, "p", SourceRef(EAST, "s"), 10, 1, ChunkPrint(0, 1000, 7))
     assert led.record_same_broker("p", "s", [EAST, WEST], "found") == 2
-    assert led.record_distinct_brokers(WEST, EAST, pipeline="p", why="mirrors") == 1  # one stream judged
+    assert len(led.record_distinct_brokers(WEST, EAST, pipeline="p", why="mirrors")) == 1  # one stream judged
     assert led.record_same_broker("p", "s", [EAST, WEST], "found again") == 0
     west, east = led.positions("p", [SourceRef(WEST, "s"), SourceRef(EAST, "s")])
     assert [(r.other, r.distinct, r.why, r.other_end) for r in west.same_broker] == [
@@ -130,11 +130,11 @@ def test_a_distinct_verdict_needs_two_live_names_and_something_to_judge(any_ledg
         led.record_distinct_brokers(EAST, EAST, pipeline="p", stream="s")
     with pytest.raises(LedgerError, match="nothing to judge"):
         led.record_distinct_brokers(EAST, WEST, pipeline="p")  # no history, no record, no stream named
-    assert led.record_distinct_brokers(EAST, WEST, pipeline="p", stream="s") == 1  # named: judged ahead
-    assert led.record_distinct_brokers(EAST, WEST, pipeline="p", stream="s") == 1  # again: kept
+    assert len(led.record_distinct_brokers(EAST, WEST, pipeline="p", stream="s")) == 1  # named: judged ahead
+    assert len(led.record_distinct_brokers(EAST, WEST, pipeline="p", stream="s")) == 1  # again: kept
     commit(led, "q", SourceRef(WEST, "t"), 4, 2, ChunkPrint(0, 1000, 7))
     commit(led, "q", SourceRef(EAST, "u"), 4, 3, ChunkPrint(0, 1000, 7))
-    assert led.record_distinct_brokers(EAST, WEST) == 3  # every pipeline's streams either name read
+    assert len(led.record_distinct_brokers(EAST, WEST)) == 3  # every pipeline's streams either name read
     assert sorted((r.pipeline, r.source.stream) for r in led.same_broker() if r.source.broker == EAST) == [
         ("p", "s"), ("q", "t"), ("q", "u")]
 
@@ -142,7 +142,8 @@ def test_a_distinct_verdict_needs_two_live_names_and_something_to_judge(any_ledg
 def test_the_batch_rule_and_the_audit_respect_a_distinct_verdict(any_ledger: Ledger) -> None:
     """``named_twice_because`` refuses nothing for a pair judged distinct (neither by the record nor
     by a chunk: the judged name's print is not even asked about, so no broker is needed here), and
-    the audit neither reports nor records them as one; before the verdict it names both cures."""
+    the audit neither reports nor records them as one (a note names the verdict it relied on); before
+    the verdict it names both cures."""
     from streamledger.batch.identity import named_twice_because
     from streamledger.batch.proof import check_identities
 
@@ -156,7 +157,9 @@ def test_the_batch_rule_and_the_audit_respect_a_distinct_verdict(any_ledger: Led
     west = led.position("p", SourceRef(WEST, "s"))
     assert [(r.other, r.distinct) for r in west.same_broker] == [(EAST, True)]
     assert named_twice_because(None, "s", "p", WEST, west) is None
-    assert check_identities(led, led.ranges("p"), None) == ([], [])
+    found, notes = check_identities(led, led.ranges("p"), None)
+    assert found == []  # no violation: each broker's copy read once, as judged; but said aloud
+    assert [(n.start, n.end) for n in notes] == [(0, 10)] and "judged them two brokers" in notes[0].detail
     assert all(r.distinct for r in led.same_broker("p"))
 
 

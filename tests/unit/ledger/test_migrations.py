@@ -119,7 +119,7 @@ def test_0016_adds_and_drops_the_one_broker_records(db_url: str) -> None:
         assert led.same_broker() == []
         assert led.record_same_broker("p", "s", ["rabbitmq://a/%2F", "rabbitmq://b/%2F"], "again") == 2
         assert [r.why for r in led.same_broker("p")] == ["again", "again"]
-        assert led.record_distinct_brokers("rabbitmq://a/%2F", "rabbitmq://b/%2F", pipeline="p") == 1
+        assert len(led.record_distinct_brokers("rabbitmq://a/%2F", "rabbitmq://b/%2F", pipeline="p")) == 1
         assert [(r.distinct, r.why) for r in led.same_broker("p")] == 2 * [(True, "")]
     finally:
         led.close()
