@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,8 +123,6 @@ def test_postgres_starts_over_a_lock_file_whose_pid_another_process_reused() -> 
     ``postmaster.pid``; when its pid names another live process of the cluster's user (another
     cluster's backend: the suite runs several), ``pg_ctl status`` said "running", ``start`` skipped
     the start and gave up after 30 s on a server nobody ran."""
-    as_postgres = ["setpriv", "--reuid=postgres", "--regid=postgres", "--clear-groups"]
-    decoy = subprocess.Popen([*as_postgres, "sleep", "600"], start_new_session=True)
     # under the servers' home: the cluster runs as the postgres user, who cannot reach pytest's tmp
     home = streamledger_home() / "pidfile-tests" / f"pg{os.getpid()}{random.randrange(10**6)}"
     home.mkdir(parents=True, mode=0o755)
@@ -133,14 +132,18 @@ def test_postgres_starts_over_a_lock_file_whose_pid_another_process_reused() -> 
     def pg(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([script, *args], capture_output=True, text=True, timeout=180, env=env)
 
-    first = pg("start")
-    assert first.returncode == 0, first.stderr
+    decoy: subprocess.Popen[bytes] | None = None
     try:
+        first = pg("start")  # installs the server (and its user) on a fresh machine
+        assert first.returncode == 0, first.stderr
+        as_postgres = ["setpriv", "--reuid=postgres", "--regid=postgres", "--clear-groups"]
+        decoy = subprocess.Popen([*as_postgres, "sleep", "600"], start_new_session=True)
         lock = home / "pg" / "data" / "postmaster.pid"
         postmaster = int(lock.read_text().split()[0])
         os.kill(postmaster, 9)  # no shutdown: the lock file stays behind
         while Path(f"/proc/{postmaster}").exists():
-            pass
+            time.sleep(0.05)
+        assert decoy.poll() is None, "the decoy (a process of the postgres user) must run"
         lines = lock.read_text().splitlines()
         lock.write_text("\n".join([str(decoy.pid), *lines[1:]]) + "\n")
 
@@ -152,5 +155,6 @@ def test_postgres_starts_over_a_lock_file_whose_pid_another_process_reused() -> 
     finally:
         pg("stop")
         shutil.rmtree(home, ignore_errors=True)
-        os.killpg(decoy.pid, 9)
-        decoy.wait()
+        if decoy is not None:
+            os.killpg(decoy.pid, 9)
+            decoy.wait()
