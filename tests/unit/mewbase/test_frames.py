@@ -119,6 +119,21 @@ def test_server_frames_must_follow_their_declaration() -> None:
         decode_frame(b"\x0a\x00\x00\x00\x02a\x00\xff\xff\x00")
 
 
+def test_javascript_code_is_no_string_in_a_frame() -> None:
+    """BSON JavaScript code (type 0x0D) decodes to ``bson.code.Code``, a ``str`` subclass that is not
+    hashable: as a frame's 'type' it raised TypeError out of the decoder (found by
+    test_fuzz.py::test_incremental_decoder_gives_frames_or_frame_error), and as a string field it
+    passed for a string. A BSON string is exactly ``str``."""
+    from bson.code import Code
+
+    with pytest.raises(FrameError, match="without a string 'type'"):
+        decode_frame(bson.encode({"type": Code("RESPONSE"), "frame": {"ok": True, "rID": 1}}))
+    with pytest.raises(FrameError, match=r"RESPONSE\.errMsg is Code, expected a string"):
+        decode_frame(frame("RESPONSE", {"ok": False, "rID": 1, "errMsg": Code("x")}))
+    with pytest.raises(FrameError, match=r"RESPONSE\.errCode is Code, expected a string or an integer"):
+        decode_frame(frame("RESPONSE", {"ok": False, "rID": 1, "errCode": Code("x")}))
+
+
 def test_either_integer_width_is_accepted_and_errcode_may_be_numeric() -> None:
     body = decode_frame(frame("RESPONSE", {"ok": False, "rID": Int64(7), "errCode": 3})).body
     assert body["rID"] == 7 and body["errCode"] == 3

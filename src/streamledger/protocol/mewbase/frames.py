@@ -233,7 +233,7 @@ def _check_value(frame_type: str, field: Field, value: Any) -> None:
         if not low <= value <= high:
             raise FrameError(f"{where} = {value} does not fit {kind}")
     elif kind == "str":
-        if not isinstance(value, str):
+        if type(value) is not str:  # BSON JavaScript code decodes to a str subclass (bson.code.Code)
             raise FrameError(f"{where} is {type(value).__name__}, expected a string")
     elif kind == "bool":
         if not isinstance(value, bool):
@@ -241,7 +241,7 @@ def _check_value(frame_type: str, field: Field, value: Any) -> None:
     elif kind == "doc":
         if not isinstance(value, dict):
             raise FrameError(f"{where} is {type(value).__name__}, expected a document")
-    elif isinstance(value, bool) or not isinstance(value, str | int):
+    elif isinstance(value, bool) or not (type(value) is str or isinstance(value, int)):
         raise FrameError(f"{where} is {type(value).__name__}, expected a string or an integer")
 
 
@@ -257,7 +257,7 @@ def decode_frame(data: bytes, *, table: Mapping[str, tuple[Field, ...]] = SERVER
     except Exception as exc:  # InvalidBSON and friends: malformed input from the peer
         raise FrameError(f"invalid BSON frame of {len(data)} bytes: {_reason(exc)}") from None
     frame_type = doc.get("type")
-    if not isinstance(frame_type, str):
+    if type(frame_type) is not str:  # not JavaScript code (bson.code.Code, an unhashable str subclass)
         raise FrameError("frame without a string 'type'")
     fields = table.get(frame_type)
     if fields is None:
