@@ -360,6 +360,12 @@ class AirflowCluster:
             if r.status_code == 401:
                 self._token = None
                 continue
+            if r.status_code == 500 and "Database error" in r.text and attempt < 4:
+                # Airflow's SQLite metadata database stayed locked past its 5 s busy timeout (a
+                # loaded machine: the scheduler's writes); the request's transaction was rolled back
+                # whole, so it is asked again, as an operator's tooling would
+                time.sleep(2 * (attempt + 1))
+                continue
             if r.status_code not in ok:
                 raise ServerError(f"{method} {path}: HTTP {r.status_code} {r.text[:500]}")
             return r.json() if r.content else None
