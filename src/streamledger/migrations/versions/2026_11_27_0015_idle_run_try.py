@@ -18,13 +18,12 @@ Create Date: 2026-11-27
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
 
 import sqlalchemy as sa
 from alembic import op
+
+from streamledger.migrations.revisions import previous as _previous
 
 revision: str = "0015_idle_run_try"
 down_revision: str | None = "0014_idle_claims_unrecorded"
@@ -47,16 +46,6 @@ _NEW_IDLE_INSERT = """\
       ON CONFLICT (pipeline_id, dag_id, run_id, task_id, map_index) DO UPDATE
         SET try_number = EXCLUDED.try_number
         WHERE streamledger_idle_run.try_number < EXCLUDED.try_number;"""
-
-
-def _previous(name: str) -> ModuleType:
-    """An earlier revision's module (their names start with a digit, so load them by path)."""
-    path = Path(__file__).with_name(name)
-    spec = importlib.util.spec_from_file_location(f"_streamledger_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def function(with_try: bool) -> str:

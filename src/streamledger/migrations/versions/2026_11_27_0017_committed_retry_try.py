@@ -20,12 +20,11 @@ Create Date: 2026-11-27
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
 
 from alembic import op
+
+from streamledger.migrations.revisions import previous as _previous
 
 revision: str = "0017_committed_retry_try"
 down_revision: str | None = "0016_one_broker_names"
@@ -51,16 +50,6 @@ _NEW_HELD = """\
           SET try_number = EXCLUDED.try_number
           WHERE streamledger_idle_run.try_number < EXCLUDED.try_number;
     END IF;"""
-
-
-def _previous(name: str) -> ModuleType:
-    """An earlier revision's module (their names start with a digit, so load them by path)."""
-    path = Path(__file__).with_name(name)
-    spec = importlib.util.spec_from_file_location(f"_streamledger_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def function(with_retry: bool) -> str:
