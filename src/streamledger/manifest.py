@@ -19,6 +19,13 @@ MANIFEST = "_manifest.json"
 """The file name of the manifest in a job's output and in every published range directory."""
 
 
+def is_data_file(relative: str) -> bool:
+    """Whether a file of a range directory (its path relative to the directory) holds the range's
+    data: no part of the path starts with ``_`` or ``.`` (the manifest, Spark's markers and checksums,
+    a transform's ``_dead_letter`` directory are not data)."""
+    return not any(part.startswith(("_", ".")) for part in relative.split("/"))
+
+
 class ManifestError(StreamledgerError):
     """A manifest that is missing a field, has a field of the wrong type, or is not JSON."""
 
@@ -62,6 +69,10 @@ class StreamEntry:
     files: tuple[str, ...] | None = None
     """The data files that count (relative to ``path``), in a job's manifest written by the Arrow
     writer; None where the writer does not list them (the JVM writer)."""
+    rows: int | None = None
+    """With a transform: the rows it wrote for the range (``records`` stays the records read)."""
+    dead_letter: int | None = None
+    """With a transform decoding bodies and ``on_bad_record="dead_letter"``: records set aside."""
 
     @classmethod
     def from_dict(cls, stream: str, data: Any) -> StreamEntry:
@@ -83,6 +94,8 @@ class StreamEntry:
             read_start=_int(data, "read_start", where, optional=True),
             lost=lost,
             files=_files(data.get("files"), where),
+            rows=_int(data, "rows", where, optional=True),
+            dead_letter=_int(data, "dead_letter", where, optional=True),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,6 +114,10 @@ class StreamEntry:
             out["lost"] = [list(span) for span in self.lost]
         if self.files is not None:
             out["files"] = list(self.files)
+        if self.rows is not None:
+            out["rows"] = self.rows
+        if self.dead_letter is not None:
+            out["dead_letter"] = self.dead_letter
         return out
 
     @property
@@ -125,11 +142,13 @@ class Manifest:
     files: tuple[str, ...] | None = None
     """A published range's data files (relative names): the audit compares the directory with it, so
     a file deleted, added or copied there is found without reading any data."""
+    transform: str | None = None
+    """The fingerprint of the transform that wrote the rows (``Transform.fingerprint``); None: raw."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this version does not know (kept, so a newer writer's fields survive a rewrite)."""
 
     _KNOWN = ("streams", "output", "format", "decode", "splits", "written_at", "pipeline", "broker",
-              "range_id", "files")
+              "range_id", "files", "transform")
 
     @property
     def rows_elsewhere(self) -> bool:
@@ -155,6 +174,7 @@ class Manifest:
             broker=_str(data, "broker", "manifest"),
             range_id=_int(data, "range_id", "manifest", optional=True),
             files=_files(data.get("files")),
+            transform=_str(data, "transform", "manifest"),
             extra={k: v for k, v in data.items() if k not in cls._KNOWN},
         )
 
@@ -169,7 +189,8 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.extra)
         out["streams"] = {s: e.to_dict() for s, e in self.streams.items()}
-        for key in ("output", "format", "decode", "splits", "written_at", "pipeline", "broker", "range_id"):
+        for key in ("output", "format", "decode", "splits", "written_at", "pipeline", "broker", "range_id",
+                    "transform"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value

@@ -78,6 +78,8 @@ class LogKind:
     files_schema_ref: str = "streamledger.schemas:ARROW_SCHEMA"
     """``module:NAME`` of the pyarrow schema of the files the job writes from this kind of log (what
     a table sink's table must have), imported on first use."""
+    files_ddl_ref: str = "streamledger.schemas:SPARK_SCHEMA_DDL"
+    """``module:NAME`` of the same columns as Spark DDL (the view a transform reads, ``records``)."""
 
     @property
     def conn_type(self) -> str:
@@ -93,6 +95,12 @@ class LogKind:
         """The pyarrow schema of the job's files for this kind (see :attr:`files_schema_ref`)."""
         module, _, attr = self.files_schema_ref.partition(":")
         return getattr(importlib.import_module(module), attr)
+
+    def files_ddl(self) -> str:
+        """The job's raw columns for this kind as Spark DDL (see :attr:`files_ddl_ref`)."""
+        module, _, attr = self.files_ddl_ref.partition(":")
+        ddl: str = getattr(importlib.import_module(module), attr)
+        return ddl
 
     def connect(self, url: str, *, timeout: float = 10.0) -> OffsetLog:
         module, _, attr = self.client.partition(":")
@@ -134,6 +142,7 @@ MEWBASE = LogKind(
     super_streams=False,
     airflow_hook="streamledger.hooks.mewbase:MewbaseHook",
     files_schema_ref="streamledger.schemas:MEWBASE_ARROW_SCHEMA",
+    files_ddl_ref="streamledger.schemas:MEWBASE_SCHEMA_DDL",
 )
 KINDS: tuple[LogKind, ...] = (RABBITMQ, MEWBASE)
 _BY_SCHEME = {scheme: kind for kind in KINDS for scheme in kind.schemes}

@@ -203,6 +203,10 @@ class PartitionResult:
     lost: tuple[int, int] | None = None
     read: bool = False
     epoch: int = 0
+    rows: int | None = None
+    """With a transform: the rows it wrote for the range (None: raw records, as many as ``records``)."""
+    dead_letter: int | None = None
+    """With a decoding transform and ``on_bad_record="dead_letter"``: the records set aside."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

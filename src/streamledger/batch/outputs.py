@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from streamledger.fs import LOCAL, OutputFS, join, local_path, parent
-from streamledger.manifest import MANIFEST, Manifest
+from streamledger.manifest import MANIFEST, Manifest, is_data_file
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def load_manifest(directory: str, fs: OutputFS = LOCAL) -> Manifest | None:
 
 def data_file_names(location: str, fs: OutputFS = LOCAL) -> list[str]:
     """A range directory's data files, relative and sorted (``_``/``.`` files are not data)."""
-    return sorted(n for n in fs.files(location) if not n.split("/")[-1].startswith(("_", ".")))
+    return sorted(n for n in fs.files(location) if is_data_file(n))
 
 
 def published(final: str, range_id: int, fs: OutputFS = LOCAL) -> bool:

@@ -53,11 +53,22 @@ def _violation(kind: ViolationKind, rng: OffsetRange, detail: str) -> Violation:
 
 def count_rows(location: str, fmt: str, fs: filesystems.OutputFS) -> int:
     """Rows in the data files of one published range directory (``_``/``.`` files are not data)."""
+    dataset = _dataset(location, fmt, fs)
+    return 0 if dataset is None else int(dataset.count_rows())
+
+
+def read_columns(location: str, fmt: str, fs: filesystems.OutputFS, columns: list[str]) -> Any:
+    """Those columns of the data files of one range directory (a pyarrow table), None without files."""
+    dataset = _dataset(location, fmt, fs)
+    return None if dataset is None else dataset.to_table(columns=columns)
+
+
+def _dataset(location: str, fmt: str, fs: filesystems.OutputFS) -> Any:
     import pyarrow.dataset as ds
 
     names = outputs.data_file_names(location, fs)
     if not names:
-        return 0
+        return None
     arrow_fs: Any = None
     if filesystems.scheme(location) in ("", "file"):
         local = filesystems.local_path(location)
@@ -66,8 +77,7 @@ def count_rows(location: str, fmt: str, fs: filesystems.OutputFS) -> int:
         arrow_fs, root = filesystems.arrow_filesystem(location,
                                                       access=filesystems.StoreAccess.from_environment(location))
         paths = [f"{root.rstrip('/')}/{n}" for n in names]
-    dataset = ds.dataset(paths, format=fmt, filesystem=arrow_fs)
-    return int(dataset.count_rows())
+    return ds.dataset(paths, format=fmt, filesystem=arrow_fs)
 
 
 def check_output(rng: OffsetRange, fs: filesystems.OutputFS, *, deep: bool = False) -> Violation | None:
@@ -97,6 +107,9 @@ def check_output(rng: OffsetRange, fs: filesystems.OutputFS, *, deep: bool = Fal
         return _violation(ViolationKind.OUTPUT_MISMATCH, rng,
                           f"{where}: the manifest says [{entry.start}, {entry.end}) records/first/last "
                           f"{entry.counts}, the ledger {ledger_counts}")
+    transformed = _transform_problem(rng, manifest, entry)
+    if transformed is not None:
+        return _violation(ViolationKind.OUTPUT_MISMATCH, rng, f"{where}: {transformed}")
     if manifest.files is not None:
         found = outputs.data_file_names(where, fs)
         if found != sorted(manifest.files):
@@ -110,9 +123,43 @@ def check_output(rng: OffsetRange, fs: filesystems.OutputFS, *, deep: bool = Fal
             rows = count_rows(where, manifest.format or "parquet", fs)
         except Exception as exc:  # an unreadable data file is a finding, not a crash of the audit
             return _violation(ViolationKind.OUTPUT_MISMATCH, rng, f"{where}: cannot count rows: {exc}")
-        if rows != rng.records:
+        want = rng.records if rng.rows_out is None else rng.rows_out
+        if rows != want:
+            what = "records" if rng.rows_out is None else "rows written by its transform"
             return _violation(ViolationKind.OUTPUT_MISMATCH, rng,
-                              f"{where}: the data files hold {rows} rows, the ledger committed {rng.records}")
+                              f"{where}: the data files hold {rows} rows, the ledger committed {want} {what}")
+        if rng.rows_out is not None:
+            problem = _deep_transform_problem(rng, where, manifest.format or "parquet", fs)
+            if problem is not None:
+                return _violation(ViolationKind.OUTPUT_MISMATCH, rng, f"{where}: {problem}")
+    return None
+
+
+def _transform_problem(rng: OffsetRange, manifest: Any, entry: Any) -> str | None:
+    """Why a range's manifest disagrees with the ledger about its transform, or None."""
+    if (manifest.transform, entry.rows, entry.dead_letter) == (rng.transform, rng.rows_out, rng.dead_letter):
+        return None
+    return (f"the manifest says transform {manifest.transform} wrote {entry.rows} rows and set aside "
+            f"{entry.dead_letter} records, the ledger transform {rng.transform}, {rng.rows_out} rows, "
+            f"{rng.dead_letter} set aside")
+
+
+def _deep_transform_problem(rng: OffsetRange, where: str, fmt: str, fs: filesystems.OutputFS) -> str | None:
+    """A transformed range's rows all carry its own lineage, and its dead letters number the ledger's."""
+    from streamledger.transform import DEAD_LETTER_DIR, LINEAGE_COLUMNS
+
+    data = read_columns(where, fmt, fs, list(LINEAGE_COLUMNS))
+    if data is not None and data.num_rows:
+        seen = {tuple(row.values()) for row in data.group_by(list(LINEAGE_COLUMNS)).aggregate([]).to_pylist()}
+        mine = (rng.source.stream, rng.start, rng.end)
+        if seen != {mine}:
+            others = sorted(str(list(t)) for t in seen - {mine})
+            return f"rows stamped with another range's lineage (stream, start, end): {', '.join(others)}"
+    if rng.dead_letter:
+        dead = filesystems.join(where, DEAD_LETTER_DIR)
+        held = count_rows(dead, "parquet", fs)
+        if held != rng.dead_letter:
+            return f"{DEAD_LETTER_DIR} holds {held} records, the ledger set aside {rng.dead_letter}"
     return None
 
 

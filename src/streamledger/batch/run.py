@@ -44,10 +44,12 @@ from streamledger.batch.position import (
     user_records_many,
 )
 from streamledger.batch.sinks import choose
+from streamledger.batch.spec import SpecError
 from streamledger.ledger.types import RangeStatus
 from streamledger.manifest import Manifest, ManifestError
 from streamledger.offsets import ChunkPrint, OffsetNotVerified, same_streams, take_prints
 from streamledger.progress import JobWatch, LoggedProgress, Planned, ReadProgress, every_seconds
+from streamledger.transform import TransformError
 
 if TYPE_CHECKING:
     from streamledger.ledger import ClaimRequest, Ledger, OffsetRange, RunIdentity, SourcePosition, SourceRef
@@ -177,6 +179,10 @@ class BatchRun:
         self.runner = runner
         self.holder_alive = holder_alive
         self.on_step = on_step
+        self.transform = config.transformation()
+        """What runs between read and sink per range (None: raw records)."""
+        self.fingerprint = self.transform.fingerprint() if self.transform is not None else None
+        self.output_schema: Any = None
         self.source = PipelineSource(config.pipeline, config.url, stream=config.stream,
                                      super_stream=config.super_stream, broker_name=config.broker_name)
         name = config.broker_name or cluster_name(broker)
@@ -494,6 +500,7 @@ class BatchRun:
         cfg = self.config
         if cfg.fmt == "parquet":  # the job's tasks write it through pyarrow.fs (the Arrow writer)
             filesystems.check_location(cfg.output_root)  # an unknown scheme, no bucket: refused here
+        self.check_transform()  # a transform that cannot run: refused before any claim
         self.sink.check()  # a table that cannot take the job's files: refused before any claim
         self.adopt_identities()
         seen = self.survey(self.streams())
@@ -621,11 +628,34 @@ class BatchRun:
         except Exception:
             log.debug("progress reporter failed", exc_info=True)
 
+    def check_transform(self) -> None:
+        """The pipeline's transform analysed by the runner (when it can: a runner with a session),
+        so SQL that does not parse or names an unknown column, a function that does not import, a
+        schema that does not parse is refused in one line before anything is claimed; the schema it
+        writes is kept (:attr:`output_schema`) for the table sinks."""
+        if self.transform is None:
+            return
+        analyse = getattr(self.runner, "transform_schema", None)
+        if analyse is None:
+            if self.transform.function is not None:
+                try:
+                    self.transform.load_function()
+                except TransformError as exc:
+                    raise SpecError(f"pipeline {self.config.pipeline!r}: {exc}") from None
+            return
+        reserved = tuple(sinks.TABLE_COLUMNS) if self.config.sink != "directory" else ()
+        try:
+            self.output_schema = analyse(self.transform, self.config.url, reserved)
+        except TransformError as exc:
+            raise SpecError(f"pipeline {self.config.pipeline!r}: {exc}") from None
+
     def _job(self, ranges: Mapping[str, tuple[int, int]], output: str) -> Manifest:
         """Run the job: what it says it wrote, as a :class:`Manifest` (the one parse of a mapping, for a
-        runner still returning the manifest's JSON data)."""
+        runner still returning the manifest's JSON data). The transform reaches the runner only when
+        the pipeline has one (a runner written before transforms takes no such keyword)."""
         cfg = self.config
-        raw = self.runner(url=cfg.url, ranges=ranges, output=output, fmt=cfg.fmt, splits=cfg.splits)
+        extra = {"transform": self.transform} if self.transform is not None else {}
+        raw = self.runner(url=cfg.url, ranges=ranges, output=output, fmt=cfg.fmt, splits=cfg.splits, **extra)
         try:
             return raw if isinstance(raw, Manifest) else Manifest.from_dict(raw)
         except ManifestError as exc:
@@ -666,6 +696,13 @@ class BatchRun:
             extra, gone = sorted(set(found) - set(entry.files)), sorted(set(entry.files) - set(found))
             raise BatchError(f"{where}: the data files at {path} differ from the job's manifest "
                              f"(not listed: {extra or 'none'}; missing: {gone or 'none'})")
+        if self.transform is not None:
+            if entry.rows is None or manifest.transform != self.fingerprint:
+                raise BatchError(f"{where}: the job did not run the pipeline's transform "
+                                 f"(manifest transform {manifest.transform}, expected {self.fingerprint})")
+            if entry.dead_letter is not None and entry.dead_letter > records:
+                raise BatchError(f"{where}: {entry.dead_letter} records set aside of {records} read")
+            r.rows, r.dead_letter = entry.rows, entry.dead_letter
         r.records, r.first_offset, r.last_offset = records, first, last
         p.staging = path
         assert p.range is not None
@@ -688,7 +725,9 @@ class BatchRun:
             r = p.result
             assert p.range is not None
             asks.append(CommitRequest(p.range.id, r.records, r.first_offset, r.last_offset, final,
-                                      staging=p.staging, publisher=self.token, chunk=prints.get(r.stream)))
+                                      staging=p.staging, publisher=self.token, chunk=prints.get(r.stream),
+                                      rows_out=r.rows, dead_letter=r.dead_letter,
+                                      transform=self.fingerprint if r.records else None))
         try:
             done = self.ledger.commit_many(asks) if asks else []
         except Exception as exc:
@@ -898,6 +937,11 @@ class BatchRun:
         log.warning("stream %s: committed range [%d, %d) has no output at %s: reading it again", stream,
                     rng.start, rng.end, final)
         cfg = self.config
+        if rng.transform != self.fingerprint:
+            raise BatchError(
+                f"stream {stream!r} range [{rng.start}, {rng.end}): its output is gone and it was produced by "
+                f"transform {rng.transform or 'none (raw records)'}, not the pipeline's "
+                f"{self.fingerprint or 'none (raw records)'}: it cannot be made again as committed")
         staging = plan.staging_dir(cfg.output_root, cfg.pipeline, self.identity, self.run,
                                    uuid.uuid4().hex[:8])
         manifest = self._job({stream: (rng.start, rng.end)}, staging)

@@ -10,7 +10,9 @@ room below (:mod:`streamledger.batch.rules`); this record is the one place that 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal
 
 from streamledger.batch.rules import (
@@ -24,6 +26,7 @@ from streamledger.batch.rules import (
 )
 from streamledger.errors import BatchError
 from streamledger.fs import credentials_problem, redact
+from streamledger.transform import Transform, TransformError
 
 __all__ = ["Door", "InitialPosition", "PipelineSpec", "SpecError"]
 
@@ -66,6 +69,12 @@ class PipelineSpec:
     ``claim_timeout`` (a claim not renewed that long is abandoned), ``store_offset`` /
     ``store_timeout`` (the broker's stored offset follows the ledger).
 
+    What runs between read and sink (:mod:`streamledger.transform`, per range): ``sql`` over the
+    view ``records`` (or ``sql_file``, a file holding it), or ``transform`` (an import path
+    ``"package.module:function"``, ``DataFrame -> DataFrame``; a callable where the job runs in this
+    process); ``body_format="json"`` with ``body_schema`` (Spark DDL) decodes the body first, and
+    ``on_bad_record`` (``fail``, ``null``, ``dead_letter``) says what a body that does not decode does.
+
     ``intervals`` says whether runs bring a data interval: True (time-window partitions), False
     (never), None (known only when a run starts). ``door`` names the front door, for the wording
     of a refusal only.
@@ -91,6 +100,12 @@ class PipelineSpec:
     bound_by_interval: bool = False
     interval_grace: float = 60.0
     intervals: bool | None = None
+    sql: str | None = None
+    sql_file: str | None = None
+    transform: str | Callable[[Any], Any] | None = None
+    body_format: Literal["raw", "json"] = "raw"
+    body_schema: str | None = None
+    on_bad_record: Literal["fail", "null", "dead_letter"] = "fail"
     door: Door = field(default=Door.PYTHON, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,8 +125,32 @@ class PipelineSpec:
             return f"{name}: max_offsets must be >= 1, got {self.max_offsets}"
         problem = (splits_problem(self.splits) or on_data_loss_problem(self.on_data_loss)
                    or self._claim_problem() or initial_position_problem(self.initial_position)
-                   or fmt_problem(self.fmt) or self._sink_problem() or self._interval_problem())
+                   or fmt_problem(self.fmt) or self._sink_problem() or self._interval_problem()
+                   or self._transform_problem())
         return None if problem is None else f"{name}: {problem}"
+
+    def _transform_problem(self) -> str | None:
+        if self.sql is not None and self.sql_file is not None:
+            return "give sql or sql_file, not both"
+        try:
+            made = self.transformation()
+        except TransformError as exc:
+            return str(exc)
+        if made is not None and self.sink != "directory" and self.fmt != "parquet":
+            return f"a {self.sink} table takes Parquet files; a transform's format must be parquet"
+        return None if made is None else made.problem()
+
+    def transformation(self) -> Transform | None:
+        """What runs between read and sink (``sql_file`` read here), or None for raw records."""
+        sql = self.sql
+        if self.sql_file is not None:
+            try:
+                sql = Path(self.sql_file).read_text()
+            except OSError as exc:
+                raise TransformError(f"sql_file {self.sql_file!r} cannot be read: {exc.strerror or exc}") from None
+        made = Transform(sql=sql, function=self.transform, body_format=self.body_format,
+                         body_schema=self.body_schema, on_bad_record=self.on_bad_record)
+        return made if made.active or made.problem() else None
 
     def _claim_problem(self) -> str | None:
         if self.heartbeat_interval <= 0 or self.claim_timeout <= self.heartbeat_interval:

@@ -155,6 +155,9 @@ class Commits(Sources):
         label = f"range {row.id} ({pipeline} {src.stream} [{row.start_offset}, {row.end_offset}))"
         records, first_seen, last_seen = c.records, c.first_seen, c.last_seen
         self._check_counts(label, row, records, first_seen, last_seen)
+        problem = transform_counts_problem(records, c.rows_out, c.dead_letter)
+        if problem is not None:
+            raise LedgerError(f"{label}: {problem}")
         if row.status == RangeStatus.COMMITTED.value:
             if (row.records, row.first_seen, row.last_seen) == (records, first_seen, last_seen):
                 return snapshot(row, pipeline, src)
@@ -177,6 +180,7 @@ class Commits(Sources):
         if records and c.chunk is not None:
             row.chunk_offset, row.chunk_timestamp = c.chunk.offset, c.chunk.timestamp
             row.chunk_crc = c.chunk.crc
+        row.rows_out, row.dead_letter, row.transform = c.rows_out, c.dead_letter, c.transform
         row.committed_at = now
         row.updated_at = now
         return snapshot(row, pipeline, src)
@@ -237,3 +241,12 @@ class Commits(Sources):
             row.status = RangeStatus.FAILED.value
             row.error = clip(str(reason) or "failed")
             row.updated_at = self._clock_sql()  # stamped in the UPDATE
+
+
+def transform_counts_problem(records: int, rows_out: int | None, dead_letter: int | None) -> str | None:
+    """Why a transform's counts cannot be a range's: negative, or more records set aside than read."""
+    if rows_out is not None and (not isinstance(rows_out, int) or rows_out < 0):
+        return f"rows_out must be a non-negative integer, got {rows_out!r}"
+    if dead_letter is not None and (not isinstance(dead_letter, int) or not 0 <= dead_letter <= records):
+        return f"dead_letter must be an integer in 0..{records} (the records read), got {dead_letter!r}"
+    return None

@@ -209,6 +209,11 @@ class Range(LedgerBase):
     chunk_offset: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     chunk_timestamp: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     chunk_crc: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # 0018: what a transform made of the range: the rows it wrote, the records it set aside (dead
+    # letter), and the fingerprint of the transform (NULL for a raw range).
+    rows_out: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    dead_letter: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    transform: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class IdleRun(LedgerBase):

@@ -77,6 +77,9 @@ def snapshot(row: Any, pipeline: str, source: Source | SourceRef) -> OffsetRange
         interval=(utc(row.interval_start), utc(row.interval_end))
         if getattr(row, "interval_start", None) is not None and getattr(row, "interval_end", None) is not None
         else None,
+        rows_out=getattr(row, "rows_out", None),
+        dead_letter=getattr(row, "dead_letter", None),
+        transform=getattr(row, "transform", None),
     )
 
 

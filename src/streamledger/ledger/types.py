@@ -175,6 +175,12 @@ class OffsetRange:
     """The commit of ``sink_table`` holding the range: Iceberg snapshot id or Delta version."""
     interval: tuple[datetime, datetime] | None = None
     """A pinned range's data interval ``[start, end)`` (UTC), None for a range claimed at the tail."""
+    rows_out: int | None = None
+    """With a transform: the rows it wrote for the range (None: a raw range, its rows are its records)."""
+    dead_letter: int | None = None
+    """With a decoding transform and ``on_bad_record="dead_letter"``: the records set aside."""
+    transform: str | None = None
+    """The fingerprint of the transform that produced the range's rows (None: raw records)."""
 
     @property
     def needs_publish(self) -> bool:
@@ -364,3 +370,7 @@ class CommitRequest:
     staging: str | None = None
     publisher: str | None = None
     chunk: ChunkPrint | None = None
+    rows_out: int | None = None
+    """What the transform wrote (None: no transform); see ``OffsetRange.rows_out``."""
+    dead_letter: int | None = None
+    transform: str | None = None

@@ -48,12 +48,13 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 from streamledger import fs
 from streamledger.errors import OneLineParser, StreamledgerError
-from streamledger.manifest import MANIFEST, Manifest, StreamEntry
+from streamledger.manifest import MANIFEST, Manifest, StreamEntry, is_data_file
 from streamledger.sources import connect_log, log_kind, require_feature, super_stream_partitions
 from streamledger.spark.arrow_writer import FILE_BYTES, ROW_GROUP_BYTES, WriterOptions, write_files
 from streamledger.spark.fs import for_session
@@ -67,6 +68,7 @@ from streamledger.spark.planning import (
 )
 from streamledger.spark.session import DEFAULT_MASTER, build_session, parallelism, register_source
 from streamledger.spark.summaries import SUMMARY_OFFSET, decode
+from streamledger.transform import DEAD_LETTER_DIR, Transform
 
 FORMATS = ("parquet", "orc", "json")
 WRITERS = ("arrow", "spark")
@@ -170,6 +172,7 @@ def job_manifest(
     fail_on_data_loss: bool = True,
     writer: str | None = None,
     writer_options: WriterOptions | None = None,
+    transform: Transform | None = None,
 ) -> Manifest:
     """Read ``ranges`` (``{stream: (start, end)}``, half-open) into ``output`` and return the manifest.
 
@@ -179,7 +182,15 @@ def job_manifest(
     (``amqp`` for RabbitMQ streams, ``bson`` for mewbase channels). ``writer``: ``arrow`` (the tasks
     write Parquet with pyarrow, :mod:`streamledger.spark.arrow_writer`; the default for Parquet) or
     ``spark`` (the JVM's writer; the only one for ORC and JSON).
+
+    With an active ``transform`` the records land raw first (Parquet, verified as above, under
+    ``output/_raw``), then :func:`_transform_ranges` runs it on each range's raw files and writes
+    each range's rows in ``fmt`` into its own directory; the raw landing is removed.
     """
+    if transform is not None and transform.active:
+        return _transformed(spark, url=url, ranges=ranges, output=output, fmt=fmt, splits=splits,
+                            decode=decode, fail_on_data_loss=fail_on_data_loss,
+                            writer_options=writer_options, transform=transform)
     kind = log_kind(url)
     decode = decode or kind.default_decode
     if fmt not in FORMATS:
@@ -210,6 +221,44 @@ def job_manifest(
         files = {}
     return _finish(planned, stats, paths, files, out_dir=out_dir, out_fs=out_fs, fmt=fmt, decode=decode,
                    splits=splits, order=order)
+
+
+RAW_DIR = "_raw"
+
+
+def _transformed(spark: Any, *, url: str, ranges: Mapping[str, Sequence[int]], output: str, fmt: str,
+                 splits: int, decode: str | None, fail_on_data_loss: bool, writer_options: WriterOptions | None,
+                 transform: Transform) -> Manifest:
+    """The raw landing, then the transform per range (see :func:`job_manifest`)."""
+    from streamledger.spark.transform import transform_range
+
+    if fmt not in FORMATS:
+        raise PlanningError(f"format {fmt!r} is not supported; use one of {', '.join(FORMATS)}")
+    out_dir = _output_dir(output)
+    out_fs = for_session(spark, out_dir)
+    out_fs.delete(out_dir)  # the job owns its directory: a rerun replaces it as a whole
+    raw_dir = fs.join(out_dir, RAW_DIR)
+    raw = job_manifest(spark, url=url, ranges=ranges, output=raw_dir, fmt="parquet", splits=splits,
+                       decode=decode, fail_on_data_loss=fail_on_data_loss, writer="arrow",
+                       writer_options=writer_options)
+    ddl = log_kind(url).files_ddl()
+    streams: dict[str, StreamEntry] = {}
+    for i, stream in enumerate(sorted(raw.streams)):
+        entry = raw.streams[stream]
+        where = raw.entry_path(stream, raw_dir)
+        names = entry.files if entry.files is not None else [n for n in out_fs.files(where) if is_data_file(n)]
+        path = fs.join(out_dir, f"{PART_COLUMN}={i}")
+        done = transform_range(spark, transform, raw_files=[fs.join(where, n) for n in names], source_ddl=ddl,
+                               stream=stream, start=entry.start, end=entry.end, out_dir=path, fmt=fmt,
+                               dead_dir=fs.join(path, DEAD_LETTER_DIR))
+        written = sorted(n for n in out_fs.files(path) if is_data_file(n))
+        streams[stream] = replace(entry, path=path, files=tuple(written), rows=done.rows,
+                                  dead_letter=done.dead_letter if transform.dead_letters else None)
+    out_fs.delete(raw_dir)
+    manifest = replace(raw, streams=streams, output=out_dir, format=fmt, transform=transform.fingerprint(),
+                       written_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+    out_fs.write_bytes(fs.join(out_dir, MANIFEST), manifest.to_json())  # last: it marks the output complete
+    return manifest
 
 
 def choose_writer(fmt: str, writer: str | None) -> str:
@@ -469,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "all job processes share, whose Python workers stay warm)")
     p.add_argument("--master", default=None,
                    help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit: spark-submit's)")
+    p.add_argument("--transform", default=None,
+                   help='JSON of the transform between read and write: {"sql": ..., "function": '
+                   '"package.module:function", "body_format": "json", "body_schema": DDL, "on_bad_record": ...}')
     return p
 
 
@@ -479,6 +531,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.url = read_url_file(args.url_file)
         if not args.url:
             raise PlanningError("--url or --url-file is required (or set STREAMLEDGER_RABBITMQ_URL)")
+        transform = None
+        if args.transform:
+            try:
+                transform = Transform.from_dict(json.loads(args.transform))
+            except ValueError as exc:
+                raise PlanningError(f"--transform: {exc}") from None
         if args.ranges:
             if args.stream or args.super_stream:
                 raise PlanningError("--ranges names the streams itself; drop --stream/--super-stream")
@@ -519,6 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 spark, url=args.url, ranges=ranges, output=args.output, fmt=args.format,
                 splits=args.splits, decode=args.decode, fail_on_data_loss=not args.allow_data_loss,
                 writer=args.writer, writer_options=WriterOptions(args.row_group_bytes, args.file_bytes),
+                transform=transform,
             )
         finally:
             spark.stop()

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +32,7 @@ from streamledger.errors import BatchError
 from streamledger.fs import ArrowFS, OutputFS, filesystem_for, first_line, join, redact
 from streamledger.manifest import MANIFEST, Manifest, ManifestError
 from streamledger.spark.fs import for_session
+from streamledger.transform import Transform
 
 _R = TypeVar("_R")
 
@@ -83,13 +84,19 @@ class LocalSparkRunner:
             context.removeJobTag(tag)
 
     def __call__(
-        self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str, splits: int
+        self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str, splits: int,
+        transform: Transform | None = None,
     ) -> Manifest:
         from streamledger.spark.job import job_manifest
 
         with self.tagged():
             return job_manifest(self.session(), url=url, ranges=dict(ranges), output=output, fmt=fmt,
-                                splits=splits)
+                                splits=splits, transform=transform)
+
+    def transform_schema(self, transform: Transform, url: str, reserved: Sequence[str] = ()) -> Any:
+        """What ``transform`` writes (a Spark schema), analysed on this runner's session; one-line
+        ``TransformError`` when it cannot run (asked before anything is claimed)."""
+        return _transform_schema(self.session(), transform, url, reserved)
 
     def filesystem(self, location: str) -> OutputFS:
         """The session's Hadoop file system for a URI (starts the session if needed), so outputs
@@ -164,7 +171,8 @@ class SparkConnectRunner:
         return self._spark
 
     def __call__(
-        self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str, splits: int
+        self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str, splits: int,
+        transform: Transform | None = None,
     ) -> Manifest:
         from streamledger.spark.job import job_manifest
 
@@ -174,11 +182,16 @@ class SparkConnectRunner:
             self._tag = tag
         spark.addTag(tag)
         try:
-            return job_manifest(spark, url=url, ranges=dict(ranges), output=output, fmt=fmt, splits=splits)
+            return job_manifest(spark, url=url, ranges=dict(ranges), output=output, fmt=fmt, splits=splits,
+                                transform=transform)
         finally:
             spark.removeTag(tag)
             with self._lock:
                 self._tag = None
+
+    def transform_schema(self, transform: Transform, url: str, reserved: Sequence[str] = ()) -> Any:
+        """:meth:`LocalSparkRunner.transform_schema` on the server's session."""
+        return _transform_schema(self.session(), transform, url, reserved)
 
     def filesystem(self, location: str) -> OutputFS:
         """``pyarrow.fs`` from the URI: a Connect client has no JVM to reach Hadoop through, so the
@@ -229,12 +242,13 @@ class SubmitRunner:
     """
 
     def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
-                 splits: int) -> Manifest:
+                 splits: int, transform: Transform | None = None) -> Manifest:
         import streamledger.spark.job as job
 
         with job.url_file(url) as path:
             self.submit(str(Path(job.__file__)), path,
-                        job_arguments(path, ranges=ranges, output=output, fmt=fmt, splits=splits))
+                        job_arguments(path, ranges=ranges, output=output, fmt=fmt, splits=splits,
+                                      transform=transform))
         try:
             return Manifest.from_dict(read_manifest(output))
         except ManifestError as exc:
@@ -246,10 +260,20 @@ class SubmitRunner:
 
 
 def job_arguments(url_file: Path, *, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
-                  splits: int) -> list[str]:
+                  splits: int, transform: Transform | None = None) -> list[str]:
     """The job's command line for one batch: the URL file's path, never the URL."""
-    return ["--url-file", str(url_file), "--ranges", json.dumps({s: list(r) for s, r in ranges.items()}),
+    args = ["--url-file", str(url_file), "--ranges", json.dumps({s: list(r) for s, r in ranges.items()}),
             "--output", output, "--format", fmt, "--splits", str(splits)]
+    if transform is not None and transform.active:
+        args += ["--transform", json.dumps(transform.to_dict(), sort_keys=True)]
+    return args
+
+
+def _transform_schema(spark: Any, transform: Transform, url: str, reserved: Sequence[str]) -> Any:
+    from streamledger.sources import log_kind
+    from streamledger.spark.transform import output_schema
+
+    return output_schema(spark, transform, log_kind(url).files_ddl(), reserved)
 
 
 def job_environment() -> dict[str, str]:

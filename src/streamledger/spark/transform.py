@@ -1,0 +1,178 @@
+"""The user's transform on Spark: one range's raw records in, typed rows (and dead letters) out.
+
+The job lands a batch's raw records first (verified exactly as a raw pipeline's: counts, first and
+last offsets, files), then runs :func:`transform_range` for each range on exactly those files, so a
+retry runs the transform again on exactly the same records whatever the transform does. What the
+user's code sees is the view ``records``: the source's columns, plus the decoded body's fields when
+``body_format`` is ``json``. What it returns gets the lineage columns
+(:data:`~streamledger.transform.LINEAGE_COLUMNS`) appended here, never by the user's code.
+
+The view name is the user's (``FROM records``), so a temp view is registered under a lock held
+until the range's write ends: Spark Connect resolves views when a plan runs, not when it is built.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from streamledger.transform import (
+    BAD_RECORD_MARK,
+    CORRUPT_COLUMN,
+    LINEAGE_COLUMNS,
+    Transform,
+    TransformError,
+    lineage_problem,
+)
+
+VIEW = "records"
+_VIEW_LOCK = threading.RLock()
+
+
+@dataclass(frozen=True, slots=True)
+class RangeOutput:
+    """What one range's transform wrote: ``rows`` into its directory, ``dead_letter`` records aside."""
+
+    rows: int
+    dead_letter: int
+
+
+def decoded(df: Any, t: Transform) -> tuple[Any, Any | None]:
+    """``df`` with the body's fields as columns (the view the user's code sees), and the records that
+    did not decode (``on_bad_record="dead_letter"``; else None). ``fail`` raises inside the tasks,
+    naming the stream and offset of the bad record (turned into one line by :func:`one_line`)."""
+    if not t.decodes:
+        return df, None
+    from pyspark.sql import functions as F
+
+    schema = f"{t.body_schema}, {CORRUPT_COLUMN} STRING"
+    body = F.col("body").cast("string")
+    parsed = F.from_json(body, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN})
+    # A body that is JSON but not an object (null, a number, an array) parses to NULL: also bad.
+    bad = parsed.isNull() | parsed[CORRUPT_COLUMN].isNotNull()
+    with_parsed = df.withColumn("__streamledger_parsed", parsed).withColumn("__streamledger_bad", bad)
+    fields = [f"__streamledger_parsed.`{name}`" for name in _field_names(with_parsed)]
+    dead = None
+    if t.on_bad_record == "fail":
+        message = F.concat(F.lit(f"{BAD_RECORD_MARK} stream '"), F.col("stream"), F.lit("' offset "),
+                           F.col("offset").cast("string"),
+                           F.lit(": body is not a JSON object of body_schema"))
+        with_parsed = with_parsed.withColumn(
+            "__streamledger_bad", F.when(F.col("__streamledger_bad"), F.raise_error(message)).otherwise(F.lit(False)))
+        good = with_parsed.where(~F.col("__streamledger_bad"))
+    elif t.on_bad_record == "dead_letter":
+        dead = with_parsed.where(F.col("__streamledger_bad")).select(*df.columns)
+        good = with_parsed.where(~F.col("__streamledger_bad"))
+    else:
+        good = with_parsed.withColumn(CORRUPT_COLUMN, F.when(F.col("__streamledger_bad"), body))
+        fields.append(CORRUPT_COLUMN)
+    columns = [c for c in df.columns]
+    return good.select(*columns, *[F.expr(f).alias(f.split("`")[1]) for f in fields if "`" in f],
+                       *([CORRUPT_COLUMN] if t.on_bad_record == "null" else [])), dead
+
+
+def _field_names(with_parsed: Any) -> list[str]:
+    struct = with_parsed.schema["__streamledger_parsed"].dataType
+    return [f.name for f in struct.fields if f.name != CORRUPT_COLUMN]
+
+
+@contextmanager
+def user_view(spark: Any, df: Any) -> Iterator[None]:
+    """``df`` as the temp view ``records`` while the body runs (other jobs of the session wait)."""
+    with _VIEW_LOCK:
+        df.createOrReplaceTempView(VIEW)
+        try:
+            yield
+        finally:
+            spark.catalog.dropTempView(VIEW)
+
+
+def apply_user(spark: Any, records: Any, t: Transform) -> Any:
+    """The user's SQL or function over ``records`` (call inside :func:`user_view`)."""
+    if t.sql is not None:
+        return spark.sql(t.sql)
+    if t.function is not None:
+        out = t.load_function()(records)
+        if not hasattr(out, "schema") or not hasattr(out, "write"):
+            raise TransformError(f"transform {t.function_name} returned {type(out).__name__}, not a DataFrame")
+        return out
+    return records
+
+
+def stamped(out: Any, stream: str, start: int, end: int) -> Any:
+    """The transform's rows with the range they came from (the lineage columns, constant)."""
+    from pyspark.sql import functions as F
+
+    return out.select("*", F.lit(stream).alias(LINEAGE_COLUMNS[0]),
+                      F.lit(start).cast("long").alias(LINEAGE_COLUMNS[1]),
+                      F.lit(end).cast("long").alias(LINEAGE_COLUMNS[2]))
+
+
+def output_schema(spark: Any, t: Transform, source_ddl: str, reserved: Sequence[str] = ()) -> Any:
+    """The Spark schema a transform writes (lineage columns included), found by analysing it on an
+    empty DataFrame of the source's columns: SQL that does not parse or names an unknown column, a
+    function that does not import or fails, a schema that does not parse, a clash with the lineage
+    columns: one-line :class:`TransformError`, before anything is claimed."""
+    try:
+        empty = spark.createDataFrame([], source_ddl)
+        records, _dead = decoded(empty, t)
+        with user_view(spark, records):
+            out = apply_user(spark, records, t)
+            schema = out.schema  # analysed here (Connect: a round trip to the server)
+    except TransformError:
+        raise
+    except Exception as exc:
+        raise TransformError(f"the transform cannot run: {one_line(exc)}") from None
+    problem = lineage_problem(list(schema.names), tuple(reserved))
+    if problem is not None:
+        raise TransformError(problem)
+    return stamped(out, "", 0, 0).schema
+
+
+def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], source_ddl: str, stream: str,
+                    start: int, end: int, out_dir: str, fmt: str, dead_dir: str) -> RangeOutput:
+    """Run ``t`` on one range's raw files; write its rows (lineage stamped) to ``out_dir`` and the
+    records that did not decode to ``dead_dir``. The counts are observed on the rows as they are
+    written (the write's own stage), not counted again."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    raw = (spark.read.schema(source_ddl).parquet(*raw_files) if raw_files
+           else spark.createDataFrame([], source_ddl))
+    records, dead = decoded(raw, t)
+    rows_seen = Observation(f"streamledger_rows_{uuid.uuid4().hex}")
+    try:
+        with user_view(spark, records):
+            out = stamped(apply_user(spark, records, t), stream, start, end)
+            out.observe(rows_seen, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").format(fmt).save(out_dir)
+        dead_count = 0
+        if dead is not None:
+            dead_seen = Observation(f"streamledger_dead_{uuid.uuid4().hex}")
+            dead.observe(dead_seen, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").parquet(dead_dir)
+            dead_count = int(dead_seen.get["rows"])
+    except TransformError:
+        raise
+    except Exception as exc:
+        raise TransformError(f"stream {stream!r} range [{start}, {end}): the transform failed: {one_line(exc)}"
+                             ) from None
+    return RangeOutput(rows=int(rows_seen.get["rows"]), dead_letter=dead_count)
+
+
+_MARKED = re.compile(re.escape(BAD_RECORD_MARK) + r"[^\n\r\"]*")
+_SPARK_CLASS = re.compile(r"^\[[A-Z_.]+\]\s*")
+
+
+def one_line(exc: BaseException) -> str:
+    """A Spark failure as one line: a bad record's own message when one is inside, else the first
+    line of the error without its JVM stack."""
+    text = str(exc)
+    found = _MARKED.search(text)
+    if found:
+        return found.group(0).strip().rstrip(".")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return _SPARK_CLASS.sub("", first)[:300]
