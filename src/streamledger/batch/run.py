@@ -655,7 +655,11 @@ class BatchRun:
         the pipeline has one (a runner written before transforms takes no such keyword)."""
         cfg = self.config
         extra = {"transform": self.transform} if self.transform is not None else {}
-        raw = self.runner(url=cfg.url, ranges=ranges, output=output, fmt=cfg.fmt, splits=cfg.splits, **extra)
+        try:
+            raw = self.runner(url=cfg.url, ranges=ranges, output=output, fmt=cfg.fmt, splits=cfg.splits,
+                              **extra)
+        except TransformError as exc:
+            raise BatchError(str(exc)) from None
         try:
             return raw if isinstance(raw, Manifest) else Manifest.from_dict(raw)
         except ManifestError as exc:

@@ -158,13 +158,16 @@ def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], sourc
     except TransformError:
         raise
     except Exception as exc:
-        raise TransformError(f"stream {stream!r} range [{start}, {end}): the transform failed: {one_line(exc)}"
-                             ) from None
+        said = one_line(exc)
+        if said.startswith(BAD_RECORD_MARK):  # it names the stream and offset itself
+            raise TransformError(said[len(BAD_RECORD_MARK):].strip() + " (on_bad_record 'fail')") from None
+        raise TransformError(f"stream {stream!r} range [{start}, {end}): the transform failed: {said}") from None
     return RangeOutput(rows=int(rows_seen.get["rows"]), dead_letter=dead_count)
 
 
 _MARKED = re.compile(re.escape(BAD_RECORD_MARK) + r"[^\n\r\"]*")
 _SPARK_CLASS = re.compile(r"^\[[A-Z_.]+\]\s*")
+_SQLSTATE = re.compile(r"\s*SQLSTATE: \w+")
 
 
 def one_line(exc: BaseException) -> str:
@@ -173,6 +176,6 @@ def one_line(exc: BaseException) -> str:
     text = str(exc)
     found = _MARKED.search(text)
     if found:
-        return found.group(0).strip().rstrip(".")
+        return _SQLSTATE.sub("", found.group(0)).strip().rstrip(".")
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
-    return _SPARK_CLASS.sub("", first)[:300]
+    return _SQLSTATE.sub("", _SPARK_CLASS.sub("", first))[:300]

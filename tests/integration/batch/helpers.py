@@ -32,6 +32,10 @@ class CountingRunner:
         self.die: BaseException | None = None
         self.die_mid_write = False
 
+    def transform_schema(self, *args: Any, **kwargs: Any) -> Any:
+        """The inner runner's analysis of a transform (asked before the claim; not a job call)."""
+        return self.inner.transform_schema(*args, **kwargs)
+
     def __call__(self, **kwargs: Any) -> Mapping[str, Any]:
         self.calls += 1
         if self.die_mid_write:
