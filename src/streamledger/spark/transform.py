@@ -114,7 +114,7 @@ def stamped(out: Any, stream: str, start: int, end: int) -> Any:
 
 
 def output_schema(spark: Any, t: Transform, source_ddl: str, reserved: Sequence[str] = ()) -> Any:
-    """The Spark schema a transform writes (lineage columns included), found by analysing it on an
+    """The schema a transform writes, as pyarrow (lineage columns included), found by analysing it on an
     empty DataFrame of the source's columns: SQL that does not parse or names an unknown column, a
     function that does not import or fails, a schema that does not parse, a clash with the lineage
     columns: one-line :class:`TransformError`, before anything is claimed."""
@@ -131,7 +131,12 @@ def output_schema(spark: Any, t: Transform, source_ddl: str, reserved: Sequence[
     problem = lineage_problem(list(schema.names), tuple(reserved))
     if problem is not None:
         raise TransformError(problem)
-    return stamped(out, "", 0, 0).schema
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(stamped(out, "", 0, 0).schema)
+    except Exception as exc:  # a type Arrow cannot hold (e.g. a user-defined type)
+        raise TransformError(f"the transform's output cannot be written as Parquet: {one_line(exc)}") from None
 
 
 def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], source_ddl: str, stream: str,
@@ -142,6 +147,9 @@ def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], sourc
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
+    # Timestamps as the Parquet standard's TIMESTAMP_MICROS, not Spark's legacy INT96: the table sinks
+    # add these files to Iceberg / Delta tables as they are, and Iceberg has no INT96.
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     raw = (spark.read.schema(source_ddl).parquet(*raw_files) if raw_files
            else spark.createDataFrame([], source_ddl))
     records, dead = decoded(raw, t)

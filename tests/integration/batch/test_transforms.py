@@ -231,3 +231,73 @@ def test_the_audit_catches_a_planted_duplicate_a_deleted_output_and_a_changed_ro
     assert (third.id, ViolationKind.OUTPUT_MISSING) in kinds, report.to_text()
     assert not [v for v in report.violations if v.range_id == first.id]
     assert set(LINEAGE_COLUMNS) <= set(rows_of(first.output)[0])
+
+
+def table_of(sink: str, ledger: Ledger, root: Path, pipe: str) -> Any:
+    """The table as its own library reads it (pyiceberg / deltalake)."""
+    if sink == "iceberg":
+        from streamledger.batch.sinks import default_iceberg_table
+        from streamledger.batch.sinks.iceberg import catalog_properties, load_catalog
+
+        cat = load_catalog(catalog_properties(None, ledger_url=ledger.url, output_root=str(root)))
+        return cat.load_table(default_iceberg_table(pipe)).scan().to_arrow()
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(root / pipe)).to_pyarrow_table()
+
+
+@pytest.mark.parametrize("sink", ["iceberg", "delta"])
+def test_a_transform_lands_typed_rows_in_a_table_that_evolves_with_it(
+        sink: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
+        stream_name: Any, tmp_path: Path) -> None:
+    """The first batch creates the table with the transform's columns and the lineage; a later
+    transform adding a column evolves the table; one changing a column's type is refused before the
+    claim; the table's rows equal plain Python's reading of the broker, and the audit is clean."""
+    s = stream_name(f"orders-{sink}")
+    publish_orders(rabbitmq_url, s, 80)
+    base = dict(pipeline=PIPE, sink=sink, max_offsets=40, body_format="json", body_schema=SCHEMA,
+                on_bad_record="dead_letter")
+    first = config(rabbitmq_url, tmp_path, s, sql="SELECT order_id, amount FROM records WHERE status = 'paid'",
+                   **base)
+    run_batch(first, run=rid("t", run="r1"), ledger=ledger, broker=client, runner=runner)
+    wider = config(rabbitmq_url, tmp_path, s, **base,
+                   sql="SELECT order_id, amount, currency FROM records WHERE status = 'paid'")
+    run_batch(wider, run=rid("t", run="r2"), ledger=ledger, broker=client, runner=runner)
+    rows = table_of(sink, ledger, tmp_path, PIPE).to_pylist()
+    want = sorted((d["order_id"], Decimal(d["amount"])) for b in broker_bodies(rabbitmq_url, s, 0, 80)
+                  if (d := decoded(b)) and d["status"] == "paid")
+    assert sorted((r["order_id"], r["amount"]) for r in rows) == want
+    first_range, second_range = published(ledger)
+    assert {r["currency"] is None for r in rows if r["streamledger_start"] == first_range.start} == {True}
+    assert None not in {r["currency"] for r in rows if r["streamledger_start"] == second_range.start}
+    assert first_range.transform != second_range.transform  # which transform produced which range
+    report = audit(ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
+    narrowed = config(rabbitmq_url, tmp_path, s, **base,
+                      sql="SELECT order_id, CAST(amount AS STRING) AS amount FROM records")
+    with pytest.raises(BatchError) as refused:
+        run_batch(narrowed, run=rid("t", run="r3"), ledger=ledger, broker=client, runner=runner)
+    assert "amount" in str(refused.value) and "type" in str(refused.value)
+    assert len(published(ledger)) == 2 and not [r for r in ledger.ranges(PIPE)
+                                                   if r.status == RangeStatus.CLAIMED]
+
+
+def test_the_table_audit_catches_rows_of_a_range_the_ledger_did_not_commit(
+        ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+        tmp_path: Path) -> None:
+    """A data file of a committed range appended to the table a second time (a copy, as a failed
+    attempt's rows would be): the audit reports the range's row count."""
+    s = stream_name("orders-tbl-audit")
+    publish_orders(rabbitmq_url, s, 30)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=PIPE, sink="delta", body_format="json",
+                 body_schema=SCHEMA, on_bad_record="dead_letter", sql="SELECT order_id, amount FROM records")
+    run_batch(cfg, run=rid("t"), ledger=ledger, broker=client, runner=runner)
+    assert audit(ledger, PIPE, broker=client).clean
+    from deltalake import DeltaTable, write_deltalake
+
+    dt = DeltaTable(str(tmp_path / PIPE))
+    write_deltalake(dt, dt.to_pyarrow_table().slice(0, 3), mode="append")
+    report = audit(ledger, PIPE, broker=client)
+    [r] = published(ledger)
+    assert [v.range_id for v in report.violations] == [r.id], report.to_text()
+    assert "rows" in report.violations[0].detail

@@ -235,11 +235,14 @@ def _local(location: str) -> str:
     return str(filesystems.local_path(location)) if filesystems.scheme(location) in ("", "file") else location
 
 
-def schema_problem(schema: Any, files_schema: Any = None) -> str | None:
+def schema_problem(schema: Any, files_schema: Any = None, *, transformed: bool = False) -> str | None:
     """Why a table's arrow ``schema`` is not the job's (``files_schema``: the columns of every file
     the job writes from the pipeline's kind of log, ``LogKind.files_schema``; RabbitMQ's
     ``schemas.ARROW_SCHEMA`` when not given), or None. The one rule both table sinks ask before
-    claiming."""
+    claiming. With a transform (``transformed``), ``files_schema`` is what the transform writes
+    (None: not known before the job) and the table follows it (:func:`transform_schema_problem`)."""
+    if transformed:
+        return None if files_schema is None else transform_schema_problem(schema, files_schema)
     if files_schema is None:
         from streamledger.schemas import ARROW_SCHEMA as files_schema
 
@@ -254,6 +257,43 @@ def schema_problem(schema: Any, files_schema: Any = None) -> str | None:
     if wrong:
         return "its column types are not the job's: " + "; ".join(wrong)
     return None
+
+
+def transform_schema_problem(schema: Any, output: Any) -> str | None:
+    """Why a table cannot take a transform's rows, or None. A transform may add columns (the table
+    evolves: :func:`new_columns`) and leave out a nullable one (its rows read null there); it may
+    not change a column's type, nor leave out a column the table requires, nor land on a table of
+    raw records (no lineage columns)."""
+    from streamledger.transform import LINEAGE_COLUMNS
+
+    have = {f.name: f for f in schema}
+    if LINEAGE_COLUMNS[0] not in have:
+        return ("it holds raw records (no lineage columns), not a transform's rows: give the transform "
+                "a table of its own")
+    wants = {f.name: f for f in output}
+    changed = [f"{n} is {_kind(have[n].type)}, the transform writes {_kind(f.type)}"
+               for n, f in wants.items() if n in have and _kind(have[n].type) != _kind(f.type)]
+    if changed:
+        return "the transform changes column types (refused: rewrite the table or use a new one): " + "; ".join(changed)
+    required = [n for n, f in have.items() if n not in wants and n not in TABLE_COLUMNS and not f.nullable]
+    if required:
+        return f"the transform leaves out column(s) the table requires: {', '.join(required)}"
+    return None
+
+
+def new_columns(schema: Any, output: Any) -> list[Any]:
+    """The transform's columns the table lacks, as nullable fields (what the table evolves by)."""
+    have = set(schema.names)
+    return [f.with_nullable(True) for f in output if f.name not in have]
+
+
+def row_columns(have: set[str]) -> list[str]:
+    """The columns the audit reads of a table's rows: a transform's lineage, or each raw row's
+    ``stream`` and ``offset``; with the :data:`TABLE_COLUMNS` the table has."""
+    from streamledger.transform import LINEAGE_COLUMNS
+
+    own = list(LINEAGE_COLUMNS) if LINEAGE_COLUMNS[0] in have else ["stream", "offset"]
+    return [*own, *(c for c in TABLE_COLUMNS if c in have)]
 
 
 def data_files(location: str, fs: filesystems.OutputFS | None = None) -> list[str]:
@@ -395,6 +435,10 @@ def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: l
             elif held and r.sink_commit is not None and held[0] != r.sink_commit:
                 found.append(finding(ViolationKind.OUTPUT_MISMATCH, r, f"the range is in commit {held[0]}, "
                                      f"the ledger recorded commit {r.sink_commit}"))
+    from streamledger.transform import LINEAGE_COLUMNS
+
+    if LINEAGE_COLUMNS[0] in rows.column_names:
+        return found + _transformed_rows(table, pipeline, mine, rows, epochs)
     # Rows: per (broker, epoch, stream), the sorted offsets; each range's span counted by bisection.
     # A range counts the rows stamped with its own (broker, epoch); when there are none in its span,
     # the unstamped ones (null: rows a table sink appended before it stamped them, see the module).
@@ -463,4 +507,35 @@ def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: l
         if n != r.records:
             found.append(finding(ViolationKind.OUTPUT_MISMATCH, r, f"the table holds {n} rows in the range, "
                                  f"the ledger committed {r.records}"))
+    return found
+
+
+def _transformed_rows(table: str, pipeline: str, mine: list[OffsetRange], rows: Any,
+                      epochs: Mapping[tuple[str, str], int]) -> list[Violation]:
+    """A transform's table: the rows stamped with each committed range's lineage ``(broker, epoch,
+    stream, start, end)`` number the rows the ledger recorded for it, and no row names a range the
+    ledger did not commit into this table (a failed attempt's, or a copy's)."""
+    from collections import Counter
+
+    from streamledger.ledger.audit import Violation, ViolationKind
+    from streamledger.ledger.types import live_broker
+    from streamledger.transform import LINEAGE_COLUMNS
+
+    cols = [rows[c].to_pylist() for c in ("broker", "epoch", *LINEAGE_COLUMNS)]
+    counts = Counter(zip(*cols, strict=True))
+    found: list[Violation] = []
+    for r in mine:
+        src = r.source
+        key = (live_broker(src.broker), epochs.get((src.broker, src.stream), 0), src.stream, r.start, r.end)
+        n = counts.pop(key, 0)
+        want = r.rows_out if r.rows_out is not None else r.records
+        if n != want:
+            found.append(Violation(ViolationKind.OUTPUT_MISMATCH, r.pipeline, src.stream, src.broker, r.start,
+                                   r.end, r.id, f"table {table}: the table holds {n} rows of the range, the "
+                                   f"ledger recorded {want} written by its transform"))
+    for (broker, epoch, stream, start, end), n in sorted(counts.items(), key=str):
+        found.append(Violation(ViolationKind.OUTPUT_MISMATCH, pipeline, str(stream), str(broker or ""),
+                               int(start or 0), int(end or 0), None,
+                               f"table {table}: {n} row(s) stamped with range [{start}, {end}) of broker "
+                               f"{broker} epoch {epoch}, which the ledger did not commit into this table"))
     return found

@@ -3,7 +3,7 @@ so the package's shared vocabulary never imports a sink (no circle)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamledger.batch.sinks import DirectorySink, Sink, default_iceberg_table
 
@@ -14,9 +14,14 @@ if TYPE_CHECKING:
 __all__ = ["make_sink"]
 
 
-def make_sink(config: BatchConfig, ledger: Ledger) -> Sink:
-    """The sink a batch's configuration names (the table sinks import their library here)."""
+def make_sink(config: BatchConfig, ledger: Ledger, output_schema: Any = None) -> Sink:
+    """The sink a batch's configuration names (the table sinks import their library here).
+    ``output_schema``: with a transform, the pyarrow schema it writes (None: not known before the
+    job); the table then follows the transform's columns instead of the raw records'."""
     from streamledger.sources import RABBITMQ, find_kind
+
+    transformed = config.transformation() is not None
+    files_schema = output_schema if transformed else (find_kind(config.url) or RABBITMQ).files_schema()
 
     if config.sink == "iceberg":
         from streamledger.batch.sinks.iceberg import IcebergSink
@@ -24,10 +29,10 @@ def make_sink(config: BatchConfig, ledger: Ledger) -> Sink:
         return IcebergSink(pipeline=config.pipeline, output_root=config.output_root,
                            table=config.table or default_iceberg_table(config.pipeline),
                            catalog=config.catalog, ledger_url=ledger.url,
-                           files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
+                           files_schema=files_schema, transformed=transformed)
     if config.sink == "delta":
         from streamledger.batch.sinks.delta import DeltaSink
 
         return DeltaSink(pipeline=config.pipeline, output_root=config.output_root, table=config.table,
-                         files_schema=(find_kind(config.url) or RABBITMQ).files_schema())
+                         files_schema=files_schema, transformed=transformed)
     return DirectorySink(config.output_root, config.pipeline)

@@ -27,12 +27,13 @@ from streamledger import fs as filesystems
 from streamledger.batch import plan, sinks
 from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
-    TABLE_COLUMNS,
     SinkBatch,
     SinkRange,
     TableCommit,
     line,
+    new_columns,
     parse_summary,
+    row_columns,
     schema_problem,
     summary,
     table_fields,
@@ -53,8 +54,9 @@ class DeltaSink(TableSink):
     log = log
 
     def __init__(self, *, pipeline: str, output_root: str, table: str | None,
-                 files_schema: Any = None) -> None:
+                 files_schema: Any = None, transformed: bool = False) -> None:
         self.pipeline, self.output_root, self.files_schema = pipeline, output_root, files_schema
+        self.transformed = transformed
         self.location = (table or plan.pipeline_dir(output_root, pipeline)).rstrip("/")
         self.table_name = f"delta:{self.location}"
         self.label = f"delta table {self.location}"
@@ -195,7 +197,7 @@ class DeltaSink(TableSink):
         if dt is None:
             self._refuse_foreign_log()
             return
-        problem = schema_problem(_arrow_schema(dt), self.files_schema)
+        problem = schema_problem(_arrow_schema(dt), self.files_schema, transformed=self.transformed)
         if problem is not None:
             raise BatchError(f"delta table {self.location}: {problem}")
 
@@ -213,7 +215,7 @@ class DeltaSink(TableSink):
         from deltalake.exceptions import CommitFailedError
 
         schema = dt.schema()
-        problem = schema_problem(_arrow_schema(dt), self.files_schema)
+        problem = schema_problem(_arrow_schema(dt), self.files_schema, transformed=self.transformed)
         if problem is not None:  # a table made or changed by someone else since the check
             raise BatchError(f"delta table {self.location}: {problem}; nothing of {what} was added")
         version = (dt.transaction_version(app_id(self.pipeline)) or 0) + 1
@@ -237,8 +239,7 @@ class DeltaSink(TableSink):
                 "version": dt.version() if dt is not None else None}
 
     def _rows(self, dt: Any, without: frozenset[str] = frozenset()) -> Any:
-        have = set(_arrow_schema(dt).names)
-        columns = ["stream", "offset", *(c for c in TABLE_COLUMNS if c in have)]
+        columns = row_columns(set(_arrow_schema(dt).names))
         if not without:
             return dt.to_pyarrow_table(columns=columns)
         import pyarrow.dataset as ds
@@ -261,7 +262,10 @@ class DeltaSink(TableSink):
     def _evolve(self, dt: Any) -> bool:
         from deltalake.schema import Field
 
-        missing = [f for f in table_fields() if f.name not in set(_arrow_schema(dt).names)]
+        current = _arrow_schema(dt)
+        missing = [f for f in table_fields() if f.name not in set(current.names)]
+        if self.transformed and self.files_schema is not None:
+            missing += new_columns(current, self.files_schema)
         if not missing:
             return False
         try:

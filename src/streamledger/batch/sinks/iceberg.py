@@ -25,12 +25,13 @@ from streamledger import fs as filesystems
 from streamledger.batch import plan, sinks
 from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
-    TABLE_COLUMNS,
     SinkBatch,
     SinkRange,
     TableCommit,
     line,
+    new_columns,
     parse_summary,
+    row_columns,
     schema_problem,
     summary,
     table_fields,
@@ -38,6 +39,7 @@ from streamledger.batch.sinks import (
 )
 from streamledger.batch.sinks.table import LostCommit, TableSink
 from streamledger.redaction import scrub, secrets_of
+from streamledger.transform import LINEAGE_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +88,10 @@ class IcebergSink(TableSink):
     log = log
 
     def __init__(self, *, pipeline: str, output_root: str, table: str, catalog: Mapping[str, str] | None,
-                 ledger_url: str, files_schema: Any = None) -> None:
+                 ledger_url: str, files_schema: Any = None, transformed: bool = False) -> None:
         self.pipeline, self.output_root, self.identifier = pipeline, output_root, table
         self.files_schema = files_schema  # the job's files' schema (LogKind.files_schema; None: RabbitMQ's)
+        self.transformed = transformed
         self.props = catalog_properties(catalog, ledger_url=ledger_url, output_root=output_root)
         self.table_name = f"iceberg:{table}"
         self.label = f"iceberg table {table}"
@@ -142,7 +145,7 @@ class IcebergSink(TableSink):
             self._create_namespace(namespace)
             with self.catalog.create_table_transaction(self.identifier, schema=schema) as tx, \
                     tx.update_spec() as spec:
-                spec.add_identity("stream")
+                spec.add_identity(LINEAGE_COLUMNS[0] if LINEAGE_COLUMNS[0] in schema.names else "stream")
             log.info("created iceberg table %s (partitioned by stream)", self.identifier)
         except Exception as exc:
             # Another batch created it meanwhile: the catalog's insert says TableAlreadyExistsError,
@@ -190,7 +193,7 @@ class IcebergSink(TableSink):
         table = self._open(None)
         if table is None:
             return  # created on first use, with the job's schema
-        problem = schema_problem(table.schema().as_arrow(), self.files_schema)
+        problem = schema_problem(table.schema().as_arrow(), self.files_schema, transformed=self.transformed)
         if problem is not None:
             raise BatchError(f"iceberg table {self.identifier}: {problem}")
 
@@ -228,7 +231,7 @@ class IcebergSink(TableSink):
 
     def _rows(self, table: Any, without: frozenset[str] = frozenset()) -> Any:
         have = set(table.schema().as_arrow().names)
-        scan = table.scan(selected_fields=("stream", "offset", *(c for c in TABLE_COLUMNS if c in have)))
+        scan = table.scan(selected_fields=tuple(row_columns(have)))
         if not without:
             return scan.to_arrow()
         from pyiceberg.io.pyarrow import ArrowScan
@@ -244,7 +247,10 @@ class IcebergSink(TableSink):
     def _evolve(self, table: Any) -> bool:
         import pyarrow as pa
 
-        missing = [f for f in table_fields() if f.name not in set(table.schema().as_arrow().names)]
+        current = table.schema().as_arrow()
+        missing = [f for f in table_fields() if f.name not in set(current.names)]
+        if self.transformed and self.files_schema is not None:
+            missing += new_columns(current, self.files_schema)
         if not missing:
             return False
         try:

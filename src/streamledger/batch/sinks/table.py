@@ -91,6 +91,7 @@ class TableSink:
     label: str  # how one-line errors name the table: "iceberg table <ns>.<name>" / "delta table <uri>"
     log: logging.Logger
     files_schema: Any  # the pyarrow schema of the job's files (LogKind.files_schema); None: RabbitMQ's
+    transformed: bool = False  # the rows are a transform's: files_schema is its output (None: unknown)
 
     # -- hooks ------------------------------------------------------------------------------------
 
