@@ -68,7 +68,7 @@ from streamledger.spark.planning import (
 )
 from streamledger.spark.session import DEFAULT_MASTER, build_session, parallelism, register_source
 from streamledger.spark.summaries import SUMMARY_OFFSET, decode
-from streamledger.transform import DEAD_LETTER_DIR, Transform
+from streamledger.transform import Transform
 
 FORMATS = ("parquet", "orc", "json")
 WRITERS = ("arrow", "spark")
@@ -230,14 +230,30 @@ def _transformed(spark: Any, *, url: str, ranges: Mapping[str, Sequence[int]], o
                  splits: int, decode: str | None, fail_on_data_loss: bool, writer_options: WriterOptions | None,
                  transform: Transform) -> Manifest:
     """The raw landing, then the transform per range (see :func:`job_manifest`)."""
-    from streamledger.spark.transform import transform_range
-
     if fmt not in FORMATS:
         raise PlanningError(f"format {fmt!r} is not supported; use one of {', '.join(FORMATS)}")
     out_dir = _output_dir(output)
     out_fs = for_session(spark, out_dir)
     out_fs.delete(out_dir)  # the job owns its directory: a rerun replaces it as a whole
-    raw_dir = fs.join(out_dir, RAW_DIR)
+    # Spark reads the raw landing back: beside the output where the session reaches it, else (an object
+    # store without the session's Hadoop connector) in a local directory of this job's.
+    reachable = not fs.scheme(out_dir) or not isinstance(out_fs, fs.ArrowFS)
+    raw_dir = fs.join(out_dir, RAW_DIR) if reachable else tempfile.mkdtemp(prefix="streamledger-raw-")
+    try:
+        return _transform_landed(spark, url=url, ranges=ranges, out_dir=out_dir, out_fs=out_fs, raw_dir=raw_dir,
+                                 fmt=fmt, splits=splits, decode=decode, fail_on_data_loss=fail_on_data_loss,
+                                 writer_options=writer_options, transform=transform)
+    finally:
+        if not reachable:
+            shutil.rmtree(raw_dir, ignore_errors=True)
+
+
+def _transform_landed(spark: Any, *, url: str, ranges: Mapping[str, Sequence[int]], out_dir: str,
+                      out_fs: fs.OutputFS, raw_dir: str, fmt: str, splits: int, decode: str | None,
+                      fail_on_data_loss: bool, writer_options: WriterOptions | None,
+                      transform: Transform) -> Manifest:
+    from streamledger.spark.transform import transform_range
+
     raw = job_manifest(spark, url=url, ranges=ranges, output=raw_dir, fmt="parquet", splits=splits,
                        decode=decode, fail_on_data_loss=fail_on_data_loss, writer="arrow",
                        writer_options=writer_options)
@@ -246,15 +262,15 @@ def _transformed(spark: Any, *, url: str, ranges: Mapping[str, Sequence[int]], o
     for i, stream in enumerate(sorted(raw.streams)):
         entry = raw.streams[stream]
         where = raw.entry_path(stream, raw_dir)
-        names = entry.files if entry.files is not None else [n for n in out_fs.files(where) if is_data_file(n)]
+        names = entry.files if entry.files is not None else []
         path = fs.join(out_dir, f"{PART_COLUMN}={i}")
         done = transform_range(spark, transform, raw_files=[fs.join(where, n) for n in names], source_ddl=ddl,
-                               stream=stream, start=entry.start, end=entry.end, out_dir=path, fmt=fmt,
-                               dead_dir=fs.join(path, DEAD_LETTER_DIR))
+                               stream=stream, start=entry.start, end=entry.end, out_dir=path, fmt=fmt)
         written = sorted(n for n in out_fs.files(path) if is_data_file(n))
         streams[stream] = replace(entry, path=path, files=tuple(written), rows=done.rows,
                                   dead_letter=done.dead_letter if transform.dead_letters else None)
-    out_fs.delete(raw_dir)
+    if raw_dir.startswith(out_dir):
+        out_fs.delete(raw_dir)
     manifest = replace(raw, streams=streams, output=out_dir, format=fmt, transform=transform.fingerprint(),
                        written_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
     out_fs.write_bytes(fs.join(out_dir, MANIFEST), manifest.to_json())  # last: it marks the output complete

@@ -24,6 +24,7 @@ from typing import Any
 from streamledger.transform import (
     BAD_RECORD_MARK,
     CORRUPT_COLUMN,
+    DEAD_LETTER_DIR,
     LINEAGE_COLUMNS,
     Transform,
     TransformError,
@@ -139,10 +140,37 @@ def output_schema(spark: Any, t: Transform, source_ddl: str, reserved: Sequence[
         raise TransformError(f"the transform's output cannot be written as Parquet: {one_line(exc)}") from None
 
 
+@contextmanager
+def spark_writes(spark: Any, out_dir: str) -> Iterator[tuple[str, str]]:
+    """Where Spark's writer writes a range's rows and dead letters: ``out_dir`` itself when the
+    session reaches it (a local path, or a URI its Hadoop connectors serve), else a local directory
+    whose files are copied to ``out_dir`` through ``pyarrow.fs`` afterwards (``s3://`` on a session
+    without the Hadoop S3 connector, as the raw landing's Arrow writer reaches it)."""
+    from streamledger import fs
+    from streamledger.spark.fs import for_session
+
+    if not fs.scheme(out_dir) or not isinstance(for_session(spark, out_dir), fs.ArrowFS):
+        yield out_dir, fs.join(out_dir, DEAD_LETTER_DIR)
+        return
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    local = Path(tempfile.mkdtemp(prefix="streamledger-transform-"))
+    try:
+        yield str(local / "rows"), str(local / "rows" / DEAD_LETTER_DIR)
+        store = fs.ArrowFS()
+        store.delete(out_dir)
+        for path in sorted(p for p in (local / "rows").rglob("*") if p.is_file()):
+            store.write_bytes(fs.join(out_dir, str(path.relative_to(local / "rows"))), path.read_bytes())
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
 def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], source_ddl: str, stream: str,
-                    start: int, end: int, out_dir: str, fmt: str, dead_dir: str) -> RangeOutput:
+                    start: int, end: int, out_dir: str, fmt: str) -> RangeOutput:
     """Run ``t`` on one range's raw files; write its rows (lineage stamped) to ``out_dir`` and the
-    records that did not decode to ``dead_dir``. The counts are observed on the rows as they are
+    records that did not decode to its ``_dead_letter`` directory. The counts are observed on the rows as they are
     written (the write's own stage), not counted again."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
@@ -155,14 +183,15 @@ def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], sourc
     records, dead = decoded(raw, t)
     rows_seen = Observation(f"streamledger_rows_{uuid.uuid4().hex}")
     try:
-        with user_view(spark, records):
+        with user_view(spark, records), spark_writes(spark, out_dir) as (where, dead_where):
             out = stamped(apply_user(spark, records, t), stream, start, end)
-            out.observe(rows_seen, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").format(fmt).save(out_dir)
-        dead_count = 0
-        if dead is not None:
-            dead_seen = Observation(f"streamledger_dead_{uuid.uuid4().hex}")
-            dead.observe(dead_seen, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").parquet(dead_dir)
-            dead_count = int(dead_seen.get["rows"])
+            out.observe(rows_seen, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").format(fmt).save(where)
+            dead_count = 0
+            if dead is not None:
+                dead_seen = Observation(f"streamledger_dead_{uuid.uuid4().hex}")
+                dead.observe(dead_seen, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").parquet(
+                    dead_where)
+                dead_count = int(dead_seen.get["rows"])
     except TransformError:
         raise
     except Exception as exc:

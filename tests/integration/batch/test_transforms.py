@@ -301,3 +301,28 @@ def test_the_table_audit_catches_rows_of_a_range_the_ledger_did_not_commit(
     [r] = published(ledger)
     assert [v.range_id for v in report.violations] == [r.id], report.to_text()
     assert "rows" in report.violations[0].detail
+
+
+@pytest.mark.parametrize("sink", ["directory", "delta"])
+def test_a_transform_lands_on_s3_through_a_session_without_the_s3_connector(
+        sink: str, s3_bucket: Any, ledger: Ledger, client: StreamClient, runner: CountingRunner,
+        rabbitmq_url: str, stream_name: Any) -> None:
+    """The raw landing goes through the Arrow writer, the transform's rows through Spark's writer into
+    a local directory and on to the bucket through pyarrow; the audit (deep) is clean."""
+    s = stream_name(f"orders-s3-{sink}")
+    publish_orders(rabbitmq_url, s, 40)
+    cfg = config(rabbitmq_url, Path("unused"), s, pipeline=PIPE, sink=sink, body_format="json",
+                 body_schema=SCHEMA, on_bad_record="dead_letter",
+                 sql="SELECT order_id, amount FROM records WHERE status = 'paid'")
+    from dataclasses import replace
+
+    cfg = replace(cfg, output_root=s3_bucket.uri("lake"))
+    run_batch(cfg, run=rid("t"), ledger=ledger, broker=client, runner=runner)
+    [r] = published(ledger)
+    assert r.output is not None and r.output.startswith(s3_bucket.uri("lake"))
+    want = sum(1 for b in broker_bodies(rabbitmq_url, s, 0, r.end) if (d := decoded(b)) and d["status"] == "paid")
+    assert r.rows_out == want
+    keys = [k for k in s3_bucket.keys("lake") if k.endswith(".parquet") and "/_staging/" not in f"/{k}"]
+    assert any("/_dead_letter/" in k for k in keys) and any("/_dead_letter/" not in k for k in keys)
+    report = audit(ledger, PIPE, broker=client, deep=True)
+    assert report.clean, report.to_text()
