@@ -41,6 +41,10 @@ class RangeRecord:
     first_offset: int | None
     last_offset: int | None
     offset_stored: int | None
+    rows: int | None = None
+    """With a transform: the rows it wrote for the range (None: raw records, ``records`` rows)."""
+    dead_letter: int | None = None
+    """With ``on_bad_record="dead_letter"``: the range's records that did not decode, set aside."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +83,18 @@ class BatchLineage:
                 found.setdefault(p.stream, []).append(p.range_id)
         return {s: _one_or_all(ids) for s, ids in found.items()}
 
+    @property
+    def rows(self) -> int | None:
+        """Rows a transform wrote over the batch's ranges (None: no transform ran)."""
+        counted = [p.rows for p in self.pieces if p.rows is not None]
+        return sum(counted) if counted else None
+
+    @property
+    def dead_letter(self) -> int | None:
+        """Records set aside over the batch's ranges (None: nothing is set aside)."""
+        counted = [p.dead_letter for p in self.pieces if p.dead_letter is not None]
+        return sum(counted) if counted else None
+
     def stored_offsets(self) -> dict[str, int]:
         """``{stream: broker offset stored}`` for the streams whose offset this batch moved: the last
         one it stored (the newest epoch's highest; a stored offset only moves up)."""
@@ -104,6 +120,7 @@ class BatchLineage:
             "super_stream": self.super_stream,
             "empty": self.empty,
             "records": self.records,
+            **({} if self.rows is None else {"rows": self.rows, "dead_letter": self.dead_letter}),
             "ranges": self.ranges,
             "outputs": self.outputs(),
             "ledger_range_ids": self.range_ids(),
@@ -118,7 +135,8 @@ def lineage_of(result: BatchResult) -> BatchLineage:
     pieces = sorted(
         (RangeRecord(stream=p.stream, epoch=p.epoch, start=p.start, end=p.end, status=str(p.status),
                      records=p.records, range_id=p.range_id, output=p.output, first_offset=p.first_offset,
-                     last_offset=p.last_offset, offset_stored=p.offset_stored)
+                     last_offset=p.last_offset, offset_stored=p.offset_stored, rows=p.rows,
+                     dead_letter=p.dead_letter)
          for p in result.partitions),
         key=lambda r: (r.stream, r.epoch, r.start, r.end, r.range_id or 0),
     )

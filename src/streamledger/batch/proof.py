@@ -235,7 +235,38 @@ def audit(ledger: Ledger, pipeline: str | None = None, *, broker: Any = None,
     twice, twice_notes = check_identities(ledger, ranges, broker, records=records)
     findings = (check_outputs(ranges, deep=deep, fs_for=fs_for, progress=progress)
                 + check_tables(ledger, ranges, catalog=catalog) + twice)
-    return report.with_findings(findings, twice_notes, outputs_checked=True)
+    return report.with_findings(findings, [*twice_notes, *transform_notes(ranges)], outputs_checked=True)
+
+
+def transform_notes(ranges: Sequence[OffsetRange]) -> list[Violation]:
+    """Which transform produced which committed ranges: one note per run of consecutive ranges of a
+    source made by the same transform (by fingerprint), with the records read, rows written and
+    records set aside; none for a source whose ranges are all raw."""
+    by_source: dict[tuple[str, Any], list[OffsetRange]] = defaultdict(list)
+    for r in ranges:
+        if r.status == RangeStatus.COMMITTED and r.records:
+            by_source[(r.pipeline, r.source)].append(r)
+    notes: list[Violation] = []
+    for (_pipeline, _source), done in sorted(by_source.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        if all(r.transform is None for r in done):
+            continue
+        done.sort(key=lambda r: (r.start, r.id))
+        runs: list[list[OffsetRange]] = []
+        for r in done:
+            if runs and runs[-1][-1].transform == r.transform:
+                runs[-1].append(r)
+            else:
+                runs.append([r])
+        for run in runs:
+            first, last = run[0], run[-1]
+            rows = sum(r.rows_out or 0 for r in run)
+            dead = sum(r.dead_letter or 0 for r in run)
+            what = (f"transform {first.transform}: {sum(r.records or 0 for r in run)} records read, {rows} rows "
+                    f"written, {dead} set aside" if first.transform else "raw records (no transform)")
+            notes.append(Violation(ViolationKind.TRANSFORMED, first.pipeline, first.source.stream,
+                                   first.source.broker, first.start, last.end, None,
+                                   f"{len(run)} range(s) produced by {what}"))
+    return notes
 
 
 def _chunk_readers(broker: Any) -> list[Any]:

@@ -83,6 +83,24 @@ def _bodies(count: int, size: int) -> Iterator[bytes]:
         yield (head + pad)[:size] if size >= len(head) else head
 
 
+def _lines(path: str) -> Iterator[bytes]:
+    """The non-empty lines of ``path`` (``-``: stdin) as message bodies, without their line ends."""
+    import sys
+
+    try:
+        stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise InvalidRequest(f"publish: --from-file {path}: {exc.strerror or exc}") from None
+    try:
+        for line in stream:
+            body = line.rstrip(b"\r\n")
+            if body:
+                yield body
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -108,7 +126,8 @@ def _publish(args: argparse.Namespace) -> int:
         raise InvalidRequest("publish: --raw records have no application properties to filter on")
     with _client(args) as client:
         started = time.perf_counter()
-        bodies: Iterator[Any] = _bodies(args.count, args.size)
+        bodies: Iterator[Any] = (_lines(args.from_file) if args.from_file is not None
+                                 else _bodies(args.count, args.size))
         if values:
             bodies = _filtered(bodies, args.filter_property, values)
         result = client.publish(args.stream, bodies, amqp=not args.raw, batch_size=args.batch_size,
@@ -268,9 +287,14 @@ def register(sub: Any) -> None:
     _common(p)
     p.set_defaults(func=_offset_query)
 
-    p = sub.add_parser("publish", help="publish N test messages of B bytes and print msgs/s")
+    p = sub.add_parser("publish", help="publish N test messages of B bytes (or a file's lines) and print "
+                       "msgs/s")
     p.add_argument("stream")
-    p.add_argument("--count", type=_count, required=True)
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--count", type=_count, help="N test messages of --size bytes")
+    given.add_argument("--from-file", metavar="FILE",
+                       help="one message per line of FILE (e.g. JSON lines; '-' reads stdin), without "
+                            "the line end")
     p.add_argument("--size", type=_count, default=100)
     p.add_argument("--raw", action="store_true", help="raw records instead of AMQP 1.0 messages")
     p.add_argument("--batch-size", type=int, default=500)

@@ -21,7 +21,7 @@ from streamledger.cli.table import render, when
 from streamledger.runs import describe
 
 HEADER = ("PIPELINE", "STREAM", "COMMITTED", "OPEN", "FAILED", "DONE TO", "LAST RECORD", "STORED", "TAIL",
-          "LAG", "LAST RUN", "WHEN", "OUTPUT")
+          "LAG", "LAST RUN", "WHEN", "OUTPUT", "TRANSFORM")
 
 
 @dataclass(slots=True)
@@ -45,11 +45,21 @@ class StreamStatus:
     last_when: str | None = None
     output: str | None = None
     broker_note: str | None = None
+    transform: str | None = None
+    """The fingerprint of the transform of the newest committed range (None: raw records)."""
+    transforms: list[str | None] | None = None
+    """Every transform (fingerprint, None for raw) that produced a committed range, oldest first."""
 
     def row(self) -> tuple[object, ...]:
         return (self.pipeline, self.stream, self.committed + self.lost, self.open_claims, self.failed,
                 self.done_to, self.last_record, self.stored, self.tail, self.lag, self.last_by,
-                self.last_when, self.output)
+                self.last_when, self.output, self.transform_said())
+
+    def transform_said(self) -> str:
+        """The TRANSFORM column: the newest range's fingerprint, and how many others produced ranges."""
+        said = self.transform or "raw"
+        others = len(self.transforms or []) - 1
+        return f"{said} (+{others} earlier)" if others > 0 else said
 
 
 def _streams(ledger: Any, pipeline: str | None) -> list[StreamStatus]:
@@ -73,8 +83,19 @@ def _streams(ledger: Any, pipeline: str | None) -> list[StreamStatus]:
             last_by=describe(newest.run),
             last_when=when(newest.committed_at or newest.claimed_at),
             output=(latest.sink_table or latest.output) if latest is not None else None,
+            **_transforms([r for r in rows if r.status == RangeStatus.COMMITTED and r.records]),
         ))
     return out
+
+
+def _transforms(done: list[Any]) -> dict[str, Any]:
+    """Which transform produced the committed ranges (by fingerprint; None: raw), in offset order."""
+    ordered = sorted(done, key=lambda r: (r.start, r.id))
+    seen: list[str | None] = []
+    for r in ordered:
+        if r.transform not in seen:
+            seen.append(r.transform)
+    return {"transform": ordered[-1].transform if ordered else None, "transforms": seen}
 
 
 def _compare(streams: list[StreamStatus], url: str) -> None:

@@ -49,6 +49,8 @@ class ViolationKind(enum.StrEnum):
     SKIPPED = "skipped"
     STREAM_REPLACED = "stream_replaced"
     NAMED_TWICE = "named_twice"
+    TRANSFORMED = "transformed"
+    """A note, never a finding: which transform produced a run of committed ranges, and what it wrote."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,6 +106,9 @@ def test_json_orders_land_as_typed_rows_with_bad_records_in_the_dead_letter(
             len(bodies), len(want), len(dead), fingerprint)
     report = audit(any_ledger, PIPE, broker=client, deep=True)
     assert report.clean, report.to_text()
+    [note] = [n for n in report.notes if n.kind == ViolationKind.TRANSFORMED]
+    assert (note.start, note.end) == (0, ranges[-1].end) and fingerprint in note.detail
+    assert f"{sum(r.rows_out or 0 for r in ranges)} rows written" in note.detail
 
 
 def test_an_aggregate_and_an_explode_by_import_path_are_per_range(
