@@ -221,7 +221,8 @@ class BatchRun:
     def sink(self) -> sinks.Sink:
         """What publishing means for this batch (``BatchConfig.sink``); built on first use."""
         if self._sink is None:
-            self._sink = choose.make_sink(self.config, self.ledger, self.output_schema)
+            schema = () if self.output_schema is None else (self.output_schema,)  # what a transform writes
+            self._sink = choose.make_sink(self.config, self.ledger, *schema)
         return self._sink
 
     def _step(self, name: str) -> None:
