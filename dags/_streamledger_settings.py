@@ -26,6 +26,10 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_SINK`` | ``directory`` | the backfill DAG's sink: ``directory``, ``iceberg`` or ``delta`` |
 | ``STREAMLEDGER_TABLE`` | (unset) | its table: Iceberg ``namespace.name`` / Delta location (sink's default) |
 | ``STREAMLEDGER_CATALOG_CONN_ID`` | (unset) | Iceberg catalog connection (default: SQL catalog in ledger) |
+| ``STREAMLEDGER_SQL_FILE`` | (unset) | the backfill DAG's transform: a ``.sql`` file (relative: to the DAG folder) over ``records`` |
+| ``STREAMLEDGER_BODY_FORMAT`` | ``raw`` | ``json``: decode each body with ``STREAMLEDGER_BODY_SCHEMA`` first |
+| ``STREAMLEDGER_BODY_SCHEMA`` | (unset) | the body's fields as Spark DDL (with ``json``) |
+| ``STREAMLEDGER_ON_BAD_RECORD`` | ``fail`` | a body that does not decode: ``fail``, ``null`` or ``dead_letter`` |
 
 The source comes from the ``rabbitmq_stream_default`` connection (the backfill DAG: from
 ``STREAMLEDGER_SOURCE_CONN_ID``, which may be a ``mewbase`` connection read with
@@ -69,6 +73,10 @@ TABLE = os.environ.get("STREAMLEDGER_TABLE") or None
 CATALOG_CONN_ID = os.environ.get("STREAMLEDGER_CATALOG_CONN_ID") or None
 INTERVAL_GRACE = float(os.environ.get("STREAMLEDGER_INTERVAL_GRACE", "60"))
 BOUND_BY_INTERVAL = os.environ.get("STREAMLEDGER_BOUND_BY_INTERVAL", "1") not in ("0", "false", "False")
+SQL_FILE = os.environ.get("STREAMLEDGER_SQL_FILE") or None
+BODY_FORMAT = os.environ.get("STREAMLEDGER_BODY_FORMAT") or "raw"
+BODY_SCHEMA = os.environ.get("STREAMLEDGER_BODY_SCHEMA") or None
+ON_BAD_RECORD = os.environ.get("STREAMLEDGER_ON_BAD_RECORD") or "fail"
 
 
 def data_interval_timetable(spec: str = INTERVAL) -> object:

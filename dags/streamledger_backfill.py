@@ -19,6 +19,9 @@ interval from it); each run ends by auditing the pipeline.
 and the batch task's retries (default 1); `make chaos-parallel` runs 3 at once with no retries.
 ``STREAMLEDGER_SINK=iceberg`` (or ``delta``) lands the ranges in a table instead (one table commit per
 run; ``STREAMLEDGER_TABLE``, ``STREAMLEDGER_CATALOG_CONN_ID``), and the audit checks the table too.
+``STREAMLEDGER_SQL_FILE`` (e.g. ``sql/orders.sql``, rendered as a template) with
+``STREAMLEDGER_BODY_FORMAT=json``, ``STREAMLEDGER_BODY_SCHEMA`` and ``STREAMLEDGER_ON_BAD_RECORD`` turns
+each range's raw records into typed rows inside the batch (docs/transforms.md): what ``make demo`` runs.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 from _streamledger_settings import (
+    BODY_FORMAT,
+    BODY_SCHEMA,
     BOUND_BY_INTERVAL,
     CATALOG_CONN_ID,
     END_DATE,
     INTERVAL_GRACE,
     LEDGER_URL,
     MAX_ACTIVE_RUNS,
+    ON_BAD_RECORD,
     OUTPUT_ROOT,
     PIPELINE,
     RETRIES,
@@ -39,6 +45,7 @@ from _streamledger_settings import (
     SOURCE_CONN_ID,
     SPARK_CONN_ID,
     SPARK_CONNECT_CONN_ID,
+    SQL_FILE,
     START_DATE,
     STREAM,
     SUPER_STREAM,
@@ -80,6 +87,10 @@ with DAG(
         sink=SINK,
         table=TABLE,
         catalog_conn_id=CATALOG_CONN_ID,
+        sql_file=SQL_FILE,
+        body_format=BODY_FORMAT,
+        body_schema=BODY_SCHEMA,
+        on_bad_record=ON_BAD_RECORD,
         outlets=[events],
     )
     audit = LedgerAuditOperator(

@@ -4,16 +4,19 @@
 #  1. provision + start the local RabbitMQ 4.3 broker (idempotent; the first time takes ~1 min)
 #  2. set up an Airflow home under $STREAMLEDGER_HOME/airflow-demo (SQLite metadata DB)
 #  3. create the super stream with the example DAG `streamledger_create_super_stream`
-#  4. publish sample events in WAVES waves, one wave per data interval of INTERVAL_S seconds
-#     (chunk timestamps are the broker's clock at publish time, so honest data intervals need
-#     the events to be published inside them: short intervals keep the demo short)
+#  4. publish JSON order events (order id, customer, amount as a decimal string, currency, time,
+#     status; one in 25 malformed on purpose) in WAVES waves, one wave per data interval of
+#     INTERVAL_S seconds (chunk timestamps are the broker's clock at publish time, so honest data
+#     intervals need the events to be published inside them: short intervals keep the demo short)
 #  5. run the example DAG `streamledger_backfill` with `airflow dags test` once per interval:
 #     each run reads [ledger end, first offset at/after the interval end) per partition with
-#     local Spark, writes Parquet, commits the ledger (SQLite), appends the files to the Iceberg
-#     table streamledger.demo_backfill in one table commit (STREAMLEDGER_SINK=iceberg: a pyiceberg
-#     SQL catalog in the ledger's database), stores the broker offset
+#     local Spark, decodes the JSON bodies into typed columns and runs dags/sql/orders.sql on each
+#     range inside the batch (malformed bodies to the range's dead letter), commits the ledger
+#     (SQLite) with the records read and rows written, appends the typed rows to the Iceberg table
+#     streamledger.demo_backfill in one table commit (STREAMLEDGER_SINK=iceberg: a pyiceberg SQL
+#     catalog in the ledger's database), stores the broker offset
 #  6. run the audit DAG and print the ranges, the three-way audit (broker, ledger, table: clean),
-#     a query of the Iceberg table (rows per stream, read with pyiceberg) and where the Parquet is
+#     a few rows of the typed Iceberg table (read with pyiceberg) and the dead letters
 #
 # Rerunnable: every run starts from a clean demo state (super stream, ledger and output reset).
 set -euo pipefail
@@ -42,6 +45,10 @@ export STREAMLEDGER_INTERVAL=${INTERVAL_S}s
 export STREAMLEDGER_LEDGER_URL=sqlite:///$DEMO/ledger.sqlite
 export STREAMLEDGER_OUTPUT_ROOT=$DEMO/output
 export STREAMLEDGER_SINK=${STREAMLEDGER_SINK:-iceberg}
+export STREAMLEDGER_SQL_FILE=sql/orders.sql
+export STREAMLEDGER_BODY_FORMAT=json
+export STREAMLEDGER_BODY_SCHEMA="order_id STRING, customer STRING, amount DECIMAL(12,2), currency STRING, ordered_at TIMESTAMP, status STRING"
+export STREAMLEDGER_ON_BAD_RECORD=dead_letter
 export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1}
 export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$PY}
 LOGS=$DEMO/logs
@@ -74,7 +81,7 @@ dags_test() { # dag_id logical_date log_name
 }
 dags_test streamledger_create_super_stream "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" create-super-stream
 
-step "4. publish $WAVES waves of $PER_WAVE events, one per ${INTERVAL_S}s data interval"
+step "4. publish $WAVES waves of $PER_WAVE JSON orders (1 in 25 malformed), one per ${INTERVAL_S}s data interval"
 mapfile -t ENDS < <("$PY" - "$URL" "$WAVES" "$PER_WAVE" "$INTERVAL_S" <<'EOF'
 import json, math, sys, time
 from datetime import UTC, datetime
@@ -89,8 +96,15 @@ with StreamClient.connect(url) as c:
         by_part = {p: [] for p in parts}
         for i in range(per_wave):
             event = k * per_wave + i
-            body = {"id": event, "wave": k, "user": f"u{event % 17}", "amount": (event * 37) % 1000}
-            by_part[parts[event % len(parts)]].append(json.dumps(body).encode())
+            if event % 25 == 7:  # malformed on purpose: cut short
+                body = b'{"order_id": "o-%06d", "amount": ' % event
+            else:
+                body = json.dumps({
+                    "order_id": f"o-{event:06d}", "customer": f"c-{event % 17:02d}",
+                    "amount": f"{(event * 37) % 1000}.{event % 100:02d}", "currency": ("EUR", "USD", "GBP")[event % 3],
+                    "ordered_at": datetime.fromtimestamp(begin + i * n / per_wave, UTC).isoformat(),
+                    "status": ("paid", "paid", "open", "cancelled")[event % 4]}).encode()
+            by_part[parts[event % len(parts)]].append(body)
         for p, bodies in by_part.items():
             r = c.publish(p, bodies)
             assert r.confirmed == len(bodies), r
@@ -132,6 +146,13 @@ with StreamClient.connect(sys.argv[1]) as c:
 print(f"broker stored offsets for {pipeline}: {stored}")
 print("audit:", "CLEAN" if report.clean else "VIOLATIONS")
 print("\n".join("   " + line for line in report.to_text().splitlines()))
+from streamledger.transform import DEAD_LETTER_DIR
+done = [r for r in ledger.ranges(pipeline) if r.status.value == "committed" and r.records]
+read = sum(r.records for r in done)
+written = sum(r.rows_out or 0 for r in done)
+dead = sum(r.dead_letter or 0 for r in done)
+print(f"ledger: {read} records read, {written} typed rows written, {dead} malformed records in dead letters "
+      f"(transform {', '.join(sorted({r.transform or 'raw' for r in done}))})")
 table_rows = None
 if os.environ.get("STREAMLEDGER_SINK") == "iceberg":
     from streamledger.batch.sinks import default_iceberg_table
@@ -140,28 +161,31 @@ if os.environ.get("STREAMLEDGER_SINK") == "iceberg":
                                               output_root=os.environ["STREAMLEDGER_OUTPUT_ROOT"]))
     name = default_iceberg_table(pipeline)
     table = catalog.load_table(name)
-    events = table.scan(selected_fields=("stream", "offset")).to_arrow()
-    per_stream = events.group_by("stream").aggregate([("offset", "count"), ("offset", "min"), ("offset", "max")])
+    rows = table.scan().to_arrow()
     snaps = [s for s in table.snapshots() if (s.summary.additional_properties if s.summary else {}).get(
         "streamledger.pipeline") == pipeline]
     print(f"Iceberg table {name} (pyiceberg, SQL catalog in the ledger; {table.location()}):")
     print(f"   {len(snaps)} commits by {pipeline}, current snapshot {table.current_snapshot().snapshot_id}")
-    print(f"   {'stream':<16} {'rows':>6} {'min offset':>11} {'max offset':>11}")
-    for row in sorted(per_stream.to_pylist(), key=lambda r: r["stream"]):
-        print(f"   {row['stream']:<16} {row['offset_count']:>6} {row['offset_min']:>11} {row['offset_max']:>11}")
-    table_rows = len(set(zip(events["stream"].to_pylist(), events["offset"].to_pylist())))
-    print(f"   {'total':<16} {events.num_rows:>6}  ({table_rows} distinct (stream, offset))")
-    if table_rows != events.num_rows:
-        sys.exit("demo: the Iceberg table holds a (stream, offset) twice")
+    print(f"   schema: {', '.join(f'{f.name} {f.field_type}' for f in table.schema().fields)}")
+    shown = ["order_id", "customer", "amount", "currency", "amount_usd", "ordered_at", "partition", "source_offset"]
+    print("   " + "  ".join(f"{c:<14}" for c in shown))
+    for row in sorted(rows.select(shown).to_pylist(), key=lambda r: r["order_id"])[:5]:
+        print("   " + "  ".join(f"{str(row[c])[:14]:<14}" for c in shown))
+    per = rows.group_by("partition").aggregate([("order_id", "count"), ("amount_usd", "sum")])
+    for p in sorted(per.to_pylist(), key=lambda r: r["partition"]):
+        print(f"   {p['partition']:<16} {p['order_id_count']:>5} orders  {p['amount_usd_sum']:>12} USD")
+    table_rows = rows.num_rows
+    ids = rows.column("order_id").to_pylist()
+    print(f"   total {table_rows} rows ({len(set(ids))} distinct order ids)")
+    if len(ids) != len(set(ids)) or table_rows != written:
+        sys.exit("demo: the Iceberg table holds an order twice, or disagrees with the ledger's rows written")
 root = Path(os.environ["STREAMLEDGER_OUTPUT_ROOT"]) / pipeline
-files = sorted(root.glob("*/*/*/*.parquet"))  # <broker>/<stream>/<start>-<end>/
-rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-ids = [json.loads(b)["id"] for f in files for b in pq.read_table(f, columns=["body"]).column("body").to_pylist()]
-print(f"Parquet output: {root}  ({len(files)} files, {rows} rows, {len(set(ids))} distinct event ids)")
-for d in sorted({f.parent for f in files}):
-    print(f"   {d.relative_to(root)}")
-if not report.clean or len(ids) != len(set(ids)) or table_rows not in (None, len(ids)):
-    sys.exit("demo: audit not clean, duplicate events, or the table disagrees with the Parquet output")
+dead_files = sorted(root.glob(f"*/*/*/{DEAD_LETTER_DIR}/*.parquet"))
+dead_rows = [b for f in dead_files for b in pq.read_table(f, columns=["body"]).column("body").to_pylist()]
+print(f"dead letters under {root}/<broker>/<partition>/<range>/{DEAD_LETTER_DIR}: {len(dead_rows)} records, e.g. "
+      f"{dead_rows[0][:40]!r}" if dead_rows else "dead letters: none")
+if not report.clean or len(dead_rows) != dead:
+    sys.exit("demo: audit not clean, or the dead letters disagree with the ledger")
 EOF
 echo
 echo "demo finished in $(( $(date +%s) - t0 )) s; Airflow home $AIRFLOW_HOME, logs in $LOGS"
