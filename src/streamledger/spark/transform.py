@@ -127,9 +127,10 @@ def output_schema(spark: Any, t: Transform, source_ddl: str, reserved: Sequence[
     try:
         empty = spark.createDataFrame([], source_ddl)
         records, _dead = decoded(empty, t)
-        with user_view(spark, records):
+        with user_view(spark, records):  # Connect resolves the view when a plan is analysed: inside
             out = apply_user(spark, records, t)
             schema = out.schema  # analysed here (Connect: a round trip to the server)
+            written = stamped(out, "", 0, 0).schema
     except TransformError:
         raise
     except Exception as exc:
@@ -140,7 +141,7 @@ def output_schema(spark: Any, t: Transform, source_ddl: str, reserved: Sequence[
     from pyspark.sql.pandas.types import to_arrow_schema
 
     try:
-        return to_arrow_schema(stamped(out, "", 0, 0).schema)
+        return to_arrow_schema(written)
     except Exception as exc:  # a type Arrow cannot hold (e.g. a user-defined type)
         raise TransformError(f"the transform's output cannot be written as Parquet: {one_line(exc)}") from None
 

@@ -17,6 +17,7 @@ from streamledger.batch import BatchConfig, RunId, run_batch
 from streamledger.ledger import Ledger, RangeStatus
 from streamledger.protocol.rabbitmq import StreamClient
 from streamledger.spark.job import MANIFEST, run_job
+from streamledger.batch.spec import SpecError
 from streamledger.spark.runners import SparkConnectRunner
 from tests.integration.spark.helpers import body, create_stream, publish
 from tests.support.spark import spark_env
@@ -193,6 +194,40 @@ def test_run_batch_with_the_connect_runner_over_a_super_stream(
                 assert r.output is not None
                 offsets = pq.read_table(r.output, columns=["offset"]).column("offset").to_pylist()
                 assert sorted(offsets) == list(range(r.records))
+    finally:
+        runner.close()
+
+
+def test_a_transform_runs_per_range_over_connect_and_is_refused_before_the_claim_when_it_cannot(
+    spark_connect: str, rabbitmq_url: str, stream_name: Any, tmp_path: Path
+) -> None:
+    """A super stream's two ranges each get the SQL over their own records (an aggregate per range)
+    on the Connect server; SQL naming an unknown column is refused by the server's analysis before
+    anything is claimed."""
+    sup = stream_name.super_stream("ct")
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_super_stream(sup, partitions=2)
+        parts = client.partitions(sup)
+    publish(rabbitmq_url, parts[0], 30)
+    publish(rabbitmq_url, parts[1], 20)
+    runner = SparkConnectRunner(spark_connect)
+    sql = "SELECT count(*) AS n, min(offset) AS low, max(offset) AS high FROM records"
+    cfg = BatchConfig(pipeline="p-connect-t", url=rabbitmq_url, output_root=str(tmp_path / "out"),
+                      super_stream=sup, sql=sql)
+    try:
+        with Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}", create=True) as ledger, \
+                StreamClient.connect(rabbitmq_url) as client:
+            bad = BatchConfig(pipeline="p-connect-bad", url=rabbitmq_url, output_root=str(tmp_path / "out"),
+                              super_stream=sup, sql="SELECT no_such FROM records")
+            with pytest.raises(SpecError, match="no_such"):
+                run_batch(bad, run=RunId("dag", "r0", "t"), ledger=ledger, broker=client, runner=runner)
+            assert ledger.ranges("p-connect-bad") == []
+            run_batch(cfg, run=RunId("dag", "r1", "t"), ledger=ledger, broker=client, runner=runner)
+            committed = [r for r in ledger.ranges("p-connect-t") if r.status == RangeStatus.COMMITTED]
+            got = {r.source.stream: pq.read_table(r.output).to_pylist() for r in committed if r.output}
+            assert {s: [(row["n"], row["low"], row["high"]) for row in rows] for s, rows in got.items()} == {
+                parts[0]: [(30, 0, 29)], parts[1]: [(20, 0, 19)]}
+            assert all(r.rows_out == 1 for r in committed)
     finally:
         runner.close()
 
