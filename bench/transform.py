@@ -40,8 +40,9 @@ SQL = ("SELECT order_id, customer, amount, currency, amount * 100 AS cents FROM 
 def order(i: int) -> bytes:
     if i % 50 == 7:
         return b'{"order_id": "broken'
-    return json.dumps({"order_id": f"o-{i:08d}", "customer": f"c-{i % 997}", "amount": f"{i % 10000}.{i % 100:02d}",
-                       "currency": ("EUR", "USD", "GBP")[i % 3], "status": ("paid", "open", "refunded")[i % 3],
+    return json.dumps({"order_id": f"o-{i:08d}", "customer": f"c-{i % 997}",
+                       "amount": f"{i % 10000}.{i % 100:02d}", "currency": ("EUR", "USD", "GBP")[i % 3],
+                       "status": ("paid", "open", "refunded")[i % 3],
                        "ts": 1764400000000 + i}).encode()
 
 
@@ -72,8 +73,8 @@ def main() -> None:
                 for round_ in range(args.rounds + 1):  # round 0 warms the JVM and the workers
                     for kind, extra in kinds.items():
                         pipe = f"bench-{kind.replace('+', '-')}-{round_}"
-                        cfg = BatchConfig(pipeline=pipe, url=args.url, output_root=str(work / "out"), stream=stream,
-                                          store_offset=False, **extra)  # type: ignore[arg-type]
+                        cfg = BatchConfig(pipeline=pipe, url=args.url, output_root=str(work / "out"),
+                                          stream=stream, store_offset=False, **extra)  # type: ignore[arg-type]
                         began = time.perf_counter()
                         result = run_batch(cfg, run=RunId("bench", pipe, "t"), ledger=ledger, broker=client,
                                            runner=runner)

@@ -26,10 +26,10 @@ production-like daily runs, the demo (short intervals) and the end-to-end tests.
 | ``STREAMLEDGER_SINK`` | ``directory`` | the backfill DAG's sink: ``directory``, ``iceberg`` or ``delta`` |
 | ``STREAMLEDGER_TABLE`` | (unset) | its table: Iceberg ``namespace.name`` / Delta location (sink's default) |
 | ``STREAMLEDGER_CATALOG_CONN_ID`` | (unset) | Iceberg catalog connection (default: SQL catalog in ledger) |
-| ``STREAMLEDGER_SQL_FILE`` | (unset) | the backfill DAG's transform: a ``.sql`` file (relative: to the DAG folder) over ``records`` |
-| ``STREAMLEDGER_BODY_FORMAT`` | ``raw`` | ``json``: decode each body with ``STREAMLEDGER_BODY_SCHEMA`` first |
+| ``STREAMLEDGER_SQL_FILE`` | (unset) | the backfill DAG's transform: a ``.sql`` file over ``records`` |
+| ``STREAMLEDGER_BODY_FORMAT`` | ``raw`` | ``json``: decode bodies with ``STREAMLEDGER_BODY_SCHEMA`` |
 | ``STREAMLEDGER_BODY_SCHEMA`` | (unset) | the body's fields as Spark DDL (with ``json``) |
-| ``STREAMLEDGER_ON_BAD_RECORD`` | ``fail`` | a body that does not decode: ``fail``, ``null`` or ``dead_letter`` |
+| ``STREAMLEDGER_ON_BAD_RECORD`` | ``fail`` | a body not decoded: ``fail``, ``null``, ``dead_letter`` |
 
 The source comes from the ``rabbitmq_stream_default`` connection (the backfill DAG: from
 ``STREAMLEDGER_SOURCE_CONN_ID``, which may be a ``mewbase`` connection read with

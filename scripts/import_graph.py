@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("streamledger.protocol",),
     ("streamledger.home", "streamledger.paths", "streamledger.sources", "streamledger.manifest",
      "streamledger.schemas", "streamledger.redaction", "streamledger.progress",
-     "streamledger.runs", "streamledger.processes",
+     "streamledger.runs", "streamledger.processes", "streamledger.transform",
      "streamledger.fs", "streamledger.topology"),
     ("streamledger.ledger", "streamledger.migrations"),
     ("streamledger.batch",),

@@ -261,7 +261,8 @@ def transform_notes(ranges: Sequence[OffsetRange]) -> list[Violation]:
             first, last = run[0], run[-1]
             rows = sum(r.rows_out or 0 for r in run)
             dead = sum(r.dead_letter or 0 for r in run)
-            what = (f"transform {first.transform}: {sum(r.records or 0 for r in run)} records read, {rows} rows "
+            read = sum(r.records or 0 for r in run)
+            what = (f"transform {first.transform}: {read} records read, {rows} rows "
                     f"written, {dead} set aside" if first.transform else "raw records (no transform)")
             notes.append(Violation(ViolationKind.TRANSFORMED, first.pipeline, first.source.stream,
                                    first.source.broker, first.start, last.end, None,

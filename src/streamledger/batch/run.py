@@ -944,8 +944,8 @@ class BatchRun:
         cfg = self.config
         if rng.transform != self.fingerprint:
             raise BatchError(
-                f"stream {stream!r} range [{rng.start}, {rng.end}): its output is gone and it was produced by "
-                f"transform {rng.transform or 'none (raw records)'}, not the pipeline's "
+                f"stream {stream!r} range [{rng.start}, {rng.end}): its output is gone and it was produced "
+                f"by transform {rng.transform or 'none (raw records)'}, not the pipeline's "
                 f"{self.fingerprint or 'none (raw records)'}: it cannot be made again as committed")
         staging = plan.staging_dir(cfg.output_root, cfg.pipeline, self.identity, self.run,
                                    uuid.uuid4().hex[:8])

@@ -147,7 +147,8 @@ class PipelineSpec:
             try:
                 sql = Path(self.sql_file).read_text()
             except OSError as exc:
-                raise TransformError(f"sql_file {self.sql_file!r} cannot be read: {exc.strerror or exc}") from None
+                raise TransformError(f"sql_file {self.sql_file!r} cannot be read: "
+                                     f"{exc.strerror or exc}") from None
         made = Transform(sql=sql, function=self.transform, body_format=self.body_format,
                          body_schema=self.body_schema, on_bad_record=self.on_bad_record)
         return made if made.active or made.problem() else None

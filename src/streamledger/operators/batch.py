@@ -44,6 +44,7 @@ from streamledger.spark.runners import (
     local_runner,
     runner_for,
 )
+from streamledger.transform import Transform
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -107,9 +108,10 @@ class SparkSubmitRunner(SubmitRunner):
                                env_vars=job_environment(), **kwargs)
 
     def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
-                 splits: int) -> Manifest:
+                 splits: int, transform: Transform | None = None) -> Manifest:
         mask_url(url)  # spark-submit's own output is logged line by line
-        return super().__call__(url=url, ranges=ranges, output=output, fmt=fmt, splits=splits)
+        return super().__call__(url=url, ranges=ranges, output=output, fmt=fmt, splits=splits,
+                                transform=transform)
 
     def submit(self, application: str, url_file: Path, args: list[str]) -> None:
         self._hook = self._hook_for(url_file, args)

@@ -227,8 +227,8 @@ RAW_DIR = "_raw"
 
 
 def _transformed(spark: Any, *, url: str, ranges: Mapping[str, Sequence[int]], output: str, fmt: str,
-                 splits: int, decode: str | None, fail_on_data_loss: bool, writer_options: WriterOptions | None,
-                 transform: Transform) -> Manifest:
+                 splits: int, decode: str | None, fail_on_data_loss: bool,
+                 writer_options: WriterOptions | None, transform: Transform) -> Manifest:
     """The raw landing, then the transform per range (see :func:`job_manifest`)."""
     if fmt not in FORMATS:
         raise PlanningError(f"format {fmt!r} is not supported; use one of {', '.join(FORMATS)}")
@@ -240,9 +240,10 @@ def _transformed(spark: Any, *, url: str, ranges: Mapping[str, Sequence[int]], o
     reachable = not fs.scheme(out_dir) or not isinstance(out_fs, fs.ArrowFS)
     raw_dir = fs.join(out_dir, RAW_DIR) if reachable else tempfile.mkdtemp(prefix="streamledger-raw-")
     try:
-        return _transform_landed(spark, url=url, ranges=ranges, out_dir=out_dir, out_fs=out_fs, raw_dir=raw_dir,
-                                 fmt=fmt, splits=splits, decode=decode, fail_on_data_loss=fail_on_data_loss,
-                                 writer_options=writer_options, transform=transform)
+        return _transform_landed(spark, url=url, ranges=ranges, out_dir=out_dir, out_fs=out_fs,
+                                 raw_dir=raw_dir, fmt=fmt, splits=splits, decode=decode,
+                                 fail_on_data_loss=fail_on_data_loss, writer_options=writer_options,
+                                 transform=transform)
     finally:
         if not reachable:
             shutil.rmtree(raw_dir, ignore_errors=True)
@@ -537,7 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit: spark-submit's)")
     p.add_argument("--transform", default=None,
                    help='JSON of the transform between read and write: {"sql": ..., "function": '
-                   '"package.module:function", "body_format": "json", "body_schema": DDL, "on_bad_record": ...}')
+                   '"package.module:function", "body_format": "json", "body_schema": DDL, '
+                   '"on_bad_record": ...}')
     return p
 
 

@@ -69,7 +69,8 @@ def decoded(df: Any, t: Transform, seen: Any = None) -> tuple[Any, Any | None]:
                            F.col("offset").cast("string"),
                            F.lit(": body is not a JSON object of body_schema"))
         with_parsed = with_parsed.withColumn(
-            "__streamledger_bad", F.when(F.col("__streamledger_bad"), F.raise_error(message)).otherwise(F.lit(False)))
+            "__streamledger_bad",
+            F.when(F.col("__streamledger_bad"), F.raise_error(message)).otherwise(F.lit(False)))
         good = with_parsed.where(~F.col("__streamledger_bad"))
     elif t.on_bad_record == "dead_letter":
         dead = with_parsed.where(F.col("__streamledger_bad")).select(*df.columns)
@@ -105,7 +106,8 @@ def apply_user(spark: Any, records: Any, t: Transform) -> Any:
     if t.function is not None:
         out = t.load_function()(records)
         if not hasattr(out, "schema") or not hasattr(out, "write"):
-            raise TransformError(f"transform {t.function_name} returned {type(out).__name__}, not a DataFrame")
+            raise TransformError(f"transform {t.function_name} returned {type(out).__name__}, "
+                                 "not a DataFrame")
         return out
     return records
 
@@ -143,7 +145,8 @@ def output_schema(spark: Any, t: Transform, source_ddl: str, reserved: Sequence[
     try:
         return to_arrow_schema(written)
     except Exception as exc:  # a type Arrow cannot hold (e.g. a user-defined type)
-        raise TransformError(f"the transform's output cannot be written as Parquet: {one_line(exc)}") from None
+        raise TransformError(f"the transform's output cannot be written as Parquet: "
+                             f"{one_line(exc)}") from None
 
 
 @contextmanager
@@ -181,9 +184,11 @@ def _dead_letters_to_write(seen: Any, records_in: int | None) -> bool:
 
 
 def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], source_ddl: str, stream: str,
-                    start: int, end: int, out_dir: str, fmt: str, records_in: int | None = None) -> RangeOutput:
+                    start: int, end: int, out_dir: str, fmt: str,
+                    records_in: int | None = None) -> RangeOutput:
     """Run ``t`` on one range's raw files (``records_in`` records); write its rows (lineage stamped) to
-    ``out_dir`` and the records that did not decode to its ``_dead_letter`` directory. The counts are observed on the rows as they are
+    ``out_dir`` and the records that did not decode to its ``_dead_letter`` directory. The counts are
+    observed on the rows as they are
     written (the write's own stage), not counted again."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
@@ -202,7 +207,8 @@ def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], sourc
     try:
         with user_view(spark, records), spark_writes(spark, out_dir) as (where, dead_where):
             out = stamped(apply_user(spark, records, t), stream, start, end)
-            out.observe(rows_seen, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").format(fmt).save(where)
+            counted = out.observe(rows_seen, F.count(F.lit(1)).alias("rows"))
+            counted.write.mode("overwrite").format(fmt).save(where)
             dead_count = 0
             if dead is not None and _dead_letters_to_write(seen, records_in):
                 dead_seen = Observation(f"streamledger_dead_{uuid.uuid4().hex}")
@@ -215,7 +221,8 @@ def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], sourc
         said = one_line(exc)
         if said.startswith(BAD_RECORD_MARK):  # it names the stream and offset itself
             raise TransformError(said[len(BAD_RECORD_MARK):].strip() + " (on_bad_record 'fail')") from None
-        raise TransformError(f"stream {stream!r} range [{start}, {end}): the transform failed: {said}") from None
+        raise TransformError(f"stream {stream!r} range [{start}, {end}): the transform failed: "
+                             f"{said}") from None
     return RangeOutput(rows=int(rows_seen.get["rows"]), dead_letter=dead_count)
 
 

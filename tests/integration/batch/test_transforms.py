@@ -94,7 +94,8 @@ def test_json_orders_land_as_typed_rows_with_bad_records_in_the_dead_letter(
     for r in ranges:
         bodies = broker_bodies(rabbitmq_url, s, r.start, r.end)
         good = [(r.start + i, d) for i, b in enumerate(bodies) if (d := decoded(b)) is not None]
-        want = sorted((d["order_id"], Decimal(d["amount"]) * 2, o) for o, d in good if d["status"] != "refunded")
+        want = sorted((d["order_id"], Decimal(d["amount"]) * 2, o) for o, d in good
+                      if d["status"] != "refunded")
         got = rows_of(r.output)
         assert sorted((g["order_id"], g["doubled"], g["source_offset"]) for g in got) == want
         assert {(g["streamledger_stream"], g["streamledger_start"], g["streamledger_end"]) for g in got} == {
@@ -260,8 +261,8 @@ def test_a_transform_lands_typed_rows_in_a_table_that_evolves_with_it(
     publish_orders(rabbitmq_url, s, 80)
     base = dict(pipeline=PIPE, sink=sink, max_offsets=40, body_format="json", body_schema=SCHEMA,
                 on_bad_record="dead_letter")
-    first = config(rabbitmq_url, tmp_path, s, sql="SELECT order_id, amount FROM records WHERE status = 'paid'",
-                   **base)
+    first = config(rabbitmq_url, tmp_path, s, **base,
+                   sql="SELECT order_id, amount FROM records WHERE status = 'paid'")
     run_batch(first, run=rid("t", run="r1"), ledger=ledger, broker=client, runner=runner)
     wider = config(rabbitmq_url, tmp_path, s, **base,
                    sql="SELECT order_id, amount, currency FROM records WHERE status = 'paid'")
@@ -323,7 +324,8 @@ def test_a_transform_lands_on_s3_through_a_session_without_the_s3_connector(
     run_batch(cfg, run=rid("t"), ledger=ledger, broker=client, runner=runner)
     [r] = published(ledger)
     assert r.output is not None and r.output.startswith(s3_bucket.uri("lake"))
-    want = sum(1 for b in broker_bodies(rabbitmq_url, s, 0, r.end) if (d := decoded(b)) and d["status"] == "paid")
+    want = sum(1 for b in broker_bodies(rabbitmq_url, s, 0, r.end)
+               if (d := decoded(b)) and d["status"] == "paid")
     assert r.rows_out == want
     keys = [k for k in s3_bucket.keys("lake") if k.endswith(".parquet") and "/_staging/" not in f"/{k}"]
     assert any("/_dead_letter/" in k for k in keys) and any("/_dead_letter/" not in k for k in keys)

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamledger.batch import BatchConfig, RunId, run_batch
+from streamledger.batch.spec import SpecError
 from streamledger.ledger import Ledger, RangeStatus
 from streamledger.protocol.rabbitmq import StreamClient
 from streamledger.spark.job import MANIFEST, run_job
-from streamledger.batch.spec import SpecError
 from streamledger.spark.runners import SparkConnectRunner
 from tests.integration.spark.helpers import body, create_stream, publish
 from tests.support.spark import spark_env

@@ -274,7 +274,8 @@ def transform_schema_problem(schema: Any, output: Any) -> str | None:
     changed = [f"{n} is {_kind(have[n].type)}, the transform writes {_kind(f.type)}"
                for n, f in wants.items() if n in have and _kind(have[n].type) != _kind(f.type)]
     if changed:
-        return "the transform changes column types (refused: rewrite the table or use a new one): " + "; ".join(changed)
+        return ("the transform changes column types (refused: rewrite the table or use a new one): "
+                + "; ".join(changed))
     required = [n for n, f in have.items() if n not in wants and n not in TABLE_COLUMNS and not f.nullable]
     if required:
         return f"the transform leaves out column(s) the table requires: {', '.join(required)}"
