@@ -213,10 +213,11 @@ def _config(args: argparse.Namespace, url: str) -> BatchConfig:
 
 
 def _runner(args: argparse.Namespace) -> Any:
-    from importlib.util import find_spec
+    from streamledger.errors import extra_problem
 
-    if find_spec("pyspark") is None:  # found now, not after the claim
-        raise BadInput('pyspark is not installed: pip install "streamledger[spark]"')
+    problem = extra_problem("pyspark")  # found now, not after the claim
+    if problem is not None:
+        raise BadInput(problem)
     from streamledger.batch import LocalSparkRunner, SparkConnectRunner
 
     if args.remote:

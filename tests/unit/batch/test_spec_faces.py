@@ -89,7 +89,50 @@ def _operator() -> Face:
     return Face("StreamBatchOperator", face.SPEC_LACKS, offered, build)
 
 
-FACES: dict[str, Callable[[], Face]] = {"cli": _cli, "operator": _operator}
+ASSET_DEFAULTS = {"initial_position": None}
+"""The asset's own defaults (None: a time-window asset starts at its first window, any other at the
+first offset: :func:`~streamledger.dagster.assets.asset_spec`)."""
+
+
+def _asset() -> Face:
+    from streamledger.dagster import assets as face
+
+    params = inspect.signature(face.build_stream_batch_asset).parameters
+    assert inspect.signature(face.asset_spec).parameters["settings"].kind is inspect.Parameter.VAR_KEYWORD
+    assert params["settings"].kind is inspect.Parameter.VAR_KEYWORD  # the factory takes every field
+
+    def build(settings: dict[str, Any]) -> PipelineSpec:
+        return face.asset_spec(**settings, windowed=_windowed(settings))
+
+    def offered() -> dict[str, Any]:
+        spec = face.asset_spec(**BASE, windowed=False)
+        return {name: ASSET_DEFAULTS.get(name, getattr(spec, name)) if name not in params else
+                params[name].default for name in spec_settings() if name not in BASE}
+
+    return Face("build_stream_batch_asset", face.SPEC_LACKS, offered, build)
+
+
+def _component() -> Face:
+    from streamledger.dagster import components as face
+
+    fields = {f.name: f for f in dataclasses.fields(face.StreamBatchComponent)}
+
+    def build(settings: dict[str, Any]) -> PipelineSpec:
+        from dagster import DailyPartitionsDefinition
+
+        windows = DailyPartitionsDefinition(start_date="2026-01-01") if _windowed(settings) else None
+        component = face.StreamBatchComponent(**settings, broker_url_env="STREAMLEDGER_RABBITMQ_URL",
+                                              partitions_def=windows)
+        return component.pipeline_spec(windowed=_windowed(settings))
+
+    def offered() -> dict[str, Any]:
+        return {name: fields[name].default for name in spec_settings() if name in fields and name not in BASE}
+
+    return Face("StreamBatchComponent", face.SPEC_LACKS, offered, build)
+
+
+FACES: dict[str, Callable[[], Face]] = {"cli": _cli, "operator": _operator, "asset": _asset,
+                                        "component": _component}
 
 
 def _windowed(settings: Mapping[str, Any]) -> bool:
@@ -111,6 +154,9 @@ def test_each_face_offers_every_spec_field_or_says_why_not(face: str) -> None:
 def test_each_face_takes_the_specs_defaults(face: str) -> None:
     f = FACES[face]()
     for name, default in f.offered().items():
+        if face in ("asset", "component") and name in ASSET_DEFAULTS:
+            assert default == ASSET_DEFAULTS[name]
+            continue
         assert default == spec_default(name), f"{f.name}: {name} defaults to {default!r}, the spec's is " \
                                               f"{spec_default(name)!r}"
 
