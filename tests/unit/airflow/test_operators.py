@@ -125,3 +125,25 @@ def test_a_templated_sink_is_checked_once_rendered() -> None:
     op.table = "events"
     with pytest.raises(ValueError, match=r"not 'namespace\.name'"):
         op._validate(rendered=True)
+
+
+def test_the_operators_package_names_every_operator() -> None:
+    """Issue 41 item 5: ``from streamledger.operators import LedgerAuditOperator`` (docs/airflow.md)."""
+    import streamledger.operators as package
+    from streamledger.operators import audit, batch, streams
+
+    for name in package.__all__:
+        home = next(m for m in (audit, batch, streams) if hasattr(m, name))
+        assert getattr(package, name) is getattr(home, name), name
+    assert {"LedgerAuditOperator", "StreamBatchOperator", "CreateStreamOperator"} <= set(package.__all__)
+
+
+def test_the_audit_checks_the_broker_of_the_batchs_default_connection() -> None:
+    """One default broker connection for both operators; ``None`` audits the ledger alone."""
+    import inspect
+
+    params = inspect.signature(StreamBatchOperator.__init__).parameters
+    batch_default = params["rabbitmq_stream_conn_id"].default
+    assert LedgerAuditOperator(task_id="audit").rabbitmq_stream_conn_id == batch_default == \
+        "rabbitmq_stream_default"
+    assert LedgerAuditOperator(task_id="audit", rabbitmq_stream_conn_id=None).rabbitmq_stream_conn_id is None
