@@ -181,7 +181,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
     """Process the next offset range of every partition of a stream or super stream, exactly once.
 
     :param pipeline: consumer reference (<= 256 chars): names the ledger history and the broker's
-        stored offset. Templated.
+        stored offset. Templated. Or a whole :class:`~streamledger.batch.spec.PipelineSpec`: its
+        fields instead of the keywords of the same names below, which then stay unset.
     :param stream: a single stream. Templated. Give this or ``super_stream``.
     :param super_stream: a super stream; every partition gets its own range. Templated.
     :param rabbitmq_stream_conn_id: the source connection (default ``rabbitmq_stream_default``): type
@@ -252,7 +253,7 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
+        pipeline: str | PipelineSpec,
         stream: str | None = None,
         super_stream: str | None = None,
         rabbitmq_stream_conn_id: str = RabbitMQStreamHook.default_conn_name,
@@ -284,7 +285,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline = pipeline
+        declared = pipeline if isinstance(pipeline, PipelineSpec) else None
+        self.pipeline = pipeline.pipeline if isinstance(pipeline, PipelineSpec) else pipeline
         self.stream = stream
         self.super_stream = super_stream
         self.rabbitmq_stream_conn_id = rabbitmq_stream_conn_id
@@ -319,7 +321,21 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         self.on_step: StepHook | None = None  # tests only (a cluster policy may set it)
         self._runner_in_use: Any = None
         self._result: BatchResult | None = None
+        if declared is not None:
+            self._take(declared)
         self._validate(rendered=False)
+
+    def _take(self, spec: PipelineSpec) -> None:
+        """The settings of a spec given as ``pipeline=``; the keywords it holds stay unset."""
+        flat = [name for name in spec_settings() if name not in (*SPEC_LACKS, "pipeline", "output_root")
+                and getattr(self, name) != spec_default(name)]
+        if flat or self.output_root is not None or self.max_records is not None:
+            named = ", ".join(flat or ["output_root" if self.output_root is not None else "max_records"])
+            raise ValueError(f"{self.task_id}: pipeline= is a PipelineSpec, which holds {named}: give "
+                             "the pipeline's settings in the spec or as keywords, not both")
+        for name in spec_settings():
+            if name not in SPEC_LACKS:
+                setattr(self, name, getattr(spec, name))
 
     def _validate(self, *, rendered: bool) -> None:
         """Check the arguments at DAG parse time (templated values are checked once rendered, at execute)."""

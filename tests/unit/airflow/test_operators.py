@@ -147,3 +147,16 @@ def test_the_audit_checks_the_broker_of_the_batchs_default_connection() -> None:
     assert LedgerAuditOperator(task_id="audit").rabbitmq_stream_conn_id == batch_default == \
         "rabbitmq_stream_default"
     assert LedgerAuditOperator(task_id="audit", rabbitmq_stream_conn_id=None).rabbitmq_stream_conn_id is None
+
+
+def test_a_pipeline_spec_given_whole_is_the_tasks_pipeline() -> None:
+    """Issue 41 item 1: ``StreamBatchOperator(pipeline=PipelineSpec(...))``, the one declaration as a
+    nested object; its fields are not given twice."""
+    from streamledger.batch.spec import PipelineSpec
+
+    spec = PipelineSpec(pipeline="p", super_stream="events", output_root="/out", fmt="orc", splits=2,
+                        heartbeat_interval=5.0, claim_timeout=60.0, store_offset=False)
+    op = StreamBatchOperator(task_id="t", pipeline=spec)
+    assert op.pipeline == "p" and op._spec(rendered=True) == spec
+    with pytest.raises(ValueError, match=r"pipeline= is a PipelineSpec, which holds fmt: .* not both"):
+        StreamBatchOperator(task_id="t", pipeline=spec, fmt="json")
