@@ -5,6 +5,7 @@ user-facing message) from programming errors, which the CLI lets through with a 
 """
 
 import argparse
+from importlib.util import find_spec
 from typing import NoReturn
 
 
@@ -28,3 +29,28 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+
+
+#: A missing optional library -> the extra that installs it (docs/install.md).
+EXTRAS = {
+    "psycopg": "postgres", "pyspark": "spark", "deltalake": "delta", "pyiceberg": "iceberg",
+    "pymongo": "mewbase", "bson": "mewbase", "lz4": "compression", "zstandard": "compression",
+    "cramjam": "compression", "dagster": "dagster", "airflow": "airflow",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """'pip install "streamledger[X]"' advice when ``exc`` is a known optional library."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return f"{top} is not installed: pip install \"streamledger[{extra}]\""
+
+
+def extra_problem(module: str) -> str | None:
+    """The same one line when optional library ``module`` (a key of :data:`EXTRAS`) cannot be
+    imported here, else None: asked before anything is claimed, instead of a traceback later."""
+    if find_spec(module) is not None:
+        return None
+    return missing_extra(ModuleNotFoundError(name=module))

@@ -28,7 +28,8 @@ from streamledger.errors import BatchError
 from streamledger.fs import credentials_problem, redact
 from streamledger.transform import Transform, TransformError
 
-__all__ = ["Door", "InitialPosition", "PipelineSpec", "SpecError"]
+__all__ = ["FACE_SET", "Door", "InitialPosition", "PipelineSpec", "SpecError", "spec_default",
+           "spec_settings"]
 
 InitialPosition = Literal["first", "tail", "interval_start"] | int
 
@@ -43,6 +44,7 @@ class Door(enum.Enum):
     operator's keywords (``stream=``), the setting that brings an Iceberg catalog."""
 
     PYTHON = "python"
+    CLI = "cli"
     OPERATOR = "operator"
     ASSET = "asset"
     COMPONENT = "component"
@@ -183,3 +185,27 @@ class PipelineSpec:
         """The spec's fields by name (what a run's configuration starts from)."""
         return {f.name: getattr(self, f.name) for f in fields(PipelineSpec)}
 
+
+
+FACE_SET: dict[str, str] = {
+    "door": "which face built the spec: each face names itself",
+    "intervals": "whether runs bring a data interval: known from the face (time-window partitions, "
+                 "a DAG's data interval, --interval-start)",
+    "catalog_given": "an Iceberg catalog's properties come at run time through the face's own "
+                     "setting (a connection, a resource, YAML catalog settings, --catalog)",
+}
+"""The spec's fields a face sets itself, from what it knows, instead of offering them as settings."""
+
+
+def spec_settings() -> tuple[str, ...]:
+    """The spec's fields a user sets (every field but :data:`FACE_SET`), in declaration order: what
+    every face offers, each under its own name (tests/unit/batch/test_spec_faces.py holds
+    every face to it)."""
+    return tuple(f.name for f in fields(PipelineSpec) if f.name not in FACE_SET)
+
+
+def spec_default(name: str) -> Any:
+    """The spec's default for field ``name`` (a face repeats no default; a required field has none:
+    ``dataclasses.MISSING``)."""
+    (found,) = (f for f in fields(PipelineSpec) if f.name == name)
+    return found.default

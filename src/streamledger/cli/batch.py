@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -34,30 +37,10 @@ from streamledger.runs import CLI_DAG, CLI_RUN_PREFIX
 
 if TYPE_CHECKING:
     from streamledger.batch import BatchConfig
-    from streamledger.batch.config import InitialPosition
+    from streamledger.batch.spec import InitialPosition, PipelineSpec
 
 TASK = "batch"
 DAG = CLI_DAG
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
-    return value
 
 
 def _initial_position(text: str) -> InitialPosition:
@@ -98,29 +81,143 @@ def _try_number(ledger: Any, pipeline: str, run_id: str) -> int:
     return int(ledger.last_try(pipeline, RunIdentity(DAG, run_id, TASK))) + 1
 
 
+class _SpecDefault:
+    """An option left out: the spec's own default applies (``%(default)s`` in help asks the spec,
+    only when help is shown, so building the parser imports no batch module)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        from streamledger.batch.spec import spec_default
+
+        return str(spec_default(self.name))
+
+
+@dataclass(frozen=True)
+class SpecOption:
+    """One :class:`~streamledger.batch.spec.PipelineSpec` field as ``batch run`` offers it: the flag,
+    its help and how its text becomes the field's value (``parse``), or for a flag without a value
+    the value it sets (``const``). The default is the spec's; the spec validates the value."""
+
+    flag: str
+    help: str
+    metavar: str | None = None
+    parse: Callable[[str], Any] = str
+    const: bool | None = None
+
+    def add_to(self, p: Any, name: str) -> None:
+        """This option, on parser (or group) ``p``, for spec field ``name``."""
+        kwargs: dict[str, Any] = {"dest": name, "default": _SpecDefault(name), "help": self.help}
+        if self.const is not None:
+            kwargs.update(action="store_const", const=self.const)
+        else:
+            kwargs.update(type=self.parse, metavar=self.metavar)
+            if name not in _REQUIRED + _SOURCE:
+                kwargs["help"] += " (default %(default)s)"
+        p.add_argument(self.flag, **kwargs)
+
+    def argv(self, value: Any) -> list[str]:
+        """``value`` as this option's arguments (nothing for a flag's other value, or None)."""
+        if self.const is not None:
+            return [self.flag] if value == self.const else []
+        return [] if value is None else [self.flag, str(value)]
+
+
+SPEC_OPTIONS: dict[str, SpecOption] = {
+    "pipeline": SpecOption("--pipeline", "the pipeline (the broker's offset reference)"),
+    "output_root": SpecOption("--output-root", "where outputs (and tables) live", "ROOT"),
+    "stream": SpecOption("--stream", "one stream"),
+    "super_stream": SpecOption("--super-stream", "every partition of a super stream"),
+    "initial_position": SpecOption(
+        "--initial-position", "where a new pipeline starts: first, next (only new records), an offset, "
+        "or interval-start (with --interval-start)", "POSITION", _initial_position),
+    "fmt": SpecOption("--format", "the range files' format: parquet, orc or json", "FORMAT"),
+    "splits": SpecOption("--splits", "Spark read tasks per partition", "N", int),
+    "store_offset": SpecOption("--no-store-offset", "do not store the pipeline's offset on the broker",
+                               const=False),
+    "store_timeout": SpecOption("--store-timeout", "seconds to store and verify the broker's offset",
+                                "SECONDS", float),
+    "on_data_loss": SpecOption(
+        "--on-data-loss", "offsets retention removed before they were read: fail the batch or record "
+        "them as lost and go on", "{fail,record}"),
+    "max_offsets": SpecOption("--max-offsets", "cap a new range's span; None: no cap", "N", int),
+    "broker_name": SpecOption("--broker-name", "the ledger's name for the broker; None: the cluster's "
+                              "own name", "NAME"),
+    "heartbeat_interval": SpecOption("--heartbeat-interval", "seconds between renewals of the claims",
+                                     "SECONDS", float),
+    "claim_timeout": SpecOption("--claim-timeout", "seconds after which a claim not renewed is "
+                                "abandoned", "SECONDS", float),
+    "sink": SpecOption("--sink", "what publishing means: a directory per range, or a table",
+                       "{directory,iceberg,delta}"),
+    "table": SpecOption("--table", "iceberg: NAMESPACE.NAME, None: streamledger.<pipeline>; "
+                        "delta: the table's location, None: <output-root>/<pipeline>"),
+    "bound_by_interval": SpecOption(
+        "--bound-by-interval", "pin each range to the records stamped in the interval (the same on "
+        "every rerun; with --interval-start and --interval-end)", const=True),
+    "interval_grace": SpecOption("--interval-grace", "seconds after the interval's end after which an "
+                                 "idle stream's interval ends at its tail", "SECONDS", float),
+}
+"""``batch run``'s option for each field of the pipeline spec a user sets, by field; the fields in
+:data:`SPEC_LACKS` excepted (tests/unit/batch/test_spec_faces.py holds the two to the spec)."""
+
+SPEC_LACKS: dict[str, str] = {}
+"""Spec fields ``batch run`` deliberately does not offer, each with the reason."""
+
+_REQUIRED = ("pipeline", "output_root")
+_SOURCE = ("stream", "super_stream")  # exactly one of them
+
+
+def add_spec_options(p: argparse.ArgumentParser) -> None:
+    """One option per :data:`SPEC_OPTIONS` entry."""
+    which = p.add_mutually_exclusive_group(required=True)
+    for name, option in SPEC_OPTIONS.items():
+        option.add_to(which if name in _SOURCE else p, name)
+    for action in p._actions:
+        if action.dest in _REQUIRED:
+            action.required = True
+
+
+def _spec(args: argparse.Namespace) -> PipelineSpec:
+    """The pipeline the options declare (a left-out option: the spec's default); what the spec refuses
+    is bad input (exit 2), nothing opened yet."""
+    from streamledger.batch.spec import Door, PipelineSpec, SpecError
+
+    given = {name: getattr(args, name) for name in SPEC_OPTIONS}
+    try:
+        return PipelineSpec(**{k: v for k, v in given.items() if not isinstance(v, _SpecDefault)},
+                            door=Door.CLI)
+    except SpecError as exc:
+        raise BadInput(_flags_named(str(exc))) from None
+
+
+def _flags_named(problem: str) -> str:
+    """A refusal of the spec in this face's words: each setting named by its option (``max_offsets``
+    -> ``--max-offsets``); the source's names stay nouns (``pipeline 'p'``)."""
+    for name, option in SPEC_OPTIONS.items():
+        if name not in ("pipeline", *_SOURCE):
+            problem = re.sub(rf"\b{name}\b", option.flag, problem)
+    return problem
+
+
 def _config(args: argparse.Namespace, url: str) -> BatchConfig:
-    """The batch's config from the flags; what it refuses is bad input (exit 2), nothing opened yet."""
+    """The batch's config: the spec bound to this run (the URL, the interval, the catalog)."""
     from streamledger.batch import BatchConfig, BatchError
 
+    spec = _spec(args)
     try:
-        return BatchConfig(
-            pipeline=args.pipeline, url=url, output_root=args.output_root, stream=args.stream,
-            super_stream=args.super_stream, max_offsets=args.max_offsets, sink=args.sink, table=args.table,
-            catalog=catalog_of(args), initial_position=args.initial_position, splits=args.splits,
-            on_data_loss=args.on_data_loss, interval_start=args.interval_start,
-            interval_end=args.interval_end,
-            bound_by_interval=args.bound_by_interval, interval_grace=args.interval_grace,
-            store_offset=args.store_offset,
-        )
+        return BatchConfig.for_run(spec, url=url, interval_start=args.interval_start,
+                                   interval_end=args.interval_end, catalog=catalog_of(args))
     except BatchError as exc:
-        raise BadInput(str(exc)) from None
+        raise BadInput(_flags_named(str(exc))) from None
 
 
 def _runner(args: argparse.Namespace) -> Any:
-    from importlib.util import find_spec
+    from streamledger.errors import extra_problem
 
-    if find_spec("pyspark") is None:  # found now, not after the claim
-        raise BadInput('pyspark is not installed: pip install "streamledger[spark]"')
+    problem = extra_problem("pyspark")  # found now, not after the claim
+    if problem is not None:
+        raise BadInput(problem)
     from streamledger.batch import LocalSparkRunner, SparkConnectRunner
 
     if args.remote:
@@ -136,7 +233,7 @@ def _runner(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streamledger.batch import BatchRun, RunId
+    from streamledger.batch import RunId, run_batch
     from streamledger.sources import connect_log
 
     url = broker_url(args)
@@ -153,9 +250,9 @@ def _run(args: argparse.Namespace) -> int:
         with open_ledger(args, write=True) as ledger, connect_log(url) as log:
             run_id = args.run_id or f"{CLI_RUN_PREFIX}{uuid.uuid4().hex[:12]}"
             run = RunId(DAG, run_id, TASK, try_number=_try_number(ledger, args.pipeline, run_id))
-            batch = BatchRun(config, run=run, ledger=ledger, broker=log, runner=runner, progress=display)
             try:
-                result = batch.execute()
+                result = run_batch(config, run=run, ledger=ledger, broker=log, runner=runner,
+                                   progress=display)
             finally:
                 if display is not None:
                     display.close()
@@ -185,34 +282,10 @@ def register(sub: Any) -> None:
     add_broker(p)
     add_ledger(p)
     add_json(p)
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--stream", default=None, help="one stream")
-    which.add_argument("--super-stream", default=None, help="every partition of a super stream")
-    p.add_argument("--pipeline", required=True, help="the pipeline (the broker's offset reference)")
-    p.add_argument("--output-root", required=True, metavar="ROOT", help="where outputs (and tables) live")
-    p.add_argument("--initial-position", type=_initial_position, default="first", metavar="POSITION",
-                   help="where a new pipeline starts: first (default), next (only new records), an "
-                   "offset, or interval-start (with --interval-start)")
-    p.add_argument("--max-offsets", type=_positive, default=None, metavar="N", help="cap a new range's span")
-    p.add_argument("--splits", type=_positive, default=1, metavar="N",
-                   help="Spark read tasks per partition (default 1)")
-    p.add_argument("--on-data-loss", choices=("fail", "record"), default="fail",
-                   help="offsets retention removed before they were read: fail the batch (default) or "
-                   "record them as lost and go on")
+    add_spec_options(p)
     p.add_argument("--interval-start", type=_when, default=None, metavar="TIME",
                    help="the data interval's start, ISO 8601 (UTC without a zone)")
     p.add_argument("--interval-end", type=_when, default=None, metavar="TIME", help="the data interval's end")
-    p.add_argument("--bound-by-interval", action="store_true",
-                   help="pin each range to the records stamped in the interval (the same on every rerun)")
-    p.add_argument("--interval-grace", type=_seconds, default=60.0, metavar="SECONDS",
-                   help="an idle stream's interval ends this long after its end time (default 60)")
-    p.add_argument("--no-store-offset", dest="store_offset", action="store_false",
-                   help="do not store the pipeline's offset on the broker")
-    p.add_argument("--sink", choices=("directory", "iceberg", "delta"), default="directory",
-                   help="what publishing means (default: a directory per range)")
-    p.add_argument("--table", default=None,
-                   help="iceberg: NAMESPACE.NAME (default streamledger.<pipeline>); "
-                   "delta: the table's location")
     add_catalog(p, "a SQL catalog in the ledger")
     p.add_argument("--run-id", default=None, help="the run identity: the same id is a retry of that run")
     p.add_argument("--master", default=None, help="local Spark's master (default local[2])")

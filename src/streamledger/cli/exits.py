@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 
-from streamledger.errors import StreamledgerError
+from streamledger.errors import StreamledgerError, missing_extra
 
 OK = 0
 FAILED = 1  # findings, a failed batch, a refusal by the server
@@ -31,14 +31,6 @@ _UNREACHABLE_TYPES = (
     ("streamledger.protocol.tubemq.errors", "NoMasterAvailable"),
     ("psycopg", "OperationalError"),
 )
-
-#: A missing optional library -> the extra that installs it (docs/install.md).
-EXTRAS = {
-    "psycopg": "postgres", "pyspark": "spark", "deltalake": "delta", "pyiceberg": "iceberg",
-    "pymongo": "mewbase", "bson": "mewbase", "lz4": "compression", "zstandard": "compression",
-    "cramjam": "compression", "dagster": "dagster", "airflow": "airflow",
-}
-
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
@@ -72,15 +64,6 @@ def one_line(text: str) -> str:
     """``text`` on one line, without SQLAlchemy's "Background on this error" link."""
     kept = [line for line in text.splitlines() if not line.strip().startswith("(Background on this error")]
     return " ".join(" ".join(kept).split())
-
-
-def missing_extra(exc: ModuleNotFoundError) -> str | None:
-    """'pip install "streamledger[X]"' advice when ``exc`` is a known optional library."""
-    top = (exc.name or "").split(".")[0]
-    extra = EXTRAS.get(top)
-    if extra is None:
-        return None
-    return f"{top} is not installed: pip install \"streamledger[{extra}]\""
 
 
 def status_of(exc: BaseException) -> int:

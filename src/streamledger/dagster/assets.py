@@ -47,7 +47,7 @@ from dagster import (
 from streamledger.batch import BatchConfig, BatchResult, run_batch
 from streamledger.batch.lineage import lineage_of
 from streamledger.batch.position import PipelineSource
-from streamledger.batch.spec import Door, PipelineSpec
+from streamledger.batch.spec import Door, PipelineSpec, spec_settings
 from streamledger.dagster.freshness import lag_by_stream
 from streamledger.dagster.identity import holder_alive, run_id_for
 from streamledger.errors import StreamledgerError
@@ -153,33 +153,36 @@ def check_window_order(
             )
 
 
+SPEC_LACKS: dict[str, str] = {}
+"""Spec fields the asset factory deliberately does not take, each with the reason (it takes every
+other field of :func:`~streamledger.batch.spec.spec_settings` by its own name, through
+``**settings``; tests/unit/batch/test_spec_faces.py holds it to that)."""
+
+
 def asset_spec(
     *,
     pipeline: str,
     output_root: str,
     windowed: bool,
-    super_stream: str | None = None,
-    stream: str | None = None,
     initial_position: Literal["first", "tail", "interval_start"] | int | None = None,
-    max_offsets: int | None = None,
-    fmt: str = "parquet",
-    splits: int = 1,
-    store_offset: bool = True,
-    on_data_loss: Literal["fail", "record"] = "fail",
-    sink: Literal["directory", "iceberg", "delta"] = "directory",
-    table: str | None = None,
     catalog_given: bool = False,
     door: Door = Door.ASSET,
+    **settings: Any,
 ) -> PipelineSpec:
     """The pipeline an asset runs, with the asset's defaults: a time-window asset starts at its first
     window (``initial_position="interval_start"``), any other at the stream's first offset.
+    ``settings``: any other field of the spec a user sets (``stream``, ``fmt``, ``bound_by_interval``...;
+    :func:`~streamledger.batch.spec.spec_settings`), the spec's default where left out.
     Validated here, when the definitions load, not at the first run."""
+    unknown = sorted(set(settings) - set(spec_settings()) | set(settings) & set(SPEC_LACKS))
+    if unknown:
+        raise TypeError(f"pipeline {pipeline!r}: {', '.join(unknown)}: no setting of a pipeline spec "
+                        f"an asset takes ({', '.join(spec_settings())})")
     default_position: Literal["first", "interval_start"] = "interval_start" if windowed else "first"
     return PipelineSpec(
-        pipeline=pipeline, output_root=output_root, stream=stream, super_stream=super_stream,
+        pipeline=pipeline, output_root=output_root,
         initial_position=initial_position if initial_position is not None else default_position,
-        max_offsets=max_offsets, fmt=fmt, splits=splits, store_offset=store_offset, on_data_loss=on_data_loss,
-        sink=sink, table=table, catalog_given=catalog_given, intervals=windowed, door=door,
+        catalog_given=catalog_given, intervals=windowed, door=door, **settings,
     )
 
 
@@ -187,18 +190,9 @@ def build_stream_batch_asset(
     *,
     pipeline: str,
     output_root: str,
-    super_stream: str | None = None,
-    stream: str | None = None,
     key: AssetKey | str | Sequence[str] = "stream_batch",
     partitions_def: PartitionsDefinition[str] | None = None,
     initial_position: Literal["first", "tail", "interval_start"] | int | None = None,
-    max_offsets: int | None = None,
-    fmt: str = "parquet",
-    splits: int = 1,
-    store_offset: bool = True,
-    on_data_loss: Literal["fail", "record"] = "fail",
-    sink: Literal["directory", "iceberg", "delta"] = "directory",
-    table: str | None = None,
     catalog_resource_key: str | None = None,
     broker_resource_key: str = DEFAULT_BROKER_KEY,
     ledger_resource_key: str = DEFAULT_LEDGER_KEY,
@@ -211,6 +205,7 @@ def build_stream_batch_asset(
     metadata: Mapping[str, Any] | None = None,
     automation_condition: AutomationCondition[Any] | None = None,
     freshness_policy: FreshnessPolicy | None = None,
+    **settings: Any,
 ) -> AssetsDefinition:
     """An asset whose materialization is one bounded batch of ``pipeline`` (see the module docstring).
 
@@ -223,7 +218,16 @@ def build_stream_batch_asset(
         ``TimeWindowPartitionsDefinition`` (each partition reads its window, in order).
     :param initial_position: where a stream without history starts: ``"first"`` (default when
         unpartitioned), ``"interval_start"`` (default when partitioned), ``"tail"`` or an offset.
-    :param max_offsets: cap a new range at that many offsets per stream (bounded catch-up).
+    :param settings: any other field of :class:`~streamledger.batch.spec.PipelineSpec` by its name,
+        the spec's default where left out: ``stream``, ``fmt``, ``splits``, ``store_offset``,
+        ``store_timeout``, ``on_data_loss``, ``broker_name``, ``heartbeat_interval``,
+        ``claim_timeout``... ``max_offsets``: cap a new range at that many offsets per stream
+        (bounded catch-up). ``bound_by_interval`` (time-window partitions only): pin each window's
+        range to ``[first offset stamped at or after its start, first offset stamped at or after its
+        end)``, the same however often and in whichever order windows run (no window order check);
+        ``interval_grace``: seconds after a window's end after which an idle stream's end is its
+        committed tail. A window whose end the broker has not passed fails its run
+        (``IntervalNotReady``, nothing claimed): run it again later.
     :param sink: ``"directory"`` (default: a directory per range), ``"iceberg"`` or ``"delta"`` (one
         table commit per batch, see :mod:`streamledger.batch.sinks`); ``table``: Iceberg
         ``namespace.name`` / Delta location (the sink's default when ``None``).
@@ -237,10 +241,8 @@ def build_stream_batch_asset(
     """
     _check_partitions(pipeline, partitions_def)
     spec = asset_spec(
-        pipeline=pipeline, output_root=output_root, windowed=partitions_def is not None, stream=stream,
-        super_stream=super_stream, initial_position=initial_position, max_offsets=max_offsets, fmt=fmt,
-        splits=splits, store_offset=store_offset, on_data_loss=on_data_loss, sink=sink, table=table,
-        catalog_given=catalog_resource_key is not None,
+        pipeline=pipeline, output_root=output_root, windowed=partitions_def is not None,
+        initial_position=initial_position, catalog_given=catalog_resource_key is not None, **settings,
     )
     return stream_batch_asset(
         spec, key=key, partitions_def=partitions_def, catalog_resource_key=catalog_resource_key,
@@ -300,6 +302,9 @@ def stream_batch_asset(
     if isinstance(partitions_def, TimeWindowPartitionsDefinition) and starts_at_window:
         first_window_start = partitions_def.start
     asset_key = AssetKey.from_coercible(key)
+    # a pinned history begins at the first window, whichever window runs first (the operator: the
+    # DAG's start date)
+    origin = first_window_start if spec.bound_by_interval else None
 
     @asset(
         key=asset_key,
@@ -325,14 +330,14 @@ def stream_batch_asset(
         window = context.partition_time_window if windowed else None
         config = BatchConfig.for_run(spec, url=broker.connection_url(), catalog=catalog,
                                      interval_start=window.start if window else None,
-                                     interval_end=window.end if window else None)
+                                     interval_end=window.end if window else None, origin=origin)
         run = run_id_for(context)
         context.log.info(
             "pipeline %s on %s: batch as %s/%s/%s try %d",
             pipeline, broker.describe(), run.dag_id, run.run_id, run.task_id, run.try_number,
         )
         with broker.get_client() as client:
-            if config.interval_start is not None:
+            if config.interval_start is not None and not spec.bound_by_interval:  # pinned: any order
                 source = PipelineSource(pipeline, config.url, stream=stream, super_stream=super_stream,
                                         broker_name=config.broker_name)
                 check_window_order(

@@ -64,7 +64,7 @@ from dagster.components.utils.translation import TranslationFn, TranslationFnRes
 from dagster_shared.serdes.objects.models.defs_state_info import DefsStateManagementType
 
 from streamledger.batch.position import PipelineSource, source_problem
-from streamledger.batch.spec import Door, PipelineSpec, SpecError
+from streamledger.batch.spec import Door, PipelineSpec, SpecError, spec_default, spec_settings
 from streamledger.dagster.assets import asset_spec, stream_batch_asset
 from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
 from streamledger.dagster.resources import (
@@ -74,7 +74,7 @@ from streamledger.dagster.resources import (
     StreamSparkResource,
 )
 from streamledger.dagster.sensors import build_stream_backlog_sensor
-from streamledger.errors import StreamledgerError
+from streamledger.errors import StreamledgerError, extra_problem
 
 __all__ = [
     "BacklogSensorModel",
@@ -215,6 +215,18 @@ def _state_defaults() -> DefsStateConfigArgs:
     return DefsStateConfigArgs(management_type=DefsStateManagementType.LOCAL_FILESYSTEM, refresh_if_dev=False)
 
 
+_D: dict[str, Any] = {name: spec_default(name) for name in spec_settings()}
+"""The pipeline spec's defaults, which the component's fields take (it repeats none)."""
+
+SPEC_LACKS: dict[str, str] = {}
+"""Spec fields the component deliberately does not offer in its YAML, each with the reason (every
+other field of :func:`~streamledger.batch.spec.spec_settings` is a field of the same name;
+tests/unit/batch/test_spec_faces.py holds the component to it)."""
+
+_SINK_LIBRARY = {"iceberg": "pyiceberg", "delta": "deltalake"}
+"""The optional library a table sink needs (its extra: :data:`streamledger.errors.EXTRAS`)."""
+
+
 class StreamBatchScaffolder(Scaffolder[Any]):
     """``dg scaffold defs streamledger.dagster.StreamBatchComponent <path>``: a commented defs.yaml."""
 
@@ -303,13 +315,20 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
     spark_remote: str | None = None
     spark_quick_start: bool = True
     spark_conf: dict[str, str] = field(default_factory=dict)
-    max_offsets: int | None = None
-    initial_position: str | int | None = None
-    fmt: str = "parquet"
-    splits: int = 1
-    on_data_loss: Literal["fail", "record"] = "fail"
-    sink: Literal["directory", "iceberg", "delta"] = "directory"
-    table: str | None = None
+    max_offsets: int | None = _D["max_offsets"]
+    initial_position: str | int | None = None  # the asset's: its first window, or the first offset
+    fmt: str = _D["fmt"]
+    splits: int = _D["splits"]
+    store_offset: bool = _D["store_offset"]
+    store_timeout: float = _D["store_timeout"]
+    on_data_loss: Literal["fail", "record"] = _D["on_data_loss"]
+    broker_name: str | None = _D["broker_name"]
+    heartbeat_interval: float = _D["heartbeat_interval"]
+    claim_timeout: float = _D["claim_timeout"]
+    sink: Literal["directory", "iceberg", "delta"] = _D["sink"]
+    table: str | None = _D["table"]
+    bound_by_interval: bool = _D["bound_by_interval"]
+    interval_grace: float = _D["interval_grace"]
     catalog: dict[str, str] = field(default_factory=dict)
     catalog_uri_env: str | None = None
     catalog_credential_env: str | None = None
@@ -334,16 +353,18 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
     def pipeline_spec(self, *, windowed: bool) -> PipelineSpec:
         """The YAML resolved into the pipeline it describes (one record, validated where every front
         door's is: :class:`~streamledger.batch.spec.PipelineSpec`)."""
-        position: Any = self.initial_position
+        settings = {name: getattr(self, name) for name in spec_settings() if name not in SPEC_LACKS}
         try:
-            return asset_spec(
-                pipeline=self.pipeline, output_root=self.output_root, windowed=windowed, stream=self.stream,
-                super_stream=self.super_stream, initial_position=position, max_offsets=self.max_offsets,
-                fmt=self.fmt, splits=self.splits, on_data_loss=self.on_data_loss, sink=self.sink,
-                table=self.table, catalog_given=self.has_catalog, door=Door.COMPONENT,
-            )
+            spec = asset_spec(**settings, windowed=windowed, catalog_given=self.has_catalog,
+                              door=Door.COMPONENT)
         except SpecError as exc:
             raise ComponentConfigError(f"StreamBatchComponent: {exc}") from exc
+        library = _SINK_LIBRARY.get(spec.sink)
+        problem = extra_problem(library) if library else None
+        if problem is not None:  # one line now, not a traceback at the first run
+            raise ComponentConfigError(
+                f"StreamBatchComponent(pipeline={self.pipeline!r}): sink: {spec.sink}: {problem}")
+        return spec
 
     @property
     def has_catalog(self) -> bool:

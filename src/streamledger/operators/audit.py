@@ -17,6 +17,7 @@ from streamledger.batch.proof import audit
 from streamledger.errors import StreamledgerError
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls
+from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
 from streamledger.hooks.source import source_hook
 
 
@@ -30,8 +31,10 @@ class LedgerAuditOperator(MaskRenderedUrls, BaseOperator):
     :param pipeline: audit one pipeline (default: all). Templated.
     :param ledger_conn_id: ledger connection; ``None`` uses ``ledger_url`` or the default SQLite file.
     :param ledger_url: SQLAlchemy URL (wins over the connection). Templated.
-    :param rabbitmq_stream_conn_id: when given, also compare with the source's stored offsets (a
-        ``rabbitmq_stream`` or ``mewbase`` connection). Connection ids are templated too.
+    :param rabbitmq_stream_conn_id: also compare with the source's stored offsets through this
+        connection (a ``rabbitmq_stream`` or ``mewbase`` connection); the default is
+        ``StreamBatchOperator``'s, ``rabbitmq_stream_default``; ``None`` audits the ledger alone.
+        Connection ids are templated too.
     :param fail_on_violations: fail the task when the audit is not clean (default ``True``).
     :param catalog_conn_id: for a pipeline with an Iceberg sink in a catalog other than the default
         SQL catalog in the ledger: the connection holding its properties (``streamledger.hooks.catalog``).
@@ -42,7 +45,8 @@ class LedgerAuditOperator(MaskRenderedUrls, BaseOperator):
     ui_color = "#dcfce7"
 
     def __init__(self, *, pipeline: str | None = None, ledger_conn_id: str | None = None,
-                 ledger_url: str | None = None, rabbitmq_stream_conn_id: str | None = None,
+                 ledger_url: str | None = None,
+                 rabbitmq_stream_conn_id: str | None = RabbitMQStreamHook.default_conn_name,
                  fail_on_violations: bool = True, catalog_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline

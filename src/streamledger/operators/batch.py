@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import MISSING
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,10 +30,11 @@ from streamledger.batch import (
     summarize,
 )
 from streamledger.batch.lineage import lineage_of
-from streamledger.batch.spec import Door, PipelineSpec, SpecError
+from streamledger.batch.spec import Door, PipelineSpec, SpecError, spec_default, spec_settings
 from streamledger.home import state_dir
 from streamledger.hooks.ledger import OffsetLedgerHook
 from streamledger.hooks.masking import MaskRenderedUrls, mask_url
+from streamledger.hooks.rabbitmq_stream import RabbitMQStreamHook
 from streamledger.hooks.source import source_hook
 from streamledger.manifest import Manifest
 from streamledger.spark.runners import (
@@ -53,6 +55,19 @@ __all__ = [
     "SparkConnectRunner", "SparkSubmitRunner", "StreamBatchOperator",
     "connect_runner", "default_output_root", "local_runner", "run_identity",
 ]
+
+_D: dict[str, Any] = {name: spec_default(name) for name in spec_settings()}
+"""The pipeline spec's defaults, which the operator's keywords take (it repeats none)."""
+
+SPEC_LACKS: dict[str, str] = {}
+"""Spec fields ``StreamBatchOperator`` deliberately does not take as keywords, each with the reason
+(every other field of :func:`~streamledger.batch.spec.spec_settings` is a keyword of the same name;
+tests/unit/batch/test_spec_faces.py holds the operator to it)."""
+
+_RAW = ("pipeline", "stream", "super_stream")
+"""Templated spec fields checked as given, even before rendering (the rest stand at the spec's
+default until rendered)."""
+
 
 def default_output_root() -> str:
     return os.path.join(state_dir(), "output")
@@ -168,7 +183,8 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
     """Process the next offset range of every partition of a stream or super stream, exactly once.
 
     :param pipeline: consumer reference (<= 256 chars): names the ledger history and the broker's
-        stored offset. Templated.
+        stored offset. Templated. Or a whole :class:`~streamledger.batch.spec.PipelineSpec`: its
+        fields instead of the keywords of the same names below, which then stay unset.
     :param stream: a single stream. Templated. Give this or ``super_stream``.
     :param super_stream: a super stream; every partition gets its own range. Templated.
     :param rabbitmq_stream_conn_id: the source connection (default ``rabbitmq_stream_default``): type
@@ -194,6 +210,10 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         committed tail (default 60). :param interval_poll: seconds between readiness checks (default 10).
     :param max_offsets: cap each new range at this many offsets (default: no cap; ``max_records`` is its
         deprecated former name, still accepted).
+    :param broker_name: the ledger's name for the broker (default: the cluster's own name).
+    :param heartbeat_interval: seconds between renewals of the task's claims (default 30);
+        ``claim_timeout``: a claim not renewed that long is abandoned, others may take it (default 600).
+    :param store_timeout: seconds to store and verify the broker's offset (default 10).
     :param fmt: output format (``parquet``, ``orc``, ``json``). :param splits: Spark partitions per range.
     :param spark_conn_id: when given, run the job through ``SparkSubmitHook`` on this Spark
         connection; default ``None`` runs in-process local Spark (``spark_master``, ``local[2]``).
@@ -235,35 +255,40 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
+        pipeline: str | PipelineSpec,
         stream: str | None = None,
         super_stream: str | None = None,
-        rabbitmq_stream_conn_id: str = "rabbitmq_stream_default",
+        rabbitmq_stream_conn_id: str = RabbitMQStreamHook.default_conn_name,
         ledger_conn_id: str | None = None,
         ledger_url: str | None = None,
         output_root: str | None = None,
-        initial_position: str | int = "first",
-        bound_by_interval: bool = False,
+        initial_position: str | int = _D["initial_position"],
+        bound_by_interval: bool = _D["bound_by_interval"],
         max_records: int | str | None = None,
-        max_offsets: int | str | None = None,
-        fmt: str = "parquet",
-        splits: int = 1,
+        max_offsets: int | str | None = _D["max_offsets"],
+        fmt: str = _D["fmt"],
+        splits: int = _D["splits"],
         spark_conn_id: str | None = None,
         spark_master: str = "local[2]",
         spark_conf: Mapping[str, str] | None = None,
         skip_on_empty: bool = False,
-        store_offset: bool = True,
-        on_data_loss: str = "fail",
+        store_offset: bool = _D["store_offset"],
+        on_data_loss: str = _D["on_data_loss"],
         spark_connect_conn_id: str | None = None,
-        interval_grace: float = 60.0,
+        interval_grace: float = _D["interval_grace"],
         interval_poll: float = 10.0,
-        sink: str = "directory",
-        table: str | None = None,
+        sink: str = _D["sink"],
+        table: str | None = _D["table"],
         catalog_conn_id: str | None = None,
+        broker_name: str | None = _D["broker_name"],
+        heartbeat_interval: float = _D["heartbeat_interval"],
+        claim_timeout: float = _D["claim_timeout"],
+        store_timeout: float = _D["store_timeout"],
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline = pipeline
+        declared = pipeline if isinstance(pipeline, PipelineSpec) else None
+        self.pipeline = pipeline.pipeline if isinstance(pipeline, PipelineSpec) else pipeline
         self.stream = stream
         self.super_stream = super_stream
         self.rabbitmq_stream_conn_id = rabbitmq_stream_conn_id
@@ -290,11 +315,29 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         self.sink = sink
         self.table = table
         self.catalog_conn_id = catalog_conn_id
+        self.broker_name = broker_name
+        self.heartbeat_interval = heartbeat_interval
+        self.claim_timeout = claim_timeout
+        self.store_timeout = store_timeout
         self._catalog: dict[str, str] | None = None
         self.on_step: StepHook | None = None  # tests only (a cluster policy may set it)
         self._runner_in_use: Any = None
         self._result: BatchResult | None = None
+        if declared is not None:
+            self._take(declared)
         self._validate(rendered=False)
+
+    def _take(self, spec: PipelineSpec) -> None:
+        """The settings of a spec given as ``pipeline=``; the keywords it holds stay unset."""
+        flat = [name for name in spec_settings() if name not in (*SPEC_LACKS, "pipeline", "output_root")
+                and getattr(self, name) != spec_default(name)]
+        if flat or self.output_root is not None or self.max_records is not None:
+            named = ", ".join(flat or ["output_root" if self.output_root is not None else "max_records"])
+            raise ValueError(f"{self.task_id}: pipeline= is a PipelineSpec, which holds {named}: give "
+                             "the pipeline's settings in the spec or as keywords, not both")
+        for name in spec_settings():
+            if name not in SPEC_LACKS:
+                setattr(self, name, getattr(spec, name))
 
     def _validate(self, *, rendered: bool) -> None:
         """Check the arguments at DAG parse time (templated values are checked once rendered, at execute)."""
@@ -321,25 +364,25 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         if not self.pipeline:
             raise ValueError(f"{self.task_id}: pipeline is required")
 
-        def given(name: str, default: Any) -> Any:
+        def given(name: str) -> Any:
             value = getattr(self, name)
-            return default if not rendered and _pending(value) else value
+            if rendered or name not in self.template_fields or name in _RAW or not _pending(value):
+                return value
+            default = spec_default(name)
+            return None if default is MISSING else default
 
-        initial: Any = given("initial_position", "first")
-        if isinstance(initial, str) and initial.isdigit():
-            initial = int(initial)
+        settings = {name: given(name) for name in spec_settings() if name not in SPEC_LACKS}
+        if isinstance(settings["initial_position"], str) and settings["initial_position"].isdigit():
+            settings["initial_position"] = int(settings["initial_position"])
         try:
-            return PipelineSpec(
-                pipeline=self.pipeline, stream=self.stream or None, super_stream=self.super_stream or None,
+            return PipelineSpec(**{
+                **settings, "stream": self.stream or None, "super_stream": self.super_stream or None,
                 # the default root is made when a run needs it, not when the DAG is parsed
-                output_root=given("output_root", None) or (default_output_root() if rendered else "output"),
-                initial_position=initial, max_offsets=self._cap(rendered=rendered), fmt=self.fmt,
-                splits=self.splits, store_offset=self.store_offset,
-                on_data_loss=given("on_data_loss", "fail"), bound_by_interval=self.bound_by_interval,
-                interval_grace=self.interval_grace, sink=given("sink", "directory"),
-                table=given("table", None) or None, catalog_given=bool(given("catalog_conn_id", None)),
-                door=Door.OPERATOR,
-            )
+                "output_root": settings["output_root"] or (default_output_root() if rendered else "output"),
+                "max_offsets": self._cap(rendered=rendered), "table": settings["table"] or None,
+                "catalog_given": bool(self.catalog_conn_id)
+                and (rendered or not _pending(self.catalog_conn_id)),
+            }, door=Door.OPERATOR)
         except SpecError as exc:
             raise ValueError(f"{self.task_id}: {exc}") from exc
 

@@ -109,10 +109,11 @@ def pinned_interval(pipeline: str, url: str, root: Path, stream: str, start: dat
 
 
 def split_pinned_span(pipeline: str, url: str, root: Path, stream: str, ledger: Ledger, broker: StreamClient,
-                      runner: CountingRunner) -> tuple[datetime, datetime]:
-    """Interval i1 ``[t0, t1)`` holds offsets [0, 150) of a new ``stream``; run ``("dag", "i1", "read")``
-    claims it and fails; a run of a narrower interval inside it commits [50, 100). Returns (t0, t1):
-    i1's retry must read two pieces of the one stream in one batch, [0, 50) and [100, 150)."""
+                      runner: CountingRunner, i1: RunId | None = None) -> tuple[datetime, datetime]:
+    """Interval i1 ``[t0, t1)`` holds offsets [0, 150) of a new ``stream``; run ``i1`` (default
+    ``("dag", "i1", "read")``) claims it and fails; a run of a narrower interval inside it commits
+    [50, 100). Returns (t0, t1): i1's retry must read two pieces of the one stream in one batch,
+    [0, 50) and [100, 150)."""
     from streamledger.batch import run_batch
 
     marks = [datetime.now(UTC)]
@@ -126,7 +127,7 @@ def split_pinned_span(pipeline: str, url: str, root: Path, stream: str, ledger: 
     t0, ta, tb, t1 = marks
     runner.die = RuntimeError("executor lost")
     try:
-        run_batch(pinned_interval(pipeline, url, root, stream, t0, t1), run=rid("read", run="i1"),
+        run_batch(pinned_interval(pipeline, url, root, stream, t0, t1), run=i1 or rid("read", run="i1"),
                   ledger=ledger, broker=broker, runner=runner)
     except RuntimeError as exc:
         assert "executor lost" in str(exc), exc

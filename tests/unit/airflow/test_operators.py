@@ -125,3 +125,38 @@ def test_a_templated_sink_is_checked_once_rendered() -> None:
     op.table = "events"
     with pytest.raises(ValueError, match=r"not 'namespace\.name'"):
         op._validate(rendered=True)
+
+
+def test_the_operators_package_names_every_operator() -> None:
+    """Issue 41 item 5: ``from streamledger.operators import LedgerAuditOperator`` (docs/airflow.md)."""
+    import streamledger.operators as package
+    from streamledger.operators import audit, batch, streams
+
+    for name in package.__all__:
+        home = next(m for m in (audit, batch, streams) if hasattr(m, name))
+        assert getattr(package, name) is getattr(home, name), name
+    assert {"LedgerAuditOperator", "StreamBatchOperator", "CreateStreamOperator"} <= set(package.__all__)
+
+
+def test_the_audit_checks_the_broker_of_the_batchs_default_connection() -> None:
+    """One default broker connection for both operators; ``None`` audits the ledger alone."""
+    import inspect
+
+    params = inspect.signature(StreamBatchOperator.__init__).parameters
+    batch_default = params["rabbitmq_stream_conn_id"].default
+    assert LedgerAuditOperator(task_id="audit").rabbitmq_stream_conn_id == batch_default == \
+        "rabbitmq_stream_default"
+    assert LedgerAuditOperator(task_id="audit", rabbitmq_stream_conn_id=None).rabbitmq_stream_conn_id is None
+
+
+def test_a_pipeline_spec_given_whole_is_the_tasks_pipeline() -> None:
+    """Issue 41 item 1: ``StreamBatchOperator(pipeline=PipelineSpec(...))``, the one declaration as a
+    nested object; its fields are not given twice."""
+    from streamledger.batch.spec import PipelineSpec
+
+    spec = PipelineSpec(pipeline="p", super_stream="events", output_root="/out", fmt="orc", splits=2,
+                        heartbeat_interval=5.0, claim_timeout=60.0, store_offset=False)
+    op = StreamBatchOperator(task_id="t", pipeline=spec)
+    assert op.pipeline == "p" and op._spec(rendered=True) == spec
+    with pytest.raises(ValueError, match=r"pipeline= is a PipelineSpec, which holds fmt: .* not both"):
+        StreamBatchOperator(task_id="t", pipeline=spec, fmt="json")

@@ -5,6 +5,7 @@ scaffolded defs.yaml itself resolving, and configuration errors at load."""
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -194,3 +195,41 @@ def test_table_sink_yaml_gives_the_asset_its_sink_and_an_env_backed_catalog_reso
     resolved = catalog.process_config_and_initialize()
     assert resolved.catalog_properties() == {"type": "rest", "warehouse": "wh", "uri": "https://cat.example/api",
                                              "credential": "id:s3cr3t"}
+
+
+@pytest.mark.parametrize(("sink", "library", "extra"), [("iceberg", "pyiceberg", "iceberg"),
+                                                         ("delta", "deltalake", "delta")])
+def test_a_table_sink_without_its_extra_is_one_line_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch, sink: str, library: str, extra: str,
+) -> None:
+    """Issue 41 item 5: ``sink: iceberg`` where the ``[iceberg]`` extra is not installed ends in one
+    line naming the extra (docs/install.md), when the definitions load, not in a traceback later."""
+    monkeypatch.setitem(sys.modules, library, None)  # what importing it finds where it is not installed
+    with pytest.raises(ComponentConfigError) as err:
+        component(BASE + f"    sink: {sink}\n")
+    said = str(err.value)
+    assert "\n" not in said and "orders-eu" in said, said
+    assert f'{library} is not installed: pip install "streamledger[{extra}]"' in said, said
+
+
+def test_the_specs_claim_store_and_interval_settings_resolve_from_yaml() -> None:
+    """Issue 41 item 1: every setting of the pipeline spec is a YAML field of the same name."""
+    comp = component(BASE + """\
+    store_offset: false
+    store_timeout: 2.5
+    broker_name: rabbit-eu
+    heartbeat_interval: 5
+    claim_timeout: 90
+    bound_by_interval: true
+    interval_grace: 15
+    partitions_def:
+      type: daily
+      start_date: "2026-01-01"
+""")
+    spec = comp.pipeline_spec(windowed=True)
+    assert (spec.store_offset, spec.store_timeout, spec.broker_name) == (False, 2.5, "rabbit-eu")
+    assert (spec.heartbeat_interval, spec.claim_timeout) == (5, 90)
+    assert (spec.bound_by_interval, spec.interval_grace) == (True, 15)
+    assert spec.initial_position == "interval_start"  # the windowed asset's own default
+    with pytest.raises(ComponentConfigError, match="bound_by_interval needs the data interval"):
+        component(BASE + "    bound_by_interval: true\n")  # no time windows, no interval
