@@ -157,6 +157,18 @@ SPEC_OPTIONS: dict[str, SpecOption] = {
         "every rerun; with --interval-start and --interval-end)", const=True),
     "interval_grace": SpecOption("--interval-grace", "seconds after the interval's end after which an "
                                  "idle stream's interval ends at its tail", "SECONDS", float),
+    "sql": SpecOption("--sql", "Spark SQL over the view `records`, run on each range between read and sink "
+                      "(docs/transforms.md)", "QUERY"),
+    "sql_file": SpecOption("--sql-file", "a file holding that query", "FILE"),
+    "transform": SpecOption("--transform", "a function DataFrame -> DataFrame run on each range, as an "
+                            "import path", "MODULE:FUNCTION"),
+    "body_format": SpecOption("--body-format", "decode each record's body first: raw (no) or json (with "
+                              "--body-schema)", "{raw,json}"),
+    "body_schema": SpecOption("--body-schema", "the body's fields as Spark DDL, e.g. 'id STRING, amount "
+                              "DECIMAL(12,2)'", "DDL"),
+    "on_bad_record": SpecOption("--on-bad-record", "a body that does not decode: fail the batch, null its "
+                                "columns, or set it aside in the range's dead letter",
+                                "{fail,null,dead_letter}"),
 }
 """``batch run``'s option for each field of the pipeline spec a user sets, by field; the fields in
 :data:`SPEC_LACKS` excepted (tests/unit/batch/test_spec_faces.py holds the two to the spec)."""

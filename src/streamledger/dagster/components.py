@@ -329,6 +329,12 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
     table: str | None = _D["table"]
     bound_by_interval: bool = _D["bound_by_interval"]
     interval_grace: float = _D["interval_grace"]
+    sql: str | None = _D["sql"]
+    sql_file: str | None = _D["sql_file"]  # relative: to the directory the Dagster process runs in
+    transform: str | None = None  # an import path "package.module:function" (YAML holds no callable)
+    body_format: Literal["raw", "json"] = _D["body_format"]
+    body_schema: str | None = _D["body_schema"]
+    on_bad_record: Literal["fail", "null", "dead_letter"] = _D["on_bad_record"]
     catalog: dict[str, str] = field(default_factory=dict)
     catalog_uri_env: str | None = None
     catalog_credential_env: str | None = None

@@ -9,7 +9,7 @@ events whose ``extra`` holds the ranges.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -136,6 +136,19 @@ class SparkSubmitRunner(SubmitRunner):
             self._hook = None
 
 
+_ANY_QUERY = "SELECT * FROM records"
+"""What an SQL setting stands for until its template or file is rendered (at execute)."""
+
+
+def _names_a_file(value: str) -> bool:
+    """A ``sql_file`` value that still names a file (an absolute path Airflow's template loader does
+    not render): the spec reads it; a rendered value is the query itself."""
+    from pathlib import Path
+
+    return "\n" not in value and value.strip().endswith(".sql") and Path(value.strip()).is_absolute() \
+        and Path(value.strip()).is_file()
+
+
 def _pending(value: Any) -> bool:
     """Whether ``value`` is still a template (rendered only when the task runs)."""
     return isinstance(value, str) and ("{{" in value or "{%" in value)
@@ -230,6 +243,14 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         range), ``"iceberg"`` or ``"delta"`` (one table commit per batch; ``streamledger.batch.sinks``).
     :param table: Iceberg ``namespace.name`` (default ``streamledger.<pipeline>``) or the Delta
         table's location (default ``<output_root>/<pipeline>``). Templated.
+    :param sql: Spark SQL over the view ``records`` run on each range between read and sink
+        (docs/transforms.md); a value ending in ``.sql`` is a file, rendered as a template. Templated.
+    :param sql_file: a ``.sql`` file holding the query (relative to the DAG folder or
+        ``template_searchpath``), rendered as a Jinja template like the SQL operators' files.
+    :param transform: instead of SQL, a function ``DataFrame -> DataFrame`` as an import path
+        ``"package.module:function"`` (a callable where the job runs in the task's process).
+    :param body_format: ``"raw"`` (default) or ``"json"``: decode each body with ``body_schema``
+        (Spark DDL) first; ``on_bad_record``: ``"fail"`` (default), ``"null"`` or ``"dead_letter"``.
     :param catalog_conn_id: Iceberg only: a connection whose extra JSON is the pyiceberg catalog's
         properties (REST, Glue, Hive, SQL...), every secret in it masked; default: a SQL catalog in
         the ledger's own database. The properties never become a template field.
@@ -247,9 +268,10 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
     template_fields: Sequence[str] = (
         "pipeline", "stream", "super_stream", "rabbitmq_stream_conn_id", "ledger_conn_id", "ledger_url",
         "output_root", "initial_position", "max_offsets", "max_records", "spark_conn_id", "spark_conf",
-        "on_data_loss", "sink", "table", "catalog_conn_id",
+        "on_data_loss", "sink", "table", "catalog_conn_id", "sql", "sql_file", "body_schema",
     )
-    template_fields_renderers = {"spark_conf": "json"}
+    template_ext: Sequence[str] = (".sql",)  # sql / sql_file naming a .sql file: its text, rendered
+    template_fields_renderers = {"spark_conf": "json", "sql": "sql", "sql_file": "sql"}
     ui_color = "#ffedd5"
 
     def __init__(
@@ -284,6 +306,12 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         heartbeat_interval: float = _D["heartbeat_interval"],
         claim_timeout: float = _D["claim_timeout"],
         store_timeout: float = _D["store_timeout"],
+        sql: str | None = _D["sql"],
+        sql_file: str | None = _D["sql_file"],
+        transform: str | Callable[[Any], Any] | None = _D["transform"],
+        body_format: str = _D["body_format"],
+        body_schema: str | None = _D["body_schema"],
+        on_bad_record: str = _D["on_bad_record"],
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -319,6 +347,15 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
         self.heartbeat_interval = heartbeat_interval
         self.claim_timeout = claim_timeout
         self.store_timeout = store_timeout
+        self.sql = sql
+        self.sql_file = sql_file
+        if sql_file is not None and not sql_file.endswith(".sql"):
+            raise ValueError(f"{self.task_id}: sql_file must name a .sql file (rendered as a template, "
+                             f"relative to the DAG folder or template_searchpath), got {sql_file!r}")
+        self.transform = transform
+        self.body_format = body_format
+        self.body_schema = body_schema
+        self.on_bad_record = on_bad_record
         self._catalog: dict[str, str] | None = None
         self.on_step: StepHook | None = None  # tests only (a cluster policy may set it)
         self._runner_in_use: Any = None
@@ -372,6 +409,13 @@ class StreamBatchOperator(MaskRenderedUrls, BaseOperator):
             return None if default is MISSING else default
 
         settings = {name: given(name) for name in spec_settings() if name not in SPEC_LACKS}
+        if settings.get("sql_file") is not None and not _names_a_file(settings["sql_file"]):
+            # Airflow renders a .sql file into the field's value (template_ext): once rendered it is the
+            # query itself; before, the file is not read here (it is found relative to the DAG folder).
+            settings["sql"] = settings["sql_file"] if rendered else (settings["sql"] or _ANY_QUERY)
+            settings["sql_file"] = None
+        if not rendered and _pending(settings.get("sql")):
+            settings["sql"] = _ANY_QUERY
         if isinstance(settings["initial_position"], str) and settings["initial_position"].isdigit():
             settings["initial_position"] = int(settings["initial_position"])
         try:

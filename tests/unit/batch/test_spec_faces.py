@@ -14,12 +14,14 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from streamledger.batch.spec import FACE_SET, PipelineSpec, spec_default, spec_settings
 
+SQL_FILE = Path(__file__).with_name("records.sql")
 BASE: dict[str, Any] = {"pipeline": "p", "stream": "s", "output_root": "/tmp/streamledger-out"}
 
 SAMPLES: dict[str, dict[str, Any]] = {
@@ -41,6 +43,12 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "table": {"sink": "delta", "table": "/tmp/lake/t"},
     "bound_by_interval": {"bound_by_interval": True},
     "interval_grace": {"bound_by_interval": True, "interval_grace": 5.0},
+    "sql": {"sql": "SELECT offset FROM records"},
+    "sql_file": {"sql_file": str(SQL_FILE)},
+    "transform": {"transform": "tests.integration.batch.order_transforms:items"},
+    "body_format": {"body_format": "json", "body_schema": "id STRING"},
+    "body_schema": {"body_format": "json", "body_schema": "id STRING, n INT"},
+    "on_bad_record": {"body_format": "json", "body_schema": "id STRING", "on_bad_record": "dead_letter"},
 }
 """For each spec field a user sets: settings (beside ``BASE``) that give it a value other than its
 default; ``None`` leaves a setting out."""

@@ -1,0 +1,1 @@
+SELECT offset, stream FROM records
