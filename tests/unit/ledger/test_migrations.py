@@ -105,16 +105,14 @@ def test_the_database_runs_the_newest_file_of_each_function(db_url: str) -> None
         with engine.connect() as conn:
             if engine.dialect.name == "postgresql":
                 names = sorted(d.name for d in SQL.iterdir() if d.name != "sqlite")
-                running = dict(conn.execute(
-                    text("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(:names)"),
-                    {"names": names}).all())
+                rows = conn.execute(text("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(:names)"),
+                                    {"names": names}).all()
                 newest = {n: max((SQL / n).glob("*.sql")).read_text().split("$$")[1] for n in names}
             else:
                 names = sorted(d.name for d in (SQL / "sqlite").iterdir())
-                running = dict(conn.execute(text(
-                    "SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")).all())
+                rows = conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")).all()
                 newest = {n: max((SQL / "sqlite" / n).glob("*.sql")).read_text().strip() for n in names}
-        assert running == newest
+        assert {str(name): str(body) for name, body in rows} == newest
     finally:
         engine.dispose()
 
