@@ -100,7 +100,7 @@ def test_two_brokers_of_one_pipeline_and_stream_publish_apart(
 ) -> None:
     """One pipeline reads a stream of one name on two brokers (the 4.3 and the 4.0 server, named east
     and west): each history publishes apart. (One broker under two names is refused instead:
-    test_redteam_nodes_identity.)"""
+    test_node_named_broker_identity.)"""
     s = stream_name("brokers")
     root = tmp_path / "out"
     outputs = {}

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
 from streamledger.ledger import Ledger, LedgerError, migrate
 from streamledger.ledger.engine import make_engine
+from streamledger.migrations.revisions import SQL
+from tests.unit.ledger.schema import snapshot
 from tests.unit.ledger.util import SRC, run
 
 LEDGER_TABLES = {"streamledger_pipeline", "streamledger_source", "streamledger_range"}
@@ -67,6 +70,49 @@ def test_upgrade_and_downgrade_step_by_step(db_url: str) -> None:
         left = tables(db_url)
         assert not (LEDGER_TABLES & left)
         assert {"alembic_version", "dag_run"} <= left  # never touched
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_from_empty_and_through_the_chain_give_one_schema(db_url: str) -> None:
+    """``upgrade head`` on an empty database, and a database brought to head one revision at a time
+    with each revision undone and done again on the way (so every downgrade's restored function and
+    trigger text is installed once and replaced again), hold one schema: tables, columns,
+    constraints, indexes, triggers and the full definition of every function."""
+    engine = make_engine(db_url)
+    try:
+        migrate.upgrade(engine)
+        from_empty = snapshot(engine)
+        migrate.downgrade(engine, "base")
+        script = ScriptDirectory.from_config(migrate.alembic_config())
+        for rev in reversed(list(script.walk_revisions())):
+            migrate.upgrade(engine, rev.revision)
+            if rev.down_revision is not None:
+                migrate.downgrade(engine, str(rev.down_revision))
+                migrate.upgrade(engine, rev.revision)
+        assert migrate.current(engine) == migrate.head()
+        assert snapshot(engine) == from_empty
+    finally:
+        engine.dispose()
+
+
+def test_the_database_runs_the_newest_file_of_each_function(db_url: str) -> None:
+    """Each PostgreSQL function at head is the newest version file of it (sql/<function>/NNNN.sql),
+    character for character between its ``$$``; on SQLite each trigger is its newest file."""
+    engine = make_engine(db_url)
+    try:
+        migrate.upgrade(engine)
+        with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                names = sorted(d.name for d in SQL.iterdir() if d.name != "sqlite")
+                rows = conn.execute(text("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(:names)"),
+                                    {"names": names}).all()
+                newest = {n: max((SQL / n).glob("*.sql")).read_text().split("$$")[1] for n in names}
+            else:
+                names = sorted(d.name for d in (SQL / "sqlite").iterdir())
+                rows = conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")).all()
+                newest = {n: max((SQL / "sqlite" / n).glob("*.sql")).read_text().strip() for n in names}
+        assert {str(name): str(body) for name, body in rows} == newest
     finally:
         engine.dispose()
 

@@ -5,14 +5,13 @@ server-side ``streamledger_claim``) by tests/integration/ledger/test_redo_rule_p
 
 from __future__ import annotations
 
-import importlib.util
 from datetime import timedelta
 
 from sqlalchemy import text
 
 from streamledger.ledger import Ledger, RangeStatus, ViolationKind
-from streamledger.ledger.migrate import MIGRATIONS_DIR
 from streamledger.ledger.statements import OWN_FAILED, redo_points_sql, redo_spans_sql
+from streamledger.migrations.revisions import function_text
 from tests.unit.ledger.test_pinned_claims import _done, _pin
 from tests.unit.ledger.util import SRC, check_invariants, run
 
@@ -165,33 +164,25 @@ def test_retentions_loss_is_recorded_at_the_uncovered_rest_of_a_failed_range(led
 
 
 def test_postgresql_claims_by_the_same_redo_statement_as_sqlite(ledger: Ledger) -> None:
-    """One rule in one place: migration 0010's claim function holds a frozen copy of the redo
-    statement both dialects run; the copy is the statement, and PostgreSQL runs it."""
-    path = MIGRATIONS_DIR / "versions" / "2026_11_27_0011_redo_uncovered_rest.py"
-    spec = importlib.util.spec_from_file_location("_redo_migration", path)
-    assert spec is not None and spec.loader is not None
-    migration = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(migration)
-    assert redo_spans_sql("= sid") == migration.REDO_SPANS
+    """One rule in one place: the claim function of migration 0011 (sql/streamledger_claim/0011.sql,
+    and every later version) holds a frozen copy of the redo statement both dialects run; the copy
+    is the statement, and PostgreSQL runs it."""
+    assert redo_spans_sql("= sid") in function_text("streamledger_claim", "0011")
     if ledger.engine.dialect.name == "postgresql":
         with ledger.engine.connect() as conn:
             body = conn.execute(text("SELECT prosrc FROM pg_proc WHERE proname = 'streamledger_claim'")
                                 ).scalar_one()
-        assert migration.REDO_SPANS in body
+        assert redo_spans_sql("= sid") in body
 
 
 def test_postgresql_answers_a_pinned_run_by_the_same_own_redo_statement_as_sqlite(ledger: Ledger) -> None:
-    """Migration 0012's rule 1 holds a frozen copy of the redo points of a run's own failed pinned
-    claims (its parameters spelled as the function's); the copy is the statement, and PostgreSQL
-    runs it."""
-    path = MIGRATIONS_DIR / "versions" / "2026_11_27_0012_pinned_redo_pieces.py"
-    spec = importlib.util.spec_from_file_location("_pieces_migration", path)
-    assert spec is not None and spec.loader is not None
-    migration = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(migration)
-    assert redo_points_sql("= sid", OWN_FAILED.replace(":", "p_")) == migration.OWN_REDO_POINTS
+    """Migration 0012's rule 1 (sql/streamledger_claim/0012.sql, and every later version) holds a
+    frozen copy of the redo points of a run's own failed pinned claims (its parameters spelled as
+    the function's); the copy is the statement, and PostgreSQL runs it."""
+    own = redo_points_sql("= sid", OWN_FAILED.replace(":", "p_"))
+    assert own in function_text("streamledger_claim", "0012")
     if ledger.engine.dialect.name == "postgresql":
         with ledger.engine.connect() as conn:
             body = conn.execute(text("SELECT prosrc FROM pg_proc WHERE proname = 'streamledger_claim'")
                                 ).scalar_one()
-        assert migration.OWN_REDO_POINTS in body
+        assert own in body

@@ -18,18 +18,18 @@ Create Date: 2026-11-26
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
 
 import sqlalchemy as sa
 from alembic import op
+
+from streamledger.migrations.revisions import install_function, install_trigger
 
 revision: str = "0008_pinned_interval_claims"
 down_revision: str | None = "0006_table_commit"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
 
 _OLD_SIGNATURE = (
     "streamledger_claim(varchar, varchar, varchar, varchar, bigint, varchar, varchar, varchar, "
@@ -39,145 +39,6 @@ _NEW_SIGNATURE = (
     "streamledger_claim(varchar, varchar, varchar, varchar, bigint, varchar, varchar, varchar, "
     "integer, integer, bigint, timestamp, bigint, timestamp, bigint, bigint, timestamp, timestamp)"
 )
-
-_FUNCTION = """
-CREATE FUNCTION streamledger_claim(
-  p_pipeline varchar, p_broker varchar, p_stream varchar, p_super_stream varchar,
-  p_end_limit bigint, p_dag_id varchar, p_run_id varchar, p_task_id varchar, p_map_index integer,
-  p_try_number integer, p_initial bigint, p_now timestamp, p_max_span bigint,
-  p_abandon_before timestamp, p_span_start bigint, p_span_end bigint, p_interval_start timestamp,
-  p_interval_end timestamp)
-RETURNS SETOF streamledger_range LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-  sid bigint;
-  pid bigint;
-  held streamledger_range;
-  made streamledger_range;
-  hole_start bigint;
-  hole_end bigint;
-  tail bigint;
-  s bigint;
-  e bigint;
-BEGIN
-  SELECT src.id INTO sid FROM streamledger_source src
-    JOIN streamledger_pipeline p ON p.id = src.pipeline_id
-   WHERE p.name = p_pipeline AND src.broker = p_broker AND src.stream = p_stream
-   FOR UPDATE OF src;
-  IF sid IS NULL THEN
-    INSERT INTO streamledger_pipeline (name, created_at) VALUES (p_pipeline, p_now)
-      ON CONFLICT (name) DO NOTHING;
-    SELECT id INTO pid FROM streamledger_pipeline WHERE name = p_pipeline;
-    INSERT INTO streamledger_source (pipeline_id, broker, stream, super_stream, created_at)
-      VALUES (pid, p_broker, p_stream, p_super_stream, p_now)
-      ON CONFLICT (pipeline_id, broker, stream) DO NOTHING;
-    SELECT src.id INTO sid FROM streamledger_source src
-     WHERE src.pipeline_id = pid AND src.broker = p_broker AND src.stream = p_stream
-     FOR UPDATE;
-  END IF;
-
-  SELECT * INTO held FROM streamledger_range r
-   WHERE r.source_id = sid AND r.dag_id = p_dag_id AND r.run_id = p_run_id AND r.task_id = p_task_id
-     AND r.map_index = p_map_index AND r.status IN ('claimed', 'committed');
-  IF FOUND THEN
-    IF held.status = 'claimed' THEN
-      UPDATE streamledger_range SET try_number = p_try_number, heartbeat_at = p_now, updated_at = p_now
-       WHERE id = held.id RETURNING * INTO held;
-    END IF;
-    RETURN NEXT held;
-    RETURN;
-  END IF;
-
-  IF p_abandon_before IS NOT NULL THEN
-    UPDATE streamledger_range r
-       SET status = 'failed', updated_at = p_now,
-           error = 'abandoned: no heartbeat since ' || COALESCE(r.heartbeat_at, r.claimed_at)::text
-     WHERE r.source_id = sid AND r.status = 'claimed'
-       AND COALESCE(r.heartbeat_at, r.claimed_at) < p_abandon_before;
-  END IF;
-
-  IF p_span_start IS NOT NULL THEN
-    IF p_span_end > p_span_start THEN
-      SELECT * INTO held FROM streamledger_range r
-       WHERE r.source_id = sid AND r.status <> 'failed'
-         AND r.start_offset = p_span_start AND r.end_offset = p_span_end;
-      IF FOUND THEN
-        RETURN NEXT held;  -- done by another run: an idempotent rerun (a live claim: the caller refuses)
-        RETURN;
-      END IF;
-    END IF;
-    IF p_initial IS NOT NULL AND p_initial < p_span_start
-       AND NOT EXISTS (SELECT 1 FROM streamledger_range r WHERE r.source_id = sid) THEN
-      INSERT INTO streamledger_range (source_id, start_offset, end_offset, status, dag_id, run_id, task_id,
-          map_index, try_number, records, offset_stored, offset_verified, error, claimed_at, committed_at,
-          updated_at)
-        VALUES (sid, p_initial, p_initial, 'committed', 'streamledger', 'origin', 'ledger', -1, 1, 0, false,
-          false, 'origin of pinned ranges', p_now, p_now, p_now);
-    END IF;
-    s := p_span_start;
-    e := p_span_end;
-  ELSE
-    SELECT f.start_offset, f.end_offset INTO hole_start, hole_end FROM streamledger_range f
-     WHERE f.source_id = sid AND f.status = 'failed' AND f.end_offset > f.start_offset
-       AND COALESCE((SELECT l.end_offset FROM streamledger_range l
-                      WHERE l.source_id = f.source_id AND l.status <> 'failed'
-                        AND l.start_offset < f.end_offset
-                      ORDER BY l.start_offset DESC, l.end_offset DESC LIMIT 1), -1) <= f.start_offset
-     ORDER BY f.start_offset LIMIT 1;
-    IF hole_start IS NOT NULL THEN
-      s := hole_start;
-      e := hole_end;
-    ELSE
-      SELECT r.end_offset INTO tail FROM streamledger_range r
-       WHERE r.source_id = sid AND r.status <> 'failed'
-       ORDER BY r.start_offset DESC, r.end_offset DESC LIMIT 1;
-      s := COALESCE(tail, p_initial);
-      IF s IS NULL THEN
-        RETURN;
-      END IF;
-      e := GREATEST(s, p_end_limit);
-      IF p_max_span IS NOT NULL THEN
-        e := LEAST(e, s + p_max_span);
-      END IF;
-    END IF;
-  END IF;
-
-  INSERT INTO streamledger_range (source_id, start_offset, end_offset, status, dag_id, run_id, task_id,
-      map_index, try_number, records, first_seen, last_seen, output, offset_stored, offset_verified,
-      error, claimed_at, committed_at, updated_at, heartbeat_at, pinned, interval_start, interval_end)
-    VALUES (sid, s, e, CASE WHEN s = e THEN 'committed' ELSE 'claimed' END, p_dag_id, p_run_id,
-      p_task_id, p_map_index, p_try_number, CASE WHEN s = e THEN 0 END, NULL, NULL, NULL, false, false,
-      NULL, p_now, CASE WHEN s = e THEN p_now END, p_now, p_now, p_span_start IS NOT NULL,
-      p_interval_start, p_interval_end)
-    RETURNING * INTO made;
-  RETURN NEXT made;
-END;
-$$
-"""
-
-
-def _previous(name: str) -> ModuleType:
-    """An earlier revision's module (their names start with a digit, so load them by path)."""
-    path = Path(__file__).with_name(name)
-    spec = importlib.util.spec_from_file_location(f"_streamledger_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _guards(pinned: bool) -> tuple[str, str]:
-    """0002's contiguity guard (PostgreSQL function, SQLite insert trigger), with or without the
-    exception for pinned ranges."""
-    m = _previous("2026_11_22_0002_range_invariants.py")
-    pg = str(m._PG_FUNCTION).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-    lite = str(m._SQLITE_INSERT)
-    if pinned:
-        pg = pg.replace("NEW.start_offset <> tail AND NOT",
-                        "NEW.start_offset <> tail AND NOT NEW.pinned AND NOT", 1)
-        lite = lite.replace(f"NEW.start_offset <> {m._TAIL} AND NOT",
-                            f"NEW.start_offset <> {m._TAIL} AND NEW.pinned = 0 AND NOT", 1)
-    assert pg.count("NEW.pinned") == int(pinned) and lite.count("NEW.pinned") == int(pinned)
-    return pg, lite
 
 
 def upgrade() -> None:
@@ -189,25 +50,21 @@ def upgrade() -> None:
     # Only sources with pinned ranges can have gaps: the watermark looks for them only there.
     op.create_index("ix_streamledger_range_pinned", "streamledger_range", ["source_id"],
                     postgresql_where=sa.text("pinned"), sqlite_where=sa.text("pinned"))
-    pg, lite = _guards(pinned=True)
     if op.get_context().dialect.name == "postgresql":
-        op.execute(pg)
+        install_function(op, "streamledger_range_guard", "0008")
         op.execute(f"DROP FUNCTION IF EXISTS {_OLD_SIGNATURE}")
-        op.execute(_FUNCTION)
+        install_function(op, "streamledger_claim", "0008")
     else:
-        op.execute("DROP TRIGGER IF EXISTS streamledger_range_insert_guard")
-        op.execute(lite)
+        install_trigger(op, "streamledger_range_insert_guard", "0008")
 
 
 def downgrade() -> None:
-    pg, lite = _guards(pinned=False)
     if op.get_context().dialect.name == "postgresql":
         op.execute(f"DROP FUNCTION IF EXISTS {_NEW_SIGNATURE}")
-        op.execute(str(_previous("2026_11_23_0004_heartbeat_staging_claim_span.py")._FUNCTION))
-        op.execute(pg)
+        install_function(op, "streamledger_claim", "0004")
+        install_function(op, "streamledger_range_guard", "0002")
     else:
-        op.execute("DROP TRIGGER IF EXISTS streamledger_range_insert_guard")
-        op.execute(lite)
+        install_trigger(op, "streamledger_range_insert_guard", "0002")
     op.drop_index("ix_streamledger_range_pinned", table_name="streamledger_range")
     # SQLite >= 3.35 drops columns in place (a batch rebuild would lose 0002's triggers).
     op.execute("ALTER TABLE streamledger_range DROP COLUMN interval_end")

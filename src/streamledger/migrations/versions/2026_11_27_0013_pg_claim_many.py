@@ -19,29 +19,13 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from streamledger.migrations.revisions import install_function
+
 revision: str = "0013_pg_claim_many"
 down_revision: str | None = "0012_pinned_redo_pieces"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_FUNCTION = """
-CREATE FUNCTION streamledger_claim_many(
-  p_pipeline varchar, p_brokers varchar[], p_streams varchar[], p_super_streams varchar[],
-  p_end_limits bigint[], p_dag_id varchar, p_run_id varchar, p_task_id varchar, p_map_index integer,
-  p_try_number integer, p_initials bigint[], p_now timestamp, p_max_span bigint,
-  p_abandon_before timestamp, p_span_starts bigint[], p_span_ends bigint[], p_interval_starts timestamp[],
-  p_interval_ends timestamp[])
-RETURNS SETOF streamledger_range LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-  FOR i IN 1 .. COALESCE(array_length(p_streams, 1), 0) LOOP
-    RETURN QUERY SELECT * FROM streamledger_claim(p_pipeline, p_brokers[i], p_streams[i], p_super_streams[i],
-      p_end_limits[i], p_dag_id, p_run_id, p_task_id, p_map_index, p_try_number, p_initials[i], p_now,
-      p_max_span, p_abandon_before, p_span_starts[i], p_span_ends[i], p_interval_starts[i],
-      p_interval_ends[i]);
-  END LOOP;
-END;
-$$
-"""
 
 _SIGNATURE = (
     "streamledger_claim_many(varchar, varchar[], varchar[], varchar[], bigint[], varchar, varchar, varchar, "
@@ -51,7 +35,7 @@ _SIGNATURE = (
 
 def upgrade() -> None:
     if op.get_context().dialect.name == "postgresql":
-        op.execute(_FUNCTION)
+        install_function(op, "streamledger_claim_many", "0013")
 
 
 def downgrade() -> None:

@@ -7,7 +7,8 @@ attempt's try, and a lease that attempt left was not taken over as superseded.
 
 * ``streamledger_idle_run`` gains ``try_number``: the highest try answered idle under the key
   (rows of 0014 get 1, the least any attempt had). ``Ledger.last_try`` reads it with the ranges'.
-* PostgreSQL ``streamledger_claim`` (0014's text, one edit; same signature, so replaced in place)
+* PostgreSQL ``streamledger_claim`` (``sql/streamledger_claim/0015.sql``: 0014's rule with one
+  change; same signature, so replaced in place)
   records the try with the idle row and raises it when a later try is answered idle again; the row
   is written only when the try grows, so a repeated idle answer writes nothing.
 
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from streamledger.migrations.revisions import previous as _previous
+from streamledger.migrations.revisions import install_function
 
 revision: str = "0015_idle_run_try"
 down_revision: str | None = "0014_idle_claims_unrecorded"
@@ -32,41 +33,16 @@ depends_on: str | Sequence[str] | None = None
 
 _TABLE = "streamledger_idle_run"
 
-_OLD_IDLE_INSERT = """\
-    INSERT INTO streamledger_idle_run (pipeline_id, dag_id, run_id, task_id, map_index, claimed_at)
-      SELECT src.pipeline_id, p_dag_id, p_run_id, p_task_id, p_map_index, p_now
-        FROM streamledger_source src WHERE src.id = sid
-      ON CONFLICT DO NOTHING;"""
-_NEW_IDLE_INSERT = """\
-    -- with the highest try answered so (0015: its retry is numbered past it)
-    INSERT INTO streamledger_idle_run (pipeline_id, dag_id, run_id, task_id, map_index, claimed_at,
-        try_number)
-      SELECT src.pipeline_id, p_dag_id, p_run_id, p_task_id, p_map_index, p_now, p_try_number
-        FROM streamledger_source src WHERE src.id = sid
-      ON CONFLICT (pipeline_id, dag_id, run_id, task_id, map_index) DO UPDATE
-        SET try_number = EXCLUDED.try_number
-        WHERE streamledger_idle_run.try_number < EXCLUDED.try_number;"""
-
-
-def function(with_try: bool) -> str:
-    """The PostgreSQL claim function of this revision (``with_try``) or of 0014, as a replacement."""
-    text = str(_previous("2026_11_27_0014_idle_claims_unrecorded.py").texts(idle=True)[0])
-    text = text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-    if with_try:
-        assert text.count(_OLD_IDLE_INSERT) == 1, _OLD_IDLE_INSERT
-        text = text.replace(_OLD_IDLE_INSERT, _NEW_IDLE_INSERT)
-    return text
-
 
 def upgrade() -> None:
     # Plain ALTER TABLE ADD COLUMN on both dialects (no table rebuild).
     op.add_column(_TABLE, sa.Column("try_number", sa.Integer(), nullable=False, server_default="1"))
     if op.get_context().dialect.name == "postgresql":
-        op.execute(function(with_try=True))
+        install_function(op, "streamledger_claim", "0015")
 
 
 def downgrade() -> None:
     if op.get_context().dialect.name == "postgresql":
-        op.execute(function(with_try=False))
+        install_function(op, "streamledger_claim", "0014")
     # SQLite >= 3.35 drops columns in place.
     op.execute(f"ALTER TABLE {_TABLE} DROP COLUMN try_number")

@@ -10,7 +10,8 @@ killed try 2 left was not taken over as superseded but refused until ``claim_tim
   raised only when it grows, the one place ``last_try`` reads a run's tries beside its ranges: no
   new table or column, and rule 1 stays one rule (a source the key never claimed answers the retry
   "nothing new" at its tail: a retry redoes its run's work and takes no new work).
-* PostgreSQL ``streamledger_claim`` (0015's text, one edit; same signature, so replaced in place)
+* PostgreSQL ``streamledger_claim`` (``sql/streamledger_claim/0017.sql``: 0015's rule with one
+  change; same signature, so replaced in place)
   does it in its rule 1 branch. SQLite does it in ``Claims._claim_sqlite``. No schema change.
 
 Revision ID: 0017_committed_retry_try
@@ -24,48 +25,19 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from streamledger.migrations.revisions import previous as _previous
+from streamledger.migrations.revisions import install_function
 
 revision: str = "0017_committed_retry_try"
 down_revision: str | None = "0016_one_broker_names"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_OLD_HELD = """\
-    IF held.status = 'claimed' THEN
-      UPDATE streamledger_range SET try_number = p_try_number, heartbeat_at = p_now, updated_at = p_now
-       WHERE id = held.id RETURNING * INTO held;
-    END IF;"""
-_NEW_HELD = """\
-    IF held.status = 'claimed' THEN
-      UPDATE streamledger_range SET try_number = p_try_number, heartbeat_at = p_now, updated_at = p_now
-       WHERE id = held.id RETURNING * INTO held;
-    ELSIF p_try_number > held.try_number THEN
-      -- a committed range keeps its try; the later try is recorded with the run (0017: last_try)
-      INSERT INTO streamledger_idle_run (pipeline_id, dag_id, run_id, task_id, map_index, claimed_at,
-          try_number)
-        SELECT src.pipeline_id, p_dag_id, p_run_id, p_task_id, p_map_index, p_now, p_try_number
-          FROM streamledger_source src WHERE src.id = sid
-        ON CONFLICT (pipeline_id, dag_id, run_id, task_id, map_index) DO UPDATE
-          SET try_number = EXCLUDED.try_number
-          WHERE streamledger_idle_run.try_number < EXCLUDED.try_number;
-    END IF;"""
-
-
-def function(with_retry: bool) -> str:
-    """The PostgreSQL claim function of this revision (``with_retry``) or of 0015, as a replacement."""
-    text = str(_previous("2026_11_27_0015_idle_run_try.py").function(with_try=True))
-    if with_retry:
-        assert text.count(_OLD_HELD) == 1, _OLD_HELD
-        text = text.replace(_OLD_HELD, _NEW_HELD)
-    return text
-
 
 def upgrade() -> None:
     if op.get_context().dialect.name == "postgresql":
-        op.execute(function(with_retry=True))
+        install_function(op, "streamledger_claim", "0017")
 
 
 def downgrade() -> None:
     if op.get_context().dialect.name == "postgresql":
-        op.execute(function(with_retry=False))
+        install_function(op, "streamledger_claim", "0015")

@@ -1,4 +1,4 @@
-"""Red team (session 12b): the operator's verdict that two broker names are two brokers
+"""The operator's verdict that two broker names are two brokers
 (``Ledger.record_distinct_brokers``, ``streamledger ledger distinct-brokers``). A verdict makes the
 audit accept two histories of one stream under two names, so it must cover only what it names, stay
 against later findings, survive a rename, and be said by the audit that relies on it. Ledger level,

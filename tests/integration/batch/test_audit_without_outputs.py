@@ -1,6 +1,6 @@
-"""Red team (session 12): ``streamledger ledger audit --no-outputs`` (``audit(outputs_too=False)``)
+"""``streamledger ledger audit --no-outputs`` (``audit(outputs_too=False)``)
 given the broker, over one broker's stream read twice under two names (two first batches that raced
-past the claim-time check, as in test_redteam_s11_names_retention), before anything was recorded.
+past the claim-time check, as in test_broker_names_after_retention), before anything was recorded.
 Real RabbitMQ 4.3, local Spark, both ledgers."""
 
 from __future__ import annotations

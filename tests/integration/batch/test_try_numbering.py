@@ -1,4 +1,4 @@
-"""Red team (session 12): the try a command-line retry is numbered by (migration 0015,
+"""The try a command-line retry is numbered by (migration 0015,
 ``Ledger.last_try``, ``streamledger batch run --run-id``), on both ledgers, through the ledger's one
 claim rule: an idle run's tries, out of order, per map index, and a retry of a committed run."""
 

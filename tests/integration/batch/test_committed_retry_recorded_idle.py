@@ -1,4 +1,4 @@
-"""Red team (session 12b): migration 0017's side effect. A later try handed back a range its run key
+"""Migration 0017's side effect. A later try handed back a range its run key
 committed is recorded with the run in ``streamledger_idle_run``, so rule 1 answers that key "nothing
 new" (at the tail, unstored) on every source with a history it never claimed. Attacked: a super
 stream gaining a partition between attempts, a stream added to the batch between attempts, the

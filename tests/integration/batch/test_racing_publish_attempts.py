@@ -1,4 +1,4 @@
-"""Red team: two attempts racing to publish one committed range, judged by the data.
+"""Two attempts racing to publish one committed range, judged by the data.
 
 Each test drives ``run_batch`` against RabbitMQ 4.3, local Spark and a real ledger, and reads the
 outputs back: every published record must be in the range's recorded output exactly once, and

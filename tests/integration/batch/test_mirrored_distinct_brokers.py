@@ -1,4 +1,4 @@
-"""Red team (session 12): two genuinely different brokers (the 4.3 and 4.0 servers) with a stream of
+"""Two genuinely different brokers (the 4.3 and 4.0 servers) with a stream of
 one name each, fed by one producer that fans every batch out to both (mirrored clusters). A chunk
 print is (first offset, timestamp in ms, CRC of the records): the same records written in the same
 millisecond at the same offset give the same print on both brokers (measured on loopback: 25 of 40

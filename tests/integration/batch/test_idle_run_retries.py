@@ -1,4 +1,4 @@
-"""Red team (session 11): idle claims answered, not stored (migration 0014), composed with a
+"""Idle claims answered, not stored (migration 0014), composed with a
 command-line retry of the same run id and with ``new-epoch``. Real ledgers (SQLite and PostgreSQL),
 claims made through the ledger's one claim rule; ledger-only, so each test takes seconds."""
 

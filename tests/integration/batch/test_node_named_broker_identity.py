@@ -1,4 +1,4 @@
-"""Red team: ``nodes=`` and the broker identity. The ledger files a pipeline's history under the
+"""``nodes=`` and the broker identity. The ledger files a pipeline's history under the
 cluster name the broker reports. A RabbitMQ cluster without a configured ``cluster_name`` reports a
 name made from the answering node's own name (``<node prefix>@<its host>``: on the loopback 4.3
 broker ``rabbitmqctl eval 'rabbit_runtime_parameters:value_global(cluster_name)'`` answers

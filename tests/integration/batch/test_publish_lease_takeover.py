@@ -1,4 +1,4 @@
-"""Red team (session 12): the command line's retries of a run killed after its commit, through the
+"""The command line's retries of a run killed after its commit, through the
 real batch (RabbitMQ 4.3, local Spark, both ledgers), numbered as ``streamledger batch run --run-id``
 numbers them (``_try_number``): does the next attempt take over the publish lease the killed one left?"""
 

@@ -1,4 +1,4 @@
-"""Red team (session 11): idle claims answered, not stored (migration 0014), composed with two
+"""Idle claims answered, not stored (migration 0014), composed with two
 brokers in one pipeline (the 4.3 and 4.0 servers, a stream of one name on each) and a run key that
 was idle on one of them. The idle run is kept per pipeline, not per source: the same key on the other
 broker's source gets "nothing new" too (docs/ledger.md, rule 1). Judged by what the outputs hold and

@@ -1,4 +1,4 @@
-"""Red team: audit rule 10 (what a re-created stream's retired history held past its end) composed
+"""Audit rule 10 (what a re-created stream's retired history held past its end) composed
 with a batch that dies between its claim and the record of the tail it saw. RabbitMQ 4.3, local
 Spark, both ledgers; judged by the records the old stream held and what the outputs hold."""
 

@@ -1,4 +1,4 @@
-"""Red team (session 11): one broker under two identities (the claim-time refusal, ``one_broker``)
+"""One broker under two identities (the claim-time refusal, ``one_broker``)
 composed with retention. Two first batches under two names that race past the claim-time check (no
 chunk print yet) read the same offsets twice; the audit finds the overlap and both names are refused
 while the first name's fingerprinted chunk is on the broker. The refusal and the finding rest on

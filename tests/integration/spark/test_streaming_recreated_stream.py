@@ -1,4 +1,4 @@
-"""Red team: ledger-recorded Structured Streaming meets a re-created stream (the batch's epochs and
+"""Ledger-recorded Structured Streaming meets a re-created stream (the batch's epochs and
 fingerprints, issue 30 defect 3, composed with streaming). Real query on local Spark, RabbitMQ 4.3,
 judged by the records the query wrote, not by the ledger."""
 

@@ -1,4 +1,4 @@
-"""Red team (session 12): the audit's one-broker finding (migration 0016) with a read-only ledger
+"""The audit's one-broker finding (migration 0016) with a read-only ledger
 user on PostgreSQL: two names of one broker (the 4.3 server) each read [0, 3) of one stream, with the
 chunk prints a batch records; the audit given the broker finds the overlap and tries to record it."""
 

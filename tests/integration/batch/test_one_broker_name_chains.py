@@ -1,4 +1,4 @@
-"""Red team (session 12): the one-broker records (migration 0016, ``Ledger.record_same_broker``)
+"""The one-broker records (migration 0016, ``Ledger.record_same_broker``)
 composed with three names of one broker, ``new-epoch``, ``rename-broker --pipeline`` and the audit.
 Ledger-only (both ledgers), claims through the ledger's one claim rule, the claim-time decision by
 ``named_twice_because`` as the batch makes it; each test takes seconds."""
