@@ -279,6 +279,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         for p in result.partitions:
             print(f"{p.stream} [{p.start}, {p.end}) {p.status} records={p.records}"
+                  + (f" rows={p.rows}" if p.rows is not None else "")
+                  + (f" dead-letter={p.dead_letter}" if p.dead_letter is not None else "")
                   + (f" offset-stored={p.offset_stored}" if p.offset_stored is not None else ""))
         if table is not None:
             print(f"table {table['format']} {table['identifier']}: " + " ".join(

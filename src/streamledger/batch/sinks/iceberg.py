@@ -125,7 +125,8 @@ class IcebergSink(TableSink):
     # -- the table --------------------------------------------------------------------------------
 
     def _open(self, schema_of: str | None) -> Any:
-        """The table; created (partitioned by stream) from the first data file's schema if missing."""
+        """The table; created (partitioned by stream, or a transform's rows by the stream of their
+        lineage) from the first data file's schema if missing."""
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
         try:
@@ -143,10 +144,11 @@ class IcebergSink(TableSink):
         namespace = self.identifier.split(".", 1)[0]
         try:
             self._create_namespace(namespace)
+            by = LINEAGE_COLUMNS[0] if LINEAGE_COLUMNS[0] in schema.names else "stream"  # a transform's rows
             with self.catalog.create_table_transaction(self.identifier, schema=schema) as tx, \
                     tx.update_spec() as spec:
-                spec.add_identity(LINEAGE_COLUMNS[0] if LINEAGE_COLUMNS[0] in schema.names else "stream")
-            log.info("created iceberg table %s (partitioned by stream)", self.identifier)
+                spec.add_identity(by)
+            log.info("created iceberg table %s (partitioned by %s)", self.identifier, by)
         except Exception as exc:
             # Another batch created it meanwhile: the catalog's insert says TableAlreadyExistsError,
             # the create transaction's assert-create a CommitFailedException. Either way its table
