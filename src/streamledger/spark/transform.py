@@ -143,7 +143,7 @@ def output_schema(spark: Any, t: Transform, source_ddl: str, reserved: Sequence[
     from pyspark.sql.pandas.types import to_arrow_schema
 
     try:
-        return to_arrow_schema(written)
+        return to_arrow_schema(written, timezone="UTC")  # Parquet TIMESTAMP_MICROS, UTC-adjusted
     except Exception as exc:  # a type Arrow cannot hold (e.g. a user-defined type)
         raise TransformError(f"the transform's output cannot be written as Parquet: "
                              f"{one_line(exc)}") from None
