@@ -168,9 +168,11 @@ if os.environ.get("STREAMLEDGER_SINK") == "iceberg":
     print(f"   {len(snaps)} commits by {pipeline}, current snapshot {table.current_snapshot().snapshot_id}")
     print(f"   schema: {', '.join(f'{f.name} {f.field_type}' for f in table.schema().fields)}")
     shown = ["order_id", "customer", "amount", "currency", "amount_usd", "ordered_at", "partition", "source_offset"]
-    print("   " + "  ".join(f"{c:<14}" for c in shown))
+    width = {"ordered_at": 19, "partition": 15}
+    print("   " + "  ".join(f"{c:<{width.get(c, 10)}}" for c in shown))
     for row in sorted(rows.select(shown).to_pylist(), key=lambda r: r["order_id"])[:5]:
-        print("   " + "  ".join(f"{str(row[c])[:14]:<14}" for c in shown))
+        row["ordered_at"] = f"{row['ordered_at']:%Y-%m-%d %H:%M:%S}"
+        print("   " + "  ".join(f"{str(row[c]):<{width.get(c, 10)}}" for c in shown))
     per = rows.group_by("partition").aggregate([("order_id", "count"), ("amount_usd", "sum")])
     for p in sorted(per.to_pylist(), key=lambda r: r["partition"]):
         print(f"   {p['partition']:<16} {p['order_id_count']:>5} orders  {p['amount_usd_sum']:>12} USD")

@@ -12,7 +12,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,10 +85,12 @@ class Scenario:
         env = {**self.env, **(extra or {})}
         return self.af.dags_test(dag_id, when.isoformat(), env=env, check=check).stdout
 
-    def publish_waves(self, waves: int, per_wave: int) -> list[datetime]:
+    def publish_waves(self, waves: int, per_wave: int,
+                      body: Callable[[int, int], bytes] | None = None) -> list[datetime]:
         """Publish ``waves`` waves, one inside each interval; returns the interval ends (logical dates).
 
         Interval k is ``[t0 + k*n, t0 + (k+1)*n)``; every wave is published well inside its interval.
+        ``body(event, k)``: event ``event``'s body in wave ``k`` (default ``{"id": event, "wave": k}``).
         """
         from streamledger.protocol.rabbitmq import StreamClient
 
@@ -103,8 +105,8 @@ class Scenario:
                 per_stream: dict[str, list[bytes]] = {s: [] for s in streams}
                 for i in range(per_wave):
                     event = next_id + i
-                    body = json.dumps({"id": event, "wave": k}).encode()
-                    per_stream[streams[event % len(streams)]].append(body)
+                    data = body(event, k) if body else json.dumps({"id": event, "wave": k}).encode()
+                    per_stream[streams[event % len(streams)]].append(data)
                     self.published[event] = k
                 next_id += per_wave
                 for stream, bodies in per_stream.items():
