@@ -179,8 +179,13 @@ def spark_writes(spark: Any, out_dir: str) -> Iterator[tuple[str, str]]:
 def _dead_letters_to_write(seen: Any, records_in: int | None) -> bool:
     """Whether the dead letters' pass must run: the rows' pass saw a bad record, or did not see every
     record (a transform that stops early, e.g. ``LIMIT``), so it cannot tell."""
-    got = seen.get if seen is not None else None
-    return got is None or bool(got["bad"]) or records_in is None or got["all"] != records_in
+    try:
+        got = seen.get if seen is not None else None
+    except Exception:  # no metrics came back (a Spark Connect plan may not report a node below the top)
+        got = None
+    if not got or "bad" not in got or "all" not in got:
+        return True
+    return bool(got["bad"]) or records_in is None or got["all"] != records_in
 
 
 def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], source_ddl: str, stream: str,
