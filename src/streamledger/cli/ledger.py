@@ -319,12 +319,10 @@ def _skip(args: argparse.Namespace) -> int:
     return 0
 
 
-def _two_names(first: str, second: str) -> tuple[str, str]:
-    """Two broker identities in the one spelling every command records (``canonical_identity``),
-    refused when they are one broker spelled twice."""
-    from streamledger.sources import canonical_identity
-
-    a, b = canonical_identity(first), canonical_identity(second)
+def _two_names(ledger: Ledger, first: str, second: str) -> tuple[str, str]:
+    """Two broker identities as the ledger spells them (``Ledger.as_recorded``: any spelling of one
+    names it), refused when they are one broker spelled twice."""
+    a, b = ledger.as_recorded(first), ledger.as_recorded(second)
     if a == b:
         raise BadInput(f"{first} and {second} are one broker ({a}) in two spellings; the next batch of a "
                        "pipeline adopts its records of another spelling itself")
@@ -332,9 +330,10 @@ def _two_names(first: str, second: str) -> tuple[str, str]:
 
 
 def _rename_broker(args: argparse.Namespace) -> int:
-    old, new = _two_names(args.old, args.new)
-    with _ledger(args) as ledger, _cure(args, ledger, f"rename broker {old}"):
-        moved = ledger.rename_broker(old, new, pipeline=args.pipeline)
+    with _ledger(args) as ledger:
+        old, new = _two_names(ledger, args.old, args.new)
+        with _cure(args, ledger, f"rename broker {old}"):
+            moved = ledger.rename_broker(old, new, pipeline=args.pipeline)
     if getattr(args, "json", False):
         print(json.dumps({"old": old, "new": new, "moved": moved, "dry_run": args.dry_run}))
     else:
@@ -343,10 +342,11 @@ def _rename_broker(args: argparse.Namespace) -> int:
 
 
 def _distinct_brokers(args: argparse.Namespace) -> int:
-    names = list(_two_names(args.name1, args.name2))  # as the ledger names them (rename-broker's too)
-    with _ledger(args) as ledger, _cure(args, ledger, "distinct brokers"):
-        judged = ledger.record_distinct_brokers(*names, pipeline=args.pipeline, stream=args.stream,
-                                                why=args.reason)
+    with _ledger(args) as ledger:
+        names = list(_two_names(ledger, args.name1, args.name2))  # as the ledger names them
+        with _cure(args, ledger, "distinct brokers"):
+            judged = ledger.record_distinct_brokers(*names, pipeline=args.pipeline, stream=args.stream,
+                                                    why=args.reason)
     if getattr(args, "json", False):
         print(json.dumps({"names": names, "pipeline": args.pipeline, "stream": args.stream,
                           "judged": [{"pipeline": p, "stream": s} for p, s in judged], "dry_run": args.dry_run}))
