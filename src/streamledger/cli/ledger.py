@@ -33,8 +33,10 @@ from streamledger.cli.options import (
     broker_url,
     broker_url_arg,
     catalog_of,
+    known_to,
     ledger_url,
     open_ledger,
+    pipeline_arg,
 )
 from streamledger.cli.progress import AuditProgress
 from streamledger.cli.table import render, when
@@ -128,6 +130,7 @@ def _audit(args: argparse.Namespace) -> int:
     from streamledger.batch.proof import audit
 
     with _ledger(args) as ledger, contextlib.ExitStack() as stack:
+        known_to(ledger, args.pipeline)
         stale = timedelta(seconds=args.stale_after)
         shown = AuditProgress(f"audit {args.pipeline or 'all pipelines'}")
         check: dict[str, Any] = {"outputs_too": args.outputs, "deep": args.deep,
@@ -202,6 +205,7 @@ def _limit(text: str) -> int:
 
 def _ranges(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
+        known_to(ledger, args.pipeline, args.stream)
         rows = ledger.ranges(args.pipeline, stream=args.stream)
     if args.status:
         rows = [r for r in rows if r.status.value in args.status]
@@ -398,7 +402,7 @@ def register(sub: Any) -> None:
 
     p = cmds.add_parser("audit", help="check gaps, overlaps, stuck claims, failures, counts, broker drift")
     add_ledger(p)
-    p.add_argument("--pipeline", default=None, help="audit only this pipeline")
+    p.add_argument("--pipeline", type=pipeline_arg, default=None, help="audit only this pipeline")
     p.add_argument(
         "--broker-url",
         action="append",
@@ -429,7 +433,7 @@ def register(sub: Any) -> None:
 
     p = cmds.add_parser("ranges", help="list the ranges: what was read, when, where it went")
     add_ledger(p)
-    p.add_argument("--pipeline", default=None, help="only this pipeline")
+    p.add_argument("--pipeline", type=pipeline_arg, default=None, help="only this pipeline")
     p.add_argument("--stream", default=None, help="only this stream (or super stream partition)")
     p.add_argument("--status", action="append", default=[], type=_status, metavar="STATUS",
                    help="only ranges in this status (repeatable)")
@@ -466,7 +470,7 @@ def register(sub: Any) -> None:
 
     p = cmds.add_parser("new-epoch", help="a stream was deleted and re-created: keep its history, start anew")
     add_ledger(p)
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", type=pipeline_arg, required=True)
     p.add_argument("--stream", required=True, help="the stream (or super stream partition)")
     p.add_argument("--broker", required=True,
                    help="the broker identity as the ledger names it (the batch's refusal prints it)")
@@ -480,7 +484,7 @@ def register(sub: Any) -> None:
 
     p = cmds.add_parser("skip", help="record a span nobody will read as deliberately skipped (audited)")
     add_ledger(p)
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", type=pipeline_arg, required=True)
     p.add_argument("--stream", required=True, help="the stream (or super stream partition)")
     p.add_argument("--broker", required=True, help="the broker identity as the ledger names it")
     p.add_argument("--start", type=_offset, required=True, help="first offset skipped")

@@ -49,6 +49,7 @@ class ViolationKind(enum.StrEnum):
     SKIPPED = "skipped"
     STREAM_REPLACED = "stream_replaced"
     NAMED_TWICE = "named_twice"
+    UNREAD = "unread"
 
 
 @dataclass(frozen=True, slots=True)
