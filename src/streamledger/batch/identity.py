@@ -122,7 +122,8 @@ def unchanged_because(broker: Any, stream: str, pipeline: str, pos: SourcePositi
     facts = f"ledger end {pos.end}, broker tail {tail}, offset stored for {pipeline!r} {kept}"
     if same is True:
         assert pos.chunk is not None
-        return f"the chunk the ledger fingerprinted at offset {pos.chunk.offset} is still on the broker ({facts})"
+        return (f"the chunk the ledger fingerprinted at offset {pos.chunk.offset} is still on the broker "
+                f"({facts})")
     if replaced_because(broker, stream, pipeline, replace(pos, replaced=None), tail, kept, same) is not None:
         return None
     return f"no sign of a re-created stream ({facts})"

@@ -18,8 +18,8 @@ from streamledger.paths import name_problem
 
 __all__ = [
     "FORMATS", "INITIAL_POSITIONS", "ON_DATA_LOSS", "SINKS", "absolute_location", "catalog_problem",
-    "default_iceberg_table", "fmt_problem", "initial_position_problem", "on_data_loss_problem", "placement_problem",
-    "sink_problem", "source_problem", "splits_problem",
+    "default_iceberg_table", "fmt_problem", "initial_position_problem", "on_data_loss_problem",
+    "placement_problem", "sink_problem", "source_problem", "splits_problem",
 ]
 
 SINKS = ("directory", "iceberg", "delta")

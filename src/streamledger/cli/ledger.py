@@ -246,8 +246,8 @@ def _broker_of(args: argparse.Namespace, identity: str) -> Iterator[Any]:
     with connect_log(url) as client:
         answers = server_identities(url, client)
         if identity not in answers:
-            raise BadInput(f"the broker reached (--broker-url or ${BROKER_ENV}) answers for {answers[0]}, not "
-                           f"for {identity}: give the URL of {identity}'s broker to check the request on")
+            raise BadInput(f"the broker reached (--broker-url or ${BROKER_ENV}) answers for {answers[0]}, "
+                           f"not for {identity}: give the URL of {identity}'s broker to check the request on")
         yield client
 
 
@@ -281,11 +281,12 @@ def _new_epoch(args: argparse.Namespace) -> int:
         if not args.force:
             with _broker_of(args, broker) as client:
                 pos = ledger.position(args.pipeline, src)
-                same = unchanged_because(client, args.stream, args.pipeline, pos) if pos.end is not None else None
+                same = (unchanged_because(client, args.stream, args.pipeline, pos) if pos.end is not None
+                        else None)
             if same is not None:
-                raise BadInput(f"{what}: refused, the broker still holds the stream the ledger read: {same}; a "
-                               "new epoch would read it again from offset 0 (--force --reason WHY if you know "
-                               "better)")
+                raise BadInput(f"{what}: refused, the broker still holds the stream the ledger read: {same}; "
+                               "a new epoch would read it again from offset 0 (--force --reason WHY if you "
+                               "know better)")
         recorded = f"forced: {reason}" if args.force else reason
         with _cure(args, ledger, what):
             old, new = ledger.new_epoch(args.pipeline, src, reason=recorded)
@@ -318,8 +319,9 @@ def _skip(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         print(json.dumps({**rng.to_dict(), "dry_run": args.dry_run}, default=str))
         return 0
-    print(_said(args, f"pipeline {args.pipeline} stream {args.stream} on {src.broker}: [{rng.start}, {rng.end}) "
-                      f"recorded as deliberately skipped (range {rng.id}; broker tail {tail}): {args.reason}"))
+    print(_said(args, f"pipeline {args.pipeline} stream {args.stream} on {src.broker}: "
+                      f"[{rng.start}, {rng.end}) recorded as deliberately skipped (range {rng.id}; broker "
+                      f"tail {tail}): {args.reason}"))
     return 0
 
 
@@ -353,7 +355,8 @@ def _distinct_brokers(args: argparse.Namespace) -> int:
                                                     why=args.reason)
     if getattr(args, "json", False):
         print(json.dumps({"names": names, "pipeline": args.pipeline, "stream": args.stream,
-                          "judged": [{"pipeline": p, "stream": s} for p, s in judged], "dry_run": args.dry_run}))
+                          "judged": [{"pipeline": p, "stream": s} for p, s in judged],
+                          "dry_run": args.dry_run}))
     else:
         covers = "; ".join(f"pipeline {p!r} stream {s!r}" for p, s in judged)  # a too-wide verdict is seen
         print(_said(args, f"{names[0]} and {names[1]} recorded as two brokers for {len(judged)} stream(s) "
@@ -475,8 +478,8 @@ def register(sub: Any) -> None:
     p.add_argument("--broker", required=True,
                    help="the broker identity as the ledger names it (the batch's refusal prints it)")
     p.add_argument("--reason", default=None, help="recorded with the new epoch")
-    p.add_argument("--force", action="store_true", help="start a new epoch although the broker still holds the "
-                   "stream the ledger read (needs --reason, recorded)")
+    p.add_argument("--force", action="store_true", help="start a new epoch although the broker still holds "
+                   "the stream the ledger read (needs --reason, recorded)")
     _add_check_broker(p)
     _add_dry_run(p)
     add_json(p)

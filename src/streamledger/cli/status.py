@@ -86,7 +86,8 @@ def _streams(ledger: Any, pipeline: str | None) -> list[StreamStatus]:
     positions: dict[tuple[str, Any], Any] = {}
     for name in sorted({n for n, _s in by_source}):
         refs = [src for n, src in by_source if n == name]
-        positions.update(((name, ref), pos) for ref, pos in zip(refs, ledger.positions(name, refs), strict=True))
+        found = ledger.positions(name, refs)
+        positions.update(((name, ref), pos) for ref, pos in zip(refs, found, strict=True))
     for (name, source), rows in by_source.items():
         mark = ledger.watermark(name, source)
         counts = {s: sum(1 for r in rows if r.status == s) for s in RangeStatus}
@@ -116,7 +117,8 @@ def _compare(streams: list[StreamStatus], url: str) -> None:
         identities = set(server_identities(url, log))
         for s in streams:
             if s.broker not in identities:
-                s.broker_note = "a retired epoch" if s.mark and s.mark.startswith("retired") else "another broker"
+                retired = s.mark is not None and s.mark.startswith("retired")
+                s.broker_note = "a retired epoch" if retired else "another broker"
                 continue
             try:
                 s.stored = log.query_offset(s.stream, s.pipeline)

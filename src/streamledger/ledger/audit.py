@@ -137,15 +137,17 @@ def _marks(session: Session, sources: Mapping[int, tuple[str, str, str]]) -> lis
             end = ends.get(sid)
             unread = (int(end), int(seen)) if end is not None and seen is not None and seen > end else None
             span = f"; [{unread[0]}, {unread[1]}) a batch saw on it is not read" if unread else ""
+            low, high = unread if unread is not None else (None, None)
             if replaced is not None:
                 out.append((Violation(
-                    ViolationKind.STREAM_REPLACED, name, stream, url, *(unread or (None, None)), None,
-                    f"marked replaced by a batch ({replaced}){span}; every batch refuses it until `streamledger "
-                    f"ledger new-epoch --pipeline {name} --stream {stream} --broker {url}` (which records what "
-                    "was not read as lost; it refuses a stream the broker still holds)"), True))
+                    ViolationKind.STREAM_REPLACED, name, stream, url, low, high, None,
+                    f"marked replaced by a batch ({replaced}){span}; every batch refuses it until "
+                    f"`streamledger ledger new-epoch --pipeline {name} --stream {stream} --broker {url}` "
+                    "(which records what was not read as lost; it refuses a stream the broker still holds)"),
+                    True))
             elif unread is not None:
                 out.append((Violation(
-                    ViolationKind.UNREAD, name, stream, url, *unread, None,
+                    ViolationKind.UNREAD, name, stream, url, low, high, None,
                     f"the broker held offsets up to {unread[1]} when a batch last looked; the next batch "
                     "reads them"), False))
     return out

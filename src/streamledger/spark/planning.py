@@ -404,7 +404,8 @@ def refuse_ledger_options(options: Any, source: str) -> None:
     get = option_getter(options)
     given = [key for key in LEDGER_OPTIONS if (get(key) or "").strip()]
     if given:
-        raise PlanningError(f"{source}: option(s) {', '.join(map(repr, given))} are for ledger-recorded reads, "
+        named = ", ".join(map(repr, given))
+        raise PlanningError(f"{source}: option(s) {named} are for ledger-recorded reads, "
                             "and a plain spark.read records nothing: ledger-recorded reads are streaming "
                             "queries (spark.readStream) or run_batch")
 

@@ -75,8 +75,8 @@ def test_new_epoch_of_a_stream_the_broker_still_holds_is_refused_unless_forced_w
     run_batch(cfg, run=rid("t"), ledger=any_ledger, broker=client, runner=runner)
     broker = any_ledger.ranges(pipe)[0].source.broker
     before = _spans(any_ledger, pipe)
-    argv = ["ledger", "new-epoch", "--db", any_ledger.url, "--pipeline", pipe, "--stream", s, "--broker", broker,
-            "--broker-url", rabbitmq_url]
+    argv = ["ledger", "new-epoch", "--db", any_ledger.url, "--pipeline", pipe, "--stream", s,
+            "--broker", broker, "--broker-url", rabbitmq_url]
     capsys.readouterr()
     rc = main(argv)
     err = capsys.readouterr().err
