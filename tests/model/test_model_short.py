@@ -175,3 +175,36 @@ def test_fixed_disagreement_stays_fixed(name: str, rabbitmq_url: str, spark: Any
     if not outcome.figures.batches:  # not an AssertionError: a scenario that ran nothing is no XFAIL
         raise RuntimeError("the scenario ran no batch:\n" + "\n".join(outcome.lines))
     assert not outcome.disagreements, report(outcome)
+
+
+#: The operator's cures as operations (issue 43): every wrong request (a skip past the broker's tail or
+#: over a read range, new-epoch of a stream never re-created, distinct-brokers and rename-broker of one
+#: broker in two spellings) is refused with nothing written, and a right new-epoch after a re-create
+#: goes through. Each wrong request was accepted before the cures were checked (disagreement "cure").
+CURES = (
+    '{"seed":null,"retention":true,"pipelines":[{"name":"orders-0","sink":"directory","pinned":false,'
+    '"on_data_loss":"record","max_offsets":null,"initial_position":"first"}],'
+    '"ops":[{"kind":"publish","n":40,"pad":0},{"kind":"batch","pipe":0,"run":"r1","attempt":1},'
+    '{"kind":"publish","n":20,"pad":0},'
+    '{"kind":"cure","pipe":0,"what":"skip_past_tail","spelling":"/%2f","extra":900},'
+    '{"kind":"cure","pipe":0,"what":"skip_overlap","spelling":"/"},'
+    '{"kind":"cure","pipe":0,"what":"new_epoch_cli","spelling":"/%2F"},'
+    '{"kind":"cure","pipe":0,"what":"distinct_spellings"},'
+    '{"kind":"cure","pipe":0,"what":"rename_spellings"},'
+    '{"kind":"batch","pipe":0,"run":"r2","attempt":1},'
+    '{"kind":"recreate"},{"kind":"publish","n":15,"pad":0},'
+    '{"kind":"cure","pipe":0,"what":"new_epoch_cli","spelling":"/"},'
+    '{"kind":"batch","pipe":0,"run":"r3","attempt":1}]}')
+
+
+@pytest.mark.parametrize("ledger_maker", ["sqlite", "postgres"], indirect=True)
+def test_wrong_cure_requests_are_refused_and_a_right_new_epoch_goes_through(
+    ledger_maker: Callable[[Path], str], rabbitmq_url: str, spark: Any, tmp_path: Path
+) -> None:
+    servers = Servers(rabbitmq_url, spark, ledger_maker, "model")
+    outcome = run_scenario(servers, Scenario.from_json(CURES), tmp_path / "world", log=lambda _m: None,
+                           keep=True, stop_at_first=False)
+    text = report(outcome) + "\n" + "\n".join(outcome.lines)
+    assert not outcome.disagreements, text
+    assert sum("cure" in line and "exit 2" in line for line in outcome.lines) >= 3, text
+    assert any("new-epoch" in line and "exit 0" in line for line in outcome.lines), text

@@ -129,9 +129,10 @@ def _marks(session: Session, sources: Mapping[int, tuple[str, str, str]]) -> lis
             Source.id.in_(chunk), or_(Source.replaced.is_not(None), Source.seen_tail.is_not(None)))).all()
         if not marked:
             continue
-        ends = dict(session.execute(select(Range.source_id, func.max(Range.end_offset)).where(
-            Range.source_id.in_([m[0] for m in marked]), Range.status != RangeStatus.FAILED.value)
-            .group_by(Range.source_id)).tuples().all())
+        ends = {int(sid): int(end) for sid, end in session.execute(
+            select(Range.source_id, func.max(Range.end_offset)).where(
+                Range.source_id.in_([m[0] for m in marked]), Range.status != RangeStatus.FAILED.value)
+            .group_by(Range.source_id))}
         for sid, replaced, seen in marked:
             name, stream, url = sources[sid]
             end = ends.get(sid)
