@@ -8,9 +8,9 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tests.model.ops import (
+    CURES,
     KILL_STEPS,
     SPELLINGS,
-    CURES,
     AuditCli,
     Batch,
     Cure,

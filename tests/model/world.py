@@ -550,8 +550,8 @@ class World:
         if op.what == "skip_past_tail":
             start = self.ledger.last_end(name, src) or 0
             end = max(start, self.client.committed_tail(self.stream)) + op.extra
-            argv = ["ledger", "skip", *where, "--stream", src.stream, "--broker", broker, "--start", str(start),
-                    "--end", str(end), "--reason", "model: past the tail"]
+            argv = ["ledger", "skip", *where, "--stream", src.stream, "--broker", broker, "--start",
+                    str(start), "--end", str(end), "--reason", "model: past the tail"]
         elif op.what == "skip_overlap":
             held = sorted((r for r in self.ledger.ranges(name) if r.source == src and not r.empty
                            and r.status.value in ("claimed", "committed")), key=lambda r: r.start)
@@ -577,9 +577,9 @@ class World:
         return line
 
     def _cure_state(self, name: str) -> list[tuple[Any, ...]]:
-        return sorted([*((r.id, r.status.value, r.start, r.end, r.source.broker) for r in self.ledger.ranges(name)),
-                       *((-1, x.source.broker, x.other, x.distinct, x.stream) for x in self.ledger.same_broker(name))],
-                      key=repr)
+        ranges = ((r.id, r.status.value, r.start, r.end, r.source.broker) for r in self.ledger.ranges(name))
+        records = ((-1, x.source.broker, x.other, x.distinct, x.stream) for x in self.ledger.same_broker(name))
+        return sorted([*ranges, *records], key=repr)
 
     def audit(self, pipe: int) -> Any:
         from streamledger.batch.proof import audit
