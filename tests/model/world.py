@@ -578,7 +578,8 @@ class World:
 
     def _cure_state(self, name: str) -> list[tuple[Any, ...]]:
         ranges = ((r.id, r.status.value, r.start, r.end, r.source.broker) for r in self.ledger.ranges(name))
-        records = ((-1, x.source.broker, x.other, x.distinct, x.stream) for x in self.ledger.same_broker(name))
+        records = ((-1, x.source.broker, x.other, x.distinct, x.stream)
+                   for x in self.ledger.same_broker(name))
         return sorted([*ranges, *records], key=repr)
 
     def audit(self, pipe: int) -> Any:
