@@ -152,6 +152,20 @@ FIXED = {
         '"on_data_loss":"record","max_offsets":120,"initial_position":"first"}],'
         '"ops":[{"kind":"batch","pipe":0,"run":"r1","attempt":1,"kill_at":"planned","how":"kill"},'
         '{"kind":"publish","n":57,"pad":1500},{"kind":"batch","pipe":0,"run":"r2","attempt":1}]}'),
+    # Soak seed 4300 with the cures drawn (shrunk by hand): the stream re-created twice, the second
+    # time before the new epoch read anything, so its history read the third stream from 0 (the
+    # re-create unnoticed, as it should be: nothing was read); then new-epoch, asked after the second
+    # re-create, retired that history and the next batch read [0, 45) again: ids twice in the
+    # outputs, audit CLEAN. new-epoch now asks the broker and keeps a history whose stream is still
+    # on it.
+    "new-epoch-of-a-history-already-reading-the-recreated-stream": (
+        '{"seed":4300,"retention":true,"pipelines":[{"name":"orders-0","sink":"directory","pinned":false,'
+        '"on_data_loss":"record","max_offsets":null,"initial_position":"first"}],'
+        '"ops":[{"kind":"publish","n":20,"pad":0},{"kind":"batch","pipe":0,"run":"r1","attempt":1},'
+        '{"kind":"recreate"},{"kind":"new_epoch","pipe":0},{"kind":"recreate"},'
+        '{"kind":"publish","n":45,"pad":0},{"kind":"batch","pipe":0,"run":"r2","attempt":1},'
+        '{"kind":"new_epoch","pipe":0},{"kind":"publish","n":5,"pad":0},'
+        '{"kind":"batch","pipe":0,"run":"r3","attempt":1}]}'),
 }
 
 #: Streaming composed with the table sinks in the short form (its seeds draw no streaming): a query
