@@ -166,6 +166,19 @@ FIXED = {
         '{"kind":"publish","n":45,"pad":0},{"kind":"batch","pipe":0,"run":"r2","attempt":1},'
         '{"kind":"new_epoch","pipe":0},{"kind":"publish","n":5,"pad":0},'
         '{"kind":"batch","pipe":0,"run":"r3","attempt":1}]}'),
+    # Soak seed 4304 (SQLite), the same rule from the other side: a history of the re-created stream
+    # that committed nothing (a claim killed, then released) but saw its tail at 30; the stream
+    # re-created again, new-epoch found no fingerprint and no other sign and kept the history, so the
+    # 30 records of the middle stream were neither read nor recorded lost, audit CLEAN. A tail below
+    # the one a batch saw is a sign of a new stream to new-epoch now.
+    "new-epoch-of-a-history-that-saw-more-than-the-broker-holds": (
+        '{"seed":4304,"retention":true,"pipelines":[{"name":"orders-0","sink":"directory","pinned":false,'
+        '"on_data_loss":"record","max_offsets":null,"initial_position":"first"}],'
+        '"ops":[{"kind":"publish","n":20,"pad":0},{"kind":"batch","pipe":0,"run":"r1","attempt":1},'
+        '{"kind":"recreate"},{"kind":"new_epoch","pipe":0},{"kind":"publish","n":30,"pad":0},'
+        '{"kind":"batch","pipe":0,"run":"r2","attempt":1,"kill_at":"claimed","how":"kill"},'
+        '{"kind":"recreate"},{"kind":"release_stale"},{"kind":"new_epoch","pipe":0},'
+        '{"kind":"publish","n":5,"pad":0},{"kind":"batch","pipe":0,"run":"r3","attempt":1}]}'),
 }
 
 #: Streaming composed with the table sinks in the short form (its seeds draw no streaming): a query

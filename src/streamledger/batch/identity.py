@@ -107,7 +107,9 @@ def unchanged_because(broker: Any, stream: str, pipeline: str, pos: SourcePositi
     not (a sign of :func:`replaced_because` holds, or the broker has no such stream): what
     ``new-epoch`` is refused on, so a cure never retires a live history and reads it again. The
     ``replaced`` mark is not a sign here (a batch may have set it on a false sign, e.g. a ledger end
-    past the tail), and a fingerprinted chunk still on the broker outweighs every other sign."""
+    past the tail), a fingerprinted chunk still on the broker outweighs every other sign, and a tail
+    below the greatest one a batch saw (``seen_tail``) is one more (a history of empty ranges has no
+    fingerprint, and what the old stream held past its end is recorded lost by the new epoch)."""
     from dataclasses import replace
 
     from streamledger.batch.position import log_offsets
@@ -124,6 +126,8 @@ def unchanged_because(broker: Any, stream: str, pipeline: str, pos: SourcePositi
         assert pos.chunk is not None
         return (f"the chunk the ledger fingerprinted at offset {pos.chunk.offset} is still on the broker "
                 f"({facts})")
+    if pos.seen_tail is not None and tail < pos.seen_tail:
+        return None  # a tail never shrinks: a batch saw the stream hold more than it does now
     if replaced_because(broker, stream, pipeline, replace(pos, replaced=None), tail, kept, same) is not None:
         return None
     return f"no sign of a re-created stream ({facts})"
