@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-sigkill", action="store_true", help="no subprocess batches (no extra JVMs)")
     p.add_argument("--no-hostile", action="store_true", help="ordinary pipeline names only")
     p.add_argument("--no-streaming", action="store_true", help="no streaming queries (the draws before them)")
+    p.add_argument("--no-cures", action="store_true",
+                   help="leave out the operator's cures as operations (skip, new-epoch, distinct-brokers, "
+                   "rename-broker, wrong requests among them)")
     p.add_argument("--no-compose", action="store_true",
                    help="streaming queries only on directory pipelines not pinned, never SIGKILLed")
     p.add_argument("--one-spelling", action="store_true", help="the broker URL always ends in /")
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         opts = Options(ops=a.ops, sigkill=not a.no_sigkill, hostile=not a.no_hostile,
-                       streaming=not a.no_streaming, compose=not a.no_compose,
+                       streaming=not a.no_streaming, compose=not a.no_compose, cures=not a.no_cures,
                        spellings=("/",) if a.one_spelling else SPELLINGS)
         given = [Path(r[1:]).read_text() if r.startswith("@") else r for r in a.replay]
         todo = [(f"replay{n}", Scenario.from_json(r)) for n, r in enumerate(given)] or [

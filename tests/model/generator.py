@@ -8,10 +8,12 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tests.model.ops import (
+    CURES,
     KILL_STEPS,
     SPELLINGS,
     AuditCli,
     Batch,
+    Cure,
     NewEpoch,
     Op,
     Pair,
@@ -48,6 +50,9 @@ class Options:
     #: table of the query's), on pinned pipelines, and (with ``sigkill``) SIGKILLed mid-batch, then
     #: restarted from the checkpoint; off, the streaming draws are the ones before them
     compose: bool = True
+    #: the operator's cures as operations (:data:`tests.model.ops.CURES`, wrong requests among them);
+    #: off, the draws are those of the checker before it had them
+    cures: bool = False
 
 
 @dataclass
@@ -140,6 +145,7 @@ def draw(seed: int, opts: Options | None = None) -> Scenario:
         "publish": 14, "tick": 8, "batch": 30, "pair": 6 if opts.pairs else 0, "truncate": 4,
         "recreate": 2 if opts.recreate else 0, "new_epoch": 0, "release": 3, "audit_cli": 3,
         "stream": 8 if opts.streaming else 0,  # last: without it every other draw is as before
+        "cure": 4 if opts.cures else 0,  # after it, for the same reason
     }
     while len(ops) < opts.ops:
         if sh.recreated and rnd.random() < 0.5:
@@ -170,4 +176,7 @@ def draw(seed: int, opts: Options | None = None) -> Scenario:
                 ops.append(op)
         elif kind == "audit_cli":
             ops.append(AuditCli(rnd.randrange(len(pipes)), rnd.choice(opts.spellings)))
+        elif kind == "cure":
+            ops.append(Cure(rnd.randrange(len(pipes)), rnd.choice(CURES), rnd.choice(opts.spellings),
+                            rnd.choice((1, 50, 900))))
     return Scenario(pipes, tuple(ops[:opts.ops]), retention=True, seed=seed)

@@ -88,6 +88,25 @@ class NewEpoch:
     kind: str = "new_epoch"
 
 
+#: The operator's cures the checker tries, wrong requests among them (issue 43): a skip reaching past
+#: the broker's committed tail, a skip over committed offsets, ``new-epoch`` (refused unless the stream
+#: was re-created since the history began), and ``distinct-brokers`` / ``rename-broker`` naming one
+#: broker in two spellings. A wrong request the product accepts is a disagreement.
+CURES = ("skip_past_tail", "skip_overlap", "new_epoch_cli", "distinct_spellings", "rename_spellings")
+
+
+@dataclass(frozen=True)
+class Cure:
+    """One of :data:`CURES` for the pipeline, through the CLI (``--broker-url`` the world's broker,
+    the broker named in ``spelling``); ``extra`` offsets past the tail for ``skip_past_tail``."""
+
+    pipe: int
+    what: str
+    spelling: str = "/"
+    extra: int = 1
+    kind: str = "cure"
+
+
 @dataclass(frozen=True)
 class ReleaseStale:
     """``ledger release-stale --older-than 0``: every open claim is failed."""
@@ -129,11 +148,11 @@ class Stream:
     kind: str = "stream"
 
 
-Op = Publish | Tick | Batch | Pair | Recreate | NewEpoch | ReleaseStale | AuditCli | Stream
+Op = Publish | Tick | Batch | Pair | Recreate | NewEpoch | ReleaseStale | AuditCli | Stream | Cure
 
 _KINDS: dict[str, type[Any]] = {"publish": Publish, "tick": Tick, "batch": Batch, "pair": Pair,
                                 "recreate": Recreate, "new_epoch": NewEpoch, "release_stale": ReleaseStale,
-                                "audit_cli": AuditCli, "stream": Stream}
+                                "audit_cli": AuditCli, "stream": Stream, "cure": Cure}
 
 
 @dataclass(frozen=True)
@@ -186,6 +205,9 @@ def describe(op: Op) -> str:
         return f"new-epoch p{op.pipe}"
     if isinstance(op, AuditCli):
         return f"audit-cli p{op.pipe} url{op.spelling}"
+    if isinstance(op, Cure):
+        return f"cure {op.what.replace('_', '-')} p{op.pipe} broker{op.spelling}" + (
+            f" +{op.extra}" if op.what == "skip_past_tail" else "")
     if isinstance(op, Stream):
         limit = f" max{op.max_offsets}" if op.max_offsets else ""
         fail = f" fail@{op.fail_at}" if op.fail_at is not None else ""

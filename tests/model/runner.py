@@ -137,6 +137,9 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
         found.append(Disagreement("refusal", pipe, at, "a query on a history pinned to data intervals must "
                                   "be refused, nothing claimed or written", what))
     w.refusals.clear()
+    for pipe, what in w.cure_defects:  # a wrong cure the product accepted, or refused after writing
+        found.append(Disagreement("cure", pipe, at, "a wrong cure request is refused, nothing written", what))
+    w.cure_defects.clear()
     stray = stray_files(w.home, w.allowed())
     if stray:
         try:

@@ -27,6 +27,7 @@ from streamledger.protocol.rabbitmq import StreamClient
 from tests.model.ops import (
     AuditCli,
     Batch,
+    Cure,
     NewEpoch,
     Op,
     Pair,
@@ -37,6 +38,7 @@ from tests.model.ops import (
     Scenario,
     Stream,
     Tick,
+    describe,
 )
 from tests.model.oracle import STREAMING, make_body
 from tests.model.streaming import NAMESPACE, QueryJob, run_query
@@ -170,6 +172,9 @@ class World:
         self.queries: dict[int, int] = {}  # pipe -> its streaming queries so far (the last one reusable)
         #: (pipe, what went wrong) of compositions the product must refuse and did not refuse cleanly
         self.refusals: list[tuple[int, str]] = []
+        #: (pipe, what went wrong) of cures the product accepted although the request was wrong, or
+        #: refused after writing
+        self.cure_defects: list[tuple[int, str]] = []
 
     # -- places ----------------------------------------------------------------------------------
 
@@ -234,6 +239,8 @@ class World:
         if isinstance(op, ReleaseStale):
             released = self.ledger.release_stale(timedelta(0))
             return f"released {len(released)} claim(s)"
+        if isinstance(op, Cure):
+            return self.cure(op)
         if isinstance(op, AuditCli):
             clean = self.audit_cli(op.pipe, op.spelling)
             self.cli_verdict = (op.pipe, clean)
@@ -493,33 +500,93 @@ class World:
         return sorted(found, key=lambda s: s.broker)
 
     def new_epoch(self, pipe: int) -> str:
+        """``ledger new-epoch`` of each current source, as the operator runs it (checked on the broker:
+        a history that already reads the re-created stream, the re-create unnoticed because nothing
+        was read yet, is refused, and goes on on the new stream)."""
         name = self.scenario.pipelines[pipe].name
         done: list[str] = []
         for src in self.current_sources(pipe):
-            try:
-                old, new = self.ledger.new_epoch(name, src, reason="model: stream re-created")
-            except Exception as exc:
-                return f"refused: {type(exc).__name__}: {str(exc)[:300]}"
-            done.append(f"{src.broker} epoch {old}->{new}")
+            code, line = self.cli(["ledger", "new-epoch", "--pipeline", name, "--stream", src.stream,
+                                   "--broker", src.broker, "--reason", "model: stream re-created"])
+            if code == 2 and "still holds the stream" in line:
+                done.append(f"{src.broker} kept (the broker holds the stream it read)")
+            elif code != 0:
+                return f"refused: {line}"
+            else:
+                done.append(f"{src.broker} {line.split(': ')[-1][:80]}")
         self.needs_epoch.discard(pipe)
         return "new epoch: " + (", ".join(done) or "no history yet")
 
     def skip_cli(self, pipe: int, src: SourceRef, start: int, end: int, spelling: str) -> str:
         """``streamledger ledger skip`` in process, naming the broker in ``spelling``; its one line."""
+        broker = spelled(src.broker, spelling) if "://" in src.broker else src.broker
+        return self.cli(["ledger", "skip", "--pipeline", self.scenario.pipelines[pipe].name, "--stream",
+                         src.stream, "--broker", broker, "--start", str(start), "--end", str(end), "--reason",
+                         "model: the scheduler does not catch up"])[1]
+
+    def cli(self, argv: list[str]) -> tuple[int, str]:
+        """A ``streamledger`` command in process on the world's ledger and broker: its exit status and
+        its output as one line."""
         from streamledger.cli import main
 
-        broker = spelled(src.broker, spelling) if "://" in src.broker else src.broker
-        argv = ["ledger", "skip", "--db", self.ledger_url, "--pipeline", self.scenario.pipelines[pipe].name,
-                "--stream", src.stream, "--broker", broker, "--start", str(start), "--end", str(end),
-                "--reason", "model: the scheduler does not catch up"]
+        argv = [*argv, "--db", self.ledger_url]
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        # the broker a cure is checked on: the environment's, as an operator's shell gives it
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _environ(
+                STREAMLEDGER_BROKER_URL=self.servers.url):
             try:
                 code = main(argv)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
         text = (out.getvalue() + err.getvalue()).strip().replace("\n", " ")
-        return f"exit {code}: {text[:300]}"
+        return int(code or 0), f"exit {code}: {text[:300]}"
+
+    def cure(self, op: Cure) -> str:
+        """One of the operator's cures through the CLI (:data:`tests.model.ops.CURES`). A wrong request
+        must be refused with nothing written; a right ``new-epoch`` (the stream was re-created since
+        the history began) may go through (or be refused: open claims, unpublished ranges)."""
+        name = self.scenario.pipelines[op.pipe].name
+        sources = self.current_sources(op.pipe)
+        if not sources:
+            return "no history yet: nothing to cure"
+        src = sources[0]
+        broker = spelled(src.broker, op.spelling) if "://" in src.broker else src.broker
+        where = ["--pipeline", name]
+        wrong = True
+        if op.what == "skip_past_tail":
+            start = self.ledger.last_end(name, src) or 0
+            end = max(start, self.client.committed_tail(self.stream)) + op.extra
+            argv = ["ledger", "skip", *where, "--stream", src.stream, "--broker", broker, "--start",
+                    str(start), "--end", str(end), "--reason", "model: past the tail"]
+        elif op.what == "skip_overlap":
+            held = sorted((r for r in self.ledger.ranges(name) if r.source == src and not r.empty
+                           and r.status.value in ("claimed", "committed")), key=lambda r: r.start)
+            if not held:
+                return "nothing read to overlap"
+            argv = ["ledger", "skip", *where, "--stream", src.stream, "--broker", broker, "--start",
+                    str(held[0].start), "--end", str(held[0].end), "--reason", "model: over a read range"]
+        elif op.what == "new_epoch_cli":
+            wrong = op.pipe not in self.needs_epoch
+            argv = ["ledger", "new-epoch", *where, "--stream", src.stream, "--broker", broker, "--reason",
+                    "model: new epoch by the CLI"]
+        else:
+            command = "distinct-brokers" if op.what == "distinct_spellings" else "rename-broker"
+            argv = ["ledger", command, spelled(src.broker, "/"), spelled(src.broker, "/%2f"), *where]
+        before = self._cure_state(name)
+        code, line = self.cli(argv)
+        if wrong and code == 0:
+            self.cure_defects.append((op.pipe, f"{describe(op)} was accepted: {line}"))
+        elif wrong and self._cure_state(name) != before:
+            self.cure_defects.append((op.pipe, f"{describe(op)} was refused but changed the ledger: {line}"))
+        elif op.what == "new_epoch_cli" and code == 0 and len(sources) == 1:
+            self.needs_epoch.discard(op.pipe)
+        return line
+
+    def _cure_state(self, name: str) -> list[tuple[Any, ...]]:
+        ranges = ((r.id, r.status.value, r.start, r.end, r.source.broker) for r in self.ledger.ranges(name))
+        records = ((-1, x.source.broker, x.other, x.distinct, x.stream)
+                   for x in self.ledger.same_broker(name))
+        return sorted([*ranges, *records], key=repr)
 
     def audit(self, pipe: int) -> Any:
         from streamledger.batch.proof import audit
@@ -543,6 +610,20 @@ class World:
                 return exc.code == 0
             except Exception:
                 return False
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _error_line(text: str) -> str:

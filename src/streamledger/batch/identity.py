@@ -41,7 +41,8 @@ from streamledger.offsets import ChunkPrint, same_stream
 log = logging.getLogger(__name__)
 
 __all__ = ["NamedTwice", "cures", "judged_distinct", "named_twice_because", "one_broker", "one_broker_groups",
-           "replaced_because", "stored_offset_retired"]
+           "replaced_because", "stored_offset_retired", "unchanged_because"]
+
 
 def cures(pipeline: str, stream: str, names: Iterable[str], apart: Iterable[tuple[str, str]] = ()) -> str:
     """The two cures of a finding that ``names`` are one broker (one line, named by the batch's
@@ -99,6 +100,37 @@ def replaced_because(broker: Any, stream: str, pipeline: str, pos: SourcePositio
     if same is False and pos.chunk is not None:
         return pos.chunk.differs(f"ledger end {pos.end}, broker tail {tail}")
     return None
+
+
+def unchanged_because(broker: Any, stream: str, pipeline: str, pos: SourcePosition) -> str | None:
+    """Why the broker's ``stream`` is still the stream the ledger read (one line), or None when it is
+    not (a sign of :func:`replaced_because` holds, or the broker has no such stream): what
+    ``new-epoch`` is refused on, so a cure never retires a live history and reads it again. The
+    ``replaced`` mark is not a sign here (a batch may have set it on a false sign, e.g. a ledger end
+    past the tail), a fingerprinted chunk still on the broker outweighs every other sign, and a tail
+    below the greatest one a batch saw (``seen_tail``) is one more (a history of empty ranges has no
+    fingerprint, and what the old stream held past its end is recorded lost by the new epoch)."""
+    from dataclasses import replace
+
+    from streamledger.batch.position import log_offsets
+    from streamledger.offsets import same_stream
+
+    exists = getattr(broker, "stream_exists", None)
+    if exists is not None and not exists(stream):
+        return None  # deleted (and not re-created yet): nothing left to read again
+    tails, stored = log_offsets(broker, [stream], pipeline)
+    tail, kept = tails[stream], stored[stream]
+    same = same_stream(broker, stream, pos.chunk) if pos.chunk is not None else None
+    facts = f"ledger end {pos.end}, broker tail {tail}, offset stored for {pipeline!r} {kept}"
+    if same is True:
+        assert pos.chunk is not None
+        return (f"the chunk the ledger fingerprinted at offset {pos.chunk.offset} is still on the broker "
+                f"({facts})")
+    if pos.seen_tail is not None and tail < pos.seen_tail:
+        return None  # a tail never shrinks: a batch saw the stream hold more than it does now
+    if replaced_because(broker, stream, pipeline, replace(pos, replaced=None), tail, kept, same) is not None:
+        return None
+    return f"no sign of a re-created stream ({facts})"
 
 
 def one_broker(log: Any, stream: str, prints: Iterable[tuple[str, ChunkPrint | None]],

@@ -7,17 +7,19 @@ the others (``BatchConfig``, the operators, the Dagster assets and the CLI all a
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from streamledger import fs as filesystems
 from streamledger.ledger.types import pipeline_name_problem
 from streamledger.paths import name_problem
 
 __all__ = [
-    "FORMATS", "INITIAL_POSITIONS", "ON_DATA_LOSS", "SINKS", "catalog_problem", "default_iceberg_table",
-    "fmt_problem", "initial_position_problem", "on_data_loss_problem", "sink_problem", "source_problem",
-    "splits_problem",
+    "FORMATS", "INITIAL_POSITIONS", "ON_DATA_LOSS", "SINKS", "absolute_location", "catalog_problem",
+    "default_iceberg_table", "fmt_problem", "initial_position_problem", "on_data_loss_problem",
+    "placement_problem", "sink_problem", "source_problem", "splits_problem",
 ]
 
 SINKS = ("directory", "iceberg", "delta")
@@ -51,6 +53,37 @@ def source_problem(pipeline: str, stream: str | None, super_stream: str | None,
                     f"{kind.name} URL names one {kind.unit}: give stream=")
     return None
 
+
+
+def absolute_location(location: str) -> str:
+    """Where a plain path names, made absolute against the working directory when the spec is built
+    (what the ledger records and every later retry, publish and audit reads must name one place from
+    any directory); a URI (``file://`` and the stores') and an empty location (refused by
+    :func:`placement_problem`) unchanged."""
+    if not isinstance(location, str) or not location.strip() or filesystems.scheme(location):
+        return location
+    return os.path.abspath(location)
+
+
+def _filesystem(location: str) -> str:
+    kind = filesystems.scheme(location)
+    if kind in ("", "file"):
+        return "local"
+    return f"{kind}://{urlsplit(location).netloc}" if kind not in ("hdfs", "viewfs") else kind
+
+
+def placement_problem(output_root: str, sink: str, table: str | None) -> str | None:
+    """Why a pipeline's outputs cannot be placed there, or None: an empty output root (it would write
+    into the working directory), and a Delta table location on another file system than the root
+    (the batch stages, publishes and checks under the root's file system only)."""
+    if not output_root.strip():
+        return "output root must not be empty (a directory or store URI the batch writes under)"
+    if sink != "delta" or table is None or not table.strip():
+        return None
+    if _filesystem(table) != _filesystem(output_root):
+        return (f"delta table {filesystems.redact(table)} is on another file system than the output root "
+                f"{filesystems.redact(output_root)}; give a location on the root's (e.g. under it)")
+    return None
 
 
 def default_iceberg_table(pipeline: str) -> str:

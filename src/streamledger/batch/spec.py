@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from streamledger.batch.rules import (
+    absolute_location,
     catalog_problem,
     fmt_problem,
     initial_position_problem,
     on_data_loss_problem,
+    placement_problem,
     sink_problem,
     source_problem,
     splits_problem,
@@ -111,6 +113,9 @@ class PipelineSpec:
     door: Door = field(default=Door.PYTHON, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "output_root", absolute_location(self.output_root))
+        if self.sink == "delta" and self.table is not None:  # a location, as the root
+            object.__setattr__(self, "table", absolute_location(self.table))
         problem = self.problem()
         if problem is not None:
             raise SpecError(problem)
@@ -162,7 +167,8 @@ class PipelineSpec:
         return None
 
     def _sink_problem(self) -> str | None:
-        problem = sink_problem(self.sink, self.table, None, self.fmt)
+        problem = (sink_problem(self.sink, self.table, None, self.fmt)
+                   or placement_problem(self.output_root, self.sink, self.table))
         if problem is None and self.catalog_given:
             problem = self.door.catalog_problem(self.sink)
         where = credentials_problem(self.output_root)

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,17 +30,20 @@ from streamledger.cli.options import (
     add_catalog,
     add_json,
     add_ledger,
+    broker_url,
     broker_url_arg,
     catalog_of,
+    known_to,
     ledger_url,
     open_ledger,
+    pipeline_arg,
 )
 from streamledger.cli.progress import AuditProgress
 from streamledger.cli.table import render, when
 from streamledger.runs import describe
 
 if TYPE_CHECKING:  # the ledger pulls in SQLAlchemy and Alembic (~0.35 s): imported when a command runs
-    from streamledger.ledger import Ledger, OffsetQuerier, OffsetRange
+    from streamledger.ledger import Ledger, OffsetQuerier, OffsetRange, SourceRef
 
 
 # -- argument types: bad input stops argparse (one line, exit 2) before a ledger is opened --------
@@ -126,6 +130,7 @@ def _audit(args: argparse.Namespace) -> int:
     from streamledger.batch.proof import audit
 
     with _ledger(args) as ledger, contextlib.ExitStack() as stack:
+        known_to(ledger, args.pipeline)
         stale = timedelta(seconds=args.stale_after)
         shown = AuditProgress(f"audit {args.pipeline or 'all pipelines'}")
         check: dict[str, Any] = {"outputs_too": args.outputs, "deep": args.deep,
@@ -200,6 +205,7 @@ def _limit(text: str) -> int:
 
 def _ranges(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
+        known_to(ledger, args.pipeline, args.stream)
         rows = ledger.ranges(args.pipeline, stream=args.stream)
     if args.status:
         rows = [r for r in rows if r.status.value in args.status]
@@ -229,20 +235,67 @@ def _release_stale(args: argparse.Namespace) -> int:
     return 0
 
 
-def _new_epoch(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _broker_of(args: argparse.Namespace, identity: str) -> Iterator[Any]:
+    """The log server a cure is checked on (``--broker-url``, else the broker every other command
+    uses), refused in one line unless it answers for ``identity``: a check on another broker proves
+    nothing."""
+    from streamledger.sources import connect_log, server_identities
+
+    url = broker_url(args)
+    with connect_log(url) as client:
+        answers = server_identities(url, client)
+        if identity not in answers:
+            raise BadInput(f"the broker reached (--broker-url or ${BROKER_ENV}) answers for {answers[0]}, "
+                           f"not for {identity}: give the URL of {identity}'s broker to check the request on")
+        yield client
+
+
+def _cure(args: argparse.Namespace, ledger: Ledger, what: str) -> contextlib.AbstractContextManager[Any]:
+    """The transaction a cure writes in: rolled back under ``--dry-run`` (its rules, refusals
+    included, run all the same)."""
+    return ledger.rehearsal(what) if args.dry_run else contextlib.nullcontext()
+
+
+def _said(args: argparse.Namespace, line: str) -> str:
+    return f"dry run, nothing changed: would have {line}" if args.dry_run else line
+
+
+def _source(args: argparse.Namespace) -> SourceRef:
     from streamledger.ledger import SourceRef
     from streamledger.sources import canonical_identity
 
-    broker = canonical_identity(args.broker)  # any spelling of the identity the batch named
+    return SourceRef(broker=canonical_identity(args.broker), stream=args.stream)  # any spelling of it
+
+
+def _new_epoch(args: argparse.Namespace) -> int:
+    from streamledger.batch.identity import unchanged_because
+
+    src = _source(args)
+    broker = src.broker
+    reason = (args.reason or "").strip()
+    if args.force and not reason:
+        raise BadInput("new-epoch --force: give --reason (recorded with the new epoch)")
+    what = f"new epoch for pipeline {args.pipeline!r} stream {args.stream!r} on {broker}"
     with _ledger(args) as ledger:
-        old, new = ledger.new_epoch(args.pipeline, SourceRef(broker=broker, stream=args.stream),
-                                    reason=args.reason or "")
+        if not args.force:
+            with _broker_of(args, broker) as client:
+                pos = ledger.position(args.pipeline, src)
+                same = (unchanged_because(client, args.stream, args.pipeline, pos) if pos.end is not None
+                        else None)
+            if same is not None:
+                raise BadInput(f"{what}: refused, the broker still holds the stream the ledger read: {same}; "
+                               "a new epoch would read it again from offset 0 (--force --reason WHY if you "
+                               "know better)")
+        recorded = f"forced: {reason}" if args.force else reason
+        with _cure(args, ledger, what):
+            old, new = ledger.new_epoch(args.pipeline, src, reason=recorded)
     if getattr(args, "json", False):
         print(json.dumps({"pipeline": args.pipeline, "stream": args.stream, "broker": broker,
-                          "retired_epoch": old, "epoch": new}))
+                          "retired_epoch": old, "epoch": new, "forced": args.force, "dry_run": args.dry_run}))
         return 0
-    print(f"pipeline {args.pipeline} stream {args.stream} on {broker}: epoch {old} retired (kept under "
-          f"{broker}#epoch{old}); epoch {new} reads the stream from its first offset")
+    print(_said(args, f"pipeline {args.pipeline} stream {args.stream} on {broker}: epoch {old} retired (kept "
+                      f"under {broker}#epoch{old}); epoch {new} reads the stream from its first offset"))
     return 0
 
 
@@ -258,44 +311,57 @@ def _offset(text: str) -> int:
 
 
 def _skip(args: argparse.Namespace) -> int:
-    from streamledger.ledger import SourceRef
-    from streamledger.sources import canonical_identity
-
-    broker = canonical_identity(args.broker)  # any spelling of the identity the batch named
-    with _ledger(args) as ledger:
-        rng = ledger.record_skipped(args.pipeline, SourceRef(broker=broker, stream=args.stream),
-                                   args.start, args.end, reason=args.reason)
+    src = _source(args)
+    with _broker_of(args, src.broker) as client:
+        tail = int(client.committed_tail(args.stream))  # a span past it would stall every later batch
+    with _ledger(args) as ledger, _cure(args, ledger, f"skip on {args.stream!r}"):
+        rng = ledger.record_skipped(args.pipeline, src, args.start, args.end, reason=args.reason, tail=tail)
     if getattr(args, "json", False):
-        print(json.dumps(rng.to_dict(), default=str))
+        print(json.dumps({**rng.to_dict(), "dry_run": args.dry_run}, default=str))
         return 0
-    print(f"pipeline {args.pipeline} stream {args.stream} on {broker}: [{rng.start}, {rng.end}) "
-          f"recorded as deliberately skipped (range {rng.id}): {args.reason}")
+    print(_said(args, f"pipeline {args.pipeline} stream {args.stream} on {src.broker}: "
+                      f"[{rng.start}, {rng.end}) recorded as deliberately skipped (range {rng.id}; broker "
+                      f"tail {tail}): {args.reason}"))
     return 0
+
+
+def _two_names(ledger: Ledger, first: str, second: str) -> tuple[str, str]:
+    """Two broker identities as the ledger spells them (``Ledger.as_recorded``: any spelling of one
+    names it), refused when they are one broker spelled twice."""
+    a, b = ledger.as_recorded(first), ledger.as_recorded(second)
+    if a == b:
+        raise BadInput(f"{first} and {second} are one broker ({a}) in two spellings; the next batch of a "
+                       "pipeline adopts its records of another spelling itself")
+    return a, b
 
 
 def _rename_broker(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        moved = ledger.rename_broker(args.old, args.new, pipeline=args.pipeline)
+        old, new = _two_names(ledger, args.old, args.new)
+        with _cure(args, ledger, f"rename broker {old}"):
+            moved = ledger.rename_broker(old, new, pipeline=args.pipeline)
     if getattr(args, "json", False):
-        print(json.dumps({"old": args.old, "new": args.new, "moved": moved}))
+        print(json.dumps({"old": old, "new": new, "moved": moved, "dry_run": args.dry_run}))
     else:
-        print(f"{moved} source(s) moved from {args.old} to {args.new}")
+        print(_said(args, f"{moved} source(s) moved from {old} to {new}"))
     return 0
 
 
 def _distinct_brokers(args: argparse.Namespace) -> int:
-    names = [args.name1, args.name2]  # as the ledger names them (rename-broker's too)
     with _ledger(args) as ledger:
-        judged = ledger.record_distinct_brokers(*names, pipeline=args.pipeline, stream=args.stream,
-                                                why=args.reason)
+        names = list(_two_names(ledger, args.name1, args.name2))  # as the ledger names them
+        with _cure(args, ledger, "distinct brokers"):
+            judged = ledger.record_distinct_brokers(*names, pipeline=args.pipeline, stream=args.stream,
+                                                    why=args.reason)
     if getattr(args, "json", False):
         print(json.dumps({"names": names, "pipeline": args.pipeline, "stream": args.stream,
-                          "judged": [{"pipeline": p, "stream": s} for p, s in judged]}))
+                          "judged": [{"pipeline": p, "stream": s} for p, s in judged],
+                          "dry_run": args.dry_run}))
     else:
         covers = "; ".join(f"pipeline {p!r} stream {s!r}" for p, s in judged)  # a too-wide verdict is seen
-        print(f"{names[0]} and {names[1]} recorded as two brokers for {len(judged)} stream(s) ({covers}): "
-              "neither refuses the other's batches, and the audit no longer takes them for one (it notes "
-              "each stream read under both)")
+        print(_said(args, f"{names[0]} and {names[1]} recorded as two brokers for {len(judged)} stream(s) "
+                          f"({covers}): neither refuses the other's batches, and the audit no longer takes "
+                          "them for one (it notes each stream read under both)"))
     return 0
 
 
@@ -307,6 +373,17 @@ def _status(text: str) -> str:
     if text not in known:
         raise argparse.ArgumentTypeError(f"{text!r} is not a range status: {', '.join(known)}")
     return text
+
+
+def _add_dry_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="check the request and say what it would change; "
+                   "change nothing")
+
+
+def _add_check_broker(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--broker-url", type=broker_url_arg, default=None, metavar="URL",
+                   help=f"the log server the request is checked on (default: ${BROKER_ENV}, else the local "
+                   "broker); it must answer for --broker")
 
 
 def register(sub: Any) -> None:
@@ -328,7 +405,7 @@ def register(sub: Any) -> None:
 
     p = cmds.add_parser("audit", help="check gaps, overlaps, stuck claims, failures, counts, broker drift")
     add_ledger(p)
-    p.add_argument("--pipeline", default=None, help="audit only this pipeline")
+    p.add_argument("--pipeline", type=pipeline_arg, default=None, help="audit only this pipeline")
     p.add_argument(
         "--broker-url",
         action="append",
@@ -359,7 +436,7 @@ def register(sub: Any) -> None:
 
     p = cmds.add_parser("ranges", help="list the ranges: what was read, when, where it went")
     add_ledger(p)
-    p.add_argument("--pipeline", default=None, help="only this pipeline")
+    p.add_argument("--pipeline", type=pipeline_arg, default=None, help="only this pipeline")
     p.add_argument("--stream", default=None, help="only this stream (or super stream partition)")
     p.add_argument("--status", action="append", default=[], type=_status, metavar="STATUS",
                    help="only ranges in this status (repeatable)")
@@ -375,6 +452,7 @@ def register(sub: Any) -> None:
     p.add_argument("old", help="e.g. rabbitmq://127.0.0.1:5552/%%2F (the 0.1 host:port form)")
     p.add_argument("new", help="e.g. rabbitmq://rabbit@node1/%%2F (the broker's cluster name)")
     p.add_argument("--pipeline", default=None)
+    _add_dry_run(p)
     add_json(p)
     p.set_defaults(func=_rename_broker)
 
@@ -389,27 +467,34 @@ def register(sub: Any) -> None:
     p.add_argument("--stream", default=None, help="only this stream (default: every stream either name has a "
                    "history or record of; with --pipeline, names a stream to judge ahead of any history)")
     p.add_argument("--reason", default="", help="recorded with the verdict (shown with the records)")
+    _add_dry_run(p)
     add_json(p)
     p.set_defaults(func=_distinct_brokers)
 
     p = cmds.add_parser("new-epoch", help="a stream was deleted and re-created: keep its history, start anew")
     add_ledger(p)
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", type=pipeline_arg, required=True)
     p.add_argument("--stream", required=True, help="the stream (or super stream partition)")
     p.add_argument("--broker", required=True,
                    help="the broker identity as the ledger names it (the batch's refusal prints it)")
     p.add_argument("--reason", default=None, help="recorded with the new epoch")
+    p.add_argument("--force", action="store_true", help="start a new epoch although the broker still holds "
+                   "the stream the ledger read (needs --reason, recorded)")
+    _add_check_broker(p)
+    _add_dry_run(p)
     add_json(p)
     p.set_defaults(func=_new_epoch)
 
     p = cmds.add_parser("skip", help="record a span nobody will read as deliberately skipped (audited)")
     add_ledger(p)
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", type=pipeline_arg, required=True)
     p.add_argument("--stream", required=True, help="the stream (or super stream partition)")
     p.add_argument("--broker", required=True, help="the broker identity as the ledger names it")
     p.add_argument("--start", type=_offset, required=True, help="first offset skipped")
     p.add_argument("--end", type=_offset, required=True, help="first offset after the span (exclusive)")
     p.add_argument("--reason", required=True, help="why nobody reads it (recorded, shown by the audit)")
+    _add_check_broker(p)
+    _add_dry_run(p)
     add_json(p)
     p.set_defaults(func=_skip)
 

@@ -47,6 +47,29 @@ def broker_url_arg(text: str) -> str:
     return text
 
 
+def pipeline_arg(text: str) -> str:
+    """A pipeline name the ledger can hold (the one rule, ``pipeline_name_problem``)."""
+    from streamledger.ledger.types import pipeline_name_problem
+
+    problem = pipeline_name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def known_to(ledger: Ledger, pipeline: str | None, stream: str | None = None) -> None:
+    """Refuse (exit 2, one line) a pipeline, or a stream of it, the ledger has no record of: a typo
+    would otherwise read as a clean, empty answer."""
+    if pipeline is None:
+        return
+    streams = ledger.streams_of(pipeline)
+    if streams is None:
+        raise BadInput(f"pipeline {pipeline!r}: the ledger has no such pipeline (`streamledger status` lists "
+                       "them)")
+    if stream is not None and stream not in streams:
+        raise BadInput(f"pipeline {pipeline!r}: the ledger has no history of stream {stream!r}")
+
+
 def ledger_url_arg(text: str) -> str:
     """A ledger URL the engine accepts (checked without connecting; the password never shown)."""
     from streamledger.ledger.engine import parse_url

@@ -16,7 +16,16 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from streamledger.cli.options import BROKER_ENV, OLD_BROKER_ENV, add_broker, add_json, add_ledger, open_ledger
+from streamledger.cli.options import (
+    BROKER_ENV,
+    OLD_BROKER_ENV,
+    add_broker,
+    add_json,
+    add_ledger,
+    known_to,
+    open_ledger,
+    pipeline_arg,
+)
 from streamledger.cli.table import render, when
 from streamledger.runs import describe
 
@@ -49,17 +58,32 @@ class StreamStatus:
     """The fingerprint of the transform of the newest committed range (None: raw records)."""
     transforms: list[str | None] | None = None
     """Every transform (fingerprint, None for raw) that produced a committed range, oldest first."""
+    mark: str | None = None  # what the ledger marked on the source: replaced, a retired epoch, unread offsets
 
-    def row(self) -> tuple[object, ...]:
+    def row(self, *, mark: bool = False) -> tuple[object, ...]:
         return (self.pipeline, self.stream, self.committed + self.lost, self.open_claims, self.failed,
                 self.done_to, self.last_record, self.stored, self.tail, self.lag, self.last_by,
-                self.last_when, self.output, self.transform_said())
+                self.last_when, self.output, self.transform_said(), *((self.mark or "-",) if mark else ()))
 
     def transform_said(self) -> str:
         """The TRANSFORM column: the newest range's fingerprint, and how many others produced ranges."""
         said = self.transform or "raw"
         others = len(self.transforms or []) - 1
         return f"{said} (+{others} earlier)" if others > 0 else said
+
+
+def _mark(pos: Any, broker: str) -> str | None:
+    """The source's mark, as the audit reports it (rule 11): a retired epoch, ``replaced`` (every batch
+    refuses it until ``new-epoch``), offsets a batch saw on the broker past the ledger's end."""
+    from streamledger.ledger.types import is_retired
+
+    if is_retired(broker):
+        return "retired epoch (a re-created stream's old history)"
+    unread = f"; [{pos.end}, {pos.seen_tail}) seen, unread" if (
+        pos.seen_tail is not None and pos.end is not None and pos.seen_tail > pos.end) else ""
+    if pos.replaced is not None:
+        return f"replaced: {pos.replaced}{unread} (ledger new-epoch)"
+    return unread[2:] or None
 
 
 def _streams(ledger: Any, pipeline: str | None) -> list[StreamStatus]:
@@ -69,6 +93,11 @@ def _streams(ledger: Any, pipeline: str | None) -> list[StreamStatus]:
     for r in ledger.ranges(pipeline):
         by_source.setdefault((r.pipeline, r.source), []).append(r)
     out: list[StreamStatus] = []
+    positions: dict[tuple[str, Any], Any] = {}
+    for name in sorted({n for n, _s in by_source}):
+        refs = [src for n, src in by_source if n == name]
+        found = ledger.positions(name, refs)
+        positions.update(((name, ref), pos) for ref, pos in zip(refs, found, strict=True))
     for (name, source), rows in by_source.items():
         mark = ledger.watermark(name, source)
         counts = {s: sum(1 for r in rows if r.status == s) for s in RangeStatus}
@@ -84,6 +113,7 @@ def _streams(ledger: Any, pipeline: str | None) -> list[StreamStatus]:
             last_when=when(newest.committed_at or newest.claimed_at),
             output=(latest.sink_table or latest.output) if latest is not None else None,
             **_transforms([r for r in rows if r.status == RangeStatus.COMMITTED and r.records]),
+            mark=_mark(positions[(name, source)], source.broker),
         ))
     return out
 
@@ -108,7 +138,8 @@ def _compare(streams: list[StreamStatus], url: str) -> None:
         identities = set(server_identities(url, log))
         for s in streams:
             if s.broker not in identities:
-                s.broker_note = "another broker"
+                retired = s.mark is not None and s.mark.startswith("retired")
+                s.broker_note = "a retired epoch" if retired else "another broker"
                 continue
             try:
                 s.stored = log.query_offset(s.stream, s.pipeline)
@@ -122,6 +153,7 @@ def _compare(streams: list[StreamStatus], url: str) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     with open_ledger(args) as ledger:
+        known_to(ledger, args.pipeline)
         streams = _streams(ledger, args.pipeline)
     given = getattr(args, "broker_url", None) or os.environ.get(BROKER_ENV) or os.environ.get(OLD_BROKER_ENV)
     if given and streams:
@@ -130,7 +162,9 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(s) for s in streams], indent=2))
         return 0
     if streams:
-        print(render(HEADER, [s.row() for s in streams], right=HEADER[2:10]))
+        marked = any(s.mark for s in streams)  # the MARK column only when a source holds one
+        print(render((*HEADER, *(("MARK",) if marked else ())), [s.row(mark=marked) for s in streams],
+                     right=HEADER[2:10]))
     for s in streams:
         if s.broker_note:
             print(f"{s.pipeline} {s.stream}: broker not compared: {s.broker_note}", file=sys.stderr)
@@ -144,7 +178,7 @@ def register(sub: Any) -> None:
     """Add ``status`` to the top-level parser."""
     p = sub.add_parser("status", help="each pipeline's streams: done to, stored offset, lag, last run, "
                        "output")
-    p.add_argument("--pipeline", default=None, help="only this pipeline")
+    p.add_argument("--pipeline", type=pipeline_arg, default=None, help="only this pipeline")
     add_broker(p)
     add_ledger(p)
     add_json(p)

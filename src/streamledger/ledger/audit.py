@@ -112,6 +112,48 @@ def _uncovered(low: int, high: int, spans: Sequence[tuple[int, int]]) -> list[tu
     return out
 
 
+def _marks(session: Session, sources: Mapping[int, tuple[str, str, str]]) -> list[tuple[Violation, bool]]:
+    """Rule 11: each live source a batch marked ``replaced`` (every batch refuses it, and what the old
+    stream held past the ledger's end, up to the tail a batch saw, is unread until ``new-epoch``
+    records it lost): a violation naming the cure. A tail a batch saw past the end of the live ranges
+    on a source not so marked is a note (offsets on the broker not read yet)."""
+    from sqlalchemy import func, or_, select
+
+    from streamledger.ledger.models import Range, Source
+    from streamledger.ledger.rows import chunks
+
+    live = sorted(sid for sid, (_n, _s, url) in sources.items() if not is_retired(url))
+    out: list[tuple[Violation, bool]] = []
+    for chunk in chunks(live):
+        marked = session.execute(select(Source.id, Source.replaced, Source.seen_tail).where(
+            Source.id.in_(chunk), or_(Source.replaced.is_not(None), Source.seen_tail.is_not(None)))).all()
+        if not marked:
+            continue
+        ends = {int(sid): int(end) for sid, end in session.execute(
+            select(Range.source_id, func.max(Range.end_offset)).where(
+                Range.source_id.in_([m[0] for m in marked]), Range.status != RangeStatus.FAILED.value)
+            .group_by(Range.source_id))}
+        for sid, replaced, seen in marked:
+            name, stream, url = sources[sid]
+            end = ends.get(sid)
+            unread = (int(end), int(seen)) if end is not None and seen is not None and seen > end else None
+            span = f"; [{unread[0]}, {unread[1]}) a batch saw on it is not read" if unread else ""
+            low, high = unread if unread is not None else (None, None)
+            if replaced is not None:
+                out.append((Violation(
+                    ViolationKind.STREAM_REPLACED, name, stream, url, low, high, None,
+                    f"marked replaced by a batch ({replaced}){span}; every batch refuses it until "
+                    f"`streamledger ledger new-epoch --pipeline {name} --stream {stream} --broker {url}` "
+                    "(which records what was not read as lost; it refuses a stream the broker still holds)"),
+                    True))
+            elif unread is not None:
+                out.append((Violation(
+                    ViolationKind.UNREAD, name, stream, url, low, high, None,
+                    f"the broker held offsets up to {unread[1]} when a batch last looked; the next batch "
+                    "reads them"), False))
+    return out
+
+
 def _as_lookup(broker: BrokerOffsetLookup | OffsetQuerier) -> BrokerOffsetLookup:
     query = getattr(broker, "query_offset", None)
     if callable(query):
@@ -367,6 +409,10 @@ def run_audit(
             f"{quiet} s ago; the broker offset cannot pass it until it commits or fails",
         )
         (findings if quiet > stale_after.total_seconds() else notes).append(finding)
+
+    # Rule 11: the ledger's own marks of data not accounted for yet (``replaced``, ``seen_tail``).
+    for finding, kept in _marks(session, sources):
+        (findings if kept else notes).append(finding)
 
     prints: dict[int, ChunkPrint] = {}
     # Rule 8: the broker's stored offset against the watermark of published ranges.

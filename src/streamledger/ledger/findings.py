@@ -51,6 +51,7 @@ class ViolationKind(enum.StrEnum):
     NAMED_TWICE = "named_twice"
     TRANSFORMED = "transformed"
     """A note, never a finding: which transform produced a run of committed ranges, and what it wrote."""
+    UNREAD = "unread"
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,7 +218,7 @@ class LostAndStale(Sources):
             session.flush()
 
     def record_skipped(self, pipeline: str, source: SourceRef, start: int, end: int, *,
-                       reason: str) -> OffsetRange:
+                       reason: str, tail: int | None = None) -> OffsetRange:
         """Record ``[start, end)`` as deliberately skipped: a span nobody will read (a DAG that does
         not catch up, poison records replayed by hand), so it is audited as such (audit rule 6),
         never left a silent gap. A ``lost`` range held by :func:`skip_identity`, pinned (it may lie
@@ -226,7 +226,11 @@ class LostAndStale(Sources):
 
         Refused unless no live range covers any of it and it starts where the covered history
         stops (at the history's origin, or at the end of a live range), so a skip never opens a gap
-        before itself.
+        before itself. ``tail``, the broker's committed tail of the stream when the caller asked it
+        (``streamledger ledger skip`` does): a span reaching past it is refused, and so is one
+        reaching past the greatest tail a batch saw (``seen_tail``) when no tail is given: offsets
+        the stream does not hold yet would put the ledger's end past the broker's, and every later
+        batch would refuse the stream as replaced.
         """
         check_pipeline(pipeline)
         check_offset("start", start, source.stream)
@@ -242,6 +246,12 @@ class LostAndStale(Sources):
                 raise LedgerError(f"{what}: the ledger has no history of this source (name the pipeline, "
                                   "stream and broker identity as its ranges do)")
             self._lock_sources(session, [src.id])
+            bound, named = ((tail, "the broker's committed tail") if tail is not None
+                            else (src.seen_tail, "the greatest committed tail a batch saw"))
+            if bound is not None and end > bound:
+                raise LedgerError(
+                    f"{what}: the span reaches past {named} {bound}; only offsets the stream holds are "
+                    "skipped (a ledger end past the tail makes every later batch refuse the stream)")
             now = self._clock(session)
             covering = _first_live_over(session, src.id, start, end)
             if covering is not None:

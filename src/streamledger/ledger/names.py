@@ -58,6 +58,19 @@ class BrokerNames(LedgerSession):
                 index_elements=["pipeline_id", "stream", "broker", "other"]).returning(OneBroker.id))
             return len(added.all())
 
+    def as_recorded(self, identity: str) -> str:
+        """``identity`` as the ledger spells it: the one recorded name (a history's or a record's) of
+        its canonical spelling (:func:`streamledger.sources.canonical_identity`), else the canonical
+        spelling, which every writer records. What a command naming a broker by hand acts on."""
+        from streamledger.sources import canonical_identity
+
+        canon = canonical_identity(identity)
+        with self._tx("broker names", write=False) as session:
+            names = {*session.scalars(select(Source.broker).distinct()),
+                     *session.scalars(select(OneBroker.broker).distinct())}
+        spelled = sorted(str(n) for n in names if canonical_identity(str(n)) == canon)
+        return canon if canon in spelled or len(spelled) != 1 else spelled[0]
+
     def record_distinct_brokers(self, first: str, second: str, *, pipeline: str | None = None,
                                 stream: str | None = None, why: str = "") -> list[tuple[str, str]]:
         """The operator's verdict that broker identities ``first`` and ``second`` are two brokers (a

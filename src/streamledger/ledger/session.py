@@ -123,6 +123,21 @@ class LedgerSession:
                 self._local.session = None
 
     @contextlib.contextmanager
+    def rehearsal(self, what: str) -> Iterator[None]:
+        """Every ledger call of this thread inside the block runs its rules and writes in one
+        transaction, rolled back at the end: a cure's ``--dry-run`` shows what it would change (its
+        refusals too) and changes nothing."""
+        with self._errors(what), Session(self._engine, expire_on_commit=False) as session:
+            session.connection(execution_options={IMMEDIATE: True})
+            self._local.session = session
+            try:
+                yield
+            finally:
+                self._local.session = None
+                session.rollback()
+                self._sources.clear()
+
+    @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         """Turn database errors into one-line LedgerErrors (never with the URL's password). A lost
         or unreachable database is the line alone: the driver's own traceback under it (its class,

@@ -176,6 +176,16 @@ class Sources(LedgerSession):
                 moved += self.rename_broker(old, new, pipeline=pipeline)
         return moved
 
+    def streams_of(self, pipeline: str) -> list[str] | None:
+        """The streams ``pipeline`` has a history of (sorted), or None when the ledger knows no such
+        pipeline: what a command naming one by hand checks it against."""
+        check_pipeline(pipeline)
+        with self._tx(f"streams of {pipeline!r}", write=False) as session:
+            pid = session.scalars(select(Pipeline.id).where(Pipeline.name == pipeline)).first()
+            if pid is None:
+                return None
+            return sorted(set(session.scalars(select(Source.stream).where(Source.pipeline_id == pid))))
+
     def last_end(self, pipeline: str, source: SourceRef) -> int | None:
         """Where the next new range would start (None before the first range of this source)."""
         check_pipeline(pipeline)

@@ -18,7 +18,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from streamledger.spark.planning import PlannedRange, option_getter
+from streamledger.spark.planning import PlannedRange, option_getter, refuse_ledger_options
 from streamledger.spark.pushdown import Projection, PushedFilters
 from streamledger.spark.reading import (  # the reading kit, below this module and streaming
     DATA_SOURCE_NAME,
@@ -201,6 +201,7 @@ class RabbitMQStreamDataSource(DataSource):
                                 filter_column=parse_filter_property(get) is not None).ddl
 
     def reader(self, schema: StructType) -> RabbitMQStreamReader:
+        refuse_ledger_options(self.options, DATA_SOURCE_NAME)
         options = with_schema(ReadOptions.parse(self.options), schema)
         return (FilteringReader if options.filter_pushdown else RabbitMQStreamReader)(options)
 

@@ -35,6 +35,7 @@ from streamledger.spark.planning import (
     Selection,
     option_getter,
     plan_ranges,
+    refuse_ledger_options,
 )
 
 log = logging.getLogger(__name__)
@@ -231,6 +232,7 @@ class MewbaseDataSource(DataSource):
         return MEWBASE_SCHEMA_DDL
 
     def reader(self, schema: StructType) -> MewbaseReader:
+        refuse_ledger_options(self.options, MEWBASE_SOURCE_NAME)
         names = [f.name for f in schema.fields]
         if names != MEWBASE_ARROW_SCHEMA.names:
             raise PlanningError(

@@ -394,6 +394,22 @@ def option_getter(options: Any) -> Callable[[str], str | None]:
     return get
 
 
+LEDGER_OPTIONS = ("ledger", "ledgerUrl", "pipeline", "ledgerOutput")
+"""The options of ledger-recorded streaming (:mod:`streamledger.spark.streaming`)."""
+
+
+def refuse_ledger_options(options: Any, source: str) -> None:
+    """A plain ``spark.read`` records nothing in the ledger: refuse its ledger options in one line
+    rather than let a read that looks recorded go by unrecorded."""
+    get = option_getter(options)
+    given = [key for key in LEDGER_OPTIONS if (get(key) or "").strip()]
+    if given:
+        named = ", ".join(map(repr, given))
+        raise PlanningError(f"{source}: option(s) {named} are for ledger-recorded reads, "
+                            "and a plain spark.read records nothing: ledger-recorded reads are streaming "
+                            "queries (spark.readStream) or run_batch")
+
+
 @dataclass(frozen=True)
 class Selection:
     """The options every source format shares: which logs (named, or exact ``ranges``), their bounds,

@@ -265,7 +265,8 @@ def test_a_transform_lands_typed_rows_in_a_table_that_evolves_with_it(
                    sql="SELECT order_id, amount FROM records WHERE status = 'paid'")
     run_batch(first, run=rid("t", run="r1"), ledger=ledger, broker=client, runner=runner)
     wider = config(rabbitmq_url, tmp_path, s, **base,
-                   sql="SELECT order_id, amount, currency, chunk_timestamp FROM records WHERE status = 'paid'")
+                   sql="SELECT order_id, amount, currency, chunk_timestamp FROM records "
+                       "WHERE status = 'paid'")
     run_batch(wider, run=rid("t", run="r2"), ledger=ledger, broker=client, runner=runner)
     rows = table_of(sink, ledger, tmp_path, PIPE).to_pylist()
     want = sorted((d["order_id"], Decimal(d["amount"])) for b in broker_bodies(rabbitmq_url, s, 0, 80)

@@ -66,8 +66,8 @@ def test_upgrade_audit_ranges_release(
     ledger.claim("p", SRC, 40, run(9), initial_start=0)
     rc, out, err = cli(capsys, "release-stale", "--db", sqlite_url, "--older-than", "0")
     assert rc == 0 and "[30, 40) failed" in out and "1 stale claim(s) released" in err
-    rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--pipeline", "nobody", "--no-outputs")
-    assert rc == 0
+    rc, out, err = cli(capsys, "audit", "--db", sqlite_url, "--pipeline", "nobody", "--no-outputs")
+    assert rc == 2 and "'nobody'" in err  # issue 43: an unknown pipeline is bad input, not a clean audit
     rc, out, _ = cli(capsys, "downgrade", "--db", sqlite_url, "--revision", "base")
     assert rc == 0 and "-> empty" in out
     ledger.close()

@@ -1,0 +1,97 @@
+"""The operator's cures (``ledger skip``, ``ledger new-epoch``) are checked against the broker and the
+ledger before they write, so a cure cannot make things worse (issue 43, item 1): a skip past the
+broker's committed tail would stall every later batch, and a new epoch of a stream the broker still
+holds would read it again. RabbitMQ 4.3, local Spark, both ledgers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamledger.batch import run_batch
+from streamledger.cli import main
+from streamledger.ledger import Ledger, RangeStatus
+from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.batch.helpers import CountingRunner, committed_bodies, config, rid
+from tests.integration.spark.helpers import body, create_stream, publish
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _spans(ledger: Ledger, pipe: str) -> list[tuple[int, int, str]]:
+    return [(r.start, r.end, r.status.value) for r in ledger.ranges(pipe)]
+
+
+def test_a_skip_past_the_brokers_committed_tail_is_refused_and_one_below_it_goes_through(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """[0, 100) committed, the tail at 201: `skip --start 100 --end 1000` is refused in one line naming
+    the span and the tail, nothing recorded (before, it was accepted and every later batch refused the
+    stream as replaced). `--dry-run` of a span below the tail records nothing; the span itself is
+    recorded, and the next batch reads on past it."""
+    pipe, s = "p-cure-skip", stream_name("cure-skip")
+    create_stream(rabbitmq_url, s, 100)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=pipe)
+    run_batch(cfg, run=rid("t"), ledger=any_ledger, broker=client, runner=runner)
+    publish(rabbitmq_url, s, 101, start=100)
+    broker = any_ledger.ranges(pipe)[0].source.broker
+    before = _spans(any_ledger, pipe)
+    argv = ["ledger", "skip", "--db", any_ledger.url, "--pipeline", pipe, "--stream", s, "--broker", broker,
+            "--broker-url", rabbitmq_url, "--reason", "poison"]
+    capsys.readouterr()
+    rc = main([*argv, "--start", "100", "--end", "1000"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "[100, 1000)" in err and "committed tail" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert _spans(any_ledger, pipe) == before
+
+    rc = main([*argv, "--start", "100", "--end", "150", "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "dry run" in out and "[100, 150)" in out, out
+    assert _spans(any_ledger, pipe) == before
+
+    assert main([*argv, "--start", "100", "--end", "150"]) == 0
+    assert (100, 150, RangeStatus.LOST.value) in _spans(any_ledger, pipe)
+    result = run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
+    assert result.partitions[0].start == 150
+    read = committed_bodies(any_ledger, pipe)
+    assert len(read) == len(set(read)) and body(s, 0) in read and body(s, 200) in read
+
+
+def test_new_epoch_of_a_stream_the_broker_still_holds_is_refused_unless_forced_with_a_recorded_reason(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """[0, 100) committed and the stream never re-created: `new-epoch` is refused in one line (its
+    fingerprinted chunk is still on the broker), nothing changed; before, it retired the history and
+    the next batch read [0, 100) again and published it twice. `--force` needs a reason, which the
+    ledger records; `--dry-run` changes nothing."""
+    pipe, s = "p-cure-epoch", stream_name("cure-epoch")
+    create_stream(rabbitmq_url, s, 100)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=pipe)
+    run_batch(cfg, run=rid("t"), ledger=any_ledger, broker=client, runner=runner)
+    broker = any_ledger.ranges(pipe)[0].source.broker
+    before = _spans(any_ledger, pipe)
+    argv = ["ledger", "new-epoch", "--db", any_ledger.url, "--pipeline", pipe, "--stream", s,
+            "--broker", broker, "--broker-url", rabbitmq_url]
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and "still holds" in err and repr(s) in err and len(err.strip().splitlines()) == 1, err
+    assert _spans(any_ledger, pipe) == before
+    rc = main([*argv, "--force"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--reason" in err, err
+    assert main([*argv, "--force", "--reason", "restored from a backup", "--dry-run"]) == 0
+    assert "dry run" in capsys.readouterr().out
+    assert _spans(any_ledger, pipe) == before
+    result = run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
+    assert result.partitions[0].records == 0  # nothing read again
+
+    assert main([*argv, "--force", "--reason", "restored from a backup"]) == 0
+    fresh = [r for r in any_ledger.ranges(pipe) if r.source.broker == broker]
+    assert [(r.start, r.end) for r in fresh] == [(0, 0)]
+    assert fresh[0].error is not None and "forced: restored from a backup" in fresh[0].error

@@ -1,0 +1,45 @@
+"""A pipeline (or stream) the ledger has no record of is bad input, not a clean empty answer (issue 43,
+item 5): `ledger audit`, `status` and `ledger ranges` exit 2 naming it, and a name too long to be a
+pipeline exits 2 as well (docs/cli.md: 1 is the audit's findings). Both ledgers."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamledger.cli import main
+from streamledger.ledger import Ledger, SourceRef
+from tests.unit.ledger.util import run
+
+SRC = SourceRef("rabbitmq://c1/%2F", "s")
+
+
+@pytest.mark.parametrize("command", [["ledger", "audit", "--no-outputs"], ["status"], ["ledger", "ranges"]])
+def test_an_unknown_or_too_long_pipeline_is_exit_2_naming_it(
+    any_ledger: Ledger, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    r = any_ledger.claim("p-known", SRC, 10, run(1), initial_start=0)
+    any_ledger.commit(r.id, records=1, first_seen=0, last_seen=0, output="/out/known")
+    capsys.readouterr()
+    assert main([*command, "--db", any_ledger.url, "--pipeline", "p-known"]) == 0
+    capsys.readouterr()
+    assert main([*command, "--db", any_ledger.url, "--pipeline", "p-knwon"]) == 2
+    err = capsys.readouterr().err
+    assert "'p-knwon'" in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(SystemExit) as refused:  # argparse's refusal
+        main([*command, "--db", any_ledger.url, "--pipeline", "p" * 300])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "255" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_ranges_of_an_unknown_stream_is_exit_2_naming_it(
+    any_ledger: Ledger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = any_ledger.claim("p-known-s", SRC, 10, run(1), initial_start=0)
+    any_ledger.commit(r.id, records=1, first_seen=0, last_seen=0, output="/out/known")
+    argv = ["ledger", "ranges", "--db", any_ledger.url, "--pipeline", "p-known-s", "--stream"]
+    assert main([*argv, "s"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "'nope'" in err and len(err.strip().splitlines()) == 1, err
