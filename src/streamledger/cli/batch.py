@@ -117,22 +117,9 @@ def _config(args: argparse.Namespace, url: str) -> BatchConfig:
 
 
 def _runner(args: argparse.Namespace) -> Any:
-    from importlib.util import find_spec
+    from streamledger.cli.spark import batch_runner
 
-    if find_spec("pyspark") is None:  # found now, not after the claim
-        raise BadInput('pyspark is not installed: pip install "streamledger[spark]"')
-    from streamledger.batch import LocalSparkRunner, SparkConnectRunner
-
-    if args.remote:
-        if args.conf or args.conf_file or args.master:
-            raise BadInput("--master and --conf(-file) configure local Spark; a Spark Connect server "
-                           "(--remote) has its own")
-        return SparkConnectRunner(args.remote)
-    if args.verbose:  # Spark's own start-up messages too
-        return LocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
-    from streamledger.cli.quiet_spark import QuietLocalSparkRunner
-
-    return QuietLocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
+    return batch_runner(args)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -218,5 +205,6 @@ def register(sub: Any) -> None:
     p.add_argument("--master", default=None, help="local Spark's master (default local[2])")
     add_spark_conf(p, "a Spark setting, e.g. spark.jars.packages=... for s3a://")
     p.add_argument("--remote", type=_remote, default=None, metavar="sc://HOST:PORT",
-                   help="run the job on a Spark Connect server instead of local Spark")
+                   help="run the job on this Spark Connect server (default: $STREAMLEDGER_SPARK_REMOTE, else "
+                   "the server `streamledger spark-server start` recorded, else local Spark)")
     p.set_defaults(func=_run)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from streamledger.errors import BatchError
-from streamledger.fs import ArrowFS, OutputFS, filesystem_for, first_line, join, redact
+from streamledger.fs import ArrowFS, OutputFS, filesystem_for, first_line, join, redact, scheme
 from streamledger.manifest import MANIFEST, Manifest, ManifestError
 from streamledger.spark.fs import for_session
 
@@ -168,6 +168,8 @@ class SparkConnectRunner:
     ) -> Manifest:
         from streamledger.spark.job import job_manifest
 
+        if not scheme(output):  # a relative path is this process's, not the server's (its own cwd)
+            output = str(Path(output).absolute())
         spark = self.session()
         tag = f"streamledger-{uuid.uuid4().hex[:12]}"
         with self._lock:
