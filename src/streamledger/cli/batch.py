@@ -27,7 +27,6 @@ from streamledger.cli.options import (
     catalog_of,
     open_ledger,
     position_arg,
-    spark_conf_of,
 )
 from streamledger.cli.progress import StderrHandler, batch_display
 from streamledger.runs import CLI_DAG, CLI_RUN_PREFIX

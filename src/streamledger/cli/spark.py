@@ -56,7 +56,7 @@ def batch_runner(args: argparse.Namespace) -> Any:
     else:
         from streamledger.cli.quiet_spark import QuietLocalSparkRunner as base
 
-    class ColdRunner(base):  # type: ignore[misc,valid-type]
+    class ColdRunner(base):  # type: ignore[misc]
         """Says how to keep Spark warm when (and only if) it starts the JVM: an idle batch starts none."""
 
         def session(self) -> Any:
@@ -73,6 +73,8 @@ def _start(args: argparse.Namespace) -> int:
     conf = spark_conf_of(args)
     before = connect.status()
     state = connect.start(port=args.port, master=args.master, conf=conf, timeout=args.timeout)
+    if before is None and args.warm:  # the first batch then finds the job session's workers up
+        connect.warm_up(state.url)
     if getattr(args, "json", False):
         print(json.dumps({**asdict(state), "reused": before is not None}))
     else:
@@ -115,6 +117,8 @@ def register(sub: Any) -> None:
     start.add_argument("--master", default="local[2]", help="the server's Spark master (default local[2])")
     add_spark_conf(start, "an extra Spark setting")
     start.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for it to listen")
+    start.add_argument("--no-warm-up", dest="warm", action="store_false",
+                       help="return once it listens, before the batches' Python workers are up")
     add_json(start)
     start.set_defaults(func=_start)
     stop = cmds.add_parser("stop", help="stop the recorded server")

@@ -214,6 +214,27 @@ def stop(root: Path | None = None) -> ServerState | None:
     return state
 
 
+def warm_up(url: str) -> None:
+    """Boot the Python workers of the server-side session every batch attaches to
+    (:data:`JOB_SESSION_ID`): the data sources' registration and one task per slot importing the read
+    and write path. Without it the first batch after a start pays them (measured: 12.8 s against
+    2.8 s for the next, 5,000 records at load 6). Switches this process to Connect mode (see
+    :func:`connect_session`): for ``streamledger spark-server start``, not a process holding a
+    classic session."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from streamledger.spark.arrow_writer import warm_task
+    from streamledger.spark.session import parallelism
+
+    spark = connect_session(url, session_id=JOB_SESSION_ID, keep_session=True)
+    try:
+        slots = parallelism(spark)
+        schema = StructType([StructField("id", LongType(), False)])
+        spark.range(0, slots, 1, slots).to(schema).mapInArrow(warm_task, schema).toArrow()
+    finally:
+        spark.stop()
+
+
 #: A Connect server every ``streamledger batch run`` uses without a flag (``sc://host:port``); it
 #: comes before the server recorded by ``streamledger spark-server start``.
 REMOTE_ENV = "STREAMLEDGER_SPARK_REMOTE"

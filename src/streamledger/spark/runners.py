@@ -160,7 +160,10 @@ class SparkConnectRunner:
 
             # The server-side session job processes share: its Python workers are already warm, and
             # a fresh session per runner would boot three more daemons that outlive it.
-            self._spark = connect_session(self.url, session_id=JOB_SESSION_ID, keep_session=True)
+            # Unregistered (a registration is a round trip running Python on the server): the Arrow
+            # writer reads with the source's reader directly, the JVM writer registers them itself.
+            self._spark = connect_session(self.url, session_id=JOB_SESSION_ID, keep_session=True,
+                                          register=False)
         return self._spark
 
     def __call__(

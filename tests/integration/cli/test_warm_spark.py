@@ -41,7 +41,8 @@ def test_batch_run_uses_the_server_spark_server_start_recorded(
             env=_env(tmp_path, rabbitmq_url), home=home, cwd=tmp_path)
     assert r.rc == 0, r.err
     assert json.loads(r.out)["records"] == 30
-    assert f"Spark Connect server {spark_connect} (recorded by streamledger spark-server start)" in r.err, r.err
+    assert f"Spark Connect server {spark_connect} (recorded by streamledger spark-server start)" in r.err, \
+        r.err
     assert COLD_START not in r.err, r.err
     published = list((tmp_path / "out").rglob("*.parquet"))
     assert published, sorted(str(p) for p in tmp_path.rglob("*"))
@@ -60,7 +61,8 @@ def test_batch_run_uses_the_server_named_in_the_environment_and_refuses_a_bad_na
     assert f"Spark Connect server {spark_connect} ($STREAMLEDGER_SPARK_REMOTE)" in r.err, r.err
     assert COLD_START not in r.err, r.err
     bad = cli("batch", "run", "--stream", s, "--pipeline", "env", "--output-root", out,
-              env={**env, "STREAMLEDGER_SPARK_REMOTE": "http://user:hunter2@spark:15002"}, home=tmp_path / "home")
+              env={**env, "STREAMLEDGER_SPARK_REMOTE": "http://user:hunter2@spark:15002"},
+              home=tmp_path / "home")
     assert bad.rc == 2, bad.err
     line = bad.one_error_line()
     assert "STREAMLEDGER_SPARK_REMOTE must look like sc://host:port" in line and "hunter2" not in line
