@@ -14,6 +14,21 @@ from tests.support.rabbitmq import Broker, StreamNames
 pytestmark = pytest.mark.rabbitmq
 
 
+def count_commands(client: StreamClient, asked: list[int]) -> None:
+    """From now on, append the command key of every frame ``client`` sends to ``asked``."""
+    conn = client.connection
+    send = conn.send
+
+    def counting(frame: Any) -> None:
+        view, i = memoryview(bytes(frame)), 0
+        while i + 6 <= len(view):
+            asked.append(int.from_bytes(view[i + 4:i + 6], "big"))
+            i += 4 + int.from_bytes(view[i:i + 4], "big")
+        send(frame)
+
+    conn.send = counting  # type: ignore[method-assign]
+
+
 def test_many_streams_at_once_answer_as_one_at_a_time(broker_43: Broker, stream_name: StreamNames) -> None:
     name = stream_name.super_stream("many")
     with StreamClient.connect(broker_43.url) as client:
@@ -126,17 +141,7 @@ def test_a_tracking_chunk_at_the_tail_is_told_without_a_subscription(broker_43: 
             client.store_offset_verified(name, "p", 9)  # a tracking chunk at 10
         client.publish(names[2], [b"one"])  # a one-record user chunk at 11, after the tracking chunk
         asked: list[int] = []
-        conn = client.connection
-        send = conn.send
-
-        def counting(frame: Any) -> None:
-            view, i = memoryview(bytes(frame)), 0
-            while i + 6 <= len(view):
-                asked.append(int.from_bytes(view[i + 4:i + 6], "big"))
-                i += 4 + int.from_bytes(view[i:i + 4], "big")
-            send(frame)
-
-        conn.send = counting  # type: ignore[method-assign]
+        count_commands(client, asked)
         assert client.user_records_many({n: (10, 11) for n in names[:2]}) == dict.fromkeys(names[:2], 0)
         assert c.SUBSCRIBE not in asked, [c.command_name(k) for k in asked]
         del asked[:]
@@ -300,23 +305,13 @@ def test_a_range_holding_the_last_user_chunk_is_answered_without_a_subscription(
         tail = {n: client.committed_tail(n) for n in names}
         assert all(0 < last[n] < 10 for n in names), last  # two user chunks each
         asked: list[int] = []
-        conn = client.connection
-        send = conn.send
-
-        def counting(frame: Any) -> None:
-            view, i = memoryview(bytes(frame)), 0
-            while i + 6 <= len(view):
-                asked.append(int.from_bytes(view[i + 4:i + 6], "big"))
-                i += 4 + int.from_bytes(view[i:i + 4], "big")
-            send(frame)
-
         # the last user chunk begins in each of these: no subscription
         cases = {names[0]: (0, tail[names[0]]), names[1]: (last[names[1]], tail[names[1]]),
                  names[2]: (last[names[2]], last[names[2]] + 1)}
         want = {n: min(1, sum(len(b) for b in client.read_range(n, a, b, decode="raw")))
                 for n, (a, b) in cases.items()}
         assert want == dict.fromkeys(names, 1)
-        conn.send = counting  # type: ignore[method-assign]
+        count_commands(client, asked)
         assert client.user_records_many(cases, by_last_chunk=True) == want
         assert c.SUBSCRIBE not in asked, [c.command_name(k) for k in asked]
         # it begins after these, or before them: subscribed to (or told quiet), as without the flag
