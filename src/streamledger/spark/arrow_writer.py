@@ -332,6 +332,8 @@ class _Tasks:
 def warm_task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A task that only imports what a batch's tasks import (the reader, the client, this writer), so a
     reused Python worker has them already: :func:`streamledger.spark.connect.warm_up`."""
+    import pyarrow.parquet  # noqa: F401  (imported by write_task when it writes)
+
     import streamledger.protocol.rabbitmq.client
     import streamledger.spark.datasource  # noqa: F401
 
