@@ -8,8 +8,12 @@ broker or Connect server look alive, and a stop signalled a stranger's process g
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 
 def alive(pid: int) -> bool:
@@ -38,3 +42,15 @@ def process_start(pid: int) -> int | None:
 def same_process(pid: int, started: int | None) -> bool:
     """The process recorded as ``(pid, started)`` still runs (``started=None``: only that it runs)."""
     return alive(pid) and (started is None or process_start(pid) == started)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process without tearing its interpreter down module by module: the work is done,
+    and unloading pyspark's Connect client, pandas, numpy and pyarrow took 0.3-1.1 s of wall time
+    (measured), as long as a small job. The output is flushed and the exit handlers (logging's,
+    pyspark's) run first. For a process's own entry point only, never a library call."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)

@@ -289,6 +289,7 @@ def user_records_many(log: Any, ranges: Mapping[str, tuple[int, int]], need: int
     many = getattr(log, "user_records_many", None)
     if many is None or len(ranges) < 2:
         return {s: user_records(log, s, start, end, need) for s, (start, end) in ranges.items()}
-    found = (many(dict(ranges), need=need, stats=seen.stats) if seen is not None and seen.stats
-             else many(dict(ranges), need=need))
+    quick = {"by_last_chunk": True} if need == 1 else {}  # a batch's probe: the cheapest answer
+    found = (many(dict(ranges), need=need, stats=seen.stats, **quick) if seen is not None and seen.stats
+             else many(dict(ranges), need=need, **quick))
     return {s: need if found[s] is None else int(found[s]) for s in ranges}

@@ -35,6 +35,7 @@ from streamledger.batch.config import (
 from streamledger.batch.history import mixed_because
 from streamledger.batch.identity import named_twice_because, replaced_because
 from streamledger.batch.position import (
+    LogOffsets,
     PipelineSource,
     cluster_name,
     first_offsets,
@@ -201,6 +202,7 @@ class BatchRun:
         self._leases: _Leases | None = None  # while publish_ranges runs
         self._reread = True  # False once the broker holds another stream: never read it for the old
         self._probed: dict[str, tuple[int, int, int]] = {}  # stream -> (start, end, user records seen)
+        self._seen_log: LogOffsets | None = None  # what the survey asked the log (its tails and stats)
         self._stored: dict[str, int | None] = {}  # stream -> the broker's stored offset the survey saw
         self._unchecked: dict[str, tuple[int, int | None, SourcePosition, int]] = {}
         """Settled sources whose identity check waits (:func:`plan.settled`): stream -> its tail, stored
@@ -426,7 +428,7 @@ class BatchRun:
         found = self.ledger.positions(cfg.pipeline, [self._source(s) for s in streams])
         self.check_one_name(streams, found)
         self.check_one_kind(streams, found)
-        seen_log = survey_offsets(self.broker, streams, cfg.pipeline)
+        seen_log = self._seen_log = survey_offsets(self.broker, streams, cfg.pipeline)
         tails, stored = seen_log.tails, seen_log.stored
         settled = {s: pos for s, pos in zip(streams, found, strict=True)
                    if pos.chunk is not None and plan.settled(cfg, pos, tails[s], stored[s])}
@@ -557,8 +559,12 @@ class BatchRun:
         ranges = {p.result.stream: (p.result.start, p.result.end) for p in todo}
         found = {s: self._known_records(s, a, b) for s, (a, b) in ranges.items()}
         unknown = {s: ranges[s] for s, n in found.items() if n is None}
-        if unknown:  # one connection, the probes in flight together
-            found.update(user_records_many(self.broker, unknown))
+        if unknown:  # one connection, the probes in flight together; the survey's stats are not
+            # asked again when its tails end the claims (a claim held from an earlier attempt may not)
+            seen = self._seen_log
+            if seen is not None and any(b > seen.tails.get(s, -1) for s, (_a, b) in unknown.items()):
+                seen = None
+            found.update(user_records_many(self.broker, unknown, seen=seen))
         empty = [p for p in todo if not found[p.result.stream]]
         done = self.ledger.commit_many([CommitRequest(p.range.id, 0, None, None, None)
                                         for p in empty if p.range is not None]) if empty else []

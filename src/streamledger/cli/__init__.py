@@ -81,6 +81,17 @@ def _closed_pipe() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    rc = _main(argv)
+    if argv is None and "pyspark.sql.connect.session" in sys.modules:
+        # The process's own command (argv from sys.argv) that used a Spark Connect client: its
+        # interpreter teardown (pyspark's client, pandas) would cost ~1 s after the work is done.
+        from streamledger.processes import exit_now
+
+        exit_now(rc)
+    return rc
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -30,7 +30,6 @@ from streamledger.cli.options import (
     catalog_of,
     open_ledger,
     position_arg,
-    spark_conf_of,
 )
 from streamledger.cli.progress import StderrHandler, batch_display
 from streamledger.runs import CLI_DAG, CLI_RUN_PREFIX
@@ -225,23 +224,9 @@ def _config(args: argparse.Namespace, url: str) -> BatchConfig:
 
 
 def _runner(args: argparse.Namespace) -> Any:
-    from streamledger.errors import extra_problem
+    from streamledger.cli.spark import batch_runner
 
-    problem = extra_problem("pyspark")  # found now, not after the claim
-    if problem is not None:
-        raise BadInput(problem)
-    from streamledger.batch import LocalSparkRunner, SparkConnectRunner
-
-    if args.remote:
-        if args.conf or args.conf_file or args.master:
-            raise BadInput("--master and --conf(-file) configure local Spark; a Spark Connect server "
-                           "(--remote) has its own")
-        return SparkConnectRunner(args.remote)
-    if args.verbose:  # Spark's own start-up messages too
-        return LocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
-    from streamledger.cli.quiet_spark import QuietLocalSparkRunner
-
-    return QuietLocalSparkRunner(master=args.master or "local[2]", conf=spark_conf_of(args))
+    return batch_runner(args)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -305,5 +290,6 @@ def register(sub: Any) -> None:
     p.add_argument("--master", default=None, help="local Spark's master (default local[2])")
     add_spark_conf(p, "a Spark setting, e.g. spark.jars.packages=... for s3a://")
     p.add_argument("--remote", type=_remote, default=None, metavar="sc://HOST:PORT",
-                   help="run the job on a Spark Connect server instead of local Spark")
+                   help="run the job on this Spark Connect server (default: $STREAMLEDGER_SPARK_REMOTE, else "
+                   "the server `streamledger spark-server start` recorded, else local Spark)")
     p.set_defaults(func=_run)

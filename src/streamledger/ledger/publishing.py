@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session
 
 from streamledger.ledger.errors import LedgerError
 from streamledger.ledger.models import Range, Source
@@ -40,9 +39,25 @@ class PublishLeases(Sources):
         answers in request order, each decided exactly as :meth:`take_publish` decides it."""
         if not requests:
             return []
+        if lease < timedelta(0):
+            raise LedgerError(f"lease must not be negative, got {lease}")
         with self._joined(f"take the publish leases of {publisher}") as session:
-            self._lock_ranges(session, [i for i, _r in requests])
-            return [self.take_publish(i, publisher, lease=lease, replace=r) for i, r in requests]
+            # The rows locked and read together, each decided in request order by the rule
+            # take_publish applies, written back in one flush: 1,000 ranges were 1,000 loads and
+            # flushes (issue 44). Locked in one global order (by id) before any is decided: two
+            # batches publishing each other's stranded ranges (each its own first) would otherwise
+            # each hold one row and wait for the other's (PostgreSQL: "deadlock detected"; issue 30,
+            # defect 5). SQLite's write lock already serialises them.
+            loaded = self._load_many(session, [i for i, _r in requests], lock=True)
+            now = self._clock(session)
+            out = []
+            for i, replace in requests:
+                if i not in loaded:
+                    self._load(session, i, lock=True)  # raises: not an id, or no such range
+                row, pipeline, src = loaded[i]
+                out.append(self._lease_row(row, pipeline, src, publisher, replace, lease, now))
+            session.flush()
+            return out
 
     def mark_published_many(self, range_ids: Sequence[int], publisher: str) -> list[OffsetRange]:
         """:meth:`mark_published` of several ranges in one transaction (all or none): the rows locked
@@ -63,15 +78,6 @@ class PublishLeases(Sources):
             session.flush()
             return out
 
-    @staticmethod
-    def _lock_ranges(session: Session, range_ids: Sequence[int]) -> None:
-        """Lock ranges in one global order (by id) before working on them in the caller's order:
-        two batches publishing each other's stranded ranges (each its own first) would otherwise
-        each hold one row and wait for the other's (PostgreSQL: "deadlock detected"; issue 30,
-        defect 5). SQLite's write lock already serialises them."""
-        for chunk in chunks(sorted(set(range_ids))):
-            session.execute(select(Range.id).where(Range.id.in_(chunk)).order_by(Range.id).with_for_update())
-
     def take_publish(self, range_id: int, publisher: str, *, lease: timedelta,
                      replace: str | None = None) -> OffsetRange | None:
         """Take (or keep) the publish lease of a committed, unpublished range; None if another
@@ -87,15 +93,21 @@ class PublishLeases(Sources):
             raise LedgerError(f"lease must not be negative, got {lease}")
         with self._tx(f"take the publish lease of range {range_id}") as session:
             row, pipeline, src = self._load(session, range_id, lock=True)
-            now = self._clock(session)
-            if row.status != RangeStatus.COMMITTED.value or not row.records or row.published_at is not None:
-                return None
-            beat = row.publish_beat
-            if row.publisher not in (None, publisher, replace) and beat is not None and beat >= now - lease:
-                return None
-            row.publisher, row.publish_beat, row.updated_at = publisher, now, now
+            taken = self._lease_row(row, pipeline, src, publisher, replace, lease, self._clock(session))
             session.flush()
-            return snapshot(row, pipeline, src)
+            return taken
+
+    @staticmethod
+    def _lease_row(row: Range, pipeline: str, src: Source, publisher: str, replace: str | None,
+                   lease: timedelta, now: datetime) -> OffsetRange | None:
+        """The rule of :meth:`take_publish` on a locked row (the caller flushes)."""
+        if row.status != RangeStatus.COMMITTED.value or not row.records or row.published_at is not None:
+            return None
+        beat = row.publish_beat
+        if row.publisher not in (None, publisher, replace) and beat is not None and beat >= now - lease:
+            return None
+        row.publisher, row.publish_beat, row.updated_at = publisher, now, now
+        return snapshot(row, pipeline, src)
 
     def renew_publish(self, range_ids: list[int], publisher: str) -> list[int]:
         """Renew ``publisher``'s publish leases; returns the ids it still holds (unpublished)."""

@@ -329,6 +329,17 @@ class _Tasks:
                     yield summaries_batch(written)
 
 
+def warm_task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A task that only imports what a batch's tasks import (the reader, the client, this writer), so a
+    reused Python worker has them already: :func:`streamledger.spark.connect.warm_up`."""
+    import pyarrow.parquet  # noqa: F401  (imported by write_task when it writes)
+
+    import streamledger.protocol.rabbitmq.client
+    import streamledger.spark.datasource  # noqa: F401
+
+    yield from batches
+
+
 def write_files(spark: Any, *, tasks: Sequence[Any], reader: Any, out_dir: str, dirs: Mapping[str, str],
                 options: WriterOptions) -> list[FileSummary]:
     """One Spark job: a task per entry of ``tasks`` (the reader's partitions), each writing its

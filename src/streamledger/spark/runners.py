@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from streamledger.errors import BatchError
-from streamledger.fs import ArrowFS, OutputFS, filesystem_for, first_line, join, redact
+from streamledger.fs import ArrowFS, OutputFS, filesystem_for, first_line, join, redact, scheme
 from streamledger.manifest import MANIFEST, Manifest, ManifestError
 from streamledger.spark.fs import for_session
 from streamledger.transform import Transform
@@ -167,7 +167,10 @@ class SparkConnectRunner:
 
             # The server-side session job processes share: its Python workers are already warm, and
             # a fresh session per runner would boot three more daemons that outlive it.
-            self._spark = connect_session(self.url, session_id=JOB_SESSION_ID, keep_session=True)
+            # Unregistered (a registration is a round trip running Python on the server): the Arrow
+            # writer reads with the source's reader directly, the JVM writer registers them itself.
+            self._spark = connect_session(self.url, session_id=JOB_SESSION_ID, keep_session=True,
+                                          register=False)
         return self._spark
 
     def __call__(
@@ -176,6 +179,8 @@ class SparkConnectRunner:
     ) -> Manifest:
         from streamledger.spark.job import job_manifest
 
+        if not scheme(output):  # a relative path is this process's, not the server's (its own cwd)
+            output = str(Path(output).absolute())
         spark = self.session()
         tag = f"streamledger-{uuid.uuid4().hex[:12]}"
         with self._lock:

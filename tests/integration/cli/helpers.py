@@ -11,7 +11,7 @@ from typing import IO, Any
 
 #: Variables a user's shell may have set that would change what a test means.
 _CLEARED = ("STREAMLEDGER_BROKER_URL", "STREAMLEDGER_RABBITMQ_URL", "STREAMLEDGER_LEDGER_URL",
-            "STREAMLEDGER_MEWBASE_URL", "STREAMLEDGER_AMQP_URL")
+            "STREAMLEDGER_MEWBASE_URL", "STREAMLEDGER_AMQP_URL", "STREAMLEDGER_SPARK_REMOTE")
 
 
 @dataclass(frozen=True)
@@ -29,14 +29,14 @@ class Result:
 
 
 def cli(*argv: str, env: dict[str, str] | None = None, home: Path | None = None, timeout: float = 300,
-        stdout: int | IO[Any] | None = None) -> Result:
+        stdout: int | IO[Any] | None = None, cwd: Path | None = None) -> Result:
     environ = {k: v for k, v in os.environ.items() if k not in _CLEARED}
     if home is not None:
         environ["STREAMLEDGER_HOME"] = str(home)
     environ.update(env or {})
     proc = subprocess.run([sys.executable, "-m", "streamledger.cli", *argv], env=environ, text=True,
                           stdout=stdout if stdout is not None else subprocess.PIPE, stderr=subprocess.PIPE,
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, cwd=cwd)
     return Result(proc.returncode, proc.stdout or "", proc.stderr)
 
 

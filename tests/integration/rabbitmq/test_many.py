@@ -14,6 +14,21 @@ from tests.support.rabbitmq import Broker, StreamNames
 pytestmark = pytest.mark.rabbitmq
 
 
+def count_commands(client: StreamClient, asked: list[int]) -> None:
+    """From now on, append the command key of every frame ``client`` sends to ``asked``."""
+    conn = client.connection
+    send = conn.send
+
+    def counting(frame: Any) -> None:
+        view, i = memoryview(bytes(frame)), 0
+        while i + 6 <= len(view):
+            asked.append(int.from_bytes(view[i + 4:i + 6], "big"))
+            i += 4 + int.from_bytes(view[i:i + 4], "big")
+        send(frame)
+
+    conn.send = counting  # type: ignore[method-assign]
+
+
 def test_many_streams_at_once_answer_as_one_at_a_time(broker_43: Broker, stream_name: StreamNames) -> None:
     name = stream_name.super_stream("many")
     with StreamClient.connect(broker_43.url) as client:
@@ -126,17 +141,7 @@ def test_a_tracking_chunk_at_the_tail_is_told_without_a_subscription(broker_43: 
             client.store_offset_verified(name, "p", 9)  # a tracking chunk at 10
         client.publish(names[2], [b"one"])  # a one-record user chunk at 11, after the tracking chunk
         asked: list[int] = []
-        conn = client.connection
-        send = conn.send
-
-        def counting(frame: Any) -> None:
-            view, i = memoryview(bytes(frame)), 0
-            while i + 6 <= len(view):
-                asked.append(int.from_bytes(view[i + 4:i + 6], "big"))
-                i += 4 + int.from_bytes(view[i:i + 4], "big")
-            send(frame)
-
-        conn.send = counting  # type: ignore[method-assign]
+        count_commands(client, asked)
         assert client.user_records_many({n: (10, 11) for n in names[:2]}) == dict.fromkeys(names[:2], 0)
         assert c.SUBSCRIBE not in asked, [c.command_name(k) for k in asked]
         del asked[:]
@@ -278,3 +283,43 @@ def test_many_ranges_refuse_retention_and_a_deleted_stream_as_read_range(broker_
         assert str(many_gone.value) == str(single_gone.value)
         assert _records(b for _i, b in client.read_ranges([(kept, 2, 8)])) == _records(
             client.read_range(kept, 2, 8))
+
+
+def test_a_range_holding_the_last_user_chunk_is_answered_without_a_subscription(
+        broker_43: Broker, stream_name: StreamNames) -> None:
+    """Issue 44: a first batch's probe of 1,000 partitions subscribed to each (a segment reader per
+    Subscribe on the broker). With ``by_last_chunk`` a range the last user chunk begins in is told from
+    one ResolveOffsetSpec round; the others are subscribed to (or told quiet) as without it; every
+    answer is read_range's."""
+    from streamledger.protocol.rabbitmq import constants as c
+    from streamledger.protocol.rabbitmq.offsets import OffsetSpec
+
+    names = [stream_name(f"lastchunk-{i}") for i in range(3)]
+    with StreamClient.connect(broker_43.url) as client:
+        for name in names:
+            client.create_stream(name)
+            client.publish(name, [b"a%d" % i for i in range(5)])  # confirmed: the next is a later chunk
+            client.publish(name, [b"b%d" % i for i in range(5)])
+        client.store_offset_verified(names[1], "p", 9)  # a tracking chunk at 10
+        last = {n: client.resolve_offset(n, OffsetSpec.last()) for n in names}
+        tail = {n: client.committed_tail(n) for n in names}
+        assert all(0 < last[n] < 10 for n in names), last  # two user chunks each
+        asked: list[int] = []
+        # the last user chunk begins in each of these: no subscription
+        cases = {names[0]: (0, tail[names[0]]), names[1]: (last[names[1]], tail[names[1]]),
+                 names[2]: (last[names[2]], last[names[2]] + 1)}
+        want = {n: min(1, sum(len(b) for b in client.read_range(n, a, b, decode="raw")))
+                for n, (a, b) in cases.items()}
+        assert want == dict.fromkeys(names, 1)
+        count_commands(client, asked)
+        assert client.user_records_many(cases, by_last_chunk=True) == want
+        assert c.SUBSCRIBE not in asked, [c.command_name(k) for k in asked]
+        # it begins after these, or before them: subscribed to (or told quiet), as without the flag
+        others = {names[0]: (0, last[names[0]]), names[1]: (10, 11), names[2]: (last[names[2]] + 1, 10)}
+        want = {n: min(1, sum(len(b) for b in client.read_range(n, a, b, decode="raw")))
+                for n, (a, b) in others.items()}
+        assert want == {names[0]: 1, names[1]: 0, names[2]: 1}
+        del asked[:]
+        assert client.user_records_many(others, by_last_chunk=True) == want
+        assert asked.count(c.SUBSCRIBE) == 2, [c.command_name(k) for k in asked]
+        assert client.user_records_many(others) == want

@@ -263,6 +263,35 @@ def test_mark_published_many_costs_a_few_statements(ledger: Ledger) -> None:
     check_invariants(ledger, PIPE)
 
 
+def test_take_publish_many_costs_a_few_statements_and_decides_as_take_publish(ledger: Ledger) -> None:
+    # issue 44, item 1: take_publish_many ran take_publish per range (a load and a flush each)
+    many = [SourceRef(BROKER, f"l-{i}", "l") for i in range(40)]
+    done = ledger.claim_many(PIPE, [ClaimRequest(s, 10, initial_start=0) for s in many], run(1))
+    ledger.commit_many([CommitRequest(r.id, 2, 3, 4, f"/o/{r.id}", staging=f"/st/{r.id}",
+                                      publisher="other" if i == 1 else "me")  # 1: another's live lease
+                        for i, r in enumerate(done[:36])])
+    ledger.commit_many([CommitRequest(r.id, 0, None, None, None) for r in done[36:38]])  # nothing to publish
+    ids = [r.id for r in done]
+    ledger.mark_published(ids[2], "me")  # published already
+    seen = _statements(ledger)
+    got = ledger.take_publish_many([(i, None) for i in ids[:38]] + [(ids[0], None)], "me",
+                                   lease=timedelta(minutes=5))
+    assert len(seen) <= 6, seen  # not per range
+    assert got[1] is None and got[2] is None and got[36] is None and got[37] is None
+    taken = [g for i, g in enumerate(got[:36]) if i not in (1, 2)]
+    assert all(g is not None and g.publisher == "me" for g in taken), got
+    assert got[38] is not None and got[38].id == ids[0]  # asked twice: its own lease again
+    # the holder named as gone is replaced, as take_publish replaces it; claimed ranges are refused
+    again = ledger.take_publish_many([(ids[1], "other")], "me", lease=timedelta(minutes=5))
+    assert again[0] is not None and again[0].publisher == "me"
+    assert ledger.take_publish_many([(ids[38], None)], "me", lease=timedelta(minutes=5)) == [None]
+    with pytest.raises(LedgerError, match="lease must not be negative"):
+        ledger.take_publish_many([(ids[0], None)], "me", lease=timedelta(seconds=-1))
+    with pytest.raises(LedgerError, match="does not exist"):
+        ledger.take_publish_many([(ids[0], None), (10**9, None)], "me", lease=timedelta(minutes=5))
+    check_invariants(ledger, PIPE)
+
+
 def test_tails_seen_on_many_sources_cost_a_few_statements(ledger: Ledger) -> None:
     # issue 32, item 3: every batch (idle ones too) remembers the tail it saw on each partition
     many = [SourceRef(BROKER, f"t-{i}", "t") for i in range(40)]

@@ -439,12 +439,15 @@ class StreamClient:
 
     def user_records_many(self, ranges: Mapping[str, tuple[int, int]], *, need: int = 1,
                           window: int = scan.MAX_WINDOW,
-                          stats: Mapping[str, StreamStats] | None = None) -> dict[str, int | None]:
+                          stats: Mapping[str, StreamStats] | None = None,
+                          by_last_chunk: bool = False) -> dict[str, int | None]:
         """User records in each stream's ``[start, end)``, counting no further than ``need``, for
         many streams at once (:mod:`.scan`); None for a range whose start retention removed. An
         ``end`` past the committed tail raises :class:`OffsetOutOfRange`, as :meth:`read_range` does.
         ``stats``: the StreamStats of these streams the caller asked for already (the ranges' ends
-        are tails they gave: :meth:`tails_with_stats`), not asked again."""
+        are tails they gave: :meth:`tails_with_stats`), not asked again. ``by_last_chunk`` (4.3+,
+        ``need`` 1): a range the stream's last user chunk begins in is answered 1 from one pipelined
+        ResolveOffsetSpec round, without a subscription (issue 44: a batch's probe of 1,000 partitions)."""
         for name, (start, end) in ranges.items():
             _check_name("stream", name)
             _check_offset(start)
@@ -466,14 +469,26 @@ class StreamClient:
             if ranges[name][1] > tails[name]:
                 raise OffsetOutOfRange(name, ranges[name][1], tails[name])
         lost = {n for n in live if ranges[n][0] < firsts[n]}
-        quiet = self._no_user_chunk_from({n: ranges[n] for n in live if n not in lost}, known)
-        todo = [(n, *ranges[n]) for n in live if n not in lost and n not in quiet]
+        kept = [n for n in live if n not in lost]
+        # The last user chunk of each stream, one pipelined round (4.3+): one that begins inside
+        # [start, end) answers need=1 without a subscription (a subscription makes the broker open a
+        # segment reader: 1,000 of them were the first batch's probe, 8x the resolutions' time).
+        # Chunks are the same on every member and end is a committed tail the caller saw, so a chunk
+        # begun there is committed, whichever member answered.
+        last = (self._resolve_each(kept, [OffsetSpec.last()])
+                if kept and by_last_chunk and need == 1 and self.supports(c.RESOLVE_OFFSET_SPEC) else {})
+        found = {n for n in kept if last.get(n, [None])[0] is not None
+                 and ranges[n][0] <= int(last[n][0] or 0) < ranges[n][1]}
+        quiet = self._no_user_chunk_from({n: ranges[n] for n in kept if n not in found}, known, last)
+        todo = [(n, *ranges[n]) for n in kept if n not in quiet and n not in found]
         counts = dict(zip([t[0] for t in todo], scan.user_records(self._conn, todo, need=need, window=window,
                                                                   timeout=self.timeout), strict=True))
+        counts.update(dict.fromkeys(found, 1))
         return {n: (None if n in lost else counts.get(n, 0)) for n in ranges}
 
     def _no_user_chunk_from(self, ranges: Mapping[str, tuple[int, int]],
-                            stats: Mapping[str, StreamStats]) -> set[str]:
+                            stats: Mapping[str, StreamStats],
+                            last: Mapping[str, list[int | None]] | None = None) -> set[str]:
         """The streams whose ``[start, end)`` is known to hold no user record without a
         subscription (4.3+, ResolveOffsetSpec): a chunk begins at ``start`` (its id is one the
         StreamStats ``stats`` name: no chunk straddles it), and the last user chunk of a member that
@@ -488,7 +503,8 @@ class StreamClient:
             stats[n].first_chunk_id, stats[n].committed_chunk_id, stats[n].last_chunk_id)]
         if not named:
             return set()
-        answers = self._resolve_each(named, [OffsetSpec.last()])
+        answers = {n: list(last[n]) for n in named if last and n in last}  # asked already
+        answers.update(self._resolve_each([n for n in named if n not in answers], [OffsetSpec.last()]))
         md = self.metadata(named)
         alone = {n for n in named if n in md and md[n].exists and not md[n].replicas}
         shared = [n for n in named if n not in alone]
