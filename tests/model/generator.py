@@ -10,6 +10,7 @@ from typing import Literal
 from tests.model.ops import (
     KILL_STEPS,
     SPELLINGS,
+    TRANSFORMS,
     AuditCli,
     Batch,
     NewEpoch,
@@ -48,6 +49,9 @@ class Options:
     #: table of the query's), on pinned pipelines, and (with ``sigkill``) SIGKILLed mid-batch, then
     #: restarted from the checkpoint; off, the streaming draws are the ones before them
     compose: bool = True
+    #: pipelines carrying a transform (issue 42: filter, explode or aggregate per range), drawn from a
+    #: random source of their own so every other draw of a seed stays what it was without them
+    transforms: bool = True
 
 
 @dataclass
@@ -134,6 +138,9 @@ def draw(seed: int, opts: Options | None = None) -> Scenario:
     opts = opts or Options()
     rnd = random.Random(seed)
     pipes = _pipelines(rnd, opts)
+    if opts.transforms:
+        own = random.Random(f"transforms-{seed}")
+        pipes = tuple(replace(p, transform=own.choice((None, *TRANSFORMS))) for p in pipes)
     sh = _Shadow()
     ops: list[Op] = [Publish(rnd.randint(20, 80))]
     weights = {
