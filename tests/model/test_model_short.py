@@ -23,8 +23,8 @@ from tests.model.world import Servers
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(600)]
 
-#: Short scenarios: every feature but the subprocess JVMs (hostile pipeline names and every spelling
-#: of the broker URL included; the soak draws the SIGKILLs too).
+#: Short scenarios: every feature but the subprocess JVMs (hostile pipeline names, every spelling of
+#: the broker URL and the transforms of issue 42 included; the soak draws the SIGKILLs too).
 SHORT = Options(ops=12, pipelines=2, sigkill=False, hostile=True, spellings=SPELLINGS, streaming=False)
 #: Seeds (drawn with SHORT) that agree on main; together they compose every operation the coverage
 #: test asks for. 2 (issue 30 item 7, table rows by epoch) and 12 on PostgreSQL (retention taking the
@@ -57,11 +57,12 @@ def ledger_maker(request: pytest.FixtureRequest) -> Callable[[Path], str]:
 def test_the_short_seeds_exercise_the_operations() -> None:
     """The passing seeds still compose the features: batches killed at a step and failed, two batches
     at once, pinned intervals, table sinks, hostile pipeline names, every spelling of the broker URL,
-    retention rolling segments."""
+    retention rolling segments, pipelines with each transform (filter, explode, aggregate)."""
     seen: Counter[str] = Counter()
     for seed in {s for seeds in SEEDS.values() for s in seeds}:
         sc = draw(seed, SHORT)
         seen.update(f"sink:{p.sink}" for p in sc.pipelines)
+        seen.update(f"transform:{p.transform}" for p in sc.pipelines if p.transform)
         for op in sc.ops:
             seen[op.kind] += 1
             for b in (op.a, op.b) if isinstance(op, Pair) else (op,):
@@ -77,6 +78,7 @@ def test_the_short_seeds_exercise_the_operations() -> None:
               "retention"}
     assert wanted <= {k for k, n in seen.items() if n}, seen
     assert {"sink:iceberg", "sink:delta"} & set(seen), seen
+    assert {"transform:filter", "transform:explode", "transform:aggregate"} <= set(seen), seen
 
 
 @pytest.mark.parametrize(("ledger_maker", "seed"),
