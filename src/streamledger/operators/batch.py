@@ -48,6 +48,8 @@ from streamledger.spark.runners import (
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
+    from streamledger.transform import Transform
+
 __all__ = [
     "SparkConnectRunner", "SparkSubmitRunner", "StreamBatchOperator",
     "connect_runner", "default_output_root", "local_runner", "run_identity",
@@ -107,9 +109,10 @@ class SparkSubmitRunner(SubmitRunner):
                                env_vars=job_environment(), **kwargs)
 
     def __call__(self, *, url: str, ranges: Mapping[str, tuple[int, int]], output: str, fmt: str,
-                 splits: int) -> Manifest:
+                 splits: int, transform: Transform | None = None) -> Manifest:
         mask_url(url)  # spark-submit's own output is logged line by line
-        return super().__call__(url=url, ranges=ranges, output=output, fmt=fmt, splits=splits)
+        return super().__call__(url=url, ranges=ranges, output=output, fmt=fmt, splits=splits,
+                                transform=transform)
 
     def submit(self, application: str, url_file: Path, args: list[str]) -> None:
         self._hook = self._hook_for(url_file, args)
