@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         opts = Options(ops=a.ops, sigkill=not a.no_sigkill, hostile=not a.no_hostile,
-                       streaming=not a.no_streaming, compose=not a.no_compose, transforms=not a.no_transforms,
+                       streaming=not a.no_streaming, compose=not a.no_compose,
+                       transforms=0 if a.no_transforms else 2,
                        spellings=("/",) if a.one_spelling else SPELLINGS)
         given = [Path(r[1:]).read_text() if r.startswith("@") else r for r in a.replay]
         todo = [(f"replay{n}", Scenario.from_json(r)) for n, r in enumerate(given)] or [
