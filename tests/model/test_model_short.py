@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,30 @@ from tests.model.world import Servers
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(600)]
 
-#: Short scenarios: every feature but the subprocess JVMs (hostile pipeline names, every spelling of
-#: the broker URL and the transforms of issue 42 included: one pipeline of each seed, so the short
-#: form's time grows little; the soak draws the SIGKILLs too, and a transform on each pipeline).
+#: Short scenarios: every feature but the subprocess JVMs (hostile pipeline names and every spelling
+#: of the broker URL included; the soak draws the SIGKILLs too, and transforms on any pipeline).
 SHORT = Options(ops=12, pipelines=2, sigkill=False, hostile=True, spellings=SPELLINGS, streaming=False,
-                transforms=1)
+                transforms=0)
 #: Seeds (drawn with SHORT) that agree on main; together they compose every operation the coverage
 #: test asks for. 2 (issue 30 item 7, table rows by epoch) and 12 on PostgreSQL (retention taking the
 #: broker's stored offset) joined once their fixes landed; 4 is the FIXED scenario below.
 SEEDS = {"sqlite": [1, 2, 5], "postgresql": [7, 12]}
+#: Issue 42: the seeds whose scenario gives one pipeline the user's transform (pipeline index, which),
+#: each kind once, on every sink: 2's Iceberg explode, 5's Delta aggregate, 12's directory filter. Only
+#: these three, where the pipeline's batches are few: on local Spark a transform costs about a second
+#: more per range (the raw landing, then the transform's own read and write), and the short form
+#: keeps its time (a transform on one pipeline of every seed made the seeds' time 1.8x).
+TRANSFORMED = {2: (1, "explode"), 5: (0, "aggregate"), 12: (1, "filter")}
+
+
+def short(seed: int) -> Scenario:
+    """The seed's short scenario, with its transform if it has one (:data:`TRANSFORMED`)."""
+    drawn = draw(seed, SHORT)
+    if seed not in TRANSFORMED:
+        return drawn
+    k, kind = TRANSFORMED[seed]
+    pipes = tuple(replace(p, transform=kind) if n == k else p for n, p in enumerate(drawn.pipelines))
+    return Scenario(pipes, drawn.ops, drawn.retention, drawn.seed)
 
 
 @pytest.fixture
@@ -62,7 +78,7 @@ def test_the_short_seeds_exercise_the_operations() -> None:
     retention rolling segments, pipelines with each transform (filter, explode, aggregate)."""
     seen: Counter[str] = Counter()
     for seed in {s for seeds in SEEDS.values() for s in seeds}:
-        sc = draw(seed, SHORT)
+        sc = short(seed)
         seen.update(f"sink:{p.sink}" for p in sc.pipelines)
         seen.update(f"transform:{p.transform}" for p in sc.pipelines if p.transform)
         for op in sc.ops:
@@ -89,7 +105,7 @@ def test_the_short_seeds_exercise_the_operations() -> None:
 def test_model_seed(ledger_maker: Callable[[Path], str], seed: int, rabbitmq_url: str, spark: Any,
                     tmp_path: Path) -> None:
     servers = Servers(rabbitmq_url, spark, ledger_maker, "model")
-    outcome = run_scenario(servers, draw(seed, SHORT), tmp_path / "world", log=lambda _m: None, keep=True)
+    outcome = run_scenario(servers, short(seed), tmp_path / "world", log=lambda _m: None, keep=True)
     text = report(outcome)
     print(text)
     print("\n".join(outcome.lines))
