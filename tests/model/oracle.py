@@ -112,6 +112,8 @@ class Read:
     ids: Counter[str] = field(default_factory=Counter)
     unreadable: list[str] = field(default_factory=list)
     transform: str | None = None
+    #: of ``ids``, those in the streaming queries' rows (raw records: no transform ran on them)
+    streamed: Counter[str] = field(default_factory=Counter)
 
     @property
     def doubled(self) -> dict[str, int]:
@@ -123,7 +125,17 @@ class Read:
 
     @property
     def filtered_present(self) -> list[str]:
-        return sorted(i for i in self.ids if not kept(self.transform, i))
+        """Ids the filter drops in the transform's rows (a streaming query's raw rows hold them)."""
+        return sorted(i for i, n in self.ids.items() if not kept(self.transform, i) and n > self.streamed[i])
+
+
+def _count(out: Read, table: Any) -> None:
+    """Count the ids of ``table``'s rows; rows with a ``body`` are raw records (of a streaming query
+    when the pipeline has a transform, whose rows have none)."""
+    ids = _ids(table)
+    out.ids.update(ids)
+    if "body" in table.column_names and out.transform is not None:
+        out.streamed.update(ids)
 
 
 def _data_files(directory: Path) -> list[Path]:
@@ -138,7 +150,7 @@ def _directory_ids(root: Path, out: Read) -> None:
         for f in _data_files(Path(here)):
             try:
                 names = pq.read_schema(f).names
-                out.ids.update(_ids(pq.read_table(f, columns=_id_columns(names))))
+                _count(out, pq.read_table(f, columns=_id_columns(names)))
             except Exception as exc:  # a reader that cannot read a published file sees none of it
                 out.unreadable.append(f"{f.name}: {type(exc).__name__}: {exc}"[:200])
 
@@ -153,7 +165,7 @@ def _delta_ids(root: Path, out: Read) -> None:
         try:
             table = DeltaTable(here)
             names = [f.name for f in table.schema().fields]
-            out.ids.update(_ids(table.to_pyarrow_table(columns=_id_columns(names))))
+            _count(out, table.to_pyarrow_table(columns=_id_columns(names)))
         except Exception as exc:
             out.unreadable.append(f"delta table {Path(here).name}: {type(exc).__name__}: {exc}"[:200])
 
@@ -174,7 +186,7 @@ def _iceberg_ids(root: Path, catalog: Mapping[str, str], out: Read) -> None:
             if not os.path.realpath(where).startswith(os.path.realpath(root) + os.sep):
                 continue
             names = [f.name for f in table.schema().fields]
-            out.ids.update(_ids(table.scan(selected_fields=tuple(_id_columns(names))).to_arrow()))
+            _count(out, table.scan(selected_fields=tuple(_id_columns(names))).to_arrow())
         except Exception as exc:
             out.unreadable.append(f"iceberg table {name}: {type(exc).__name__}: {exc}"[:200])
 
@@ -188,6 +200,7 @@ def _streaming_ids(root: Path, out: Read) -> None:
             try:
                 bodies = pq.read_table(f, columns=["body"]).column("body").to_pylist()
                 out.ids.update(body_id(b) for b in bodies)
+                out.streamed.update(body_id(b) for b in bodies)
             except Exception as exc:
                 out.unreadable.append(f"{batch.parent.parent.name}/{batch.name}/{f.name}: "
                                       f"{type(exc).__name__}: {exc}"[:200])
