@@ -3,9 +3,11 @@
 re-created streams and new epochs, URL spellings, release-stale, ledger-recorded streaming queries
 run to an available-now trigger between the batches, on every sink, on pinned pipelines (whose
 refusal is checked: nothing claimed, nothing written) and SIGKILLed mid-batch then restarted from
-their checkpoint) and judges the result by the DATA: the ids the test published and the outputs
-read back with pyarrow / pyiceberg / deltalake (and the streaming queries' own rows, Parquet or a
-Delta or Iceberg table of each query: one count of every id across batch and streaming outputs).
+their checkpoint, the user's transforms inside the batch: filter, explode, aggregate per range,
+each range's rows predicted by the oracle in plain Python) and judges the result by the DATA: the ids
+the test published and the outputs read back with pyarrow / pyiceberg / deltalake (and the
+streaming queries' own rows, Parquet or a Delta or Iceberg table of each query: one count of every
+id across batch and streaming outputs).
 
 The project's audit is only ever the *suspect*: the checker reports a disagreement when the audit
 says CLEAN while the data shows a record doubled or missing, or (after the final drain) says

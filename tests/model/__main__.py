@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                    "rename-broker, wrong requests among them)")
     p.add_argument("--no-compose", action="store_true",
                    help="streaming queries only on directory pipelines not pinned, never SIGKILLed")
+    p.add_argument("--no-transforms", action="store_true",
+                   help="no pipeline carries a transform (filter / explode / aggregate)")
     p.add_argument("--one-spelling", action="store_true", help="the broker URL always ends in /")
     p.add_argument("--shrink-budget", type=float, default=600.0, metavar="S", help="seconds per shrink")
     p.add_argument("--shrink-all", action="store_true", help="shrink every distinct disagreement")
@@ -84,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="streamledger-model-"))
     srv, stop = servers(a.ledger)
     bad = 0
-    totals = {"ops": 0, "streams": 0, "kills": 0, "sigkills": 0, "injected": 0, "records": 0, "checked": 0,
+    totals = {"ops": 0, "transformed": 0, "predicted": 0,
+              "streams": 0, "kills": 0, "sigkills": 0, "injected": 0, "records": 0, "checked": 0,
               "disagreements": 0}
     started = time.monotonic()
     try:
         opts = Options(ops=a.ops, sigkill=not a.no_sigkill, hostile=not a.no_hostile,
                        streaming=not a.no_streaming, compose=not a.no_compose, cures=not a.no_cures,
+                       transforms=0 if a.no_transforms else 2,
                        spellings=("/",) if a.one_spelling else SPELLINGS)
         given = [Path(r[1:]).read_text() if r.startswith("@") else r for r in a.replay]
         todo = [(f"replay{n}", Scenario.from_json(r)) for n, r in enumerate(given)] or [
@@ -114,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {tries} replay(s)\n  DISAGREEMENT {d.line()}\n{reproduction(minimal)}", flush=True)
             totals["ops"] += out.figures.ops
             totals["streams"] += out.figures.streams
+            totals["transformed"] += out.figures.transformed
+            totals["predicted"] += out.figures.ranges_predicted
             totals["kills"] += out.figures.kills
             totals["sigkills"] += out.figures.sigkills
             totals["injected"] += out.figures.injected
@@ -126,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(base, ignore_errors=True)
     kept = f"; scenario directories kept under {base}" if bad else ""
     print(f"== total on {a.ledger}: {totals['ops']} op(s) ({totals['streams']} streaming quer(ies)), "
-          f"{totals['kills']} kill(s) "
+          f"{totals['transformed']} batch(es) with a transform ({totals['predicted']} range output(s) "
+          f"predicted), {totals['kills']} kill(s) "
           f"({totals['kills'] - totals['sigkills']} at a step, {totals['sigkills']} SIGKILL) and "
           f"{totals['injected']} failure(s) injected at a step, {totals['records']} record(s) published, "
           f"{totals['checked']} record check(s), {totals['disagreements']} disagreement(s) in {bad} seed(s), "

@@ -11,6 +11,7 @@ from tests.model.ops import (
     CURES,
     KILL_STEPS,
     SPELLINGS,
+    TRANSFORMS,
     AuditCli,
     Batch,
     Cure,
@@ -53,6 +54,10 @@ class Options:
     #: the operator's cures as operations (:data:`tests.model.ops.CURES`, wrong requests among them);
     #: off, the draws are those of the checker before it had them
     cures: bool = False
+    #: pipelines carrying a transform (issue 42: filter, explode or aggregate per range), drawn from a
+    #: random source of their own so every other draw of a seed stays what it was without them: 0 none,
+    #: 1 one pipeline (which, and its transform, drawn), more: each pipeline draws none or one
+    transforms: int = 2
 
 
 @dataclass
@@ -139,6 +144,12 @@ def draw(seed: int, opts: Options | None = None) -> Scenario:
     opts = opts or Options()
     rnd = random.Random(seed)
     pipes = _pipelines(rnd, opts)
+    own = random.Random(f"transforms-{seed}")
+    if opts.transforms == 1:
+        k, chosen = own.randrange(len(pipes)), own.choice(TRANSFORMS)
+        pipes = tuple(replace(p, transform=chosen) if n == k else p for n, p in enumerate(pipes))
+    elif opts.transforms > 1:
+        pipes = tuple(replace(p, transform=own.choice((None, *TRANSFORMS))) for p in pipes)
     sh = _Shadow()
     ops: list[Op] = [Publish(rnd.randint(20, 80))]
     weights = {

@@ -13,6 +13,8 @@ KILL_STEPS = ("planned", "claimed", "probed", "job", "read", "committed", "table
 #: tell), ``fail`` an ordinary exception (the batch's own failure handling runs), ``sigkill`` a real
 #: SIGKILL of a subprocess running the batch, ``delay`` seconds after it started.
 KillKind = Literal["kill", "fail", "sigkill"]
+#: The transforms a pipeline may carry (see :attr:`PipelineSpec.transform`).
+TRANSFORMS = ("filter", "explode", "aggregate")
 #: Spellings of the default virtual host in the broker URL (one vhost, three ways to write it).
 SPELLINGS = ("/", "/%2F", "/%2f")
 
@@ -29,6 +31,10 @@ class PipelineSpec:
     #: where a pipeline without history starts: ``first`` (what the stream still holds at its first
     #: run) or, pinned only, ``interval_start`` (its history begins at the origin, the DAG's start)
     initial_position: Literal["first", "interval_start"] = "first"
+    #: the user's SQL between the read and the sink (issue 42), per range: ``filter`` keeps the records
+    #: whose id's sequence number is not a multiple of 3, ``explode`` writes 1-3 rows per record,
+    #: ``aggregate`` one row per bucket of ids (count, the ids, the first offset); None lands raw records
+    transform: Literal["filter", "explode", "aggregate"] | None = None
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.model.ops import Batch, NewEpoch, Op, Pair, ReleaseStale, Scenario, Tick, describe
-from tests.model.oracle import broker_records, covered, read_outputs, stray_files, unseen
+from tests.model.oracle import broker_records, covered, predict, range_rows, read_outputs, stray_files, unseen
 from tests.model.world import Figures, Servers, World, world
 
 
@@ -173,30 +173,37 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
             """Ids seen on the broker at offsets below ``limit`` that no output holds and no range
             excuses; and ids retention took before the oracle saw them, certainly below ``limit``,
             no offset of whose bounds any range excuses."""
-            return [i for o, i in known if o < limit and i not in read.ids and not excused(o, i)] + [
+            return [i for o, i in known if o < limit and not read.has(i) and not excused(o, i)] + [
                 i for lo, hi, i in vanished
-                if hi <= limit and i not in read.ids and covered(lo, hi, excuses(i)) == "none"]
+                if hi <= limit and not read.has(i) and covered(lo, hi, excuses(i)) == "none"]
 
         # a vanished id whose bounds are partly excused: the data cannot tell, so no verdict either way
         undecided = [i for lo, hi, i in vanished
-                     if i not in read.ids and covered(lo, hi, excuses(i)) == "some"]
+                     if not read.has(i) and covered(lo, hi, excuses(i)) == "some"]
 
         problems: dict[str, str] = {}
         if read.doubled:
             problems["doubled"] = "ids twice in the outputs: " + _sample(sorted(read.doubled))
         if k not in w.needs_epoch:  # a lost or skipped range is not taken on the ledger's word
-            dropped = [i for o, i in known if o in present and i not in read.ids
+            dropped = [i for o, i in known if o in present and not read.has(i)
                        and any(s <= o < e for s, e in ex.lost)]
             if dropped:
                 problems["lost-on-broker"] = ("records the broker still holds, recorded lost and never in "
                                               "the outputs: " + _sample(dropped))
-            unmeant = [i for o, i in known if _seq(i) >= skip_below and i not in read.ids
+            unmeant = [i for o, i in known if _seq(i) >= skip_below and not read.has(i)
                        and any(s <= o < e for s, e in ex.skipped)]
             if unmeant:
                 problems["skipped-unmeant"] = ("records the model never chose to skip inside a skipped "
                                                "range, not in the outputs: " + _sample(unmeant))
         if read.unreadable:
             problems["unreadable"] = "outputs a reader cannot read: " + "; ".join(read.unreadable[:2])
+        if read.filtered_present:
+            problems["filtered-present"] = ("ids the transform's filter drops found in the outputs: "
+                                            + _sample(read.filtered_present))
+        if spec.transform is not None:
+            wrong = _range_problems(w, k, vanished)
+            if wrong:
+                problems["range-rows"] = wrong
         stored = w.client.query_offset(w.stream, spec.name)
         if stored is not None:
             gone = missing(stored + 1)
@@ -239,12 +246,12 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
             # (what retention took before a pipeline starting at ``first`` first ran on it excused)
             born_at = [w.retired_born[n].get(k, 0) for n in range(len(w.retired))]
             gone_before = [i for n, seen in enumerate(w.retired) for o, i in sorted(seen.items())
-                           if i not in read.ids and born_at[n] <= o < owed[n]
+                           if not read.has(i) and born_at[n] <= o < owed[n]
                            and not any(s <= o < e for s, e in old.get(n, (0, []))[1])]
             for n, (first, end, tail) in enumerate(w.retired_ids):
                 for lo, hi, i in unseen(w.retired[n], w.ids(first, end), tail):
                     cover = covered(lo, hi, [(0, born_at[n]), *old.get(n, (0, []))[1]])
-                    if i in read.ids or lo >= owed[n] or cover == "all":
+                    if read.has(i) or lo >= owed[n] or cover == "all":
                         continue
                     if hi <= owed[n] and cover == "none":
                         gone_before.append(i)
@@ -279,6 +286,56 @@ def judge(w: World, at: int, *, final: bool) -> list[Disagreement]:
         if report is None and not final and not problems:
             found.append(Disagreement("audit-raised", k, at, "no problem in the data", "raised"))
     return found
+
+
+def _range_problems(w: World, k: int, vanished: list[tuple[int, int, str]]) -> str | None:
+    """A transform pipeline's rows, range by range, against the oracle's prediction: every group of
+    rows stamped with a range of the current incarnation of the stream (its epoch, start and end) must
+    be a range the ledger committed, hold exactly :func:`predict`'s rows for the records the oracle
+    read on the broker between the range's first and last offset, and number the range's
+    ``rows_out``; a published range whose prediction has rows must have them. A range holding
+    offsets of records retention took before the oracle saw them is not predicted (it cannot be)."""
+    spec = w.scenario.pipelines[k]
+    assert spec.transform is not None
+    groups, bad = range_rows(spec, w.root(k), w.catalog(k))
+    found: list[str] = [f"unreadable: {b}" for b in bad[:2]]
+    retired = set().union(*(c.get(k, set()) for c in w.retired_claimed))
+    committed: dict[tuple[int, int, int], Any] = {}
+    for src in w.current_sources(k):
+        (pos,) = w.ledger.positions(spec.name, [src])
+        epoch = int(pos.epoch)
+        if epoch in retired or epoch not in w.claimed.get(k, set()):
+            continue  # an epoch that held another incarnation too: its offsets are ambiguous
+        for r in w.ledger.ranges(spec.name):
+            if r.source == src and r.status.value == "committed" and r.records:
+                committed[(epoch, r.start, r.end)] = r
+    epochs = {key[0] for key in committed}
+    for key in sorted(set(groups) | set(committed)):
+        if key[0] not in epochs:
+            continue
+        rows, r = sorted(groups.get(key, [])), committed.get(key)
+        where = f"[{key[1]},{key[2]}) epoch {key[0]}"
+        if r is None:
+            if rows:
+                found.append(f"{where}: {len(rows)} row(s) of a range the ledger did not commit")
+            continue
+        if r.transform is None and key not in groups:
+            continue  # recorded by a streaming query of the pipeline: its rows are raw, in its own sink
+        if key in groups and r.rows_out != len(rows):
+            found.append(f"{where}: {len(rows)} row(s) in the output, rows_out {r.rows_out} in the ledger")
+        lo, hi = int(r.first_seen), int(r.last_seen) + 1
+        if any(a < hi and lo < b for a, b, _i in vanished):
+            continue
+        want = predict(spec.transform, [(o, i) for o, i in w.seen.items() if lo <= o < hi])
+        if key not in groups and (r.published_at is None or not want):
+            continue  # not visible yet (committed, not published), or nothing to write
+        w.figures.ranges_predicted += 1
+        if rows != want:
+            extra = [x for x in rows if x not in want][:2]
+            gone = [x for x in want if x not in rows][:2]
+            found.append(f"{where}: {len(rows)} row(s), the oracle predicts {len(want)} "
+                         f"(unexpected {extra}, missing {gone})")
+    return "; ".join(found[:3]) if found else None
 
 
 def _ledger_state(w: World) -> list[tuple[int, str, int | None, bool]]:
@@ -432,6 +489,7 @@ def report(outcome: Outcome, minimal: Scenario | None = None) -> str:
              f"{f.failures} failed batch(es) ({f.injected} injected at a step), "
              f"{f.published} record(s) published, "
              f"{f.checks} check(s), {f.records_checked} record check(s), {f.audits} audit(s), "
+             f"{f.transformed} batch(es) with a transform, {f.ranges_predicted} range output(s) predicted, "
              f"{len(outcome.disagreements)} disagreement(s)"]
     lines += [f"  pipeline p{k}: {p}" for k, p in enumerate(outcome.scenario.pipelines)]
     for d in outcome.disagreements:

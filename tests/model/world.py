@@ -47,6 +47,18 @@ from tests.model.streaming import NAMESPACE, QueryJob, run_query
 #: into the world until fixed (its test is xfail(strict=True)).
 KNOWN_PINNED_AFTER_QUERY = ("tests/integration/spark/test_streaming_pinned.py::"
                             "test_a_pinned_batch_on_a_history_a_streaming_query_recorded_is_refused_before_any_claim")
+#: The pipelines' transforms (issue 42) as the user's SQL over the view ``records``: each body is
+#: ``<tag>-<sequence number>|<pad>``. The oracle predicts their rows in plain Python
+#: (:func:`tests.model.oracle.predict`), never from this text.
+_ID = "substring_index(CAST(body AS STRING), '|', 1)"
+_SEQ = f"CAST(substring_index({_ID}, '-', -1) AS INT)"
+TRANSFORM_SQL = {
+    "filter": f"SELECT {_ID} AS id, offset FROM records WHERE pmod({_SEQ}, 3) <> 0",
+    "explode": f"SELECT {_ID} AS id, offset, item FROM records "
+               f"LATERAL VIEW explode(sequence(1, pmod({_SEQ}, 3) + 1)) x AS item",
+    "aggregate": f"SELECT pmod({_SEQ}, 4) AS bucket, count(*) AS n, sort_array(collect_list({_ID})) AS ids, "
+                 f"min(offset) AS first FROM records GROUP BY pmod({_SEQ}, 4)",
+}
 #: Retention small enough that a few padded publishes drop the oldest segments.
 RETENTION: dict[str, Any] = {"max_length_bytes": 60_000, "max_segment_size_bytes": 15_000}
 REPO = Path(__file__).resolve().parents[2]
@@ -87,6 +99,8 @@ def batch_config(spec: PipelineSpec, op: Batch, *, url: str, stream: str, root: 
                   interval_grace=0.0, origin=boundaries[0], initial_position=spec.initial_position)
     else:
         kw["max_offsets"] = spec.max_offsets
+    if spec.transform is not None:
+        kw["sql"] = TRANSFORM_SQL[spec.transform]
     return BatchConfig(**kw)
 
 
@@ -107,6 +121,8 @@ class Figures:
     checks: int = 0
     records_checked: int = 0
     audits: int = 0
+    transformed: int = 0  # batches of pipelines with a transform
+    ranges_predicted: int = 0  # range outputs of a transform compared with the oracle's prediction
 
 
 @dataclass
@@ -303,6 +319,7 @@ class World:
                 raise InjectedCrash(f"model: killed after {step}")
 
         self.figures.batches += 1
+        self.figures.transformed += self.scenario.pipelines[op.pipe].transform is not None
         self.last_attempt[(op.pipe, op.run)] = max(op.attempt, self.last_attempt.get((op.pipe, op.run), 0))
         self.running.add(key)
         try:  # a connection of its own, as each task process has (a client is not shared by threads)

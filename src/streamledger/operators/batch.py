@@ -51,6 +51,8 @@ from streamledger.transform import Transform
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
+    from streamledger.transform import Transform
+
 __all__ = [
     "SparkConnectRunner", "SparkSubmitRunner", "StreamBatchOperator",
     "connect_runner", "default_output_root", "local_runner", "run_identity",
