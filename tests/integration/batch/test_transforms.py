@@ -332,3 +332,32 @@ def test_a_transform_lands_on_s3_through_a_session_without_the_s3_connector(
     assert any("/_dead_letter/" in k for k in keys) and any("/_dead_letter/" not in k for k in keys)
     report = audit(ledger, PIPE, broker=client, deep=True)
     assert report.clean, report.to_text()
+
+
+@pytest.mark.parametrize("sink, form", [("delta", "decode only"), ("iceberg", "function")])
+def test_decoding_alone_and_a_function_land_in_the_tables(
+        sink: str, form: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
+        stream_name: Any, tmp_path: Path) -> None:
+    """The other two forms on the table sinks: decoding alone (the source's columns and the decoded
+    fields, bad records nulled with ``_corrupt_record``) and a function by import path (explode)."""
+    s = stream_name(f"orders-{form.split()[0]}")
+    publish_orders(rabbitmq_url, s, 30)
+    extra: dict[str, Any] = ({"on_bad_record": "null"} if form == "decode only" else
+                             {"on_bad_record": "dead_letter",
+                              "transform": "tests.integration.batch.order_transforms:items"})
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=PIPE, sink=sink, body_format="json",
+                 body_schema=SCHEMA + ", items ARRAY<STRING>", **extra)
+    run_batch(cfg, run=rid("t"), ledger=ledger, broker=client, runner=runner)
+    rows = table_of(sink, ledger, tmp_path, PIPE).to_pylist()
+    bodies = broker_bodies(rabbitmq_url, s, 0, 30)
+    if form == "decode only":
+        assert sorted(r["offset"] for r in rows) == list(range(len(bodies)))
+        assert {r["offset"] for r in rows if r["_corrupt_record"] is not None} == {
+            i for i, b in enumerate(bodies) if decoded(b) is None}
+        assert {r["offset"]: r["order_id"] for r in rows if r["_corrupt_record"] is None} == {
+            i: d["order_id"] for i, b in enumerate(bodies) if (d := decoded(b))}
+    else:
+        assert sorted((r["order_id"], r["item"]) for r in rows) == sorted(
+            (d["order_id"], item) for b in bodies if (d := decoded(b)) for item in d["items"])
+    report = audit(ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
