@@ -132,15 +132,14 @@ class Transform:
         return f"{getattr(self.function, '__module__', '?')}:{getattr(self.function, '__qualname__', '?')}"
 
     def fingerprint(self) -> str:
-        """A short stable hash of what decides the output: the SQL text, the function's name and the
-        hash of its source (a changed function body changes it), the decoding. Recorded per range."""
-        code = None
+        """A short stable hash of what decides the output: the SQL text; the function's name, the hash
+        of its whole module's source (a changed function, or a constant or helper of its module,
+        changes it) and its distribution's version; the decoding. Recorded per range. What it cannot
+        see: a change in another module the function calls, or in data it reads."""
+        code = version = None
         if self.function is not None:
-            try:
-                code = hashlib.sha256(inspect.getsource(self.load_function()).encode()).hexdigest()
-            except (OSError, TypeError, TransformError):
-                code = None
-        data = {"sql": self.sql, "function": self.function_name, "code": code,
+            code, version = _code_of(self.load_function())
+        data = {"sql": self.sql, "function": self.function_name, "code": code, "version": version,
                 "body_format": self.body_format, "body_schema": self.body_schema,
                 "on_bad_record": self.on_bad_record}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -175,6 +174,31 @@ class Transform:
         if problem is not None:
             raise TransformError(problem)
         return made
+
+
+def _code_of(function: Callable[[Any], Any]) -> tuple[str | None, str | None]:
+    """The hash of the source of the module defining ``function`` (its own source when the module's
+    cannot be read) and the version of the distribution that module belongs to, if installed."""
+    module = inspect.getmodule(function)
+    try:
+        source = inspect.getsource(module) if module is not None else inspect.getsource(function)
+    except (OSError, TypeError):
+        try:
+            source = inspect.getsource(function)
+        except (OSError, TypeError):
+            source = None
+    code = hashlib.sha256(source.encode()).hexdigest() if source is not None else None
+    version = None
+    top = (getattr(module, "__name__", "") or "").split(".")[0]
+    if top:
+        from importlib import metadata
+
+        try:
+            names = metadata.packages_distributions().get(top) or []
+            version = metadata.version(names[0]) if names else None
+        except Exception:  # metadata unreadable: the source hash still speaks
+            version = None
+    return code, version
 
 
 def lineage_problem(columns: list[str], reserved: tuple[str, ...] = ()) -> str | None:

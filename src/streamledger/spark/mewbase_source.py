@@ -36,6 +36,7 @@ from streamledger.spark.planning import (
     option_getter,
     plan_ranges,
     refuse_ledger_options,
+    refuse_transform_options,
 )
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,7 @@ class MewbaseDataSource(DataSource):
 
     def reader(self, schema: StructType) -> MewbaseReader:
         refuse_ledger_options(self.options, MEWBASE_SOURCE_NAME)
+        refuse_transform_options(self.options, MEWBASE_SOURCE_NAME)
         names = [f.name for f in schema.fields]
         if names != MEWBASE_ARROW_SCHEMA.names:
             raise PlanningError(

@@ -410,6 +410,23 @@ def refuse_ledger_options(options: Any, source: str) -> None:
                             "queries (spark.readStream) or run_batch")
 
 
+TRANSFORM_OPTIONS = ("sql", "sqlFile", "sql_file", "transform", "bodyFormat", "body_format", "bodySchema",
+                     "body_schema", "onBadRecord", "on_bad_record")
+"""A pipeline spec's transform settings, which a Spark source does nothing with."""
+
+
+def refuse_transform_options(options: Any, source: str) -> None:
+    """A source given a pipeline's transform settings would read raw records and ignore them: refuse
+    in one line (the transform is the batch's, ``run_batch``; a streaming query transforms its
+    DataFrame itself)."""
+    get = option_getter(options)
+    given = [key for key in TRANSFORM_OPTIONS if (get(key) or "").strip()]
+    if given:
+        raise PlanningError(f"{source}: option(s) {', '.join(map(repr, given))} are a pipeline's transform, "
+                            "which the source does not run: give them to run_batch (or an operator, asset "
+                            "or batch run), or transform the DataFrame yourself")
+
+
 @dataclass(frozen=True)
 class Selection:
     """The options every source format shares: which logs (named, or exact ``ranges``), their bounds,

@@ -31,6 +31,7 @@ from streamledger.spark.planning import (
     parse_bool,
     parse_positive_int,
     plan_ranges,
+    refuse_transform_options,
 )
 from streamledger.spark.pushdown import Projection, PushedFilters, with_filter_value
 
@@ -136,6 +137,7 @@ class ReadOptions(Selection):
     @classmethod
     def parse(cls, options: Any) -> ReadOptions:
         get = option_getter(options)
+        refuse_transform_options(options, DATA_SOURCE_NAME)
 
         url = get("url")
         if not url:

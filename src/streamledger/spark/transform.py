@@ -43,12 +43,13 @@ class RangeOutput:
     dead_letter: int
 
 
-def decoded(df: Any, t: Transform, seen: Any = None) -> tuple[Any, Any | None]:
+def decoded(df: Any, t: Transform) -> tuple[Any, Any | None]:
     """``df`` with the body's fields as columns (the view the user's code sees), and the records that
     did not decode (``on_bad_record="dead_letter"``; else None). ``fail`` raises inside the tasks,
     naming the stream and offset of the bad record (turned into one line by :func:`one_line`).
-    ``seen``: an ``Observation`` counting the records (``all``) and bad ones (``bad``) as the rows'
-    write passes them, so the dead letters' own pass runs only when there is one to write."""
+    The dead letters get a pass of their own (the body parsed again): a count observed during the
+    rows' pass cannot decide it, since the user's code may never read ``records`` to the end
+    (``LIMIT``, ``WHERE false``: Spark prunes the observed node) or at all."""
     if not t.decodes:
         return df, None
     from pyspark.sql import functions as F
@@ -59,9 +60,6 @@ def decoded(df: Any, t: Transform, seen: Any = None) -> tuple[Any, Any | None]:
     # A body that is JSON but not an object (null, a number, an array) parses to NULL: also bad.
     bad = parsed.isNull() | parsed[CORRUPT_COLUMN].isNotNull()
     with_parsed = df.withColumn("__streamledger_parsed", parsed).withColumn("__streamledger_bad", bad)
-    if seen is not None:  # what the rows' pass saw: every record, and the bad ones
-        with_parsed = with_parsed.observe(seen, F.count(F.lit(1)).alias("all"),
-                                          F.count(F.when(F.col("__streamledger_bad"), 1)).alias("bad"))
     fields = [f"__streamledger_parsed.`{name}`" for name in _field_names(with_parsed)]
     dead = None
     if t.on_bad_record == "fail":
@@ -99,10 +97,19 @@ def user_view(spark: Any, df: Any) -> Iterator[None]:
             spark.catalog.dropTempView(VIEW)
 
 
+def as_query(sql: str) -> str:
+    """The user's SQL as a subquery: only a query parses there, so a command (``INSERT OVERWRITE
+    DIRECTORY``, ``CREATE TABLE``, ``DROP``...), which ``spark.sql`` would run at once, even when
+    the batch only analyses it before the claim, is a syntax error instead, and so are several
+    statements. The line ends keep a trailing ``--`` comment off the closing parenthesis."""
+    body = sql.strip().rstrip(";").rstrip()
+    return f"SELECT * FROM (\n{body}\n) AS streamledger_transform"
+
+
 def apply_user(spark: Any, records: Any, t: Transform) -> Any:
     """The user's SQL or function over ``records`` (call inside :func:`user_view`)."""
     if t.sql is not None:
-        return spark.sql(t.sql)
+        return spark.sql(as_query(t.sql))
     if t.function is not None:
         out = t.load_function()(records)
         if not hasattr(out, "schema") or not hasattr(out, "write"):
@@ -176,18 +183,6 @@ def spark_writes(spark: Any, out_dir: str) -> Iterator[tuple[str, str]]:
         shutil.rmtree(local, ignore_errors=True)
 
 
-def _dead_letters_to_write(seen: Any, records_in: int | None) -> bool:
-    """Whether the dead letters' pass must run: the rows' pass saw a bad record, or did not see every
-    record (a transform that stops early, e.g. ``LIMIT``), so it cannot tell."""
-    try:
-        got = seen.get if seen is not None else None
-    except Exception:  # no metrics came back (a Spark Connect plan may not report a node below the top)
-        got = None
-    if not got or "bad" not in got or "all" not in got:
-        return True
-    return bool(got["bad"]) or records_in is None or got["all"] != records_in
-
-
 def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], source_ddl: str, stream: str,
                     start: int, end: int, out_dir: str, fmt: str,
                     records_in: int | None = None) -> RangeOutput:
@@ -206,8 +201,7 @@ def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], sourc
     spark.conf.set("spark.sql.optimizer.enableJsonExpressionOptimization", "false")
     raw = (spark.read.schema(source_ddl).parquet(*raw_files) if raw_files
            else spark.createDataFrame([], source_ddl))
-    seen = Observation(f"streamledger_seen_{uuid.uuid4().hex}") if t.dead_letters else None
-    records, dead = decoded(raw, t, seen)
+    records, dead = decoded(raw, t)
     rows_seen = Observation(f"streamledger_rows_{uuid.uuid4().hex}")
     try:
         with user_view(spark, records), spark_writes(spark, out_dir) as (where, dead_where):
@@ -215,7 +209,7 @@ def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], sourc
             counted = out.observe(rows_seen, F.count(F.lit(1)).alias("rows"))
             counted.write.mode("overwrite").format(fmt).save(where)
             dead_count = 0
-            if dead is not None and _dead_letters_to_write(seen, records_in):
+            if dead is not None:
                 dead_seen = Observation(f"streamledger_dead_{uuid.uuid4().hex}")
                 dead.observe(dead_seen, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").parquet(
                     dead_where)

@@ -48,12 +48,6 @@ def json_cfg(url: str, root: Path, stream: str, **kw: Any) -> Any:
 # -- writing outside the output root ------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a SQL command (INSERT OVERWRITE DIRECTORY) is accepted as a transform: "
-    "Spark runs it eagerly, at the pre-claim analysis and again per range, writing the "
-    "records outside the output root; the range commits 0 rows and the audit is CLEAN",
-)
 def test_a_sql_command_is_refused_and_writes_nothing_outside_the_output_root(
     ledger: Ledger,
     client: StreamClient,
@@ -90,12 +84,6 @@ def test_a_sql_command_is_refused_and_writes_nothing_outside_the_output_root(
 
 @pytest.mark.parametrize(
     "sql", ["SELECT order_id FROM records WHERE false", "SELECT order_id FROM records LIMIT 0"]
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="with on_bad_record='dead_letter' a transform Spark optimizes to an empty "
-    "relation never runs the decode's Observation; Observation.get fails ('assertion "
-    "failed'), so every batch and every retry fails: the pipeline can never pass the range",
 )
 def test_a_transform_that_keeps_nothing_still_commits_its_dead_letters(
     sql: str,
@@ -221,12 +209,6 @@ def test_a_retry_with_a_changed_sql_does_not_remake_a_deleted_output(
         run_batch(changed, run=rid("t", try_number=2), ledger=ledger, broker=client, runner=runner)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the function's fingerprint hashes its own source only: a changed module "
-    "constant (or helper) keeps it, so a retry re-makes a deleted output with other values "
-    "as if it were the committed transform's, and the deep audit is CLEAN",
-)
 def test_a_retry_with_a_function_whose_behaviour_changed_does_not_remake_a_deleted_output(
     ledger: Ledger,
     client: StreamClient,
@@ -236,25 +218,29 @@ def test_a_retry_with_a_function_whose_behaviour_changed_does_not_remake_a_delet
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tests.integration.batch import attack_transforms
+    """The function's module edited between the commit and a retry that must re-make a deleted output
+    (a constant of the module changed, the function's own lines not): the fingerprint, which hashes
+    the whole module's source, changes, and the retry refuses to make the range again."""
+    import importlib
+    import sys
 
+    code = tmp_path / "code"
+    code.mkdir()
+    module = code / "attack_scaled.py"
+    module.write_text((Path(__file__).with_name("attack_transforms.py")).read_text())
+    monkeypatch.syspath_prepend(str(code))
     s = stream_name("atk-reread-fn")
     publish_orders(rabbitmq_url, s, 20)
-    cfg = json_cfg(rabbitmq_url, tmp_path, s, transform="tests.integration.batch.attack_transforms:scaled")
+    cfg = json_cfg(rabbitmq_url, tmp_path, s, transform="attack_scaled:scaled")
     first_fp = cfg.transformation().fingerprint()
     r = _delete_output_and_retry(cfg, ledger, client, runner)
-    monkeypatch.setattr(attack_transforms, "FACTOR", 1000)
-    want = {d["order_id"] for b in broker_bodies(rabbitmq_url, s, 0, 20) if (d := decoded(b))}
-    try:
+    module.write_text(module.read_text().replace("FACTOR = 2", "FACTOR = 1000"))
+    importlib.reload(sys.modules["attack_scaled"])  # what a new task process imports
+    assert cfg.transformation().fingerprint() != first_fp
+    with pytest.raises(BatchError, match="cannot be made again"):
         run_batch(cfg, run=rid("t", try_number=2), ledger=ledger, broker=client, runner=runner)
-    except BatchError:
-        return  # refused: held
-    got = rows_of(r.output)
-    assert {g["order_id"] for g in got} == want
-    assert (
-        cfg.transformation().fingerprint() != first_fp
-        or not audit(ledger, PIPE, broker=client, deep=True).clean
-    ), f"output re-made by another transform under the same fingerprint: scaled = {got[0]['scaled']}"
+    assert not Path(r.output).exists()  # nothing made by the other transform
+    assert not audit(ledger, PIPE, broker=client).clean  # the output is still missing: a finding
 
 
 def test_a_retry_of_a_random_filter_after_the_output_was_deleted_is_never_clean_with_other_counts(
@@ -637,11 +623,6 @@ def test_a_recreated_stream_in_a_new_epoch_lands_beside_the_old_one_in_the_table
 # -- streaming, relative paths ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the streaming source takes transform options (sql, bodyFormat, "
-    "bodySchema, transform) without a word and ignores them: the query lands raw records",
-)
 def test_a_streaming_query_refuses_transform_settings_it_does_not_run(
     spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path
 ) -> None:
@@ -700,13 +681,6 @@ def test_a_relative_sql_file_is_read_from_the_working_directory_when_the_spec_is
 # -- a stall (keep last: the stuck thread holds the view lock of the process) ----------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a function whose rows do not come from `records` (another session's "
-    "DataFrame) with on_bad_record='dead_letter': the decode's Observation never fires and "
-    "Observation.get waits forever inside transform_range, holding the process-wide view lock "
-    "(every later transform in the process waits too); pytest-timeout does not interrupt it",
-)
 def test_a_function_returning_another_sessions_dataframe_does_not_stall_the_batch(
     ledger: Ledger,
     client: StreamClient,
