@@ -138,7 +138,10 @@ class Transform:
         see: a change in another module the function calls, or in data it reads."""
         code = version = None
         if self.function is not None:
-            code, version = _code_of(self.load_function())
+            try:
+                code, version = _code_of(self.load_function())
+            except TransformError:  # refused before any claim (the batch's check): no fingerprint needed
+                code = version = None
         data = {"sql": self.sql, "function": self.function_name, "code": code, "version": version,
                 "body_format": self.body_format, "body_schema": self.body_schema,
                 "on_bad_record": self.on_bad_record}

@@ -60,7 +60,12 @@ def decoded(df: Any, t: Transform) -> tuple[Any, Any | None]:
     # A body that is JSON but not an object (null, a number, an array) parses to NULL: also bad.
     bad = parsed.isNull() | parsed[CORRUPT_COLUMN].isNotNull()
     with_parsed = df.withColumn("__streamledger_parsed", parsed).withColumn("__streamledger_bad", bad)
-    fields = [f"__streamledger_parsed.`{name}`" for name in _field_names(with_parsed)]
+    names = _field_names(with_parsed)
+    clash = [n for n in names if n in df.columns or n.lower() in {c.lower() for c in df.columns}]
+    if clash:
+        raise TransformError(f"body_schema field(s) {', '.join(clash)} are also the source's column(s): "
+                             "rename them in body_schema")
+    fields = [f"__streamledger_parsed.`{name}`" for name in names]
     dead = None
     if t.on_bad_record == "fail":
         message = F.concat(F.lit(f"{BAD_RECORD_MARK} stream '"), F.col("stream"), F.lit("' offset "),
@@ -143,7 +148,12 @@ def output_schema(spark: Any, t: Transform, source_ddl: str, reserved: Sequence[
     except TransformError:
         raise
     except Exception as exc:
-        raise TransformError(f"the transform cannot run: {one_line(exc)}") from None
+        said = one_line(exc)
+        if t.sql is not None and "Syntax error" in said:  # the subquery's lines: one more than the user's
+            said = re.sub(r"\(line (\d+),", lambda m: f"(line {int(m.group(1)) - 1},", said)
+            raise TransformError("the transform's sql is not one query that parses (SELECT ... FROM "
+                                 f"records): {said} in {' '.join(t.sql.split())[:80]!r}") from None
+        raise TransformError(f"the transform cannot run: {said}") from None
     problem = lineage_problem(list(schema.names), tuple(reserved))
     if problem is not None:
         raise TransformError(problem)

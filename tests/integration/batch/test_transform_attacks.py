@@ -350,11 +350,6 @@ def delta_batch(
     return cfg
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the table audit of a transform only counts rows per lineage: one row "
-    "doubled and another deleted in the same range keeps the count, and the audit is CLEAN",
-)
 def test_a_row_doubled_and_another_deleted_in_a_delta_table_is_a_finding(
     ledger: Ledger,
     client: StreamClient,

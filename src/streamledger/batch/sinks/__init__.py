@@ -186,6 +186,9 @@ def _kind(t: Any) -> str:
     return str(t)
 
 
+FILE_COLUMN = "__filename"
+"""pyarrow's name for the path of the file a row was read from (a table sink's audit asks for it)."""
+
 #: The columns a table sink adds to the job's rows (:func:`stamp`): name -> column kind (``_kind``).
 TABLE_COLUMNS = {"broker": "string", "epoch": "integer"}
 
@@ -525,6 +528,8 @@ def _transformed_rows(table: str, pipeline: str, mine: list[OffsetRange], rows: 
     cols = [rows[c].to_pylist() for c in ("broker", "epoch", *LINEAGE_COLUMNS)]
     counts = Counter(zip(*cols, strict=True))
     found: list[Violation] = []
+    if FILE_COLUMN in rows.column_names:  # where each row lives: its range's own directory, or not
+        found += _rows_outside_their_range(table, mine, cols, rows[FILE_COLUMN].to_pylist(), epochs)
     for r in mine:
         src = r.source
         key = (live_broker(src.broker), epochs.get((src.broker, src.stream), 0), src.stream, r.start, r.end)
@@ -540,3 +545,37 @@ def _transformed_rows(table: str, pipeline: str, mine: list[OffsetRange], rows: 
                                f"table {table}: {n} row(s) stamped with range [{start}, {end}) of broker "
                                f"{broker} epoch {epoch}, which the ledger did not commit into this table"))
     return found
+
+
+def _rows_outside_their_range(table: str, mine: list[OffsetRange], cols: list[list[Any]], files: list[str],
+                              epochs: Mapping[tuple[str, str], int]) -> list[Violation]:
+    """Rows stamped with a committed range's lineage in a file outside that range's directory: the
+    table was rewritten by another writer (a delete or update rewrites files, an append adds them),
+    so the range's rows may be doubled or gone even when their number still agrees."""
+    from streamledger.ledger.audit import Violation, ViolationKind
+    from streamledger.ledger.types import live_broker
+
+    where: dict[tuple[Any, ...], OffsetRange] = {}
+    for r in mine:
+        src = r.source
+        key = (live_broker(src.broker), epochs.get((src.broker, src.stream), 0), src.stream, r.start, r.end)
+        where[key] = r
+    outside: dict[int, set[str]] = {}
+    for key, path in zip(zip(*cols, strict=True), files, strict=True):
+        owner = where.get(key)
+        if owner is not None and owner.output and not _under(str(path), owner.output):
+            outside.setdefault(owner.id, set()).add(str(path))
+    return [Violation(ViolationKind.OUTPUT_MISMATCH, r.pipeline, r.source.stream, r.source.broker, r.start,
+                      r.end, r.id, f"table {table}: rows of the range in file(s) outside its directory (the "
+                      f"table was rewritten by another writer): {', '.join(sorted(outside[r.id])[:3])}")
+            for r in mine if r.id in outside]
+
+
+def _under(path: str, directory: str) -> bool:
+    """``path`` (a dataset's file path: no scheme for local files, ``bucket/key`` on S3) lies in the
+    range directory ``directory`` (a path or URI)."""
+    def norm(p: str) -> str:
+        p = p.split("://", 1)[1] if "://" in p else p
+        return "/" + p.lstrip("/").rstrip("/")
+
+    return norm(path).startswith(norm(directory) + "/")

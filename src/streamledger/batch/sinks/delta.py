@@ -27,6 +27,7 @@ from streamledger import fs as filesystems
 from streamledger.batch import plan, sinks
 from streamledger.batch.config import BatchError
 from streamledger.batch.sinks import (
+    FILE_COLUMN,
     SinkBatch,
     SinkRange,
     TableCommit,
@@ -40,6 +41,7 @@ from streamledger.batch.sinks import (
     with_table_columns,
 )
 from streamledger.batch.sinks.table import LostCommit, TableSink
+from streamledger.transform import LINEAGE_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -240,17 +242,26 @@ class DeltaSink(TableSink):
 
     def _rows(self, dt: Any, without: frozenset[str] = frozenset()) -> Any:
         columns = row_columns(set(_arrow_schema(dt).names))
-        if not without:
-            return dt.to_pyarrow_table(columns=columns)
         import pyarrow.dataset as ds
 
         # the table's own dataset (delta-rs' file system, its credentials), less the files gone
         dataset = dt.to_pyarrow_dataset()
-        gone = {unquote(u) for u in without}
-        kept = [f for f in dataset.get_fragments()
-                if not any(g.endswith("/" + unquote(f.path)) for g in gone)]
-        return ds.FileSystemDataset(kept, dataset.schema, dataset.format,
-                                    dataset.filesystem).to_table(columns=columns)
+        if without:
+            gone = {unquote(u) for u in without}
+            kept = [f for f in dataset.get_fragments()
+                    if not any(g.endswith("/" + unquote(f.path)) for g in gone)]
+            dataset = ds.FileSystemDataset(kept, dataset.schema, dataset.format, dataset.filesystem)
+        if LINEAGE_COLUMNS[0] not in columns:
+            return dataset.to_table(columns=columns)
+        # a transform's rows: which file each is in (check_table), as a location: the dataset's paths
+        # are relative to the table's root
+        import pyarrow as pa
+
+        got = dataset.to_table(columns=[*columns, FILE_COLUMN])
+        root = self.location.rstrip("/")
+        located = [p if "://" in p or p.startswith("/") else f"{root}/{unquote(p)}"
+                   for p in got[FILE_COLUMN].to_pylist()]
+        return got.set_column(got.schema.get_field_index(FILE_COLUMN), FILE_COLUMN, pa.array(located))
 
     def _missing_files(self, dt: Any) -> list[str] | None:
         """The add actions' files that are not there (as URIs: a local path as ``file://``), asked
