@@ -66,10 +66,16 @@ def absolute_location(location: str) -> str:
 
 
 def _filesystem(location: str) -> str:
+    """Which file system a location is on, as far as the batch moves files between two locations:
+    local; an object store (every bucket of one store is one file system to pyarrow: a Delta table in
+    another bucket than the root is published by copies, as any object store publish is); a named HDFS
+    cluster."""
     kind = filesystems.scheme(location)
     if kind in ("", "file"):
         return "local"
-    return f"{kind}://{urlsplit(location).netloc}" if kind not in ("hdfs", "viewfs") else kind
+    if kind in ("hdfs", "viewfs"):
+        return f"{kind}://{urlsplit(location).netloc}"
+    return {"s3a": "s3", "s3n": "s3", "gcs": "gs"}.get(kind, kind)
 
 
 def placement_problem(output_root: str, sink: str, table: str | None) -> str | None:

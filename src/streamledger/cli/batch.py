@@ -204,11 +204,15 @@ def _spec(args: argparse.Namespace) -> PipelineSpec:
 
 def _flags_named(problem: str) -> str:
     """A refusal of the spec in this face's words: each setting named by its option (``max_offsets``
-    -> ``--max-offsets``); the source's names stay nouns (``pipeline 'p'``)."""
+    -> ``--max-offsets``); the source's names, and settings named by a plain noun the refusals also
+    use as a noun (``iceberg table 'x'``, ``the transform``, ``sql``), stay as they are."""
     for name, option in SPEC_OPTIONS.items():
-        if name not in ("pipeline", *_SOURCE):
+        if name not in ("pipeline", *_SOURCE, *_NOUNS):
             problem = re.sub(rf"\b{name}\b", option.flag, problem)
     return problem
+
+
+_NOUNS = ("table", "transform", "sql")
 
 
 def _config(args: argparse.Namespace, url: str) -> BatchConfig:
