@@ -18,6 +18,7 @@ the hash of its source.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
@@ -191,17 +192,21 @@ def _code_of(function: Callable[[Any], Any]) -> tuple[str | None, str | None]:
         except (OSError, TypeError):
             source = None
     code = hashlib.sha256(source.encode()).hexdigest() if source is not None else None
-    version = None
     top = (getattr(module, "__name__", "") or "").split(".")[0]
-    if top:
-        from importlib import metadata
+    return code, _version_of(top) if top else None
 
-        try:
-            names = metadata.packages_distributions().get(top) or []
-            version = metadata.version(names[0]) if names else None
-        except Exception:  # metadata unreadable: the source hash still speaks
-            version = None
-    return code, version
+
+@functools.cache
+def _version_of(top: str) -> str | None:
+    """The version of the installed distribution holding top-level package ``top`` (None: none), once
+    per process: finding it scans every installed distribution's metadata."""
+    from importlib import metadata
+
+    try:
+        names = metadata.packages_distributions().get(top) or []
+        return metadata.version(names[0]) if names else None
+    except Exception:  # metadata unreadable: the source hash still speaks
+        return None
 
 
 def lineage_problem(columns: list[str], reserved: tuple[str, ...] = ()) -> str | None:

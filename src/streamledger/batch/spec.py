@@ -147,6 +147,12 @@ class PipelineSpec:
             return f"a {self.sink} table takes Parquet files; a transform's format must be parquet"
         return None if made is None else made.problem()
 
+    @property
+    def transformed(self) -> bool:
+        """Whether anything runs between read and sink (asked without reading ``sql_file``)."""
+        return (self.sql is not None or self.sql_file is not None or self.transform is not None
+                or self.body_format != "raw")
+
     def transformation(self) -> Transform | None:
         """What runs between read and sink (``sql_file`` read here), or None for raw records."""
         sql = self.sql

@@ -266,8 +266,7 @@ def _transform_landed(spark: Any, *, url: str, ranges: Mapping[str, Sequence[int
         names = entry.files if entry.files is not None else []
         path = fs.join(out_dir, f"{PART_COLUMN}={i}")
         done = transform_range(spark, transform, raw_files=[fs.join(where, n) for n in names], source_ddl=ddl,
-                               stream=stream, start=entry.start, end=entry.end, out_dir=path, fmt=fmt,
-                               records_in=entry.records)
+                               stream=stream, start=entry.start, end=entry.end, out_dir=path, fmt=fmt)
         written = sorted(n for n in out_fs.files(path) if is_data_file(n))
         streams[stream] = replace(entry, path=path, files=tuple(written), rows=done.rows,
                                   dead_letter=done.dead_letter if transform.dead_letters else None)

@@ -61,29 +61,27 @@ def decoded(df: Any, t: Transform) -> tuple[Any, Any | None]:
     bad = parsed.isNull() | parsed[CORRUPT_COLUMN].isNotNull()
     with_parsed = df.withColumn("__streamledger_parsed", parsed).withColumn("__streamledger_bad", bad)
     names = _field_names(with_parsed)
-    clash = [n for n in names if n in df.columns or n.lower() in {c.lower() for c in df.columns}]
+    taken = {c.lower() for c in df.columns}
+    clash = [n for n in names if n.lower() in taken]
     if clash:
         raise TransformError(f"body_schema field(s) {', '.join(clash)} are also the source's column(s): "
                              "rename them in body_schema")
-    fields = [f"__streamledger_parsed.`{name}`" for name in names]
+    is_bad = F.col("__streamledger_bad")
     dead = None
+    kept: list[Any] = []  # beside the decoded fields: the body of a bad record, with "null"
     if t.on_bad_record == "fail":
         message = F.concat(F.lit(f"{BAD_RECORD_MARK} stream '"), F.col("stream"), F.lit("' offset "),
                            F.col("offset").cast("string"),
                            F.lit(": body is not a JSON object of body_schema"))
-        with_parsed = with_parsed.withColumn(
-            "__streamledger_bad",
-            F.when(F.col("__streamledger_bad"), F.raise_error(message)).otherwise(F.lit(False)))
-        good = with_parsed.where(~F.col("__streamledger_bad"))
+        good = with_parsed.where(~F.when(is_bad, F.raise_error(message)).otherwise(F.lit(False)))
     elif t.on_bad_record == "dead_letter":
-        dead = with_parsed.where(F.col("__streamledger_bad")).select(*df.columns)
-        good = with_parsed.where(~F.col("__streamledger_bad"))
+        dead = with_parsed.where(is_bad).select(*df.columns)
+        good = with_parsed.where(~is_bad)
     else:
-        good = with_parsed.withColumn(CORRUPT_COLUMN, F.when(F.col("__streamledger_bad"), body))
-        fields.append(CORRUPT_COLUMN)
-    columns = [c for c in df.columns]
-    return good.select(*columns, *[F.expr(f).alias(f.split("`")[1]) for f in fields if "`" in f],
-                       *([CORRUPT_COLUMN] if t.on_bad_record == "null" else [])), dead
+        good = with_parsed
+        kept = [F.when(is_bad, body).alias(CORRUPT_COLUMN)]
+    decoded_fields = [F.col("__streamledger_parsed").getField(n).alias(n) for n in names]
+    return good.select(*df.columns, *decoded_fields, *kept), dead
 
 
 def _field_names(with_parsed: Any) -> list[str]:
@@ -194,9 +192,8 @@ def spark_writes(spark: Any, out_dir: str) -> Iterator[tuple[str, str]]:
 
 
 def transform_range(spark: Any, t: Transform, *, raw_files: Sequence[str], source_ddl: str, stream: str,
-                    start: int, end: int, out_dir: str, fmt: str,
-                    records_in: int | None = None) -> RangeOutput:
-    """Run ``t`` on one range's raw files (``records_in`` records); write its rows (lineage stamped) to
+                    start: int, end: int, out_dir: str, fmt: str) -> RangeOutput:
+    """Run ``t`` on one range's raw files; write its rows (lineage stamped) to
     ``out_dir`` and the records that did not decode to its ``_dead_letter`` directory. The counts are
     observed on the rows as they are
     written (the write's own stage), not counted again."""

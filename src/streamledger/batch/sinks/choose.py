@@ -20,7 +20,7 @@ def make_sink(config: BatchConfig, ledger: Ledger, output_schema: Any = None) ->
     job); the table then follows the transform's columns instead of the raw records'."""
     from streamledger.sources import RABBITMQ, find_kind
 
-    transformed = config.transformation() is not None
+    transformed = config.transformed
     files_schema = output_schema if transformed else (find_kind(config.url) or RABBITMQ).files_schema()
 
     if config.sink == "iceberg":
