@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from streamledger.errors import StreamledgerError
+from streamledger.errors import StreamledgerError, missing_extra
 
 ATOMIC_RENAME_SCHEMES = frozenset({"", "file", "hdfs", "viewfs"})
 """Schemes whose directory rename is atomic (a metadata operation): local file systems and HDFS."""
@@ -300,8 +300,8 @@ def s3_create(uri: str, data: bytes, access: StoreAccess | None,
         import boto3  # noqa: F401 - the s3 extra
         from botocore.exceptions import BotoCoreError, ClientError
     except ImportError:
-        raise LocationError(f"{redact(uri)}: a create-only write (PUT with If-None-Match) on S3 needs boto3, "
-                            "which is not installed (pip install 'streamledger[s3]')") from None
+        raise LocationError(f"{redact(uri)}: a create-only write on S3 (a PUT with If-None-Match) needs boto3; "
+                            f"{missing_extra(ModuleNotFoundError(name='boto3'))}") from None
     parts = urlsplit(uri)
     bucket, key = parts.netloc.split("@", 1)[-1], unquote(parts.path).lstrip("/")
     store = clients.get(access) if clients is not None else None

@@ -68,11 +68,15 @@ class HadoopFS:
             raise OSError(f"could not rename {tmp.toString()} to {uri}")
 
     def create_file(self, uri: str, data: bytes) -> None:
-        """Write ``data`` only if nothing is at ``uri`` (FileExistsError otherwise): Hadoop's
-        ``create(path, overwrite=false)``, exclusive on HDFS and local file systems; on an object
-        store connector as exclusive as the connector makes it (S3A without conditional writes looks,
-        then PUTs). An ``s3://`` output the session has no connector for goes through
-        :class:`streamledger.fs.ArrowFS`, whose create is a conditional PUT."""
+        """Write ``data`` only if nothing is at ``uri`` (FileExistsError otherwise). ``file://``: the
+        local exclusive create of :class:`streamledger.fs.LocalFS`; else Hadoop's ``create(path,
+        overwrite=false)``, exclusive on HDFS (the NameNode creates the name once), on an object
+        store connector a look, then a PUT unless the connector makes it conditional. An ``s3://``
+        output the session has no connector for goes through :class:`streamledger.fs.ArrowFS`,
+        whose create is a conditional PUT."""
+        if scheme(uri) == "file":
+            LOCAL.create_file(uri, data)
+            return
         fs, path = self._path(uri)
         fs.mkdirs(path.getParent())
         try:
