@@ -300,8 +300,9 @@ def s3_create(uri: str, data: bytes, access: StoreAccess | None,
         import boto3  # noqa: F401 - the s3 extra
         from botocore.exceptions import BotoCoreError, ClientError
     except ImportError:
-        raise LocationError(f"{redact(uri)}: a create-only write on S3 (a PUT with If-None-Match) needs boto3; "
-                            f"{missing_extra(ModuleNotFoundError(name='boto3'))}") from None
+        advice = missing_extra(ModuleNotFoundError(name="boto3"))
+        raise LocationError(f"{redact(uri)}: a create-only write on S3 (a PUT with If-None-Match) needs "
+                            f"boto3; {advice}") from None
     parts = urlsplit(uri)
     bucket, key = parts.netloc.split("@", 1)[-1], unquote(parts.path).lstrip("/")
     store = clients.get(access) if clients is not None else None

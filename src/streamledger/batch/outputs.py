@@ -33,8 +33,8 @@ from streamledger.manifest import MANIFEST, Manifest, is_data_file
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "MANIFEST", "PublishedByAnother", "data_file_names", "load_manifest", "local_path", "publish", "published", "read_manifest",
-    "remove", "write_manifest",
+    "MANIFEST", "PublishedByAnother", "data_file_names", "load_manifest", "local_path", "publish",
+    "published", "read_manifest", "remove", "write_manifest",
 ]
 
 

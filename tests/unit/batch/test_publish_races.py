@@ -109,7 +109,8 @@ def test_the_local_create_is_exclusive_and_leaves_no_temp_file(tmp_path: Path) -
         filesystems.LOCAL.create_file(str(target), b"second")
     with pytest.raises(FileExistsError):
         filesystems.ArrowFS().create_file(target.as_uri(), b"third")
-    assert target.read_bytes() == b"first" and sorted(p.name for p in target.parent.iterdir()) == [target.name]
+    assert target.read_bytes() == b"first"
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no temp file left
 
 
 def test_the_local_rename_never_replaces_a_directory_with_content(tmp_path: Path) -> None:
