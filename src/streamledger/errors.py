@@ -35,7 +35,7 @@ class OneLineParser(argparse.ArgumentParser):
 EXTRAS = {
     "psycopg": "postgres", "pyspark": "spark", "deltalake": "delta", "pyiceberg": "iceberg",
     "pymongo": "mewbase", "bson": "mewbase", "lz4": "compression", "zstandard": "compression",
-    "cramjam": "compression", "dagster": "dagster", "airflow": "airflow",
+    "cramjam": "compression", "dagster": "dagster", "airflow": "airflow", "boto3": "s3", "botocore": "s3",
 }
 
 

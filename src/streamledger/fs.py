@@ -16,10 +16,19 @@ Three implementations, chosen by :func:`filesystem_for` (the batch) and
 ``renames_atomically(uri)`` says whether a directory rename is one atomic step (local, HDFS). On object stores
 it is a copy and a delete; the batch's publish then copies the data files and writes the manifest
 last, so a destination is complete exactly when its ``_manifest.json`` is there.
+
+``create_file(uri, data)`` writes a file only where none is (PUT-if-absent), else raises
+``FileExistsError`` and leaves what is there: the publish writes a manifest with it, so of two
+attempts publishing one range the later manifest is refused instead of replacing the first. Locally
+an exclusive create (a temp file hard-linked to the name: ``link`` fails when the name exists, and the
+file is whole when it appears); on S3 a ``PutObject`` with ``If-None-Match: *`` through botocore
+(``pyarrow.fs`` cannot send that header; the store refuses with 412). Elsewhere (GCS, Azure through
+pyarrow) the name is looked up first: a window between the look and the write remains there.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -29,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from streamledger.errors import StreamledgerError
+from streamledger.errors import StreamledgerError, missing_extra
 
 ATOMIC_RENAME_SCHEMES = frozenset({"", "file", "hdfs", "viewfs"})
 """Schemes whose directory rename is atomic (a metadata operation): local file systems and HDFS."""
@@ -48,6 +57,7 @@ class OutputFS(Protocol):
     def is_dir(self, uri: str) -> bool: ...
     def read_bytes(self, uri: str) -> bytes | None: ...
     def write_bytes(self, uri: str, data: bytes) -> None: ...
+    def create_file(self, uri: str, data: bytes) -> None: ...
     def mkdirs(self, uri: str) -> None: ...
     def delete(self, uri: str) -> None: ...
     def rename(self, src: str, dst: str) -> None: ...
@@ -150,6 +160,29 @@ class LocalFS:
         tmp.write_bytes(data)
         os.replace(tmp, path)
 
+    def create_file(self, uri: str, data: bytes) -> None:
+        """Write ``data`` to ``uri`` only if nothing is there (FileExistsError otherwise): a whole
+        temp file hard-linked to the name, so the file appears complete or not at all; where the file
+        system has no hard links, an ``O_EXCL`` create."""
+        path = local_path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_bytes(data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise FileExistsError(f"{uri} exists: not replaced") from None
+        except OSError as exc:  # no hard links here (EPERM, ENOTSUP, ...): an exclusive create
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+                raise
+            try:
+                with open(path, "xb") as out:
+                    out.write(data)
+            except FileExistsError:
+                raise FileExistsError(f"{uri} exists: not replaced") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
     def mkdirs(self, uri: str) -> None:
         local_path(uri).mkdir(parents=True, exist_ok=True)
 
@@ -244,6 +277,50 @@ class StoreAccess:
             parts = urlsplit(self.endpoint if "://" in self.endpoint else f"https://{self.endpoint}")
             kwargs["scheme"], kwargs["endpoint_override"] = parts.scheme, parts.netloc
         return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def boto3_client(self) -> Any:
+        """A botocore S3 client with exactly these settings (empty ones: boto3's own chain), for the
+        one request ``pyarrow.fs`` cannot send: a conditional PUT."""
+        import boto3  # the s3 extra (s3_create says when it is missing)
+
+        kwargs = {"aws_access_key_id": self.access_key, "aws_secret_access_key": self.secret_key,
+                  "aws_session_token": self.session_token, "region_name": self.region}
+        if self.endpoint:
+            kwargs["endpoint_url"] = self.endpoint if "://" in self.endpoint else f"https://{self.endpoint}"
+        return boto3.client("s3", **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def s3_create(uri: str, data: bytes, access: StoreAccess | None,
+              clients: dict[StoreAccess | None, Any] | None = None) -> None:
+    """PUT ``data`` at the S3 location ``uri`` with ``If-None-Match: *``: the store writes it only if
+    no object has that key, else answers 412 (or 409 while another conditional PUT of the key is in
+    flight), raised here as ``FileExistsError``. Needs boto3 (``pip install 'streamledger[s3]'``); one
+    client per ``access`` in ``clients``."""
+    try:
+        import boto3  # noqa: F401 - the s3 extra
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        advice = missing_extra(ModuleNotFoundError(name="boto3"))
+        raise LocationError(f"{redact(uri)}: a create-only write on S3 (a PUT with If-None-Match) needs "
+                            f"boto3; {advice}") from None
+    parts = urlsplit(uri)
+    bucket, key = parts.netloc.split("@", 1)[-1], unquote(parts.path).lstrip("/")
+    store = clients.get(access) if clients is not None else None
+    if store is None:
+        store = (access or StoreAccess()).boto3_client()
+        if clients is not None:
+            clients[access] = store
+    try:
+        store.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+    except ClientError as exc:
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = exc.response.get("Error", {}).get("Code")
+        if status == 412 or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            raise FileExistsError(f"{redact(uri)} exists: not replaced (the store refused the "
+                                  f"conditional PUT: {code or status})") from None
+        raise OSError(f"{redact(uri)}: {first_line(exc)}") from None
+    except BotoCoreError as exc:
+        raise OSError(f"{redact(uri)}: {first_line(exc)}") from None
 
 
 def arrow_filesystem(uri: str, cache: dict[tuple[str, str], Any] | None = None,
@@ -372,6 +449,7 @@ class ArrowFS:
     def __init__(self, *, atomic_rename: bool | None = None) -> None:
         self._atomic = atomic_rename
         self._cache: dict[tuple[str, str], Any] = {}
+        self._s3: dict[StoreAccess | None, Any] = {}  # botocore clients, for conditional PUTs
 
     def renames_atomically(self, uri: str) -> bool:
         return scheme(uri) in ATOMIC_RENAME_SCHEMES if self._atomic is None else self._atomic
@@ -414,6 +492,22 @@ class ArrowFS:
         with fs.open_output_stream(tmp) as out:
             out.write(data)
         fs.move(tmp, path)
+
+    def create_file(self, uri: str, data: bytes) -> None:
+        """Write ``data`` only if nothing is at ``uri`` (FileExistsError otherwise): locally an
+        exclusive create, on S3 a conditional PUT; elsewhere a look, then one PUT."""
+        kind = _ARROW_SCHEMES.get(scheme(uri), scheme(uri))
+        if kind in ("", "file"):
+            LOCAL.create_file(uri, data)
+            return
+        if kind == "s3":
+            s3_create(uri, data, StoreAccess.from_environment(uri), self._s3)
+            return
+        if self.exists(uri):
+            raise FileExistsError(f"{redact(uri)} exists: not replaced")
+        fs, path = self._path(uri)
+        with fs.open_output_stream(path) as out:  # one object PUT
+            out.write(data)
 
     def mkdirs(self, uri: str) -> None:
         fs, path = self._path(uri)

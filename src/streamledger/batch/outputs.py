@@ -10,7 +10,11 @@ Locations are plain paths or URIs, reached through :mod:`streamledger.fs` (``fs=
 default). Where a directory rename is atomic (local, HDFS) the publish is that one rename. Where it
 is not (object stores: a rename is a copy and a delete), the publish copies the data files, then
 the manifest, then deletes staging: the manifest marks the destination complete, staging stays
-whole until then, and a retry completes a partially copied destination from it.
+whole until then, and a retry completes a partially copied destination from it. The manifest is
+written create-only (``OutputFS.create_file``: an exclusive create, on S3 ``If-None-Match: *``), so
+an attempt stalled past its last lease check cannot replace the manifest of the attempt that
+published meanwhile: refused, it removes the files it copied that that manifest does not list and
+fails (:class:`PublishedByAnother`).
 """
 
 from __future__ import annotations
@@ -22,15 +26,21 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+from streamledger.errors import BatchError
 from streamledger.fs import LOCAL, OutputFS, join, local_path, parent
 from streamledger.manifest import MANIFEST, Manifest, is_data_file
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "MANIFEST", "data_file_names", "load_manifest", "local_path", "publish", "published", "read_manifest",
-    "remove", "write_manifest",
+    "MANIFEST", "PublishedByAnother", "data_file_names", "load_manifest", "local_path", "publish",
+    "published", "read_manifest", "remove", "write_manifest",
 ]
+
+
+class PublishedByAnother(BatchError):
+    """This attempt's manifest was refused at a range's final location: another attempt of the range
+    published there first (its lease moved on while this one stalled), and this attempt withdrew."""
 
 
 def write_manifest(directory: str, manifest: Manifest | Mapping[str, Any], fs: OutputFS = LOCAL) -> None:
@@ -103,7 +113,11 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
     longer holds the range's publish lease, and renews it otherwise), so two attempts never copy
     into one directory at once: a stalled publisher stops at its next file. One paused after the
     guard, whose lease moved on meanwhile, finds this range's output in place (published, or its
-    staging copy moved away by the attempt that published it) and leaves it alone.
+    staging copy moved away by the attempt that published it) and leaves it alone. One paused inside
+    its last step, the manifest write, finds it refused (the manifest is created only where none is):
+    it removes the files it copied that the published manifest does not list, and raises
+    :class:`PublishedByAnother` naming the range (quietly returns when that manifest is its own,
+    byte for byte: both published one staging copy).
     """
     check = guard or (lambda: None)
     if published(final, range_id, fs):
@@ -125,20 +139,59 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
         _unless_published(partial(fs.rename, staging, final), final, range_id, fs)
         return
     names = fs.files(staging)
+    copied: list[str] = []
     for rel in names:
         if rel != MANIFEST:
             check()
             if _unless_published(partial(fs.copy_file, join(staging, rel), join(final, rel)),
                                  final, range_id, fs):
+                _withdraw(final, copied, fs)
                 return
+            copied.append(rel)
     if MANIFEST in names:
         check()
-        if _unless_published(partial(fs.copy_file, join(staging, MANIFEST), join(final, MANIFEST)),
-                             final, range_id, fs):
-            return
+        ours = fs.read_bytes(join(staging, MANIFEST))
+        try:
+            if ours is None:  # staging moved away meanwhile (by the attempt that published it)
+                raise FileNotFoundError(f"{join(staging, MANIFEST)} is gone")
+            fs.create_file(join(final, MANIFEST), ours)  # create-only: never over another's manifest
+        except FileExistsError:
+            removed = _withdraw(final, copied, fs)
+            if fs.read_bytes(join(final, MANIFEST)) == ours:  # the same staging copy, published by both
+                return
+            raise PublishedByAnother(
+                f"range {range_id}: another attempt published {final} first; this attempt's manifest was "
+                f"refused there (create-only) and its {removed} file(s) not in that manifest removed, so "
+                "nothing of this attempt is published") from None
+        except Exception:
+            if published(final, range_id, fs):
+                _withdraw(final, copied, fs)
+                return
+            raise
     else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
         fs.mkdirs(final)
     fs.delete(staging)
+
+
+def _withdraw(final: str, copied: list[str], fs: OutputFS) -> int:
+    """After another attempt published ``final`` first: delete the files this attempt copied there
+    that its manifest does not list, so the directory is exactly as that attempt published it (data
+    file names are distinct per job; a name it lists came from the same staging copy). A manifest
+    that lists no files leaves them (nothing is known to be foreign). Returns how many went."""
+    try:
+        manifest = read_manifest(final, fs)
+    except ValueError:
+        manifest = None
+    listed = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(listed, list):
+        return 0
+    gone = [rel for rel in copied if rel not in set(listed)]
+    for rel in gone:
+        fs.delete(join(final, rel))
+    if gone:
+        log.warning("%s was published by another attempt; removed this attempt's %d file(s) it does not list",
+                    final, len(gone))
+    return len(gone)
 
 
 def remove(location: str, fs: OutputFS = LOCAL) -> None:

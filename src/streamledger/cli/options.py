@@ -58,9 +58,12 @@ def pipeline_arg(text: str) -> str:
 
 
 def known_to(ledger: Ledger, pipeline: str | None, stream: str | None = None) -> None:
-    """Refuse (exit 2, one line) a pipeline, or a stream of it, the ledger has no record of: a typo
-    would otherwise read as a clean, empty answer."""
+    """Refuse (exit 2, one line) a pipeline, or a stream of it (of any pipeline when none is named),
+    the ledger has no record of: a typo would otherwise read as a clean, empty answer."""
     if pipeline is None:
+        if stream is not None and not ledger.pipelines_of(stream):
+            raise BadInput(f"stream {stream!r}: no pipeline in the ledger has a history of it "
+                           "(`streamledger status` lists the streams)")
         return
     streams = ledger.streams_of(pipeline)
     if streams is None:

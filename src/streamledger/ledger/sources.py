@@ -186,6 +186,14 @@ class Sources(LedgerSession):
                 return None
             return sorted(set(session.scalars(select(Source.stream).where(Source.pipeline_id == pid))))
 
+    def pipelines_of(self, stream: str) -> list[str]:
+        """The pipelines with a history of ``stream`` (sorted; empty when none has): what a command
+        naming a stream without a pipeline checks it against."""
+        with self._tx(f"pipelines of stream {stream!r}", write=False) as session:
+            return sorted(set(session.scalars(
+                select(Pipeline.name).join(Source, Source.pipeline_id == Pipeline.id)
+                .where(Source.stream == stream))))
+
     def last_end(self, pipeline: str, source: SourceRef) -> int | None:
         """Where the next new range would start (None before the first range of this source)."""
         check_pipeline(pipeline)

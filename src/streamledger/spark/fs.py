@@ -67,6 +67,29 @@ class HadoopFS:
             fs.delete(tmp, False)
             raise OSError(f"could not rename {tmp.toString()} to {uri}")
 
+    def create_file(self, uri: str, data: bytes) -> None:
+        """Write ``data`` only if nothing is at ``uri`` (FileExistsError otherwise). ``file://``: the
+        local exclusive create of :class:`streamledger.fs.LocalFS`; else Hadoop's ``create(path,
+        overwrite=false)``, exclusive on HDFS (the NameNode creates the name once), on an object
+        store connector a look, then a PUT unless the connector makes it conditional. An ``s3://``
+        output the session has no connector for goes through :class:`streamledger.fs.ArrowFS`,
+        whose create is a conditional PUT."""
+        if scheme(uri) == "file":
+            LOCAL.create_file(uri, data)
+            return
+        fs, path = self._path(uri)
+        fs.mkdirs(path.getParent())
+        try:
+            out = fs.create(path, False)
+        except Exception as exc:  # py4j's error wrapping Hadoop's FileAlreadyExistsException
+            if "FileAlreadyExists" in str(exc) or bool(fs.exists(path)):
+                raise FileExistsError(f"{uri} exists: not replaced") from None
+            raise
+        try:
+            out.write(bytearray(data))
+        finally:
+            out.close()
+
     @staticmethod
     def _put(fs: Any, path: Any, data: bytes) -> None:
         out = fs.create(path, True)

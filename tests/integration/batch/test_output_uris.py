@@ -69,6 +69,13 @@ class DiesMidCopy:
         self.inner.copy_file(src, dst)
         self.copies.append(fs.name(dst))
 
+    def create_file(self, uri: str, data: bytes) -> None:  # the manifest's create-only write, a copy too
+        if self.left == 0:
+            raise Killed(f"killed while writing {uri}")
+        self.left -= 1
+        self.inner.create_file(uri, data)
+        self.copies.append(fs.name(uri))
+
 
 @pytest.fixture
 def client(rabbitmq_url: str) -> Iterator[StreamClient]:

@@ -4,6 +4,8 @@ pipeline exits 2 as well (docs/cli.md: 1 is the audit's findings). Both ledgers.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from streamledger.cli import main
@@ -43,3 +45,27 @@ def test_ranges_of_an_unknown_stream_is_exit_2_naming_it(
     assert main([*argv, "nope"]) == 2
     err = capsys.readouterr().err
     assert "'nope'" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_ranges_of_a_stream_no_pipeline_has_read_is_exit_2_naming_it(
+    any_ledger: Ledger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ledger ranges --stream X`` without ``--pipeline`` listed nothing and exited 0 when no pipeline
+    has a history of X (a typo read as a clean, empty answer); now the same one-line refusal as with a
+    pipeline. ``status`` takes no ``--stream``: argparse refuses the flag, also exit 2 in one line."""
+    known, unknown = f"s-{uuid.uuid4().hex[:8]}", f"nope-{uuid.uuid4().hex[:8]}"
+    r = any_ledger.claim("p-any-s", SourceRef("rabbitmq://c1/%2F", known), 10, run(1), initial_start=0)
+    any_ledger.commit(r.id, records=1, first_seen=0, last_seen=0, output="/out/any")
+    argv = ["ledger", "ranges", "--db", any_ledger.url, "--stream"]
+    capsys.readouterr()
+    assert main([*argv, known]) == 0
+    assert "p-any-s" in capsys.readouterr().out
+    assert main([*argv, unknown]) == 2
+    captured = capsys.readouterr()
+    assert f"'{unknown}'" in captured.err and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert captured.out == ""
+    with pytest.raises(SystemExit) as refused:
+        main(["status", "--db", any_ledger.url, "--stream", unknown])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "--stream" in err and len(err.strip().splitlines()) == 1, err

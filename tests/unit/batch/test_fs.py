@@ -163,3 +163,16 @@ def test_missing_s3_credentials_are_named_only_where_they_are_known_missing(tmp_
     (tmp_path / ".aws").mkdir()
     (tmp_path / ".aws" / "credentials").write_text("[default]\n")
     assert credentials_missing("s3://b/out", none) is None
+
+
+def test_a_create_on_s3_without_boto3_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyarrow.fs cannot send If-None-Match, so the manifest's create-only PUT on S3 goes through
+    botocore; without it the publish fails in one line naming the extra, before any request."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 -> ImportError
+    with pytest.raises(fs.LocationError) as refused:
+        fs.ArrowFS().create_file("s3://bucket/out/p/_manifest.json", b"{}")
+    said = str(refused.value)
+    assert "\n" not in said and said.startswith("s3://bucket/out/p/_manifest.json: ")
+    assert 'pip install "streamledger[s3]"' in said, said

@@ -2,9 +2,11 @@
 (an object store, simulated by ``LocalFS(atomic_rename=False)``), and the local rename's window.
 
 * A stalled attempt whose publish lease moved on while it was inside its manifest PUT (after its last
-  guard) overwrites the manifest of the attempt that published meanwhile: a real window on object
-  stores, which offer no PUT-if-absent through the file-system layer. Reproduced here (strict xfail:
-  the fix needs a conditional write, ``If-None-Match: *``, which ``streamledger.fs`` does not have).
+  guard) overwrote the manifest of the attempt that published meanwhile: a real window on object
+  stores. The manifest is now written create-only (``OutputFS.create_file``: an exclusive create
+  here, ``If-None-Match: *`` on S3, tests/integration/batch/test_s3_publish_race.py), so the loser's
+  write is refused; it removes what it copied that the winner's manifest does not list and fails in
+  one line naming the range.
 * ``LocalFS.rename`` checks that the destination does not exist, then renames: in between, POSIX
   rename replaces an *empty* directory only (a non-empty one fails with ENOTEMPTY), and an empty
   directory holds no output, so nothing published can be lost there (asserted below).
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from streamledger import fs as filesystems
-from streamledger.batch.outputs import publish, read_manifest
+from streamledger.batch.outputs import PublishedByAnother, publish, read_manifest
 
 
 def _staging(root: Path, name: str, range_id: int) -> str:
@@ -30,9 +32,6 @@ def _staging(root: Path, name: str, range_id: int) -> str:
     return str(where)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 43 item 7: an attempt stalled inside its manifest PUT after "
-                   "its last lease check overwrites the winner's manifest on a store without conditional "
-                   "writes; needs PUT-if-absent in streamledger.fs")
 def test_an_attempt_stalled_in_its_manifest_put_leaves_the_winners_manifest(tmp_path: Path) -> None:
     store = filesystems.LocalFS(atomic_rename=False)
     final = str(tmp_path / "p" / "b" / "s" / "0-100")
@@ -44,11 +43,74 @@ def test_an_attempt_stalled_in_its_manifest_put_leaves_the_winners_manifest(tmp_
         if checks["n"] == 3:  # the lease moved on: B re-read the range and publishes it meanwhile
             publish(b, final, 7, store)
 
-    publish(a, final, 7, store, guard=stalled_guard)
+    with pytest.raises(PublishedByAnother) as lost:
+        publish(a, final, 7, store, guard=stalled_guard)
     manifest = read_manifest(final, store)
     assert manifest is not None
     present = sorted(p.name for p in Path(final).iterdir() if not p.name.startswith("_"))
     assert manifest["files"] == present, (manifest, present)
+    assert manifest["written_at"] == "b"
+    said = str(lost.value)
+    assert "\n" not in said and said.startswith("range 7: ") and final in said, said
+
+
+def test_a_loser_that_copied_into_the_winners_directory_leaves_it_as_the_winner_published_it(
+    tmp_path: Path,
+) -> None:
+    """The winner publishes while the stalled attempt is between its lease check and its first
+    copy: the loser copies its data file next to the winner's, then its manifest is refused (an
+    exclusive create on the local file system); it removes its own file and fails, and the directory
+    is byte for byte what the winner published."""
+    store = filesystems.LocalFS(atomic_rename=False)
+    final = str(tmp_path / "p" / "b" / "s" / "0-100")
+    a, b = _staging(tmp_path, "a", 7), _staging(tmp_path, "b", 7)
+    checks = {"n": 0}
+    published_by_b: dict[str, bytes] = {}
+
+    def stalled_guard() -> None:
+        checks["n"] += 1
+        if checks["n"] == 2:  # after A's first check, before its first copy: B publishes
+            publish(b, final, 7, store)
+            published_by_b.update({p.name: p.read_bytes() for p in Path(final).iterdir()})
+
+    with pytest.raises(PublishedByAnother, match=r"^range 7: another attempt published .* first"):
+        publish(a, final, 7, store, guard=stalled_guard)
+    assert {p.name: p.read_bytes() for p in Path(final).iterdir()} == published_by_b
+    assert sorted(published_by_b) == ["_manifest.json", "part-b.parquet"]
+    assert Path(a).is_dir() and not Path(b).exists()  # the loser's staging is its own to sweep
+
+
+def test_two_attempts_publishing_one_staging_copy_both_succeed(tmp_path: Path) -> None:
+    """Both attempts copy the same staging copy (the one the ledger names): the loser's manifest is
+    refused, but the one in place is its own byte for byte, so nothing is removed and it returns."""
+    store = filesystems.LocalFS(atomic_rename=False)
+    final = str(tmp_path / "final")
+    a = _staging(tmp_path, "a", 7)
+    twin = tmp_path / "twin"
+    import shutil
+
+    shutil.copytree(a, twin)
+    checks = {"n": 0}
+
+    def stalled_guard() -> None:
+        checks["n"] += 1
+        if checks["n"] == 3:  # before A's manifest: the twin copy is published
+            publish(str(twin), final, 7, store)
+
+    publish(a, final, 7, store, guard=stalled_guard)
+    assert sorted(p.name for p in Path(final).iterdir()) == ["_manifest.json", "part-a.parquet"]
+    assert json.loads((Path(final) / "_manifest.json").read_text())["files"] == ["part-a.parquet"]
+
+
+def test_the_local_create_is_exclusive_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    target = tmp_path / "d" / "_manifest.json"
+    filesystems.LOCAL.create_file(str(target), b"first")
+    with pytest.raises(FileExistsError, match="exists: not replaced"):
+        filesystems.LOCAL.create_file(str(target), b"second")
+    with pytest.raises(FileExistsError):
+        filesystems.ArrowFS().create_file(target.as_uri(), b"third")
+    assert target.read_bytes() == b"first"
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no temp file left
 
 
 def test_the_local_rename_never_replaces_a_directory_with_content(tmp_path: Path) -> None:
