@@ -287,6 +287,38 @@ def test_a_transform_lands_typed_rows_in_a_table_that_evolves_with_it(
                                                    if r.status == RangeStatus.CLAIMED]
 
 
+@pytest.mark.parametrize("sink", ["iceberg", "delta"])
+def test_nested_columns_land_batch_after_batch_and_a_changed_element_type_is_refused(
+        sink: str, ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str,
+        stream_name: Any, tmp_path: Path) -> None:
+    """A transform writing an array and a struct: the table its first batch made reads them back in
+    its own library's widths (pyiceberg: large lists and strings), which the next batch's rows (Spark's
+    plain widths) still fit; an array whose element type changes is refused before the claim."""
+    s = stream_name(f"nested-{sink}")
+    publish_orders(rabbitmq_url, s, 60)
+    base = dict(pipeline=PIPE, sink=sink, max_offsets=30, body_format="json", body_schema=SCHEMA,
+                on_bad_record="dead_letter")
+    nested = ("SELECT order_id, split(customer, '-') AS parts, "
+              "named_struct('status', status, 'amount', amount) AS detail FROM records")
+    for n in (1, 2):
+        run_batch(config(rabbitmq_url, tmp_path, s, **base, sql=nested), run=rid("t", run=f"r{n}"),
+                  ledger=ledger, broker=client, runner=runner)
+    assert len(published(ledger)) == 2
+    rows = table_of(sink, ledger, tmp_path, PIPE).to_pylist()
+    want = sorted((d["order_id"], d["customer"].split("-"), d["status"])
+                  for b in broker_bodies(rabbitmq_url, s, 0, 60) if (d := decoded(b)))
+    assert sorted((r["order_id"], r["parts"], r["detail"]["status"]) for r in rows) == want
+    report = audit(ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
+    changed = config(rabbitmq_url, tmp_path, s, **base,
+                     sql="SELECT order_id, array(1, 2) AS parts, named_struct('status', status, "
+                         "'amount', amount) AS detail FROM records")
+    with pytest.raises(BatchError) as refused:
+        run_batch(changed, run=rid("t", run="r3"), ledger=ledger, broker=client, runner=runner)
+    assert "parts" in str(refused.value) and "type" in str(refused.value)
+    assert len(published(ledger)) == 2
+
+
 def test_the_table_audit_catches_rows_of_a_range_the_ledger_did_not_commit(
         ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
         tmp_path: Path) -> None:

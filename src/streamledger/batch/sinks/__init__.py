@@ -173,10 +173,17 @@ class DirectorySink:
 
 
 def _kind(t: Any) -> str:
-    """A column type as far as the job's files and a table must agree (the width of strings and
-    binaries, the integer size and the map's key/value widths are each library's business)."""
+    """A column type as far as the job's files and a table must agree (the width of strings,
+    binaries and lists, the integer size, the map's key/value widths and whether a nested value may
+    be null are each library's business: pyiceberg reads a table back in large widths, Spark writes
+    plain ones). Lists and structs compare by what they hold, so a changed element type still shows."""
     import pyarrow as pa
 
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return f"list<{_kind(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ", ".join(f"{t.field(i).name}: {_kind(t.field(i).type)}"
+                                     for i in range(t.num_fields)) + ">"
     for kind, test in (("string", pa.types.is_string), ("string", pa.types.is_large_string),
                        ("binary", pa.types.is_binary), ("binary", pa.types.is_large_binary),
                        ("integer", pa.types.is_integer), ("timestamp", pa.types.is_timestamp),
