@@ -66,7 +66,8 @@ def test_run_batch_and_the_cli_refuse_a_sink_without_its_library_in_one_line_bef
             "--output-root", str(tmp_path), "--sink", sink]
     assert main(argv) == 2  # docs/cli.md: a missing optional dependency is bad input
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and err[0].startswith("streamledger: error: ") and advice(library, extra) in err[0], err
+    assert len(err) == 1 and err[0].startswith("streamledger: error: "), err
+    assert advice(library, extra) in err[0], err
     assert ledger.ranges(PIPE) == []
     assert client.query_offset(s, PIPE) is None
 
