@@ -2,7 +2,8 @@
 for ``delta``) is one line naming the extra to install (docs/install.md), from every face, before
 anything is claimed: ``run_batch`` (under every face), ``streamledger batch run`` (exit 2, as every
 missing optional library), the Airflow operator's ``execute``; the Dagster asset factory and the
-component say it when the definitions load (``tests/unit/dagster``).
+component say it when the definitions load (``tests/unit/dagster``). The audit of such a table says
+it too.
 
 The library is hidden as where it is not installed: importing it finds nothing (``None`` in
 ``sys.modules``, its submodules other tests imported dropped for the test)."""
@@ -20,7 +21,7 @@ import pytest
 from streamledger.batch import BatchError, run_batch
 from streamledger.ledger import Ledger
 from streamledger.protocol.rabbitmq import StreamClient, parse_url
-from tests.integration.batch.helpers import config, rid
+from tests.integration.batch.helpers import CountingRunner, config, rid
 from tests.integration.spark.helpers import create_stream
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(120)]
@@ -96,3 +97,33 @@ def test_the_batch_operator_fails_a_sink_without_its_library_in_one_line_before_
     said = str(caught.value)
     assert advice(library, extra) in said and "\n" not in said, said
     assert Ledger(ledger_url).ranges(PIPE) == []
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("sink", "library", "extra"), SINKS)
+def test_the_audit_of_a_table_without_its_library_is_one_line_naming_the_extra(
+    sink: str, library: str, extra: str, ledger: Ledger, client: StreamClient, runner: CountingRunner,
+    rabbitmq_url: str, stream_name: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The audit (``ledger audit``, ``LedgerAuditOperator``, the Dagster checks: all ``proof.audit``)
+    of a pipeline that landed in a table, where the table's library is not installed: it cannot
+    check the table and says why in one line (exit 2 from the command line), not a traceback."""
+    from streamledger.batch.proof import audit
+    from streamledger.cli import main
+
+    s = stream_name(f"noextra-audit-{sink}")
+    create_stream(rabbitmq_url, s, 10)
+    run_batch(config(rabbitmq_url, tmp_path, s, pipeline=PIPE, sink=sink), run=rid("t"), ledger=ledger,
+              broker=client, runner=runner)
+    hide(monkeypatch, library)
+    with pytest.raises(BatchError) as caught:
+        audit(ledger, PIPE)
+    said = str(caught.value)
+    assert advice(library, extra) in said and "\n" not in said, said
+
+    capsys.readouterr()
+    assert main(["ledger", "audit", "--db", ledger.url, "--pipeline", PIPE]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("streamledger: error: "), err
+    assert advice(library, extra) in err[0], err
