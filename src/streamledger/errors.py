@@ -20,6 +20,12 @@ class BatchError(StreamledgerError):
     it too; :mod:`streamledger.batch` exports it."""
 
 
+class MissingExtra(BatchError, ValueError):
+    """An optional library is not installed where it is needed; ``str(err)`` is one line naming the
+    extra that installs it (docs/install.md). A ``ValueError`` like every refusal of bad input, so the
+    command line exits 2 for it as for any missing optional library."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Bad arguments are one line on stderr (the house rule for every error) and exit status 2;
     the usage lines are left to ``--help``. Subcommand parsers inherit the class.

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from streamledger import fs as filesystems
 from streamledger.batch import outputs
-from streamledger.errors import StreamledgerError
+from streamledger.batch.rules import sink_library_problem
+from streamledger.errors import MissingExtra, StreamledgerError
 from streamledger.ledger.audit import AuditReport, Violation, ViolationKind
 from streamledger.ledger.types import RangeStatus, SameBroker, is_retired
 from streamledger.manifest import MANIFEST, ManifestError
@@ -199,6 +200,9 @@ def check_tables(ledger: Ledger, ranges: list[OffsetRange], *,
         theirs = [r for r in done if r.pipeline == pipeline]
         for table in sorted({r.sink_table for r in theirs if r.sink_table}):
             kind, _, where = table.partition(":")
+            problem = sink_library_problem(kind)  # the table cannot be checked here: say why
+            if problem is not None:
+                raise MissingExtra(f"{kind} table {where} of pipeline {pipeline!r}: {problem}")
             sink: Sink
             if kind == "iceberg":
                 from streamledger.batch.sinks.iceberg import IcebergSink

@@ -1,5 +1,6 @@
 """The rules a pipeline's settings must meet, refused before anything is claimed: which source it
-names (:func:`source_problem`) and which sink it writes to (:func:`sink_problem`).
+names (:func:`source_problem`), which sink it writes to (:func:`sink_problem`) and whether that
+sink's library is installed where the batch runs (:func:`sink_library_problem`).
 
 One room below ``config``, ``position`` and ``sinks``, so each asks the same rule without importing
 the others (``BatchConfig``, the operators, the Dagster assets and the CLI all ask here).
@@ -13,13 +14,14 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from streamledger import fs as filesystems
+from streamledger.errors import extra_problem
 from streamledger.ledger.types import pipeline_name_problem
 from streamledger.paths import name_problem
 
 __all__ = [
     "FORMATS", "INITIAL_POSITIONS", "ON_DATA_LOSS", "SINKS", "absolute_location", "catalog_problem",
     "default_iceberg_table", "fmt_problem", "initial_position_problem", "on_data_loss_problem",
-    "placement_problem", "sink_problem", "source_problem", "splits_problem",
+    "placement_problem", "sink_library_problem", "sink_problem", "source_problem", "splits_problem",
 ]
 
 SINKS = ("directory", "iceberg", "delta")
@@ -95,6 +97,20 @@ def placement_problem(output_root: str, sink: str, table: str | None) -> str | N
 def default_iceberg_table(pipeline: str) -> str:
     """``streamledger.<pipeline>`` with every character outside ``[A-Za-z0-9_]`` as ``_``."""
     return "streamledger." + re.sub(r"[^A-Za-z0-9_]", "_", pipeline)
+
+
+SINK_LIBRARIES = {"iceberg": "pyiceberg", "delta": "deltalake"}
+"""The optional library each table sink imports (its extra: :data:`streamledger.errors.EXTRAS`)."""
+
+
+def sink_library_problem(sink: str) -> str | None:
+    """``the iceberg sink: pyiceberg is not installed: pip install "streamledger[iceberg]"`` when the
+    sink's library cannot be imported here, else None. Asked where a batch is about to run (the sink
+    is built, ``batch run`` reads its options, Dagster definitions load), never where a DAG is only
+    parsed: Airflow's DAG processor need not have the workers' extras."""
+    library = SINK_LIBRARIES.get(sink)
+    problem = extra_problem(library) if library else None
+    return None if problem is None else f"the {sink} sink: {problem}"
 
 
 def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None, fmt: str) -> str | None:

@@ -218,8 +218,12 @@ _NOUNS = ("table", "transform", "sql")
 def _config(args: argparse.Namespace, url: str) -> BatchConfig:
     """The batch's config: the spec bound to this run (the URL, the interval, the catalog)."""
     from streamledger.batch import BatchConfig, BatchError
+    from streamledger.batch.rules import sink_library_problem
 
     spec = _spec(args)
+    problem = sink_library_problem(spec.sink)  # before the broker or the ledger is contacted
+    if problem is not None:
+        raise BadInput(problem)
     try:
         return BatchConfig.for_run(spec, url=url, interval_start=args.interval_start,
                                    interval_end=args.interval_end, catalog=catalog_of(args))

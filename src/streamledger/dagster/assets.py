@@ -47,10 +47,11 @@ from dagster import (
 from streamledger.batch import BatchConfig, BatchResult, run_batch
 from streamledger.batch.lineage import lineage_of
 from streamledger.batch.position import PipelineSource
+from streamledger.batch.rules import sink_library_problem
 from streamledger.batch.spec import Door, PipelineSpec, spec_settings
 from streamledger.dagster.freshness import lag_by_stream
 from streamledger.dagster.identity import holder_alive, run_id_for
-from streamledger.errors import StreamledgerError
+from streamledger.errors import MissingExtra, StreamledgerError
 
 DEFAULT_BROKER_KEY = "rabbitmq"
 DEFAULT_LEDGER_KEY = "ledger"
@@ -244,6 +245,9 @@ def build_stream_batch_asset(
         pipeline=pipeline, output_root=output_root, windowed=partitions_def is not None,
         initial_position=initial_position, catalog_given=catalog_resource_key is not None, **settings,
     )
+    problem = sink_library_problem(spec.sink)
+    if problem is not None:  # one line now, as the component says it, not a traceback at the first run
+        raise MissingExtra(f"pipeline {pipeline!r}: {problem}")
     return stream_batch_asset(
         spec, key=key, partitions_def=partitions_def, catalog_resource_key=catalog_resource_key,
         broker_resource_key=broker_resource_key, ledger_resource_key=ledger_resource_key,

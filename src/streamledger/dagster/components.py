@@ -64,6 +64,7 @@ from dagster.components.utils.translation import TranslationFn, TranslationFnRes
 from dagster_shared.serdes.objects.models.defs_state_info import DefsStateManagementType
 
 from streamledger.batch.position import PipelineSource, source_problem
+from streamledger.batch.rules import sink_library_problem
 from streamledger.batch.spec import Door, PipelineSpec, SpecError, spec_default, spec_settings
 from streamledger.dagster.assets import asset_spec, stream_batch_asset
 from streamledger.dagster.checks import build_ledger_audit_check, build_partition_audit_check
@@ -74,7 +75,7 @@ from streamledger.dagster.resources import (
     StreamSparkResource,
 )
 from streamledger.dagster.sensors import build_stream_backlog_sensor
-from streamledger.errors import StreamledgerError, extra_problem
+from streamledger.errors import StreamledgerError
 
 __all__ = [
     "BacklogSensorModel",
@@ -223,10 +224,6 @@ SPEC_LACKS: dict[str, str] = {}
 other field of :func:`~streamledger.batch.spec.spec_settings` is a field of the same name;
 tests/unit/batch/test_spec_faces.py holds the component to it)."""
 
-_SINK_LIBRARY = {"iceberg": "pyiceberg", "delta": "deltalake"}
-"""The optional library a table sink needs (its extra: :data:`streamledger.errors.EXTRAS`)."""
-
-
 class StreamBatchScaffolder(Scaffolder[Any]):
     """``dg scaffold defs streamledger.dagster.StreamBatchComponent <path>``: a commented defs.yaml."""
 
@@ -365,11 +362,9 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
                               door=Door.COMPONENT)
         except SpecError as exc:
             raise ComponentConfigError(f"StreamBatchComponent: {exc}") from exc
-        library = _SINK_LIBRARY.get(spec.sink)
-        problem = extra_problem(library) if library else None
+        problem = sink_library_problem(spec.sink)
         if problem is not None:  # one line now, not a traceback at the first run
-            raise ComponentConfigError(
-                f"StreamBatchComponent(pipeline={self.pipeline!r}): sink: {spec.sink}: {problem}")
+            raise ComponentConfigError(f"StreamBatchComponent(pipeline={self.pipeline!r}): {problem}")
         return spec
 
     @property

@@ -52,6 +52,24 @@ def test_spark_connect_resource_builds_the_connect_runner() -> None:
         StreamSparkResource(remote="http://spark-host:15002").get_runner()
 
 
+@pytest.mark.parametrize(("sink", "library", "extra"), [("iceberg", "pyiceberg", "iceberg"),
+                                                         ("delta", "deltalake", "delta")])
+def test_the_asset_factory_says_a_sink_without_its_library_in_one_line_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch, sink: str, library: str, extra: str,
+) -> None:
+    """Issue 41 item 5: as the component does, when the definitions load, not at the first run."""
+    import sys
+
+    for name in [m for m in sys.modules if m == library or m.startswith(f"{library}.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, library, None)  # what importing it finds where it is not installed
+    with pytest.raises(StreamledgerError) as err:
+        build_stream_batch_asset(pipeline="orders", output_root="/tmp/o", stream="s", sink=sink)
+    said = str(err.value)
+    assert "\n" not in said and "orders" in said, said
+    assert f'{library} is not installed: pip install "streamledger[{extra}]"' in said, said
+
+
 def test_factories_validate_when_definitions_load() -> None:
     with pytest.raises(BatchError, match="exactly one of stream or super_stream"):
         build_stream_batch_asset(pipeline="p", output_root="/tmp/o", stream="s", super_stream="x")
