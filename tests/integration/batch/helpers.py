@@ -77,7 +77,7 @@ class KillAtStore:
         self._client.store_offsets_verified(*args, **kwargs)
 
 
-def config(url: str, root: Path, stream: str, **kw: Any) -> BatchConfig:
+def config(url: str, root: Path | str, stream: str, **kw: Any) -> BatchConfig:
     return BatchConfig(pipeline=kw.pop("pipeline", "p-exactly-once"), url=url, output_root=str(root),
                        stream=stream, **kw)
 

@@ -127,3 +127,34 @@ def test_the_audit_of_a_table_without_its_library_is_one_line_naming_the_extra(
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("streamledger: error: "), err
     assert advice(library, extra) in err[0], err
+
+
+@pytest.mark.parametrize("sink", ["directory", "iceberg"])
+def test_an_s3_output_root_without_boto3_is_one_line_naming_the_extra_before_any_claim(
+    sink: str, ledger: Ledger, client: StreamClient, rabbitmq_url: str, stream_name: Any, tmp_path: Path,
+    s3_bucket: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A publish on S3 writes its manifest with a conditional PUT, which only boto3 sends (the ``s3``
+    extra): without it the batch is refused before anything is claimed, not after its job."""
+    from streamledger.cli import main
+
+    s = stream_name(f"noboto-{sink}")
+    create_stream(rabbitmq_url, s, 10)
+    root = s3_bucket.uri("out")
+    hide(monkeypatch, "boto3")
+    hide(monkeypatch, "botocore")
+    with pytest.raises(BatchError) as caught:
+        run_batch(config(rabbitmq_url, root, s, pipeline=PIPE, sink=sink), run=rid("t"),
+                  ledger=ledger, broker=client, runner=no_job)
+    said = str(caught.value)
+    assert advice("boto3", "s3") in said and "\n" not in said and s3_bucket.secret_key not in said, said
+    assert ledger.ranges(PIPE) == []
+
+    capsys.readouterr()
+    argv = ["batch", "run", "--url", rabbitmq_url, "--stream", s, "--pipeline", PIPE, "--ledger", ledger.url,
+            "--output-root", root, "--sink", sink]
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and advice("boto3", "s3") in err[0], err
+    assert ledger.ranges(PIPE) == [] and client.query_offset(s, PIPE) is None
+    assert s3_bucket.keys() == []
