@@ -2,6 +2,14 @@
 # Runs the whole pytest suite; servers are provisioned and started by the fixtures.
 # Fails when pytest collects nothing (exit 5) in any lane, or anything else goes wrong.
 #
+# `scripts/run_tests.sh --lint` (what `make test` runs) also runs `make lint` at the same time as the
+# suite (lint is CPU while the lanes wait on servers; on a fresh machine mypy without a cache takes
+# minutes) and fails when lint fails, its output and verdict printed at the end. Before the lanes, the
+# whole suite provisions and starts the shared servers once (tests/support/provision.py: PostgreSQL,
+# the three brokers, the S3 server), while lint runs, so the lanes do not queue on the fixtures' locks
+# behind a first-time provisioning; the fixtures still start whatever is missing, as when one test
+# file runs alone.
+#
 # Three lanes run at the same time, because much of the suite's wall time is spent waiting, not computing:
 # * lane "core": tests/unit, tests/integration (but the Dagster, Spark and mewbase integration tests)
 #   and the model checker's short form (tests/model) in one process (one shared classic
@@ -47,9 +55,17 @@ run() {
   return "$rc"
 }
 
+lint=0
+if [ "${1:-}" = "--lint" ]; then
+  lint=1
+  shift
+fi
+
 if [ "$#" -gt 0 ]; then
-  run "$@"
-  exit $?
+  rc=0
+  if [ "$lint" = 1 ]; then "${MAKE:-make}" --no-print-directory lint VENV="$VENV" || rc=$?; fi
+  run "$@" || rc=$?
+  exit "$rc"
 fi
 
 airflow_lane() {
@@ -74,6 +90,28 @@ core_lane() {
 
 began=$SECONDS
 rc=0
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+if [ "$lint" = 1 ]; then
+  ( lrc=0; "${MAKE:-make}" --no-print-directory lint VENV="$VENV" > "$logs/lint.log" 2>&1 || lrc=$?
+    echo "$lrc" > "$logs/lint.rc"; echo $((SECONDS - began)) > "$logs/lint.s" ) &
+fi
+lint_report() {  # the lint job's output and verdict (it runs beside the lanes); 1 when it failed
+  [ "$lint" = 1 ] || return 0
+  wait
+  local lrc
+  lrc=$(cat "$logs/lint.rc" 2>/dev/null || echo 1)
+  echo "== lint (ruff, mypy, import graph; beside the lanes): $(cat "$logs/lint.s" 2>/dev/null || echo '?') s (exit $lrc)"
+  cat "$logs/lint.log"
+  if [ "$lrc" -ne 0 ]; then
+    echo "== LINT FAILED (exit $lrc): the suite fails with it"
+    return 1
+  fi
+}
+"$VENV/bin/python" -m tests.support.provision \
+  || echo "== provisioning failed (above); the lanes' fixtures try again" >&2
+echo "== servers ready: $((SECONDS - began)) s"
+
 if [ "${STREAMLEDGER_TEST_LANES:-3}" = "1" ]; then
   core_lane || rc=$?
   echo "== lane core: $((SECONDS - began)) s"
@@ -83,11 +121,10 @@ if [ "${STREAMLEDGER_TEST_LANES:-3}" = "1" ]; then
   mark=$SECONDS
   side_lane || rc=$?
   echo "== lane side: $((SECONDS - mark)) s"
+  lint_report || rc=1
   exit "$rc"
 fi
 
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
 background() {  # background NAME: run NAME_lane, its output, exit code and seconds kept in $logs
   local name=$1
   ( lrc=0; "${name}_lane" > "$logs/$name.log" 2>&1 || lrc=$?
@@ -108,5 +145,6 @@ for name in airflow side; do
   cat "$logs/$name.log"
   [ "$lane_rc" -eq 0 ] || rc=$lane_rc
 done
-echo "== all lanes: $((SECONDS - began)) s"
+lint_report || rc=1
+echo "== all lanes: $((SECONDS - began)) s (exit $rc)"
 exit "$rc"
