@@ -24,7 +24,7 @@ def _timed(name: str, start: Callable[[], object], failures: list[str]) -> None:
     t0 = time.monotonic()
     try:
         start()
-    except Exception as exc:  # noqa: BLE001 - reported, and the run goes on to the next server
+    except Exception as exc:  # reported, and the run goes on to the next server
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         failures.append(f"{name}: {first}")
         print(f"provision: {name} failed after {time.monotonic() - t0:.1f} s: {first}", flush=True)
