@@ -509,7 +509,7 @@ class ChaosRun:
         while self.af.api("GET", f"dags/{DAG_ID}", ok=(200, 404)).get("dag_id") != DAG_ID:
             if time.monotonic() > deadline:
                 raise ServerError(f"{DAG_ID} was not parsed in 180 s (see {self.af.home}/logs)")
-            time.sleep(2)
+            time.sleep(0.5)
         self.publisher = Publisher(self.broker.url, self.streams, self.opts.rate, self.tag)
         self.publisher.start()
         self.monitor = OffsetMonitor(self)
@@ -711,7 +711,7 @@ class ChaosRun:
         self.af.api("PATCH", f"dags/{DAG_ID}", {"is_paused": True})
         deadline = time.monotonic() + 300
         while task_processes(self.af.procs["scheduler"].pid) and time.monotonic() < deadline:
-            time.sleep(1)
+            time.sleep(0.25)
         if self.monitor is not None:
             self.monitor.stop_event.set()
             self.monitor.join(timeout=30)
@@ -758,7 +758,7 @@ class ChaosRun:
                 last_report = time.monotonic()
                 states = Counter(r["state"] for r in runs)
                 self.event(f"waiting for {what}: runs {dict(states)}")
-            time.sleep(3)
+            time.sleep(1)
 
     def _caught_up(self) -> bool:
         """The parallel variant's "done": no claim left, every committed range published, the

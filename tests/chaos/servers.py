@@ -298,7 +298,7 @@ class AirflowCluster:
                 for k in ("metadatabase", "scheduler", "dag_processor", "triggerer")
             ):
                 return
-            time.sleep(2)
+            time.sleep(0.5)
         raise ServerError(f"Airflow did not become healthy in {timeout:.0f}s; last health {self._health()}")
 
     def check_alive(self) -> None:

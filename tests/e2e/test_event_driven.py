@@ -65,7 +65,7 @@ def _wait(what: str, timeout: float, check: Callable[[], Any]) -> Any:
         if value:
             return value
         assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(1.0)
+        time.sleep(0.25)
 
 
 def _runs(af: AirflowHome, dag_id: str) -> list[tuple[str, str, str]]:

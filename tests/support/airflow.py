@@ -277,7 +277,7 @@ def airflow_components(af: AirflowHome, *, dags_folder: Path | None = None,
                 break
             if time.monotonic() > deadline:
                 raise AssertionError(f"Airflow components not healthy after {ready_timeout:g}s: {health}")
-            time.sleep(1.0)
+            time.sleep(0.25)
         yield api_url
     finally:
         af.restart = None

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -228,15 +229,9 @@ def spark_standalone() -> Iterator[StandaloneCluster]:
         cluster.stop()
 
 
-@pytest.fixture(scope="session")
-def spark_connect() -> Iterator[str]:
-    """A local Spark Connect server (started by ``streamledger.spark.connect``); yields its sc:// URL.
-
-    It runs in its own state directory under ``$STREAMLEDGER_HOME/spark/`` so it never reuses (or
-    stops) a server a developer started by hand, and it is stopped at the end of the session.
-    """
-    for key, value in SPARK_ENV.items():
-        os.environ.setdefault(key, value)
+def _connect_root() -> Path:
+    """This process's Connect server directory (``connect-<pid>``), after removing those of earlier
+    sessions whose process is gone."""
     from streamledger.spark import connect
 
     base = _home() / "spark"
@@ -245,10 +240,81 @@ def spark_connect() -> Iterator[str]:
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             connect.stop(old)
             shutil.rmtree(old, ignore_errors=True)
-    root = base / f"connect-{os.getpid()}"
-    state = connect.start(root=root, conf={"spark.driver.memory": "1g"})
+    return base / f"connect-{os.getpid()}"
+
+
+def _start_connect(root: Path) -> str:
+    from streamledger.spark import connect
+
+    return connect.start(root=root, conf={"spark.driver.memory": "1g"}).url
+
+
+@dataclass
+class _EarlyConnect:
+    """The session's Connect server, started in a thread as soon as collection shows a test asks for it
+    (:func:`pytest_collection_finish`), so its JVM boots while the tests before that one run instead of
+    that test waiting for it (15-25 s on a loaded 2-core machine)."""
+
+    root: Path | None = None
+    thread: threading.Thread | None = None
+    url: str | None = None
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        assert self.root is not None
+        try:
+            self.url = _start_connect(self.root)
+        except BaseException as exc:  # handed to the fixture, which raises it in the test that asked
+            self.error = exc
+
+
+_EARLY = _EarlyConnect()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly or _EARLY.thread is not None:
+        return
+    if not any("spark_connect" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    for key, value in SPARK_ENV.items():  # here, not in the thread: the tests' own thread reads os.environ
+        os.environ.setdefault(key, value)
+    _EARLY.root = _connect_root()
+    _EARLY.thread = threading.Thread(target=_EARLY.run, name="spark-connect-start", daemon=True)
+    _EARLY.thread.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop an early-started server no test took (the run stopped first); stopping twice is harmless."""
+    if _EARLY.thread is not None and _EARLY.root is not None:
+        _EARLY.thread.join(timeout=240)
+        from streamledger.spark import connect
+
+        connect.stop(_EARLY.root)
+
+
+@pytest.fixture(scope="session")
+def spark_connect() -> Iterator[str]:
+    """A local Spark Connect server (started by ``streamledger.spark.connect``); yields its sc:// URL.
+
+    It runs in its own state directory under ``$STREAMLEDGER_HOME/spark/`` so it never reuses (or
+    stops) a server a developer started by hand, and it is stopped at the end of the session. Started
+    early, beside the first tests, when collection shows a test needs it (:class:`_EarlyConnect`).
+    """
+    from streamledger.spark import connect
+
+    if _EARLY.thread is not None and _EARLY.root is not None:
+        _EARLY.thread.join()
+        if _EARLY.error is not None:
+            raise _EARLY.error
+        assert _EARLY.url is not None
+        root, url = _EARLY.root, _EARLY.url
+    else:
+        for key, value in SPARK_ENV.items():
+            os.environ.setdefault(key, value)
+        root = _connect_root()
+        url = _start_connect(root)
     try:
-        yield state.url
+        yield url
     finally:
         connect.stop(root)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,11 @@ def test_the_offset_never_passes_a_committed_range_whose_publish_lease_is_still_
     assert (first.start, first.end, first.published_at) == (0, 100, None)
     notes = audit(ledger, PIPE, broker=client)
     assert [v.kind for v in notes.notes] == [ViolationKind.UNPUBLISHED]
-    time.sleep(8.2)
+    # wait until the killed attempt's publish lease (claim_timeout 8 s) ended by the ledger's clock
+    # (UTC): its last beat is in the ledger, and run b has used up part of those 8 s already
+    now = datetime.now(UTC)
+    beat = (first.publish_beat or now).replace(tzinfo=UTC)
+    time.sleep(max(0.0, (beat + timedelta(seconds=8.2) - now).total_seconds()))
     quiet = audit(ledger, PIPE, stale_after=timedelta(seconds=1))
     assert quiet.of_kind(ViolationKind.UNPUBLISHED), quiet.to_text()  # its lease went quiet: a violation
     run_batch(cfg, run=rid("c", run="r3"), ledger=ledger, broker=client, runner=runner)

@@ -34,8 +34,10 @@ def test_an_unknown_catalog_type_is_bad_input(rabbitmq_url: str, stream_name: An
 
 
 def test_catalog_properties_from_a_file_never_show_their_secret(
-    rabbitmq_url: str, stream_name: Any, tmp_path: Path
+    rabbitmq_url: str, stream_name: Any, tmp_path: Path, spark_connect: str
 ) -> None:
+    """The run that reaches the catalog runs its job on the suite's Spark Connect server (the catalog is
+    loaded after the job): the secret's path is the same, without a cold local JVM."""
     s = stream_name("cat-file")
     create_stream(rabbitmq_url, s, 5)
     props = tmp_path / "catalog.properties"
@@ -46,7 +48,8 @@ def test_catalog_properties_from_a_file_never_show_their_secret(
 
     # pyiceberg's own errors quote the properties: here the URI it cannot infer a catalog type from
     props.write_text(f"uri=mysql://u:{SECRET}@127.0.0.1:1/db\ncredential={SECRET}\n")
-    r = cli("-v", *batch(rabbitmq_url, tmp_path, s, "--catalog-file", str(props)))
+    r = cli("-v", *batch(rabbitmq_url, tmp_path, s, "--catalog-file", str(props)),
+            env={"STREAMLEDGER_SPARK_REMOTE": spark_connect})
     assert r.rc == 1 and "Could not infer the catalog type" in r.err, r.err
     assert SECRET not in r.out + r.err
 
