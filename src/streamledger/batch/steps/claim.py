@@ -1,7 +1,7 @@
 """The claim: one ledger transaction for every partition (the ledger's one claim rule), retention's
 losses settled, and the ranges without a user record committed without a job. A crash after it (crash
 A of docs/ledger.md's crash table) leaves the range claimed: the retry gets the same range back.
-:class:`Part` is one partition's live state from here on."""
+Each partition's :class:`~streamledger.batch.steps.state.Part` is made here."""
 
 from __future__ import annotations
 
