@@ -114,6 +114,69 @@ def _pinned_answer(what: str, got: OffsetRange, run: RunIdentity, pinned: _Pinne
     return got
 
 
+def _held_by(session: Session, source_ids: Sequence[int], run: RunIdentity) -> dict[int, Range]:
+    """The range ``run``'s key holds on each source: a claimed range first, else the first committed one."""
+    held: dict[int, Range] = {}
+    for chunk in chunks(list(source_ids)):
+        for row in session.scalars(select(Range).where(
+                Range.source_id.in_(chunk), Range.dag_id == run.dag_id, Range.run_id == run.run_id,
+                Range.task_id == run.task_id, Range.map_index == run.map_index,
+                Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
+        ).order_by(Range.id)):
+            now_held = held.get(row.source_id)
+            if now_held is None or (now_held.status != RangeStatus.CLAIMED.value
+                                    and row.status == RangeStatus.CLAIMED.value):
+                held[row.source_id] = row  # a claimed range first, else the first committed one
+    return held
+
+
+def _free_span(ask: _Ask, tail: int | None, max_span: int | None) -> tuple[int, int]:
+    """A free claim's span on a source with no failed span to redo: from its tail (or the first
+    claim's ``initial_start``) up to the end limit, at most ``max_span`` offsets."""
+    start_or_none = tail if tail is not None else ask.initial_start
+    if start_or_none is None:
+        raise LedgerError(
+            f"{ask.what}: the ledger has no range for this stream yet, so the first claim must "
+            "give initial_start (the first offset to read)"
+        )
+    start = int(start_or_none)
+    end = max(start, ask.end_limit)
+    if max_span is not None:
+        end = min(end, start + max_span)
+    return start, end
+
+
+def _range_values(source_id: int, start: int, end: int, run: RunIdentity, now: datetime, *, settled: bool,
+                  pinned: _Pinned | None) -> dict[str, Any]:
+    """The row a claim inserts: claimed, or committed at once with no records when ``settled``."""
+    return {
+        "source_id": source_id,
+        "start_offset": start,
+        "end_offset": end,
+        "status": RangeStatus.COMMITTED.value if settled else RangeStatus.CLAIMED.value,
+        "dag_id": run.dag_id,
+        "run_id": run.run_id,
+        "task_id": run.task_id,
+        "map_index": run.map_index,
+        "try_number": run.try_number,
+        "records": 0 if settled else None,
+        "first_seen": None,
+        "last_seen": None,
+        "output": None,
+        "offset_stored": False,
+        "offset_verified": False,
+        "error": None,
+        "claimed_at": now,
+        "committed_at": now if settled else None,
+        "updated_at": now,
+        "heartbeat_at": now,
+        "staging": None,
+        "pinned": pinned is not None,
+        "interval_start": None if pinned is None else pinned[1][0],
+        "interval_end": None if pinned is None else pinned[1][1],
+    }
+
+
 class Claims(Sources):
     """Claiming ranges (both dialects), heartbeats and open claims."""
 
@@ -238,17 +301,7 @@ class Claims(Sources):
         srcs = self._make_sources(session, pipeline, [a.source for a in asks])
         ids = [s.id for s in srcs]
         now = self._clock(session)
-        held: dict[int, Range] = {}
-        for chunk in chunks(ids):
-            for row in session.scalars(select(Range).where(
-                    Range.source_id.in_(chunk), Range.dag_id == run.dag_id, Range.run_id == run.run_id,
-                    Range.task_id == run.task_id, Range.map_index == run.map_index,
-                    Range.status.in_((RangeStatus.CLAIMED.value, RangeStatus.COMMITTED.value)),
-            ).order_by(Range.id)):
-                now_held = held.get(row.source_id)
-                if now_held is None or (now_held.status != RangeStatus.CLAIMED.value
-                                        and row.status == RangeStatus.CLAIMED.value):
-                    held[row.source_id] = row  # a claimed range first, else the first committed one
+        held = _held_by(session, ids, run)
         # A pinned run whose failed claim still holds uncovered pieces claims the next one even when
         # it committed an earlier piece (rule 1 then answers with a claimed range only).
         pinned_ids = [s.id for s, a in zip(srcs, asks, strict=True) if a.pinned is not None and (
@@ -294,62 +347,20 @@ class Claims(Sources):
                 if done is not None:
                     out.append(_pinned_answer(what, snapshot(done, pipeline, src), run, pinned))
                     continue
-                if ask.initial_start is not None and ask.initial_start < start and session.scalars(
-                        select(Range.id).where(Range.source_id == src.id).limit(1)).first() is None:
-                    first = ask.initial_start
-                    origin = self._new_row(src.id, first, first, RangeStatus.COMMITTED, _ORIGIN, now,
-                                           error="origin of pinned ranges")
-                    origin.records, origin.committed_at = 0, now
-                    session.add(origin)
-                    session.flush()
+                self._origin_before(session, src.id, ask.initial_start, start, now)
             elif tail is not None:
                 start = end = tail  # rule 1: nothing again
+            elif src.id in redo:
+                start, end = redo[src.id]
             else:
-                if src.id in redo:
-                    start, end = redo[src.id]
-                else:
-                    tail = tails[src.id]
-                    start_or_none = tail if tail is not None else ask.initial_start
-                    if start_or_none is None:
-                        raise LedgerError(
-                            f"{what}: the ledger has no range for this stream yet, so the first claim must "
-                            "give initial_start (the first offset to read)"
-                        )
-                    start = int(start_or_none)
-                    end = max(start, ask.end_limit)
-                    if max_span is not None:
-                        end = min(end, start + max_span)
+                tail = tails[src.id]
+                start, end = _free_span(ask, tail, max_span)
             empty = start == end
             # Nothing to process: committed (0 records) at once, no claim left open. So are offsets
             # the caller probed to hold no user record (tracking chunks).
             settled = empty or (pinned is None and ask.record_free is not None
                              and ask.record_free[0] <= start and end <= ask.record_free[1])
-            values: dict[str, Any] = {
-                "source_id": src.id,
-                "start_offset": start,
-                "end_offset": end,
-                "status": RangeStatus.COMMITTED.value if settled else RangeStatus.CLAIMED.value,
-                "dag_id": run.dag_id,
-                "run_id": run.run_id,
-                "task_id": run.task_id,
-                "map_index": run.map_index,
-                "try_number": run.try_number,
-                "records": 0 if settled else None,
-                "first_seen": None,
-                "last_seen": None,
-                "output": None,
-                "offset_stored": False,
-                "offset_verified": False,
-                "error": None,
-                "claimed_at": now,
-                "committed_at": now if settled else None,
-                "updated_at": now,
-                "heartbeat_at": now,
-                "staging": None,
-                "pinned": pinned is not None,
-                "interval_start": None if pinned is None else pinned[1][0],
-                "interval_end": None if pinned is None else pinned[1][1],
-            }
+            values = _range_values(src.id, start, end, run, now, settled=settled, pinned=pinned)
             self._sources[src.id] = (pipeline, source)
             if empty and pinned is None and tail is not None:
                 # Nothing new on a source with a history: answered, not stored (rule 1 keeps it).
@@ -371,6 +382,19 @@ class Claims(Sources):
         answers = [r for r in out if r is not None]
         assert len(answers) == len(asks)
         return answers
+
+    def _origin_before(self, session: Session, source_id: int, initial_start: int | None, start: int,
+                       now: datetime) -> None:
+        """A pinned history's origin: the empty marker at ``initial_start`` a first claim records when
+        it starts after it (audit rule 1), so the offsets between are a hole of the history."""
+        if initial_start is not None and initial_start < start and session.scalars(
+                select(Range.id).where(Range.source_id == source_id).limit(1)).first() is None:
+            first = initial_start
+            origin = self._new_row(source_id, first, first, RangeStatus.COMMITTED, _ORIGIN, now,
+                                   error="origin of pinned ranges")
+            origin.records, origin.committed_at = 0, now
+            session.add(origin)
+            session.flush()
 
     @staticmethod
     def _tails(session: Session, source_ids: Sequence[int]) -> dict[int, int | None]:

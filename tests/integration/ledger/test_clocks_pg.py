@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 from sqlalchemy import text
 
-import streamledger.batch.run as batch_run
+import streamledger.batch.steps.state as batch_state
 import streamledger.dagster.sensors as sensors
 import streamledger.ledger.session as ledger_session
 from streamledger.batch import BatchConfig, RunId
@@ -45,7 +45,7 @@ def host_clock(skew: timedelta, *modules: ModuleType) -> Iterator[None]:
             return real.now(tz) + skew  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as mp:
-        for module in (ledger_session, batch_run, *modules):
+        for module in (ledger_session, batch_state, *modules):
             mp.setattr(module, "datetime", Skewed)
         yield
 

@@ -60,7 +60,7 @@ from streamledger.batch.rules import sink_problem as sink_problem
 if TYPE_CHECKING:
     from streamledger.batch.config import RunId
     from streamledger.ledger import Ledger, OffsetRange
-    from streamledger.ledger.audit import Violation
+    from streamledger.ledger.audit import Violation, ViolationKind
 
 __all__ = [
     "SINKS", "DirectorySink", "Sink", "SinkBatch", "SinkRange", "SinkReceipt", "TableCommit", "TableRange",
@@ -407,18 +407,33 @@ def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: l
       and no offset of them appears twice. Rows of others outside the pipeline's ranges are not
       the pipeline's.
     """
-    import pyarrow.compute as pc
-
-    from streamledger.ledger.audit import Violation, ViolationKind
-    from streamledger.ledger.types import live_broker
-
     epochs = epochs or {}
+    mine = [r for r in ranges if r.sink_table == table]
+    found = _commit_findings(table, pipeline, mine, ranges, commits, known_commits)
+    from streamledger.transform import LINEAGE_COLUMNS
+
+    if LINEAGE_COLUMNS[0] in rows.column_names:
+        return found + _transformed_rows(table, pipeline, mine, rows, epochs)
+    return found + _raw_rows(table, mine, rows, epochs)
+
+
+def _finding(table: str, kind: ViolationKind, r: OffsetRange, detail: str) -> Violation:
+    """A finding about range ``r`` of ``table``."""
+    from streamledger.ledger.audit import Violation
+
+    return Violation(kind, r.pipeline, r.source.stream, r.source.broker, r.start, r.end, r.id,
+                     f"table {table}: {detail}")
+
+
+def _commit_findings(table: str, pipeline: str, mine: list[OffsetRange], ranges: list[OffsetRange],
+                     commits: list[TableCommit] | None, known_commits: set[int] | None) -> list[Violation]:
+    """The commits' half of :func:`check_table`: each range of the table in exactly one commit of the
+    pipeline, the one the ledger recorded, and no commit naming a range the ledger did not commit."""
+    from streamledger.ledger.audit import Violation, ViolationKind
 
     def finding(kind: ViolationKind, r: OffsetRange, detail: str) -> Violation:
-        return Violation(kind, r.pipeline, r.source.stream, r.source.broker, r.start, r.end, r.id,
-                         f"table {table}: {detail}")
+        return _finding(table, kind, r, detail)
 
-    mine = [r for r in ranges if r.sink_table == table]
     by_id = {r.id: r for r in ranges}
     found: list[Violation] = []
     holders: dict[int, list[int]] = {}
@@ -446,10 +461,22 @@ def check_table(table: str, pipeline: str, ranges: list[OffsetRange], commits: l
             elif held and r.sink_commit is not None and held[0] != r.sink_commit:
                 found.append(finding(ViolationKind.OUTPUT_MISMATCH, r, f"the range is in commit {held[0]}, "
                                      f"the ledger recorded commit {r.sink_commit}"))
-    from streamledger.transform import LINEAGE_COLUMNS
+    return found
 
-    if LINEAGE_COLUMNS[0] in rows.column_names:
-        return found + _transformed_rows(table, pipeline, mine, rows, epochs)
+
+def _raw_rows(table: str, mine: list[OffsetRange], rows: Any,
+              epochs: Mapping[tuple[str, str], int]) -> list[Violation]:
+    """The rows' half of :func:`check_table` for a table of raw records: the rows of each range's
+    ``(broker, epoch, stream)`` in its span number the ledger's records, none of them twice."""
+    import pyarrow.compute as pc
+
+    from streamledger.ledger.audit import ViolationKind
+    from streamledger.ledger.types import live_broker
+
+    def finding(kind: ViolationKind, r: OffsetRange, detail: str) -> Violation:
+        return _finding(table, kind, r, detail)
+
+    found: list[Violation] = []
     # Rows: per (broker, epoch, stream), the sorted offsets; each range's span counted by bisection.
     # A range counts the rows stamped with its own (broker, epoch); when there are none in its span,
     # the unstamped ones (null: rows a table sink appended before it stamped them, see the module).

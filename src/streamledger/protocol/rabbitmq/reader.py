@@ -44,7 +44,7 @@ import time
 import weakref
 from array import array
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal, Protocol
 
 from streamledger.protocol.rabbitmq import constants as c
@@ -118,6 +118,27 @@ class ReadStats:
 Prefer = Literal["replica", "leader", "url"]
 Layout = Literal["lists", "buffers"]
 Batch = RecordBatch | BufferBatch
+
+
+@dataclass(frozen=True, slots=True)
+class RangeRead:
+    """What one range read asks for, as :func:`read_range` checked it: the stream and ``[start, end)``,
+    and how to read and decode it (``read_range``'s options, ``filter_values`` sorted and unique).
+    It exists so that the resume loop and each attempt take the request whole instead of repeating
+    its fourteen parameters."""
+
+    stream: str
+    start: int
+    end: int
+    decode: Literal["amqp", "raw"]
+    verify_crc: bool
+    credit: int
+    max_batch_records: int
+    prefer: Prefer = "replica"
+    layout: Layout = "lists"
+    maps: bool = True
+    filter_values: tuple[str, ...] | None = None
+    max_batch_bytes: int = MAX_BUFFER_BYTES
 
 _CHUNK_HEADER_SIZE: Final = 48
 _READ_RETRIES: Final = 3
@@ -236,10 +257,10 @@ def read_range(
         return iter(())
     known = client.stream_stats(stream) if client.supports(c.STREAM_STATS) else None
     check_bounds(client, stream, start, end, known)
-    return _read(client, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
-                 max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
-                 filter_values=values, stats=stats if stats is not None else ReadStats(),
-                 max_batch_bytes=max_batch_bytes)
+    request = RangeRead(stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
+                        max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
+                        filter_values=values, max_batch_bytes=max_batch_bytes)
+    return _read(client, request, stats if stats is not None else ReadStats())
 
 
 def check_range(stream: str, start: int, end: int) -> None:
@@ -455,36 +476,19 @@ def _transient(exc: ConnectionFailed) -> bool:
     return not (isinstance(exc, ConnectionClosed) and exc.code is not None)
 
 
-def _read(
-    client: RangeSource,
-    stream: str,
-    start: int,
-    end: int,
-    *,
-    decode: Literal["amqp", "raw"],
-    verify_crc: bool,
-    credit: int,
-    max_batch_records: int,
-    prefer: Prefer = "replica",
-    layout: Layout = "lists",
-    maps: bool = True,
-    filter_values: tuple[str, ...] | None = None,
-    stats: ReadStats | None = None,
-    max_batch_bytes: int = MAX_BUFFER_BYTES,
-) -> Iterator[Batch]:
+def _read(client: RangeSource, request: RangeRead, stats: ReadStats | None = None) -> Iterator[Batch]:
     """Read with resume: if the connection drops, reconnect and subscribe again at the first offset
     not yet decoded (always a chunk boundary), so no record is lost or repeated."""
-    progress = _Progress(start, _empty(stream, decode, layout))
+    stream, start, end = request.stream, request.start, request.end
+    progress = _Progress(start, _empty(stream, request.decode, request.layout))
     stats = stats if stats is not None else ReadStats()
-    if filter_values is not None and prefer == "replica":
-        prefer = "leader"  # a filtered read is exact only on the leader (module docstring)
+    if request.filter_values is not None and request.prefer == "replica":
+        # a filtered read is exact only on the leader (module docstring)
+        request = replace(request, prefer="leader")
     retries = 0
     while True:
         try:
-            yield from _read_once(client, stream, progress, end, decode=decode, verify_crc=verify_crc,
-                                  credit=credit, max_batch_records=max_batch_records, prefer=prefer,
-                                  layout=layout, maps=maps, filter_values=filter_values, stats=stats,
-                                  max_batch_bytes=max_batch_bytes)
+            yield from _read_once(client, request, progress, stats)
             break
         except ConnectionFailed as exc:
             if progress.position >= end:
@@ -498,7 +502,7 @@ def _read(
                         stream, start, end, progress.position, exc, retries, _READ_RETRIES)
             time.sleep(min(2.0, 0.2 * 2**retries))
     if len(progress.batch):
-        yield from split_batch(progress.batch, max_batch_records)
+        yield from split_batch(progress.batch, request.max_batch_records)
 
 
 def _barrier(conn: Connection, stream: str) -> int:
@@ -525,25 +529,17 @@ def _empty(stream: str, decode: Literal["amqp", "raw"], layout: Layout) -> Batch
 
 
 def _read_once(
-    client: RangeSource,
-    stream: str,
-    progress: _Progress,
-    end: int,
-    *,
-    decode: Literal["amqp", "raw"],
-    verify_crc: bool,
-    credit: int,
-    max_batch_records: int,
-    prefer: Prefer = "replica",
-    layout: Layout = "lists",
-    maps: bool = True,
-    filter_values: tuple[str, ...] | None = None,
-    stats: ReadStats | None = None,
-    max_batch_bytes: int = MAX_BUFFER_BYTES,
+    client: RangeSource, request: RangeRead, progress: _Progress, stats: ReadStats | None = None
 ) -> Iterator[Batch]:
+    """One attempt of ``request`` on one member, from ``progress.position``; a dropped connection
+    leaves ``progress`` where the next attempt resumes."""
+    stream, end, decode, layout = request.stream, request.end, request.decode, request.layout
+    verify_crc, credit, maps = request.verify_crc, request.credit, request.maps
+    max_batch_records, max_batch_bytes = request.max_batch_records, request.max_batch_bytes
+    filter_values = request.filter_values
     buffers = layout == "buffers"
     stats = stats if stats is not None else ReadStats()
-    conn = _open_member(client, stream, prefer, progress)
+    conn = _open_member(client, stream, request.prefer, progress)
     sub_id = _next_sub.get(conn, 0)
     from_offset = progress.position
     filtering = filter_values is not None and progress.role == "leader" and supports_filtering(conn)
