@@ -91,6 +91,17 @@ def test_overlapping_pinned_spans_are_refused_by_the_database(ledger: Ledger) ->
         _pin(ledger, 2, (10, 20))  # inside
 
 
+def test_an_empty_range_inside_a_live_one_does_not_hide_it_from_an_overlapping_claim(ledger: Ledger) -> None:
+    """An empty interval's range [31, 31) lies inside [29, 39), claimed by another interval's run; a
+    pinned claim of [37, 44) overlaps [29, 39) and is refused, whatever lies between their starts."""
+    held = _pin(ledger, 3, (29, 39), initial_start=5)
+    empty = _pin(ledger, 1, (31, 31))
+    assert empty.empty and held.status == RangeStatus.CLAIMED
+    with pytest.raises(LedgerError, match="refused"):
+        _pin(ledger, 2, (37, 44))
+    assert [(r.start, r.end) for r in ledger.ranges("p") if not r.empty] == [(29, 39)]
+
+
 def test_an_empty_interval_is_committed_empty_and_bad_spans_are_refused(ledger: Ledger) -> None:
     empty = _pin(ledger, 1, (40, 40), initial_start=40)
     assert empty.empty and empty.status == RangeStatus.COMMITTED and empty.interval == _interval(1)
