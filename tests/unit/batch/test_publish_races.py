@@ -126,3 +126,60 @@ def test_the_local_rename_never_replaces_a_directory_with_content(tmp_path: Path
     with pytest.raises(OSError):  # past the exists-check, the kernel refuses a non-empty destination too
         os.rename(staging, final)
     assert staging.is_dir() and (final / "_manifest.json").read_text() == "{}"
+
+
+def _with_dead_letters(staging: str) -> str:
+    """A staging copy whose range set records aside (a transform's ``_dead_letter`` directory: not a
+    data file, so not in the manifest's ``files``)."""
+    dead = Path(staging) / "_dead_letter"
+    dead.mkdir()
+    (dead / "part-dl.parquet").write_bytes(b"records set aside")
+    return staging
+
+
+@pytest.mark.xfail(strict=True, reason="the loser's _withdraw deletes every file it copied that the "
+                   "winner's manifest does not list; published from the same staging copy, the winner's "
+                   "_dead_letter files are those very paths, so they are deleted (a non-deep audit stays clean)")
+def test_a_loser_of_the_same_staging_copy_leaves_the_winners_dead_letters(tmp_path: Path) -> None:
+    """Both attempts publish the staging copy the ledger names: the loser copied the ``_dead_letter``
+    file, stalled, and the winner published the same copy (and deleted it); the loser's next copy
+    fails, it finds the range published and withdraws. What it copied is the winner's own output
+    (same paths, same bytes): nothing of it may go."""
+    store = filesystems.LocalFS(atomic_rename=False)
+    final = str(tmp_path / "final")
+    s = _with_dead_letters(_staging(tmp_path, "a", 7))
+    checks = {"n": 0}
+
+    def stalled_guard() -> None:
+        checks["n"] += 1
+        if checks["n"] == 3:  # after the dead letters were copied, before the data file: B publishes
+            publish(s, final, 7, store)
+
+    publish(s, final, 7, store, guard=stalled_guard)
+    assert (Path(final) / "_dead_letter" / "part-dl.parquet").read_bytes() == b"records set aside"
+    assert sorted(str(p.relative_to(final)) for p in Path(final).rglob("*") if p.is_file()) == [
+        "_dead_letter/part-dl.parquet", "_manifest.json", "part-a.parquet"]
+
+
+@pytest.mark.xfail(strict=True, reason="as above, through the refused manifest: the manifest in place is "
+                   "the loser's own byte for byte, yet _withdraw runs first and deletes the dead letters")
+def test_a_loser_refused_its_own_manifest_leaves_the_dead_letters_of_that_copy(tmp_path: Path) -> None:
+    """Two byte-identical copies (the twin stands for the same staging copy published by another
+    attempt): the loser's manifest is refused, the one in place is its own, so nothing it copied is
+    foreign and the dead letters stay."""
+    import shutil
+
+    store = filesystems.LocalFS(atomic_rename=False)
+    final = str(tmp_path / "final")
+    a = _with_dead_letters(_staging(tmp_path, "a", 7))
+    twin = tmp_path / "twin"
+    shutil.copytree(a, twin)
+    checks = {"n": 0}
+
+    def stalled_guard() -> None:
+        checks["n"] += 1
+        if checks["n"] == 3:  # before A's manifest: the twin copy is published
+            publish(str(twin), final, 7, store)
+
+    publish(a, final, 7, store, guard=stalled_guard)
+    assert (Path(final) / "_dead_letter" / "part-dl.parquet").read_bytes() == b"records set aside"
