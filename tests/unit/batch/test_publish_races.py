@@ -137,9 +137,6 @@ def _with_dead_letters(staging: str) -> str:
     return staging
 
 
-@pytest.mark.xfail(strict=True, reason="the loser's _withdraw deletes every file it copied that the "
-                   "winner's manifest does not list; published from the same staging copy, the winner's "
-                   "_dead_letter files are those very paths, so they are deleted (a non-deep audit stays clean)")
 def test_a_loser_of_the_same_staging_copy_leaves_the_winners_dead_letters(tmp_path: Path) -> None:
     """Both attempts publish the staging copy the ledger names: the loser copied the ``_dead_letter``
     file, stalled, and the winner published the same copy (and deleted it); the loser's next copy
@@ -161,8 +158,6 @@ def test_a_loser_of_the_same_staging_copy_leaves_the_winners_dead_letters(tmp_pa
         "_dead_letter/part-dl.parquet", "_manifest.json", "part-a.parquet"]
 
 
-@pytest.mark.xfail(strict=True, reason="as above, through the refused manifest: the manifest in place is "
-                   "the loser's own byte for byte, yet _withdraw runs first and deletes the dead letters")
 def test_a_loser_refused_its_own_manifest_leaves_the_dead_letters_of_that_copy(tmp_path: Path) -> None:
     """Two byte-identical copies (the twin stands for the same staging copy published by another
     attempt): the loser's manifest is refused, the one in place is its own, so nothing it copied is
