@@ -176,18 +176,20 @@ def _kind(t: Any) -> str:
     """A column type as far as the job's files and a table must agree (the width of strings,
     binaries and lists, the integer size, the map's key/value widths and whether a nested value may
     be null are each library's business: pyiceberg reads a table back in large widths, Spark writes
-    plain ones). Lists and structs compare by what they hold, so a changed element type still shows."""
+    plain ones). Lists, maps and structs compare by what they hold, so a changed element, key or
+    value type still shows."""
     import pyarrow as pa
 
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return f"list<{_kind(t.value_type)}>"
+    if pa.types.is_map(t):
+        return f"map<{_kind(t.key_type)}, {_kind(t.item_type)}>"
     if pa.types.is_struct(t):
         return "struct<" + ", ".join(f"{t.field(i).name}: {_kind(t.field(i).type)}"
                                      for i in range(t.num_fields)) + ">"
     for kind, test in (("string", pa.types.is_string), ("string", pa.types.is_large_string),
                        ("binary", pa.types.is_binary), ("binary", pa.types.is_large_binary),
-                       ("integer", pa.types.is_integer), ("timestamp", pa.types.is_timestamp),
-                       ("map", pa.types.is_map)):
+                       ("integer", pa.types.is_integer), ("timestamp", pa.types.is_timestamp)):
         if test(t):
             return kind
     return str(t)
