@@ -178,3 +178,41 @@ def test_a_loser_refused_its_own_manifest_leaves_the_dead_letters_of_that_copy(t
 
     publish(a, final, 7, store, guard=stalled_guard)
     assert (Path(final) / "_dead_letter" / "part-dl.parquet").read_bytes() == b"records set aside"
+
+
+@pytest.mark.xfail(strict=True, reason="publish asks published() once, then moves a foreign destination "
+                   "aside with no lease check or second look in between: a winner that published there "
+                   "meanwhile is moved aside whole, and the range's directory is left without a manifest")
+def test_an_attempt_stalled_before_moving_a_foreign_directory_aside_leaves_the_winners_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A foreign directory (a partial copy of another staging copy, left by a re-read that crashed)
+    is at the range's place. A finds it foreign, looks (not published), and stalls before moving it
+    aside; its lease moves on and B moves the foreign directory aside and publishes. A's move aside
+    must not take B's output with it."""
+    from streamledger.batch import outputs
+
+    clock = iter(range(1_000, 2_000))
+    monkeypatch.setattr(outputs.time, "time", lambda: float(next(clock)))  # a stall: another second
+
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "part-crashed.parquet").write_bytes(b"a crashed re-read's partial copy")
+    a, b = _staging(tmp_path, "a", 7), _staging(tmp_path, "b", 7)
+    lost = {"lease": False}
+
+    class Stalling(filesystems.LocalFS):
+        def rename(self, src: str, dst: str) -> None:
+            if src == str(final) and not lost["lease"]:  # A, about to move the foreign directory aside
+                lost["lease"] = True
+                publish(b, str(final), 7, filesystems.LocalFS(atomic_rename=False))
+            super().rename(src, dst)
+
+    def guard() -> None:
+        if lost["lease"]:
+            raise RuntimeError("the publish lease was taken over")
+
+    with pytest.raises(Exception):  # noqa: B017 - A's own failure is not what this test guards
+        publish(a, str(final), 7, Stalling(atomic_rename=False), guard=guard)
+    manifest = read_manifest(str(final), filesystems.LOCAL)
+    assert manifest is not None and manifest["written_at"] == "b", manifest
