@@ -15,7 +15,8 @@ from streamledger.transform import LINEAGE_COLUMNS
 
 def table(*fields: pa.Field) -> pa.Schema:
     """A transform's table as pyiceberg reads it back (lineage columns, then the transform's)."""
-    lineage = [pa.field(n, pa.large_string() if i == 0 else pa.int64()) for i, n in enumerate(LINEAGE_COLUMNS)]
+    lineage = [pa.field(n, pa.large_string() if i == 0 else pa.int64())
+               for i, n in enumerate(LINEAGE_COLUMNS)]
     return pa.schema([*lineage, *fields])
 
 
@@ -25,8 +26,10 @@ def writes(*fields: pa.Field) -> pa.Schema:
 
 
 def test_a_map_read_back_in_large_widths_takes_the_same_map_again() -> None:
-    have = table(pa.field("by", pa.map_(pa.large_string(), pa.large_list(pa.field("e", pa.int64(), False)))))
-    assert transform_schema_problem(have, writes(pa.field("by", pa.map_(pa.string(), pa.list_(pa.int64()))))) is None
+    element = pa.field("e", pa.int64(), False)
+    have = table(pa.field("by", pa.map_(pa.large_string(), pa.large_list(element))))
+    same = writes(pa.field("by", pa.map_(pa.string(), pa.list_(pa.int64()))))
+    assert transform_schema_problem(have, same) is None
 
 
 @pytest.mark.parametrize("now", [pa.map_(pa.string(), pa.list_(pa.string())),
@@ -49,7 +52,8 @@ def test_a_changed_map_inside_a_list_or_struct_is_refused() -> None:
 
 
 def test_a_type_changed_inside_a_struct_is_refused_and_its_nullability_is_not() -> None:
-    have = table(pa.field("st", pa.struct([pa.field("a", pa.int64(), False), pa.field("s", pa.large_string())])))
+    have = table(pa.field("st", pa.struct([pa.field("a", pa.int64(), False),
+                                           pa.field("s", pa.large_string())])))
     same = writes(pa.field("st", pa.struct([pa.field("a", pa.int64()), pa.field("s", pa.string())])))
     assert transform_schema_problem(have, same) is None
     changed = writes(pa.field("st", pa.struct([pa.field("a", pa.string()), pa.field("s", pa.string())])))
