@@ -139,13 +139,14 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
         _unless_published(partial(fs.rename, staging, final), final, range_id, fs)
         return
     names = fs.files(staging)
+    mine = fs.read_bytes(join(staging, MANIFEST))  # tells the same staging copy, published by another
     copied: list[str] = []
     for rel in names:
         if rel != MANIFEST:
             check()
             if _unless_published(partial(fs.copy_file, join(staging, rel), join(final, rel)),
                                  final, range_id, fs):
-                _withdraw(final, copied, fs)
+                _withdraw(final, copied, fs, mine)
                 return
             copied.append(rel)
     if MANIFEST in names:
@@ -156,7 +157,7 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
                 raise FileNotFoundError(f"{join(staging, MANIFEST)} is gone")
             fs.create_file(join(final, MANIFEST), ours)  # create-only: never over another's manifest
         except FileExistsError:
-            removed = _withdraw(final, copied, fs)
+            removed = _withdraw(final, copied, fs, mine)
             if fs.read_bytes(join(final, MANIFEST)) == ours:  # the same staging copy, published by both
                 return
             raise PublishedByAnother(
@@ -165,7 +166,7 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
                 "nothing of this attempt is published") from None
         except Exception:
             if published(final, range_id, fs):
-                _withdraw(final, copied, fs)
+                _withdraw(final, copied, fs, mine)
                 return
             raise
     else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
@@ -173,11 +174,17 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
     fs.delete(staging)
 
 
-def _withdraw(final: str, copied: list[str], fs: OutputFS) -> int:
+def _withdraw(final: str, copied: list[str], fs: OutputFS, mine: bytes | None) -> int:
     """After another attempt published ``final`` first: delete the files this attempt copied there
     that its manifest does not list, so the directory is exactly as that attempt published it (data
     file names are distinct per job; a name it lists came from the same staging copy). A manifest
-    that lists no files leaves them (nothing is known to be foreign). Returns how many went."""
+    that is this attempt's own staging manifest (``mine``) byte for byte was published from the same
+    staging copy: every file copied is that attempt's too (its ``_dead_letter`` files, never listed,
+    among them), so none goes. A manifest that lists no files leaves them (nothing is known to be
+    foreign). Returns how many went."""
+    raw = fs.read_bytes(join(final, MANIFEST))
+    if raw is not None and raw == mine:
+        return 0
     try:
         manifest = read_manifest(final, fs)
     except ValueError:

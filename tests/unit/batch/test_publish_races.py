@@ -126,3 +126,93 @@ def test_the_local_rename_never_replaces_a_directory_with_content(tmp_path: Path
     with pytest.raises(OSError):  # past the exists-check, the kernel refuses a non-empty destination too
         os.rename(staging, final)
     assert staging.is_dir() and (final / "_manifest.json").read_text() == "{}"
+
+
+def _with_dead_letters(staging: str) -> str:
+    """A staging copy whose range set records aside (a transform's ``_dead_letter`` directory: not a
+    data file, so not in the manifest's ``files``)."""
+    dead = Path(staging) / "_dead_letter"
+    dead.mkdir()
+    (dead / "part-dl.parquet").write_bytes(b"records set aside")
+    return staging
+
+
+def test_a_loser_of_the_same_staging_copy_leaves_the_winners_dead_letters(tmp_path: Path) -> None:
+    """Both attempts publish the staging copy the ledger names: the loser copied the ``_dead_letter``
+    file, stalled, and the winner published the same copy (and deleted it); the loser's next copy
+    fails, it finds the range published and withdraws. What it copied is the winner's own output
+    (same paths, same bytes): nothing of it may go."""
+    store = filesystems.LocalFS(atomic_rename=False)
+    final = str(tmp_path / "final")
+    s = _with_dead_letters(_staging(tmp_path, "a", 7))
+    checks = {"n": 0}
+
+    def stalled_guard() -> None:
+        checks["n"] += 1
+        if checks["n"] == 3:  # after the dead letters were copied, before the data file: B publishes
+            publish(s, final, 7, store)
+
+    publish(s, final, 7, store, guard=stalled_guard)
+    assert (Path(final) / "_dead_letter" / "part-dl.parquet").read_bytes() == b"records set aside"
+    assert sorted(str(p.relative_to(final)) for p in Path(final).rglob("*") if p.is_file()) == [
+        "_dead_letter/part-dl.parquet", "_manifest.json", "part-a.parquet"]
+
+
+def test_a_loser_refused_its_own_manifest_leaves_the_dead_letters_of_that_copy(tmp_path: Path) -> None:
+    """Two byte-identical copies (the twin stands for the same staging copy published by another
+    attempt): the loser's manifest is refused, the one in place is its own, so nothing it copied is
+    foreign and the dead letters stay."""
+    import shutil
+
+    store = filesystems.LocalFS(atomic_rename=False)
+    final = str(tmp_path / "final")
+    a = _with_dead_letters(_staging(tmp_path, "a", 7))
+    twin = tmp_path / "twin"
+    shutil.copytree(a, twin)
+    checks = {"n": 0}
+
+    def stalled_guard() -> None:
+        checks["n"] += 1
+        if checks["n"] == 3:  # before A's manifest: the twin copy is published
+            publish(str(twin), final, 7, store)
+
+    publish(a, final, 7, store, guard=stalled_guard)
+    assert (Path(final) / "_dead_letter" / "part-dl.parquet").read_bytes() == b"records set aside"
+
+
+@pytest.mark.xfail(strict=True, reason="publish asks published() once, then moves a foreign destination "
+                   "aside with no lease check or second look in between: a winner that published there "
+                   "meanwhile is moved aside whole, and the range's directory is left without a manifest")
+def test_an_attempt_stalled_before_moving_a_foreign_directory_aside_leaves_the_winners_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A foreign directory (a partial copy of another staging copy, left by a re-read that crashed)
+    is at the range's place. A finds it foreign, looks (not published), and stalls before moving it
+    aside; its lease moves on and B moves the foreign directory aside and publishes. A's move aside
+    must not take B's output with it."""
+    from streamledger.batch import outputs
+
+    clock = iter(range(1_000, 2_000))
+    monkeypatch.setattr(outputs.time, "time", lambda: float(next(clock)))  # a stall: another second
+
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "part-crashed.parquet").write_bytes(b"a crashed re-read's partial copy")
+    a, b = _staging(tmp_path, "a", 7), _staging(tmp_path, "b", 7)
+    lost = {"lease": False}
+
+    class Stalling(filesystems.LocalFS):
+        def rename(self, src: str, dst: str) -> None:
+            if src == str(final) and not lost["lease"]:  # A, about to move the foreign directory aside
+                lost["lease"] = True
+                publish(b, str(final), 7, filesystems.LocalFS(atomic_rename=False))
+            super().rename(src, dst)
+
+    def guard() -> None:
+        if lost["lease"]:
+            raise RuntimeError("the publish lease was taken over")
+
+    with pytest.raises(Exception):  # noqa: B017 - A's own failure is not what this test guards
+        publish(a, str(final), 7, Stalling(atomic_rename=False), guard=guard)
+    manifest = read_manifest(str(final), filesystems.LOCAL)
+    assert manifest is not None and manifest["written_at"] == "b", manifest

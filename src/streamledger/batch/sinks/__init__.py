@@ -174,20 +174,25 @@ class DirectorySink:
 
 def _kind(t: Any) -> str:
     """A column type as far as the job's files and a table must agree (the width of strings,
-    binaries and lists, the integer size, the map's key/value widths and whether a nested value may
-    be null are each library's business: pyiceberg reads a table back in large widths, Spark writes
-    plain ones). Lists and structs compare by what they hold, so a changed element type still shows."""
+    binaries and lists, the map's key/value widths and whether a nested value may be null are each
+    library's business: pyiceberg reads a table back in large widths, Spark writes plain ones; the
+    integer size too, but for integers wider than the column, :func:`_wider_integers`). Lists, maps
+    and structs compare by what they hold, so a changed element, key or value type still shows; a
+    timestamp with a time zone is not one without."""
     import pyarrow as pa
 
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return f"list<{_kind(t.value_type)}>"
+    if pa.types.is_map(t):
+        return f"map<{_kind(t.key_type)}, {_kind(t.item_type)}>"
     if pa.types.is_struct(t):
         return "struct<" + ", ".join(f"{t.field(i).name}: {_kind(t.field(i).type)}"
                                      for i in range(t.num_fields)) + ">"
+    if pa.types.is_timestamp(t):  # an instant (UTC-adjusted) or a wall-clock time: neither is the other
+        return "timestamp" if t.tz else "timestamp_ntz"
     for kind, test in (("string", pa.types.is_string), ("string", pa.types.is_large_string),
                        ("binary", pa.types.is_binary), ("binary", pa.types.is_large_binary),
-                       ("integer", pa.types.is_integer), ("timestamp", pa.types.is_timestamp),
-                       ("map", pa.types.is_map)):
+                       ("integer", pa.types.is_integer)):
         if test(t):
             return kind
     return str(t)
@@ -283,6 +288,9 @@ def transform_schema_problem(schema: Any, output: Any) -> str | None:
     wants = {f.name: f for f in output}
     changed = [f"{n} is {_kind(have[n].type)}, the transform writes {_kind(f.type)}"
                for n, f in wants.items() if n in have and _kind(have[n].type) != _kind(f.type)]
+    changed += [f"{n} holds {have[n].type.bit_width}-bit integers, the transform writes "
+                f"{f.type.bit_width}-bit ones" for n, f in wants.items()
+                if n in have and _wider_integers(have[n].type, f.type)]
     if changed:
         return ("the transform changes column types (refused: rewrite the table or use a new one): "
                 + "; ".join(changed))
@@ -290,6 +298,15 @@ def transform_schema_problem(schema: Any, output: Any) -> str | None:
     if required:
         return f"the transform leaves out column(s) the table requires: {', '.join(required)}"
     return None
+
+
+def _wider_integers(have: Any, writes: Any) -> bool:
+    """A column of integers narrower than those written into it (a table takes narrower files: pyiceberg
+    reads int32 files into a long column, but refuses int64 files for an int one at the publish)."""
+    import pyarrow as pa
+
+    return bool(pa.types.is_integer(have) and pa.types.is_integer(writes)
+                and writes.bit_width > have.bit_width)
 
 
 def new_columns(schema: Any, output: Any) -> list[Any]:
