@@ -33,12 +33,13 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from streamledger.errors import StreamledgerError, missing_extra
+from streamledger.errors import StreamledgerError, extra_problem, missing_extra
 
 ATOMIC_RENAME_SCHEMES = frozenset({"", "file", "hdfs", "viewfs"})
 """Schemes whose directory rename is atomic (a metadata operation): local file systems and HDFS."""
@@ -561,6 +562,19 @@ class ArrowFS:
 
 
 # -- who holds the file system -------------------------------------------------------------------
+
+
+def create_library_problem(location: str, store: Callable[[], OutputFS]) -> str | None:
+    """Why a publish under ``location`` cannot write its manifest create-only here, or None: on S3
+    through pyarrow the conditional PUT needs boto3, the ``s3`` extra; a session's Hadoop connector
+    needs nothing more. ``s3://`` is pyarrow's (Hadoop's connector is ``s3a://``); for ``s3a://`` and
+    ``s3n://`` the runner's file system (``store()``, asked only then: it may start a session) says."""
+    if _ARROW_SCHEMES.get(scheme(location), scheme(location)) != "s3":
+        return None
+    problem = extra_problem("boto3")
+    if problem is None or (scheme(location) != "s3" and not isinstance(store(), ArrowFS)):
+        return None
+    return f"output root {redact(location)} on S3 (its manifests are written create-only): {problem}"
 
 
 def filesystem_for(location: str, runner: Any = None) -> OutputFS:

@@ -103,25 +103,15 @@ SINK_LIBRARIES = {"iceberg": "pyiceberg", "delta": "deltalake"}
 """The optional library each table sink imports (its extra: :data:`streamledger.errors.EXTRAS`)."""
 
 
-def sink_library_problem(sink: str, output_root: str | None = None) -> str | None:
+def sink_library_problem(sink: str) -> str | None:
     """``the iceberg sink: pyiceberg is not installed: pip install "streamledger[iceberg]"`` when the
     sink's library cannot be imported here, else None. Asked where a batch is about to run (the sink
     is built, ``batch run`` reads its options, Dagster definitions load), never where a DAG is only
-    parsed: Airflow's DAG processor need not have the workers' extras. With ``output_root`` on S3,
-    boto3 too: a publish there writes its manifest with a conditional PUT, which only boto3 sends."""
+    parsed: Airflow's DAG processor need not have the workers' extras. (The output store's library,
+    boto3 for S3 through pyarrow, depends on the runner: ``fs.create_library_problem``.)"""
     library = SINK_LIBRARIES.get(sink)
     problem = extra_problem(library) if library else None
-    if problem is not None:
-        return f"the {sink} sink: {problem}"
-    if output_root and filesystems.scheme(output_root) in S3_SCHEMES:
-        problem = extra_problem("boto3")
-        if problem is not None:
-            return f"output root {filesystems.redact(output_root)} on S3: {problem}"
-    return None
-
-
-S3_SCHEMES = ("s3", "s3a", "s3n")
-"""The schemes of an S3 output root (published through pyarrow, the manifest through boto3)."""
+    return None if problem is None else f"the {sink} sink: {problem}"
 
 
 def sink_problem(sink: str, table: str | None, catalog: Mapping[str, str] | None, fmt: str) -> str | None:

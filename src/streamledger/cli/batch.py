@@ -221,7 +221,7 @@ def _config(args: argparse.Namespace, url: str) -> BatchConfig:
     from streamledger.batch.rules import sink_library_problem
 
     spec = _spec(args)
-    problem = sink_library_problem(spec.sink, spec.output_root)  # before the broker or ledger is asked
+    problem = sink_library_problem(spec.sink)  # before the broker or ledger is asked
     if problem is not None:
         raise BadInput(problem)
     try:

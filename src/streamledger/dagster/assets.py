@@ -245,7 +245,7 @@ def build_stream_batch_asset(
         pipeline=pipeline, output_root=output_root, windowed=partitions_def is not None,
         initial_position=initial_position, catalog_given=catalog_resource_key is not None, **settings,
     )
-    problem = sink_library_problem(spec.sink, spec.output_root)
+    problem = sink_library_problem(spec.sink)
     if problem is not None:  # one line now, as the component says it, not a traceback at the first run
         raise MissingExtra(f"pipeline {pipeline!r}: {problem}")
     return stream_batch_asset(

@@ -362,7 +362,7 @@ class StreamBatchComponent(StateBackedComponent, Resolvable):
                               door=Door.COMPONENT)
         except SpecError as exc:
             raise ComponentConfigError(f"StreamBatchComponent: {exc}") from exc
-        problem = sink_library_problem(spec.sink, spec.output_root)
+        problem = sink_library_problem(spec.sink)
         if problem is not None:  # one line now, not a traceback at the first run
             raise ComponentConfigError(f"StreamBatchComponent(pipeline={self.pipeline!r}): {problem}")
         return spec

@@ -179,9 +179,6 @@ class _HadoopPublishingRunner:
         raise _Reached
 
 
-@pytest.mark.xfail(strict=True, reason="sink_library_problem refuses every s3/s3a/s3n root without boto3, "
-                   "though a classic session with hadoop-aws publishes s3a:// through Hadoop and never "
-                   "imports boto3 (docs/install.md: boto3 is for s3:// reached through pyarrow)")
 def test_an_s3a_output_root_published_through_the_sessions_hadoop_fs_needs_no_boto3(
     ledger: Ledger, client: StreamClient, rabbitmq_url: str, stream_name: Any, s3_bucket: Any,
     monkeypatch: pytest.MonkeyPatch,

@@ -24,7 +24,7 @@ def make_sink(config: BatchConfig, ledger: Ledger, output_schema: Any = None) ->
     job); the table then follows the transform's columns instead of the raw records'."""
     from streamledger.sources import RABBITMQ, find_kind
 
-    problem = sink_library_problem(config.sink, config.output_root)  # one line naming the extra
+    problem = sink_library_problem(config.sink)  # one line naming the extra
     if problem is not None:
         raise MissingExtra(f"pipeline {config.pipeline!r}: {problem}")
     transformed = config.transformed

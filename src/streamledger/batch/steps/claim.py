@@ -16,6 +16,7 @@ from streamledger.batch.config import BatchError, Broker, PartitionResult, Parti
 from streamledger.batch.position import first_offsets, user_records_many
 from streamledger.batch.steps.state import Part
 from streamledger.batch.steps.survey import Surveying
+from streamledger.errors import MissingExtra
 from streamledger.ledger.types import RangeStatus
 
 if TYPE_CHECKING:
@@ -175,6 +176,9 @@ class Claiming(Surveying):
             filesystems.check_location(cfg.output_root)  # an unknown scheme, no bucket: refused here
         self.check_transform()  # a transform that cannot run: refused before any claim
         self.sink.check()  # a table that cannot take the job's files: refused before any claim
+        problem = filesystems.create_library_problem(cfg.output_root, lambda: self.fs)
+        if problem is not None:  # a publish that could not write its manifest: refused before any claim
+            raise MissingExtra(f"pipeline {cfg.pipeline!r}: {problem}")
         self.adopt_identities()
         seen = self.survey(self.streams())
         self._stored = {s: stored for s, _tail, stored, _pos in seen}
