@@ -131,9 +131,16 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
         if published(final, range_id, fs):
             return
         if foreign:
+            check()
             aside = f"{final.rstrip('/')}.superseded-{int(time.time())}"
             log.warning("%s holds no output of range %d; moving it aside to %s", final, range_id, aside)
             fs.rename(final, aside)
+            if published(aside, range_id, fs):  # stalled in the move: what it moved is the winner's
+                fs.rename(aside, final)
+                raise PublishedByAnother(
+                    f"range {range_id}: another attempt published {final} first, while this attempt was "
+                    "moving a foreign directory aside there; its output is back in place and nothing of "
+                    "this attempt is published")
     fs.mkdirs(parent(final))
     if atomic:
         _unless_published(partial(fs.rename, staging, final), final, range_id, fs)
