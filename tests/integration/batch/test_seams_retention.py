@@ -80,6 +80,11 @@ def test_retention_taking_the_stored_offset_is_not_a_re_created_stream(
         return
     run_batch(cfg, run=rid("read", run="r2"), ledger=ledger, broker=client, runner=runner)
     live = [(r.start, r.end, r.status) for r in ledger.ranges(PIPELINE) if r.status != RangeStatus.FAILED]
+    if len(live) == 2:  # retention took the record left for r2 before r2 read it (a busy machine): r2
+        _padded(client, s, sent, 1)  # recorded everything lost up to the tail; one more for r3 to read
+        sent += 1
+        run_batch(cfg, run=rid("read", run="r3"), ledger=ledger, broker=client, runner=runner)
+        live = [(r.start, r.end, r.status) for r in ledger.ranges(PIPELINE) if r.status != RangeStatus.FAILED]
     # Retention deletes segments asynchronously: it may have gone on after ``first`` was read.
     assert live[0][:2] == (0, 40) and live[1][0] == 40 and live[1][2] == RangeStatus.LOST, live
     assert live[1][1] >= first and [r[2] for r in live[2:]] == [RangeStatus.COMMITTED], (live, first)
