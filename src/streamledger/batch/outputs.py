@@ -190,16 +190,17 @@ def _withdraw(final: str, copied: list[str], fs: OutputFS, mine: bytes | None) -
     among them), so none goes. A manifest that lists no files leaves them (nothing is known to be
     foreign). Returns how many went."""
     raw = fs.read_bytes(join(final, MANIFEST))
-    if raw is not None and raw == mine:
+    if raw is None or raw == mine:
         return 0
     try:
-        manifest = read_manifest(final, fs)
+        manifest = json.loads(raw)
     except ValueError:
         manifest = None
     listed = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(listed, list):
         return 0
-    gone = [rel for rel in copied if rel not in set(listed)]
+    keep = set(listed)
+    gone = [rel for rel in copied if rel not in keep]
     for rel in gone:
         fs.delete(join(final, rel))
     if gone:

@@ -49,6 +49,7 @@ import os
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from streamledger import fs as filesystems
@@ -448,8 +449,7 @@ def _commit_findings(table: str, pipeline: str, mine: list[OffsetRange], ranges:
     pipeline, the one the ledger recorded, and no commit naming a range the ledger did not commit."""
     from streamledger.ledger.audit import Violation, ViolationKind
 
-    def finding(kind: ViolationKind, r: OffsetRange, detail: str) -> Violation:
-        return _finding(table, kind, r, detail)
+    finding = partial(_finding, table)
 
     by_id = {r.id: r for r in ranges}
     found: list[Violation] = []
@@ -490,8 +490,7 @@ def _raw_rows(table: str, mine: list[OffsetRange], rows: Any,
     from streamledger.ledger.audit import ViolationKind
     from streamledger.ledger.types import live_broker
 
-    def finding(kind: ViolationKind, r: OffsetRange, detail: str) -> Violation:
-        return _finding(table, kind, r, detail)
+    finding = partial(_finding, table)
 
     found: list[Violation] = []
     # Rows: per (broker, epoch, stream), the sorted offsets; each range's span counted by bisection.
