@@ -12,11 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamledger.errors import StreamledgerError
-from streamledger.ledger import Ledger, OffsetRange, RangeStatus, RunIdentity, SourcePosition, SourceRef
+from streamledger.ledger import (
+    ClaimRequest,
+    Ledger,
+    OffsetRange,
+    RangeStatus,
+    RunIdentity,
+    SourcePosition,
+    SourceRef,
+)
 from streamledger.runs import STREAMING_PREFIX
+
+if TYPE_CHECKING:
+    from streamledger.offsets import ChunkPrint
 
 DAG_PREFIX = STREAMING_PREFIX
 
@@ -132,11 +143,16 @@ class MicroBatchRecorder:
         return next((r for r in self.ledger.open_claims(self.pipeline, src) if r.run.key() == run.key()),
                     None)
 
-    def _take(self, src: SourceRef, run: RunIdentity, where: tuple[str, str], start: int, end: int
-              ) -> OffsetRange:
-        """Claim exactly ``[start, end)`` for ``run``. The ledger may hand back another span (a failed
-        hole is redone whole, whoever asks): that claim is released at once, then one line says so."""
-        got = self.ledger.claim(self.pipeline, src, end, run, initial_start=start, max_span=end - start)
+    def _take(self, src: SourceRef, run: RunIdentity, where: tuple[str, str], start: int, end: int,
+              chunk: ChunkPrint | None = None) -> OffsetRange:
+        """Claim exactly ``[start, end)`` for ``run`` (with ``chunk``, :meth:`first_prints`, recorded
+        in the claim's transaction). The ledger may hand back another span (a failed hole is redone
+        whole, whoever asks): that claim is released at once, then one line says so."""
+        if chunk is None:
+            got = self.ledger.claim(self.pipeline, src, end, run, initial_start=start, max_span=end - start)
+        else:
+            got = self.ledger.claim_many(self.pipeline, [ClaimRequest(src, end, start)], run,
+                                         max_span=end - start, prints={src: chunk})[0]
         if (got.start, got.end) == (start, end):
             return got
         if got.status == RangeStatus.CLAIMED:
@@ -152,9 +168,11 @@ class MicroBatchRecorder:
         )
 
     def claim(self, query: str, batch: int, stream: str, start: int, end: int, *,
-              requested_start: int | None = None, lost_reason: str | None = None) -> None:
+              requested_start: int | None = None, lost_reason: str | None = None,
+              chunk: ChunkPrint | None = None) -> None:
         """Claim exactly ``[start, end)`` of ``stream`` for micro-batch ``batch`` (recording its lost head
-        ``[requested_start, start)`` first, if any). A replayed batch finds its own claim, used only if
+        ``[requested_start, start)`` first, if any; ``chunk``, the stream's :meth:`first_prints`, is
+        recorded with the claim). A replayed batch finds its own claim, used only if
         it holds exactly this span (or this span and the head retention took since: that head is
         recorded lost); any other span is refused with nothing written, the claim left for the
         operator (``ledger release-stale``). A ledger history that does not end where the batch starts
@@ -178,7 +196,7 @@ class MicroBatchRecorder:
             # records the head lost and leaves the rest a hole, claimed again just below.
             self.ledger.record_lost(self.pipeline, src, begin, start, run, lost_reason)
             if start < end:
-                self._take(src, run, where, start, end)
+                self._take(src, run, where, start, end, chunk)
             return
         self._refuse_pinned(stream, src)
         last = self.ledger.last_end(self.pipeline, src)
@@ -193,25 +211,26 @@ class MicroBatchRecorder:
             if lost_from < start:
                 self.ledger.record_lost(self.pipeline, src, lost_from, start, run, lost_reason)
         if start < end:
-            self._take(src, run, where, start, end)
+            self._take(src, run, where, start, end, chunk)
 
-    def saw_tails(self, tails: Mapping[str, int], spans: Mapping[str, tuple[int, int]] | None = None,
-                  client: Any = None) -> None:
-        """Remember the committed tails the query saw on its streams (audit rule 10, as the batch
-        does when it claims): if a stream is deleted and re-created, ``new-epoch`` records what the
-        old stream held past the history's end as lost, naming it, instead of letting it vanish.
-        With the claimed ``spans`` and the ``client``, a chunk of each stream whose history had no
-        fingerprint when :meth:`check_same_streams` read it is remembered too (the batch's
-        ``first_prints``): a query that dies before its commit still tells the stream it claimed
-        from one re-created meanwhile."""
+    def first_prints(self, spans: Mapping[str, tuple[int, int]], client: Any) -> dict[str, ChunkPrint]:
+        """A user chunk of each stream in its micro-batch's span ``[start, end)`` (``end`` a committed
+        tail) whose history had no fingerprint when :meth:`check_same_streams` read it (the batch's
+        ``first_prints``: one round of chunk headers for all of them, none for the others), for
+        :meth:`claim` to record in the claim's transaction: a query killed right after claiming
+        still tells the stream it claimed from one re-created meanwhile (recorded after the claim,
+        the replay of a query killed in between took it from the new stream)."""
         from streamledger.offsets import take_prints_within
 
-        wanted = {s: span for s, span in (spans or {}).items() if s in self._unprinted}
-        prints = take_prints_within(client, wanted) if wanted and client is not None else {}
-        self._unprinted.difference_update(prints)
-        if tails or prints:
-            self.ledger.saw_tails(self.pipeline, {self.source(s): t for s, t in tails.items()},
-                                  {self.source(s): p for s, p in prints.items()})
+        wanted = {s: span for s, span in spans.items() if s in self._unprinted}
+        return take_prints_within(client, wanted) if wanted else {}
+
+    def saw_tails(self, tails: Mapping[str, int]) -> None:
+        """Remember the committed tails the query saw on its streams (audit rule 10, as the batch
+        does when it claims): if a stream is deleted and re-created, ``new-epoch`` records what the
+        old stream held past the history's end as lost, naming it, instead of letting it vanish."""
+        if tails:
+            self.ledger.saw_tails(self.pipeline, {self.source(s): t for s, t in tails.items()})
 
     def _released(self, src: SourceRef, run: RunIdentity, where: tuple[str, str], end: int
                   ) -> OffsetRange | None:

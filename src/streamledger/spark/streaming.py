@@ -54,6 +54,7 @@ from streamledger.spark.reading import DATA_SOURCE_NAME, ReadOptions, StreamSlic
 
 if TYPE_CHECKING:
     from streamledger.batch.microbatch import MicroBatchRecorder
+    from streamledger.offsets import ChunkPrint
 
 log = logging.getLogger(__name__)
 
@@ -387,15 +388,20 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
         stop, ranges = self.planned(start, end)
         recorder = self.recorder()
         if recorder is not None:
-            self._call(lambda c: recorder.check_same_streams(sorted({r.stream for r in ranges}), c))
+            spans = {r.stream: (r.start, r.end) for r in ranges}
+
+            def check(c: Any) -> dict[str, ChunkPrint]:
+                recorder.check_same_streams(sorted(spans), c)
+                return recorder.first_prints(spans, c)  # recorded with the claims, as the batch's are
+
+            prints: dict[str, ChunkPrint] = self._call(check)
             for r in ranges:
                 reason = f"removed by retention before micro-batch {stop.batch} of query {stop.query}"
                 recorder.claim(stop.query, stop.batch, r.stream, r.start, r.end,
-                               requested_start=r.requested_start, lost_reason=reason if r.lost else None)
+                               requested_start=r.requested_start, lost_reason=reason if r.lost else None,
+                               chunk=prints.get(r.stream))
             # if a stream is deleted and re-created, `new-epoch` records what it held unread as lost
-            tails = {s: t for s, t in self._seen.items() if s in stop.offsets}
-            spans = {r.stream: (r.start, r.end) for r in ranges}
-            self._call(lambda c: recorder.saw_tails(tails, spans, c))
+            recorder.saw_tails({s: t for s, t in self._seen.items() if s in stop.offsets})
         return slices_for(ranges, self.options.read)
 
     def commit(self, end: dict[str, Any]) -> None:

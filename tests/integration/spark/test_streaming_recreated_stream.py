@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
 
 from streamledger.batch.proof import audit
 from streamledger.cli import main
@@ -259,5 +261,68 @@ def test_a_first_micro_batch_replayed_on_a_stream_recreated_with_other_records_i
         assert not [r for r in any_ledger.ranges(PIPELINE) if r.status.value == "committed" and not r.empty]
         return
     report = audit(any_ledger, PIPELINE)
+    old_lost = [r for r in any_ledger.ranges(PIPELINE) if r.status.value == "lost" and r.start == 0]
+    assert old_lost or not report.clean, (sorted(bodies(spark, out))[:3], report.to_text())
+
+
+def die_recording_tails(ledger: Ledger) -> Callable[[], None]:
+    """Make the ledger refuse to record the tails a query saw (``seen_tail`` of a source), as a query
+    killed right after its micro-batch's claims and before that next write would leave it; returns
+    the cure (the trigger dropped). A trigger of the test's own database, nothing else replaced."""
+    engine = create_engine(ledger.url)
+    if engine.dialect.name == "postgresql":
+        setup = ["CREATE FUNCTION die_recording_tails() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                 "RAISE EXCEPTION 'killed recording the tails it saw'; END $$",
+                 "CREATE TRIGGER die_recording_tails BEFORE UPDATE OF seen_tail ON streamledger_source "
+                 "FOR EACH ROW EXECUTE FUNCTION die_recording_tails()"]
+        cure = ["DROP TRIGGER die_recording_tails ON streamledger_source",
+                "DROP FUNCTION die_recording_tails()"]
+    else:
+        setup = ["CREATE TRIGGER die_recording_tails BEFORE UPDATE OF seen_tail ON streamledger_source "
+                 "BEGIN SELECT RAISE(ABORT, 'killed recording the tails it saw'); END"]
+        cure = ["DROP TRIGGER die_recording_tails"]
+    with engine.begin() as conn:
+        for statement in setup:
+            conn.execute(text(statement))
+
+    def heal() -> None:
+        with engine.begin() as conn:
+            for statement in cure:
+                conn.execute(text(statement))
+        engine.dispose()
+
+    return heal
+
+
+def test_a_query_killed_right_after_its_first_claim_leaves_the_claimed_streams_chunk_recorded(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
+) -> None:
+    """The query claims micro-batch 0 as [0, 40) and is killed before its next ledger write (the tails
+    it saw): the claim must already carry the chunk it claimed from, as the batch's claims do in their
+    own transaction. The stream is deleted and re-created with 60 other records; the query restarted
+    from its checkpoint replays [0, 40) and must refuse the new stream. Before: the chunk was recorded
+    only with the tails, after the claim, so the replay recorded one of the new stream, read its
+    [0, 40) as the old one's and left 40 old records nobody read under a CLEAN audit."""
+    s = stream_name("st-killed-claim")
+    create_stream(rabbitmq_url, s, 40)
+    out, cp = tmp_path / "a" / "out", tmp_path / "a" / "cp"
+    heal = die_recording_tails(any_ledger)
+    with pytest.raises(RuntimeError, match="killed recording the tails"):
+        run_query(spark, rabbitmq_url, out, cp, any_ledger, s)
+    heal()
+    (claim,) = any_ledger.ranges(PIPELINE)
+    assert (claim.start, claim.end, claim.status.value) == (0, 40, "claimed")
+    with StreamClient.connect(rabbitmq_url) as c:
+        c.delete_stream(s)
+        c.create_stream(s)
+    publish(rabbitmq_url, s, 60, start=1000)  # other records: bodies 1000..1059
+    try:
+        run_query(spark, rabbitmq_url, out, cp, any_ledger, s)
+    except RuntimeError as refused:
+        assert "re-created" in str(refused) and "new-epoch" in str(refused), refused
+        assert not [r for r in any_ledger.ranges(PIPELINE) if r.status.value == "committed" and not r.empty]
+        return
+    with StreamClient.connect(rabbitmq_url) as client:
+        report = audit(any_ledger, PIPELINE, broker=client)
     old_lost = [r for r in any_ledger.ranges(PIPELINE) if r.status.value == "lost" and r.start == 0]
     assert old_lost or not report.clean, (sorted(bodies(spark, out))[:3], report.to_text())
