@@ -202,6 +202,32 @@ def test_the_audit_finds_a_stream_recreated_under_a_history_that_only_claimed(
     assert "stream_replaced" in {v.kind.value for v in report.violations}, report.to_text()
 
 
+def test_a_stream_recreated_after_a_first_batch_that_began_at_its_tail_is_told_apart(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """``initial_position="tail"``: the first batch finds nothing to read and begins the history with
+    an empty range at the tail 100 it saw. The stream is deleted and re-created with 200 other
+    records. The next batch must refuse it, not read the new stream's [100, 200) as the old one's
+    (the new stream's [0, 100) then read by nobody, the audit CLEAN): the first claim, empty as it
+    is, saw the stream and records a chunk of it like any first claim."""
+    s = stream_name("recreated-tail-start")
+    create_stream(rabbitmq_url, s, 100)
+    cfg = config(rabbitmq_url, tmp_path, s, initial_position="tail")
+    run_batch(cfg, run=rid("t"), ledger=any_ledger, broker=client, runner=runner)
+    assert [(r.start, r.end) for r in any_ledger.ranges(PIPE)] == [(100, 100)]
+    recreate(client, s, 200)
+    try:
+        run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
+    except BatchError as refused:
+        line = str(refused)
+        assert "\n" not in line and repr(s) in line and "new-epoch" in line, line
+        assert [(r.start, r.end) for r in any_ledger.ranges(PIPE)] == [(100, 100)]
+        return
+    report = audit(any_ledger, PIPE, broker=client)
+    assert not report.clean, (sorted(committed_bodies(any_ledger, PIPE))[:3], report.to_text())
+
+
 # -- 8: one identity per broker, whatever the URL's spelling ------------------------------------
 
 

@@ -223,7 +223,10 @@ class Claiming(Surveying):
         """A user chunk each stream holds where its claim will start (the pinned span's start, the
         ledger's end, or the first claim's initial start) and below the tail the survey saw, for
         the sources whose history has no fingerprint (none committed with records, none seen at a
-        claim): one round of chunk headers for all of them, none for the others."""
+        claim): one round of chunk headers for all of them, none for the others. A first claim that
+        begins at the tail (``initial_position="tail"``, a stored offset at the tail) is empty but
+        begins the history where the stream it saw ended: its chunk is the first one the stream
+        holds (else a stream re-created before the next batch was read on from there as the old)."""
         spans: dict[str, tuple[int, int]] = {}
         for (s, tail, _stored, pos), ask in zip(seen, asks, strict=True):
             if pos.chunk is not None:
@@ -231,6 +234,8 @@ class Claiming(Surveying):
             start = ask.span[0] if ask.span else pos.end if pos.end is not None else ask.initial_start
             if start is not None and start < tail:
                 spans[s] = (start, tail)
+            elif pos.end is None and tail > 0:
+                spans[s] = (0, tail)
         if not spans:
             return {}
         return {self._source(s): p for s, p in take_prints_within(self.broker, spans).items()}
