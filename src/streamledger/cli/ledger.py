@@ -281,8 +281,9 @@ def _new_epoch(args: argparse.Namespace) -> int:
         if not args.force:
             with _broker_of(args, broker) as client:
                 pos = ledger.position(args.pipeline, src)
-                same = (unchanged_because(client, args.stream, args.pipeline, pos) if pos.end is not None
-                        else None)
+                # a history without a live range may still hold the chunk its first claim saw
+                same = (unchanged_because(client, args.stream, args.pipeline, pos)
+                        if pos.end is not None or pos.chunk is not None else None)
             if same is not None:
                 raise BadInput(f"{what}: refused, the broker still holds the stream the ledger read: {same}; "
                                "a new epoch would read it again from offset 0 (--force --reason WHY if you "

@@ -5,6 +5,7 @@ holds would read it again. RabbitMQ 4.3, local Spark, both ledgers."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from streamledger.batch import run_batch
 from streamledger.cli import main
 from streamledger.ledger import Ledger, RangeStatus
 from streamledger.protocol.rabbitmq import StreamClient
-from tests.integration.batch.helpers import CountingRunner, committed_bodies, config, rid
+from tests.integration.batch.helpers import CountingRunner, Killed, committed_bodies, config, rid
 from tests.integration.spark.helpers import body, create_stream, publish
 
 pytestmark = pytest.mark.timeout(300)
@@ -95,3 +96,41 @@ def test_new_epoch_of_a_stream_the_broker_still_holds_is_refused_unless_forced_w
     fresh = [r for r in any_ledger.ranges(pipe) if r.source.broker == broker]
     assert [(r.start, r.end) for r in fresh] == [(0, 0)]
     assert fresh[0].error is not None and "forced: restored from a backup" in fresh[0].error
+
+
+def test_new_epoch_of_a_stream_the_broker_still_holds_is_refused_when_its_history_only_claimed(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The first batch claims [0, 100) and dies before its job; the claim is released (failed), so the
+    history has no live range, only the chunk the claim saw. While the stream is not re-created,
+    `new-epoch` is refused in one line (that chunk is still on the broker), nothing changed; once it
+    is, the cure goes through and records the old [0, 100) lost. Before:
+    the check was skipped for a history without a live range, and the retired history recorded
+    [0, 100) lost, "deleted and re-created", while the broker still held every record."""
+    pipe, s = "p-cure-claimed", stream_name("cure-claimed")
+    create_stream(rabbitmq_url, s, 100)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=pipe)
+
+    def dies(step: str, _batch: Any) -> None:
+        if step == "claimed":
+            raise Killed("SIGKILL after claimed")
+
+    with pytest.raises(Killed):
+        run_batch(cfg, run=rid("t"), ledger=any_ledger, broker=client, runner=runner, on_step=dies)
+    assert len(any_ledger.release_stale(timedelta(0), pipeline=pipe)) == 1
+    broker = any_ledger.ranges(pipe)[0].source.broker
+    before = _spans(any_ledger, pipe)
+    capsys.readouterr()
+    rc = main(["ledger", "new-epoch", "--db", any_ledger.url, "--pipeline", pipe, "--stream", s,
+               "--broker", broker, "--broker-url", rabbitmq_url, "--reason", "re-created?"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "still holds" in err and repr(s) in err and len(err.strip().splitlines()) == 1, err
+    assert _spans(any_ledger, pipe) == before
+    client.delete_stream(s)  # once the stream is re-created, the chunk tells it apart: the cure goes through
+    client.create_stream(s)
+    client.publish(s, [b"new-%d" % i for i in range(150)])
+    assert main(["ledger", "new-epoch", "--db", any_ledger.url, "--pipeline", pipe, "--stream", s,
+                 "--broker", broker, "--broker-url", rabbitmq_url, "--reason", "re-created"]) == 0
+    assert sorted((r.start, r.end, r.status.value) for r in any_ledger.ranges(pipe)
+                  if r.source.broker != broker) == [(0, 100, "failed"), (0, 100, "lost")]
