@@ -27,14 +27,14 @@ from functools import partial
 from typing import Any
 
 from streamledger.errors import BatchError
-from streamledger.fs import LOCAL, OutputFS, join, local_path, parent
+from streamledger.fs import LOCAL, OutputFS, join, local_path, name, parent
 from streamledger.manifest import MANIFEST, Manifest, is_data_file
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "MANIFEST", "PublishedByAnother", "create_manifest", "data_file_names", "load_manifest", "local_path",
-    "move_aside", "publish", "published", "read_manifest", "remove", "write_manifest",
+    "move_aside", "publish", "published", "read_manifest", "remove", "withdraw_leftovers", "write_manifest",
 ]
 
 
@@ -231,6 +231,32 @@ def _withdraw(final: str, copied: list[str], fs: OutputFS, mine: bytes | None) -
         log.warning("%s was published by another attempt; removed this attempt's %d file(s) it does not list",
                     final, len(gone))
     return len(gone)
+
+
+def withdraw_leftovers(attempt: str, fs: OutputFS = LOCAL) -> int:
+    """Before an earlier attempt's staging directory is swept: for each staging copy in it whose
+    range is published by another attempt (the manifest at the copy's ``output`` names its range and
+    is not its own), delete the files of this copy that that manifest does not list, as the attempt
+    itself would have had it not died between its refused manifest and its cleanup
+    (:func:`_withdraw`, the one rule: data file names are distinct per job, so a name this copy has
+    and that manifest does not list is this attempt's). Returns how many went."""
+    removed = 0
+    for rel in fs.files(attempt):
+        if name(rel) != MANIFEST or rel == MANIFEST:
+            continue
+        copy = join(attempt, parent(rel))
+        mine = fs.read_bytes(join(copy, MANIFEST))
+        try:
+            manifest = json.loads(mine) if mine is not None else None
+        except ValueError:
+            continue
+        final, range_id = (manifest.get("output"), manifest.get("range_id")) if isinstance(manifest, dict) \
+            else (None, None)
+        if not isinstance(final, str) or not isinstance(range_id, int) or not published(final, range_id, fs):
+            continue
+        there = set(fs.files(final))
+        removed += _withdraw(final, [n for n in fs.files(copy) if n != MANIFEST and n in there], fs, mine)
+    return removed
 
 
 def remove(location: str, fs: OutputFS = LOCAL) -> None:

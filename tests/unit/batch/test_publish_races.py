@@ -213,3 +213,32 @@ def test_an_attempt_stalled_before_moving_a_foreign_directory_aside_leaves_the_w
         publish(a, str(final), 7, Stalling(atomic_rename=False), guard=guard)
     manifest = read_manifest(str(final), filesystems.LOCAL)
     assert manifest is not None and manifest["written_at"] == "b", manifest
+
+
+def test_withdrawing_a_dead_losers_leftovers_takes_only_its_own_unlisted_files(tmp_path: Path) -> None:
+    """``withdraw_leftovers`` (a retry sweeping an earlier attempt's staging): of the files in the
+    published directory, only those the dead loser's copy has and the winner's manifest does not list
+    go; a file of no known attempt stays (the audit names it), and a copy whose manifest is the one
+    published (the same staging copy) takes nothing."""
+    from streamledger.batch.outputs import withdraw_leftovers
+
+    store = filesystems.LocalFS(atomic_rename=False)
+    final = tmp_path / "final"
+    attempt = tmp_path / "_staging" / "attempt-t1"
+    a, b = _staging(attempt, "a", 7), _staging(tmp_path, "b", 7)
+    for copy in (a, b):  # staging manifests name the range's final place, as the batch writes them
+        data = json.loads((Path(copy) / "_manifest.json").read_text())
+        (Path(copy) / "_manifest.json").write_text(json.dumps({**data, "output": str(final)}))
+    publish(b, str(final), 7, store)
+    (final / "part-a.parquet").write_bytes((Path(a) / "part-a.parquet").read_bytes())  # the dead loser's copy
+    (final / "part-unknown.parquet").write_bytes(b"nobody's")
+    assert withdraw_leftovers(str(attempt), store) == 1
+    assert sorted(p.name for p in final.iterdir()) == [
+        "_manifest.json", "part-b.parquet", "part-unknown.parquet"]
+
+    same = tmp_path / "_staging" / "attempt-t2"
+    (same / "copy").mkdir(parents=True)
+    (same / "copy" / "_manifest.json").write_bytes((final / "_manifest.json").read_bytes())
+    (same / "copy" / "part-unknown.parquet").write_bytes(b"nobody's")
+    assert withdraw_leftovers(str(same), store) == 0
+    assert (final / "part-unknown.parquet").exists()
