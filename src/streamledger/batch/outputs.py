@@ -188,7 +188,7 @@ def move_aside(final: str, fs: OutputFS, stays: Callable[[str], bool], what: str
     return aside
 
 
-def create_manifest(directory: str, ours: bytes, fs: OutputFS = LOCAL) -> bool:
+def create_manifest(directory: str, ours: bytes, fs: OutputFS = LOCAL, *, patience: float = 5.0) -> bool:
     """Write ``ours`` as ``directory``'s manifest only where none is (``OutputFS.create_file``: an
     exclusive create, on S3 ``If-None-Match: *``, on Hadoop ``create(overwrite=false)``): the one
     rule by which a batch's publish and a streaming micro-batch place a range's manifest.
@@ -196,13 +196,22 @@ def create_manifest(directory: str, ours: bytes, fs: OutputFS = LOCAL) -> bool:
     True when the manifest in place is ours: created now, or refused while the one in place is
     ``ours`` byte for byte (a retried PUT whose first try landed, its answer lost, is refused by the
     store; another attempt published the same staging copy); then nothing is lost and nothing is to
-    be withdrawn. False when another's manifest is in place (nothing written)."""
+    be withdrawn. False when another's manifest is in place (nothing written). A refusal with nothing
+    to read yet (S3's 409 while a conditional PUT of the key is in flight, perhaps our own first try)
+    is asked again, the create too, for up to ``patience`` seconds; still nothing there: False."""
     target = join(directory, MANIFEST)
-    try:
-        fs.create_file(target, ours)
-    except FileExistsError:
-        return fs.read_bytes(target) == ours
-    return True
+    deadline, pause = time.monotonic() + patience, 0.05
+    while True:
+        try:
+            fs.create_file(target, ours)
+        except FileExistsError:
+            there = fs.read_bytes(target)
+            if there is not None or time.monotonic() >= deadline:
+                return there == ours
+        else:
+            return True
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
 
 
 def _withdraw(final: str, copied: list[str], fs: OutputFS, mine: bytes | None) -> int:

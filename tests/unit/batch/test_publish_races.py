@@ -242,3 +242,41 @@ def test_withdrawing_a_dead_losers_leftovers_takes_only_its_own_unlisted_files(t
     (same / "copy" / "part-unknown.parquet").write_bytes(b"nobody's")
     assert withdraw_leftovers(str(same), store) == 0
     assert (final / "part-unknown.parquet").exists()
+
+
+class _InFlight(filesystems.LocalFS):
+    """A store answering a create with a conflict while a PUT of the key is in flight (S3's 409, with
+    nothing to read yet): ``lands`` (when not None) is what that PUT writes, 0.2 s after the first
+    create; until then every create is refused. With ``lands`` None the in-flight PUT fails: only
+    the first create is refused."""
+
+    def __init__(self, lands: bytes | None) -> None:
+        super().__init__(atomic_rename=False)
+        self.lands, self.until = lands, None
+
+    def create_file(self, uri: str, data: bytes) -> None:
+        import threading
+        import time
+
+        if self.until is None:
+            self.until = time.monotonic() + 0.2
+            if self.lands is not None:
+                threading.Timer(0.2, filesystems.LOCAL.create_file, (uri, self.lands)).start()
+            raise FileExistsError(f"{uri} exists: not replaced (ConditionalRequestConflict)")
+        if self.lands is not None and self.read_bytes(uri) is None:
+            raise FileExistsError(f"{uri} exists: not replaced (ConditionalRequestConflict)")
+        super().create_file(uri, data)
+
+
+@pytest.mark.parametrize(("lands", "ours"), [(b"ours", True), (b"theirs", False), (None, True)],
+                         ids=["our-first-try-lands", "another-put-lands", "nothing-lands"])
+def test_a_create_refused_while_a_put_is_in_flight_waits_for_what_lands(
+    tmp_path: Path, lands: bytes | None, ours: bool,
+) -> None:
+    """A refusal with nothing to read yet is asked again: our own in-flight first try landing is
+    ours, another's is not, and when nothing lands the create is tried again (and succeeds)."""
+    from streamledger.batch.outputs import create_manifest
+
+    store = _InFlight(lands)
+    assert create_manifest(str(tmp_path / "d"), b"ours", store) is ours
+    assert (tmp_path / "d" / "_manifest.json").read_bytes() == (lands or b"ours")
