@@ -31,6 +31,7 @@ __all__ = [
     "store_verified",
     "take_print",
     "take_prints",
+    "take_prints_within",
 ]
 
 OffsetKind = Literal["first", "last", "next", "offset", "timestamp"]
@@ -219,6 +220,22 @@ def take_prints(log: Any, offsets: Mapping[str, int]) -> dict[str, ChunkPrint]:
         return {s: p for s, p in found.items() if p is not None}
     heads = many(list(offsets.items()))
     return {s: ChunkPrint.of(h) for s, o in offsets.items() if (h := heads[(s, o)]) is not None}
+
+
+def take_prints_within(log: Any, spans: Mapping[str, tuple[int, int]]) -> dict[str, ChunkPrint]:
+    """The fingerprint of the first user chunk at or after each stream's ``start`` that begins below
+    its ``end`` (``stream -> (start, end)``, ``end`` a committed tail: the chunk exists), asked all at
+    once when the log can (``chunks_from``), else the chunk holding ``start``; streams without one
+    (only tracking chunks there) are left out. What a claim of ``[start, end)`` records as evidence
+    of which stream it claimed before anything of it is committed."""
+    live = {s: (a, b) for s, (a, b) in spans.items() if a < b}
+    many = getattr(log, "chunks_from", None)
+    if many is None:
+        found = {s: take_print(log, s, a) for s, (a, _b) in live.items()}
+        return {s: p for s, p in found.items() if p is not None}
+    heads = many([(s, a) for s, (a, _b) in live.items()]) if live else {}
+    return {s: ChunkPrint.of(h) for s, (a, b) in live.items()
+            if (h := heads[(s, a)]) is not None and int(h.first_offset) < b}
 
 
 def same_streams(log: Any, prints: Mapping[str, ChunkPrint]) -> dict[str, bool | None]:

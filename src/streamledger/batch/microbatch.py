@@ -68,6 +68,7 @@ class MicroBatchRecorder:
         self._settled: dict[str, tuple[str, int]] = {}
         #: streams whose history this run found free of pinned ranges (:meth:`_refuse_pinned`)
         self._unpinned: set[str] = set()
+        self._unprinted: set[str] = set()  # streams whose history had no fingerprint when last checked
 
     def source(self, stream: str) -> SourceRef:
         return SourceRef(self.broker, stream, self.super_stream)
@@ -96,6 +97,9 @@ class MicroBatchRecorder:
         from streamledger.offsets import same_streams
 
         found = self.ledger.positions(self.pipeline, [self.source(s) for s in streams])
+        self._unprinted.update(s for s, pos in zip(streams, found, strict=True) if pos.chunk is None)
+        self._unprinted.difference_update(s for s, pos in zip(streams, found, strict=True)
+                                          if pos.chunk is not None)
         for stream, pos in zip(streams, found, strict=True):  # the batch's check_one_name
             twice = named_twice_because(client, stream, self.pipeline, self.broker, pos)
             if twice is not None:
@@ -205,12 +209,23 @@ class MicroBatchRecorder:
         if start < end:
             self._take(src, run, where, start, end)
 
-    def saw_tails(self, tails: Mapping[str, int]) -> None:
+    def saw_tails(self, tails: Mapping[str, int], spans: Mapping[str, tuple[int, int]] | None = None,
+                  client: Any = None) -> None:
         """Remember the committed tails the query saw on its streams (audit rule 10, as the batch
         does when it claims): if a stream is deleted and re-created, ``new-epoch`` records what the
-        old stream held past the history's end as lost, naming it, instead of letting it vanish."""
-        if tails:
-            self.ledger.saw_tails(self.pipeline, {self.source(s): t for s, t in tails.items()})
+        old stream held past the history's end as lost, naming it, instead of letting it vanish.
+        With the claimed ``spans`` and the ``client``, a chunk of each stream whose history had no
+        fingerprint when :meth:`check_same_streams` read it is remembered too (the batch's
+        ``first_prints``): a query that dies before its commit still tells the stream it claimed
+        from one re-created meanwhile."""
+        from streamledger.offsets import take_prints_within
+
+        wanted = {s: span for s, span in (spans or {}).items() if s in self._unprinted}
+        prints = take_prints_within(client, wanted) if wanted and client is not None else {}
+        self._unprinted.difference_update(prints)
+        if tails or prints:
+            self.ledger.saw_tails(self.pipeline, {self.source(s): t for s, t in tails.items()},
+                                  {self.source(s): p for s, p in prints.items()})
 
     def _released(self, src: SourceRef, run: RunIdentity, where: tuple[str, str], end: int
                   ) -> OffsetRange | None:

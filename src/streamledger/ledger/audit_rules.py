@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any, cast
 
-from sqlalchemy import DateTime, String, bindparam, text
+from sqlalchemy import DateTime, String, bindparam, select, text
 from sqlalchemy.orm import Session
 
 from streamledger.errors import StreamledgerError
@@ -30,6 +30,8 @@ from streamledger.ledger.findings import (
     Violation,
     ViolationKind,
 )
+from streamledger.ledger.models import Source
+from streamledger.ledger.rows import chunks
 from streamledger.ledger.statements import (
     AUDIT_BEHIND,
     AUDIT_CHUNK_PRINTS,
@@ -436,6 +438,13 @@ def broker_offsets(audit: Audit) -> Iterator[Finding]:
     prints: dict[int, ChunkPrint] = {}
     for sid, off, ts, crc in audit.session.execute(audit.query(AUDIT_CHUNK_PRINTS), audit.params):
         prints[int(sid)] = ChunkPrint(int(off), int(ts), int(crc))  # the newest one per source wins
+    unprinted = [sid for sid in audit.sources if sid not in prints]
+    for part in chunks(unprinted):  # a history never committed with records: the chunk its claim saw
+        for sid, off, ts, crc in audit.session.execute(
+                select(Source.id, Source.seen_chunk_offset, Source.seen_chunk_timestamp,
+                       Source.seen_chunk_crc)
+                .where(Source.id.in_(part), Source.seen_chunk_offset.is_not(None))):
+            prints[int(sid)] = ChunkPrint(int(off or 0), int(ts or 0), int(crc or 0))
     for sid, (name, stream, url) in audit.sources.items():
         if is_retired(url):  # a re-created stream's old history: no broker holds it any more
             continue

@@ -35,6 +35,7 @@ from streamledger.ledger.types import (
     RunIdentity,
     SourceRef,
 )
+from streamledger.offsets import ChunkPrint
 from streamledger.runs import LEDGER_DAG
 
 _Pinned = tuple[tuple[int, int], tuple[datetime | None, datetime | None]]
@@ -521,6 +522,7 @@ class Claims(Sources):
         max_span: int | None = None,
         abandon_after: timedelta | None = None,
         tails: Mapping[SourceRef, int] | None = None,
+        prints: Mapping[SourceRef, ChunkPrint] | None = None,
     ) -> list[OffsetRange]:
         """:meth:`claim` for every source of a batch in one transaction (answers in request order).
 
@@ -529,13 +531,15 @@ class Claims(Sources):
         are locked first in id order (as every other multi-source locker does), so two batches over
         the same sources never deadlock. ``tails``, the committed tail the batch saw on each
         source's stream, are recorded (:meth:`saw_tails`) in the same transaction: a batch that
-        dies right after its claims leaves them known to :meth:`new_epoch` (audit rule 10).
+        dies right after its claims leaves them known to :meth:`new_epoch` (audit rule 10); so are
+        ``prints``, a chunk each stream held, for the sources without one (:meth:`saw_tails`): a
+        batch that dies before its first commit leaves evidence of which stream it claimed.
         """
-        if not tails:
+        if not tails and not prints:
             return self._claim_many(pipeline, requests, run, max_span, abandon_after)
         with self._joined(f"claims of pipeline {pipeline!r} by {run} and the tails it saw"):
             got = self._claim_many(pipeline, requests, run, max_span, abandon_after)
-            self.saw_tails(pipeline, tails)
+            self.saw_tails(pipeline, tails or {}, prints)
             return got
 
     def _claim_many(self, pipeline: str, requests: Sequence[ClaimRequest], run: RunIdentity,

@@ -89,6 +89,12 @@ class Source(LedgerBase):
     # 0010: why a batch found the broker holding another stream (it refused it); every later batch
     # refuses too until ``new-epoch``, even once the signs are gone (retention rolled the fingerprint).
     replaced: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # 0020: the header of a user chunk the stream held when a batch first claimed from this source
+    # without a committed fingerprint: a first claim that dies before its commit leaves evidence of
+    # which stream it claimed, so a stream re-created meanwhile is told apart.
+    seen_chunk_offset: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    seen_chunk_timestamp: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    seen_chunk_crc: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Range(LedgerBase):

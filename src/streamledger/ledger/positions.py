@@ -248,7 +248,7 @@ class Positions(Sources, BrokerNames):
                 open_claims=tuple(snapshot(r, pipeline, src) for r in mine),
                 stale=stale,
                 holes=tuple(snapshot(r, pipeline, src) for r in holes[src.id]),
-                chunk=prints.get(src.id),
+                chunk=prints.get(src.id) or _seen_chunk(src),
                 replaced=src.replaced,
                 seen_tail=None if src.seen_tail is None else int(src.seen_tail),
                 elsewhere=others,
@@ -300,3 +300,12 @@ class Positions(Sources, BrokerNames):
             ):
                 out[int(sid)] = ChunkPrint(int(off or 0), int(ts or 0), int(crc or 0))  # newest wins
         return out
+
+
+def _seen_chunk(src: Source) -> ChunkPrint | None:
+    """The chunk a batch saw when it first claimed from ``src`` (migration 0020): the fingerprint of
+    a history whose claims were never committed with records."""
+    if src.seen_chunk_offset is None:
+        return None
+    return ChunkPrint(int(src.seen_chunk_offset), int(src.seen_chunk_timestamp or 0),
+                      int(src.seen_chunk_crc or 0))

@@ -20,6 +20,7 @@ from streamledger.ledger.rows import check_pipeline, chunks, clip, snapshot
 from streamledger.ledger.session import LedgerSession
 from streamledger.ledger.statements import (
     IS_UNPUBLISHED,
+    KEEP_SEEN_CHUNK,
     LOAD,
     LOAD_LOCKED,
     LOAD_MANY,
@@ -28,6 +29,7 @@ from streamledger.ledger.statements import (
     TAIL,
 )
 from streamledger.ledger.types import OffsetRange, RangeStatus, RunIdentity, SourceRef, retired_broker
+from streamledger.offsets import ChunkPrint
 from streamledger.runs import LEDGER_DAG
 from streamledger.sources import canonical_identity
 
@@ -240,12 +242,16 @@ class Sources(LedgerSession):
             self._sources[source_id] = known
         return known
 
-    def saw_tails(self, pipeline: str, tails: Mapping[SourceRef, int]) -> None:
+    def saw_tails(self, pipeline: str, tails: Mapping[SourceRef, int],
+                  prints: Mapping[SourceRef, ChunkPrint] | None = None) -> None:
         """Remember the greatest committed tail a batch saw on each source's stream (sources with a
         history only): if the stream is deleted, :meth:`new_epoch` records what the old stream held
-        past the history's end as lost instead of letting it vanish (audit rule 10)."""
+        past the history's end as lost instead of letting it vanish (audit rule 10). ``prints``: a
+        user chunk each stream held, kept for a source that has none yet (its first claim's evidence
+        of which stream it claimed: :meth:`positions` gives it as ``chunk`` until a commit records a
+        newer one, so a stream re-created before that commit is refused, migration 0020)."""
         check_pipeline(pipeline)
-        if not tails:
+        if not tails and not prints:
             return
         with self._tx(f"tails seen by pipeline {pipeline!r}") as session:
             refs = list(tails)
@@ -254,6 +260,13 @@ class Sources(LedgerSession):
                     if src is not None and (src.seen_tail is None or src.seen_tail < int(tails[ref]))]
             if rows:  # one executemany; the condition again, for a batch that raised it meanwhile
                 session.connection().execute(RAISE_SEEN_TAIL, rows)
+            shown = list(prints or ())
+            firsts = [{"sid": src.id, "offset": p.offset, "timestamp": p.timestamp, "crc": p.crc}
+                      for ref, src in zip(shown, self._find_sources(session, pipeline, shown), strict=True)
+                      if src is not None and src.seen_chunk_offset is None
+                      for p in ((prints or {})[ref],)]
+            if firsts:  # the first evidence is kept: a later one would not be the claimed stream's
+                session.connection().execute(KEEP_SEEN_CHUNK, firsts)
 
     def mark_replaced(self, pipeline: str, source: SourceRef, why: str) -> None:
         """Remember that a batch found the broker holding another stream than the source's history

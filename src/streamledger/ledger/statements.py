@@ -296,6 +296,14 @@ RAISE_SEEN_TAIL = (
            or_(_SOURCES.c.seen_tail.is_(None), _SOURCES.c.seen_tail < bindparam("tail", type_=BigInteger())))
     .values(seen_tail=bindparam("tail", type_=BigInteger()))
 )
+# The first chunk a batch saw on a source without one (Ledger.saw_tails, executed for many sources).
+KEEP_SEEN_CHUNK = (
+    update(_SOURCES)
+    .where(_SOURCES.c.id == bindparam("sid"), _SOURCES.c.seen_chunk_offset.is_(None))
+    .values(seen_chunk_offset=bindparam("offset", type_=BigInteger()),
+            seen_chunk_timestamp=bindparam("timestamp", type_=BigInteger()),
+            seen_chunk_crc=bindparam("crc", type_=BigInteger()))
+)
 LOAD = (
     select(Range, Source, Pipeline.name)
     .join(Source, Source.id == Range.source_id)

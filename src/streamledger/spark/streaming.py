@@ -393,7 +393,9 @@ class RabbitMQStreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvai
                 recorder.claim(stop.query, stop.batch, r.stream, r.start, r.end,
                                requested_start=r.requested_start, lost_reason=reason if r.lost else None)
             # if a stream is deleted and re-created, `new-epoch` records what it held unread as lost
-            recorder.saw_tails({s: t for s, t in self._seen.items() if s in stop.offsets})
+            tails = {s: t for s, t in self._seen.items() if s in stop.offsets}
+            spans = {r.stream: (r.start, r.end) for r in ranges}
+            self._call(lambda c: recorder.saw_tails(tails, spans, c))
         return slices_for(ranges, self.options.read)
 
     def commit(self, end: dict[str, Any]) -> None:

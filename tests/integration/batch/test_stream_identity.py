@@ -157,10 +157,6 @@ def test_a_new_epoch_records_the_old_streams_unread_tail_lost(
     assert report.clean, report.to_text()
 
 
-@pytest.mark.xfail(strict=True, reason="a source whose history holds no committed range yet has no "
-                   "identity to compare: a batch redoing the stale first claim reads the new stream's "
-                   "[0, 100) as if it were the old one's, whose records nobody read, and the audit is "
-                   "CLEAN (model soak seed 209)")
 def test_a_stream_recreated_while_its_first_claim_was_open_is_told_apart_from_the_old_one(
     any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path,
@@ -186,6 +182,24 @@ def test_a_stream_recreated_while_its_first_claim_was_open_is_told_apart_from_th
     old_lost = [r for r in any_ledger.ranges(PIPE) if r.status == RangeStatus.LOST and r.start == 0]
     report = audit(any_ledger, PIPE, broker=client)
     assert old_lost or not report.clean, (read[:3], report.to_text())
+
+
+def test_the_audit_finds_a_stream_recreated_under_a_history_that_only_claimed(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """The first batch claims [0, 100) and dies before its job; the stream is re-created with other
+    records. Before any batch runs again, the audit given the broker reports the stream replaced
+    (from the chunk the claim saw), never CLEAN over 100 records nobody read."""
+    s = stream_name("recreated-audit")
+    create_stream(rabbitmq_url, s, 100)
+    with pytest.raises(Killed):
+        run_batch(config(rabbitmq_url, tmp_path, s), run=rid("t"), ledger=any_ledger, broker=client,
+                  runner=runner, on_step=die_after("claimed"))
+    assert len(any_ledger.release_stale(timedelta(0), pipeline=PIPE)) == 1
+    recreate(client, s, 150)
+    report = audit(any_ledger, PIPE, broker=client)
+    assert "stream_replaced" in {v.kind.value for v in report.violations}, report.to_text()
 
 
 # -- 8: one identity per broker, whatever the URL's spelling ------------------------------------

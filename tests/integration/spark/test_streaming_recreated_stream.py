@@ -221,3 +221,43 @@ def test_a_checkpointed_micro_batch_replayed_on_a_recreated_stream_claims_nothin
     live = [(r.start, r.end, r.status.value) for r in any_ledger.ranges(PIPELINE)
             if "#epoch" not in r.source.broker and r.status.value in ("claimed", "committed") and not r.empty]
     assert live == [], live
+
+
+def test_a_first_micro_batch_replayed_on_a_stream_recreated_with_other_records_is_refused(
+    spark: Any, rabbitmq_url: str, stream_name: Any, tmp_path: Path, any_ledger: Ledger
+) -> None:
+    """A query plans micro-batch 0 as [0, 40) and dies before writing it: the history holds that
+    claim and no committed range. The stream is deleted and re-created with 60 other records. The
+    query restarted from its checkpoint replays [0, 40): it must refuse the stream as re-created, not
+    read the new stream's [0, 40) as the old one's and leave the audit CLEAN over 40 records nobody
+    read (the batch's model soak seed 209, met by a streaming query)."""
+    s = stream_name("st-first-claim")
+    create_stream(rabbitmq_url, s, 40)
+    out, cp = tmp_path / "a" / "out", tmp_path / "a" / "cp"
+    reader = (spark.readStream.format("rabbitmq_stream").option("url", rabbitmq_url)
+              .option("ledger", any_ledger.url).option("pipeline", PIPELINE)
+              .option("ledgerOutput", str(tmp_path / "ranges")).option("stream", s)
+              .option("startingOffsets", "earliest"))
+
+    def dies(df: Any, batch_id: int) -> None:
+        raise RuntimeError("the query dies before writing")
+
+    q = reader.load().writeStream.foreachBatch(dies).option("checkpointLocation", str(cp)) \
+        .trigger(availableNow=True).start()
+    with pytest.raises(Exception, match="dies before writing"):
+        q.awaitTermination(240)
+    (claim,) = any_ledger.ranges(PIPELINE)
+    assert (claim.start, claim.end, claim.status.value) == (0, 40, "claimed")
+    with StreamClient.connect(rabbitmq_url) as c:
+        c.delete_stream(s)
+        c.create_stream(s)
+    publish(rabbitmq_url, s, 60, start=1000)  # other records: bodies 1000..1059
+    try:
+        run_query(spark, rabbitmq_url, out, cp, any_ledger, s)
+    except RuntimeError as refused:
+        assert "re-created" in str(refused) and "new-epoch" in str(refused), refused
+        assert not [r for r in any_ledger.ranges(PIPELINE) if r.status.value == "committed" and not r.empty]
+        return
+    report = audit(any_ledger, PIPELINE)
+    old_lost = [r for r in any_ledger.ranges(PIPELINE) if r.status.value == "lost" and r.start == 0]
+    assert old_lost or not report.clean, (sorted(bodies(spark, out))[:3], report.to_text())

@@ -34,9 +34,9 @@ def test_upgrade_audit_ranges_release(
     capsys: pytest.CaptureFixture[str], sqlite_url: str, tmp_path: Path
 ) -> None:
     rc, out, _ = cli(capsys, "upgrade", "--db", sqlite_url)
-    assert rc == 0 and "empty -> 0019_overlap_past_empty_ranges" in out
+    assert rc == 0 and "empty -> 0020_source_seen_chunk" in out
     rc, out, _ = cli(capsys, "upgrade", "--db", sqlite_url)
-    assert rc == 0 and "0019_overlap_past_empty_ranges -> 0019_overlap_past_empty_ranges" in out
+    assert rc == 0 and "0020_source_seen_chunk -> 0020_source_seen_chunk" in out
     ledger = make_history(sqlite_url)
 
     rc, out, _ = cli(capsys, "audit", "--db", sqlite_url, "--no-outputs")

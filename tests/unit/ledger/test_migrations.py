@@ -37,12 +37,12 @@ def test_upgrade_and_downgrade_step_by_step(db_url: str) -> None:
         assert migrate.current(engine) == "0001_ledger_tables"
         assert tables(db_url) >= LEDGER_TABLES
         migrate.upgrade(engine)
-        assert migrate.current(engine) == migrate.head() == "0019_overlap_past_empty_ranges"
+        assert migrate.current(engine) == migrate.head() == "0020_source_seen_chunk"
         migrate.upgrade(engine)  # idempotent
         with engine.connect() as conn:
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "airflow_head"
             assert conn.execute(text("SELECT version_num FROM streamledger_ledger_version")).scalar() == (
-                "0019_overlap_past_empty_ranges"
+                "0020_source_seen_chunk"
             )
         led = Ledger(db_url)
         r = led.claim("p", SRC, 10, run(1), initial_start=0, max_span=5)

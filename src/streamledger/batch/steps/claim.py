@@ -18,6 +18,7 @@ from streamledger.batch.steps.state import Part
 from streamledger.batch.steps.survey import Surveying
 from streamledger.errors import MissingExtra
 from streamledger.ledger.types import RangeStatus
+from streamledger.offsets import ChunkPrint, take_prints_within
 
 if TYPE_CHECKING:
     from streamledger.ledger import ClaimRequest, OffsetRange, SourcePosition, SourceRef
@@ -197,10 +198,14 @@ class Claiming(Surveying):
             self.settle_lost_before(asks)
         # With the claims, what each stream held: if it is re-created, the new epoch records the
         # unread rest lost (in the claims' transaction, so a death right after loses none of it).
+        # And a chunk of each stream whose history holds no fingerprint yet: a claim that dies before
+        # its commit still tells the stream it claimed from a stream re-created meanwhile.
+        prints = self.first_prints(seen, asks)
         got = self.ledger.claim_many(cfg.pipeline, asks, self.run,
                                      max_span=cfg.max_offsets,
                                      abandon_after=timedelta(seconds=cfg.claim_timeout),
-                                     tails={self._source(s): tail for s, tail, _stored, _pos in seen})
+                                     tails={self._source(s): tail for s, tail, _stored, _pos in seen},
+                                     prints=prints)
         self.check_late([s for s, *_r in seen], got)
         held = first_offsets(self.broker, [s for (s, *_r), rng in zip(seen, got, strict=True)
                                            if rng.status.value == "claimed" and not self._record_free(rng)])
@@ -212,6 +217,23 @@ class Claiming(Surveying):
             log.info("stream %s: range [%d, %d) %s (%d offsets)", r.stream, r.start, r.end, r.status,
                      r.end - r.start)
         self._step("claimed")
+
+    def first_prints(self, seen: Sequence[tuple[str, int, int | None, SourcePosition]],
+                     asks: Sequence[ClaimRequest]) -> dict[SourceRef, ChunkPrint]:
+        """A user chunk each stream holds where its claim will start (the pinned span's start, the
+        ledger's end, or the first claim's initial start) and below the tail the survey saw, for
+        the sources whose history has no fingerprint (none committed with records, none seen at a
+        claim): one round of chunk headers for all of them, none for the others."""
+        spans: dict[str, tuple[int, int]] = {}
+        for (s, tail, _stored, pos), ask in zip(seen, asks, strict=True):
+            if pos.chunk is not None:
+                continue
+            start = ask.span[0] if ask.span else pos.end if pos.end is not None else ask.initial_start
+            if start is not None and start < tail:
+                spans[s] = (start, tail)
+        if not spans:
+            return {}
+        return {self._source(s): p for s, p in take_prints_within(self.broker, spans).items()}
 
     def skip_ranges_without_records(self) -> None:
         """Commit claimed ranges that hold no user record (only tracking offsets) without a job,
