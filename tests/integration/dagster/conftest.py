@@ -115,10 +115,6 @@ def minute_of(moment: float) -> datetime:
     return datetime.fromtimestamp(moment - moment % 60, UTC)
 
 
-def sleep_into_next_minute() -> None:
-    time.sleep(60 - time.time() % 60 + 0.5)
-
-
 #: The test modules whose one-minute windows :class:`MinuteWaves` publishes.
 WAVE_MODULES = ("test_partitions.py", "test_dg.py")
 
@@ -146,6 +142,7 @@ class MinuteWaves:
     error: BaseException | None = None
     a_done: threading.Event = field(default_factory=threading.Event)
     b_done: threading.Event = field(default_factory=threading.Event)
+    stopped: threading.Event = field(default_factory=threading.Event)  # the session ends first
 
     def start(self) -> threading.Thread:
         self.super_streams = {n: f"t-dg-waves-{n}-{self.tag}" for n in self.names}
@@ -161,8 +158,8 @@ class MinuteWaves:
                     client.create_super_stream(super_stream, partitions=PARTITIONS)
                     self.partitions[name] = client.partitions(super_stream)
                 client.create_stream(self.stream)
-            if time.time() % 60 > 50:  # keep wave A from straddling a minute boundary
-                sleep_into_next_minute()
+            if time.time() % 60 > 50 and self._into_next_minute():  # keep wave A within its minute
+                return
             wave_a = minute_of(time.time())
             for partitions in self.partitions.values():
                 publish_spread(self.url, partitions, range(40))
@@ -170,7 +167,8 @@ class MinuteWaves:
             assert minute_of(time.time()) == wave_a, "wave A straddled a minute boundary"
             self.wave_a = wave_a
             self.a_done.set()
-            sleep_into_next_minute()
+            if self._into_next_minute():
+                return
             self.wave_b = minute_of(time.time())
             for partitions in self.partitions.values():
                 publish_spread(self.url, partitions, range(40, 70))
@@ -179,6 +177,10 @@ class MinuteWaves:
         finally:
             self.a_done.set()
             self.b_done.set()
+
+    def _into_next_minute(self) -> bool:
+        """Half a second into the next minute; True when the session ended meanwhile."""
+        return self.stopped.wait(60 - time.time() % 60 + 0.5)
 
     def _wait(self, done: threading.Event) -> None:
         assert done.wait(timeout=200), "the minute waves were not published in time"
@@ -216,7 +218,8 @@ def minute_waves(rabbitmq_url: str) -> Iterator[MinuteWaves]:
     waves = MinuteWaves(url=rabbitmq_url, names=("ordered", "pinned"))
     thread = waves.start()
     yield waves
-    thread.join(timeout=200)
+    waves.stopped.set()
+    thread.join(timeout=60)
     with StreamClient.connect(rabbitmq_url) as client:
         for super_stream in waves.super_streams.values():
             client.delete_super_stream(super_stream, missing_ok=True)
