@@ -1,9 +1,12 @@
 """An HTTP proxy on loopback in front of the S3 server that notes each request's method, path and
 ``If-None-Match`` header (one JSON line per request), to see what a client sends on the wire.
 
-``python -m tests.support.s3_proxy UPSTREAM LOG`` prints its endpoint on the first line of stdout
-and serves until killed. A process of its own: delta-rs holds the GIL while it waits for the store,
-so a proxy thread in the caller's process would never get to answer.
+``python -m tests.support.s3_proxy UPSTREAM LOG [--lose-first-conditional-answer]`` prints its
+endpoint on the first line of stdout and serves until killed. With the flag, the first conditional PUT
+(``If-None-Match``) is forwarded and the store's answer dropped (the connection closed instead): what a
+client sees when the network loses the answer to a PUT that landed, so it retries the PUT. A process
+of its own: delta-rs holds the GIL while it waits for the store, so a proxy thread in the caller's
+process would never get to answer.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
-def serve(upstream: str, log_path: str) -> None:
+def serve(upstream: str, log_path: str, lose_first_conditional_answer: bool = False) -> None:
     host, port = upstream.split("://", 1)[1].rstrip("/").split(":")
+    lose = {"next": lose_first_conditional_answer}
     log = open(log_path, "a", buffering=1)  # noqa: SIM115 - open while serving
 
     class Handler(BaseHTTPRequestHandler):
@@ -30,6 +34,12 @@ def serve(upstream: str, log_path: str) -> None:
             conn.request(self.command, self.path, body=data, headers=dict(self.headers.items()))
             answer = conn.getresponse()
             body = answer.read()
+            if self.command == "PUT" and self.headers.get("If-None-Match") and lose["next"]:
+                lose["next"] = False  # the PUT landed; its answer is lost on the way back
+                log.write(json.dumps({"lost_answer": answer.status, "path": self.path}) + "\n")
+                conn.close()
+                self.close_connection = True
+                return
             self.send_response_only(answer.status)
             for k, v in answer.getheaders():
                 if k.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -72,4 +82,4 @@ def serve(upstream: str, log_path: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2])
+    serve(sys.argv[1], sys.argv[2], "--lose-first-conditional-answer" in sys.argv[3:])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamledger.errors import StreamledgerError
@@ -27,6 +28,8 @@ from streamledger.ledger import (
 from streamledger.runs import STREAMING_PREFIX
 
 if TYPE_CHECKING:
+    from streamledger.fs import OutputFS
+    from streamledger.manifest import Manifest
     from streamledger.offsets import ChunkPrint
 
 DAG_PREFIX = STREAMING_PREFIX
@@ -34,6 +37,15 @@ DAG_PREFIX = STREAMING_PREFIX
 
 class MicroBatchError(StreamledgerError):
     """The ledger's history disagrees with a micro-batch: recording it would skip or repeat offsets."""
+
+
+def _other_than(raw: bytes | None, fs: OutputFS, directory: str) -> bool:
+    """``directory``'s manifest is not ``raw``: what a micro-batch moved aside is not the failed
+    range's directory it looked at (another attempt's, placed meanwhile), so it goes back."""
+    from streamledger.batch.outputs import MANIFEST
+    from streamledger.fs import join
+
+    return fs.read_bytes(join(directory, MANIFEST)) != raw
 
 
 def count_range(client: Any, stream: str, start: int, end: int) -> tuple[int, int | None, int | None]:
@@ -248,12 +260,74 @@ class MicroBatchRecorder:
         span = max(released, key=lambda r: r.id)
         return self._take(src, run, where, span.start, span.end)
 
+    def _place(self, manifest: Manifest, r: OffsetRange, stream: str, where: tuple[str, str],
+               fs: OutputFS) -> tuple[int, int | None, int | None]:
+        """Place micro-batch range ``r``'s manifest in its directory by the batch's create-only rule
+        (:func:`streamledger.batch.outputs.create_manifest`), before its commit; returns the counts to
+        commit (those of the manifest in place).
+
+        Two writers can reach one directory: a claim released while its micro-batch settled (after
+        it found its claim, before this write) is claimed again whole by the next batch or query,
+        which places its manifest and commits; the stalled one must not replace it (an overwrite left
+        the committed range's directory naming a failed range and a batch's data files unlisted).
+        What may be in place:
+
+        * this range's own manifest (the query restarted on its checkpoint after a crash between its
+          manifest and its commit, or a second query on one checkpoint): it stays, and its counts are
+          committed (counted when the micro-batch ended);
+        * the manifest of a range that failed (a claim released after its manifest, re-claimed since):
+          no range commits it ever, so its directory is moved aside (as a batch moves a foreign
+          directory aside) and this range's manifest created;
+        * anything else (a committed or live range's, another pipeline's): refused in one line,
+          nothing recorded.
+        """
+        from streamledger.batch import outputs
+
+        target, ours = str(manifest.output), manifest.to_json()
+        if outputs.create_manifest(target, ours, fs):
+            return manifest.streams[stream].counts
+        raw, found = self._in_place(target, stream, fs)
+        if found is not None and found.range_id == r.id:
+            return found.streams[stream].counts
+        if found is not None and found.range_id is not None and self._failed(found.range_id):
+            outputs.move_aside(target, fs, partial(_other_than, raw, fs), f"{where[0]}, {where[1]}")
+            if outputs.create_manifest(target, ours, fs):
+                return manifest.streams[stream].counts
+            _raw, found = self._in_place(target, stream, fs)
+        theirs = f"range {found.range_id}" if found is not None else "no range of this pipeline"
+        raise MicroBatchError(
+            f"{where[0]}: {where[1]}: another attempt published {target} first (its manifest names {theirs}, "
+            f"this micro-batch's is range {r.id}); nothing recorded"
+        )
+
+    def _in_place(self, target: str, stream: str, fs: OutputFS) -> tuple[bytes | None, Manifest | None]:
+        """The manifest bytes in ``target`` and, when it is a manifest of this pipeline with an entry
+        for ``stream``, the manifest."""
+        from streamledger.batch import outputs
+        from streamledger.fs import join
+        from streamledger.manifest import Manifest, ManifestError
+
+        raw = fs.read_bytes(join(target, outputs.MANIFEST))
+        try:
+            found = Manifest.from_json(raw) if raw is not None else None
+        except ManifestError:
+            return raw, None
+        if found is None or found.pipeline != self.pipeline or found.entry(stream) is None:
+            return raw, None
+        return raw, found
+
+    def _failed(self, range_id: int) -> bool:
+        """Whether ledger range ``range_id`` failed: no one can commit it any more."""
+        try:
+            return self.ledger.get(range_id).status == RangeStatus.FAILED
+        except StreamledgerError:
+            return False
+
     def settle(self, query: str, batch: int, ends: Mapping[str, int], client: Any) -> set[str]:
         """Commit micro-batch ``batch`` of ``query`` (the engine finished it; ``ends`` are its end
         offsets, as checkpointed): per stream exactly the span its claim holds, claimed again if it
         was released meanwhile; then move the broker's stored offsets up to the watermark. Returns
         the streams whose offset it stored."""
-        from streamledger.batch import outputs
         from streamledger.batch.plan import offset_to_store, output_dir
         from streamledger.fs import filesystem_for
         from streamledger.manifest import Manifest, StreamEntry
@@ -295,7 +369,8 @@ class MicroBatchRecorder:
                 range_id=r.id, files=(),  # the rows are in the query's sink: no data file belongs here
                 extra={"streaming": {"query": query, "batch": r.run.run_id}},
             )
-            outputs.write_manifest(target_dir, manifest, fs)  # before the commit: a committed range has one
+            # Before the commit (a committed range has one), create-only (the batch's rule).
+            records, first, last = self._place(manifest, r, stream, self._where(stream, query, batch), fs)
             # The fingerprint the next micro-batch (and the audit) checks the broker's stream against.
             chunk = take_print(client, stream, last) if last is not None else None
             self.ledger.commit(r.id, records=records, first_seen=first, last_seen=last, output=target_dir,

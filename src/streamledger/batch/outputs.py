@@ -27,14 +27,14 @@ from functools import partial
 from typing import Any
 
 from streamledger.errors import BatchError
-from streamledger.fs import LOCAL, OutputFS, join, local_path, parent
+from streamledger.fs import LOCAL, OutputFS, join, local_path, name, parent
 from streamledger.manifest import MANIFEST, Manifest, is_data_file
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "MANIFEST", "PublishedByAnother", "data_file_names", "load_manifest", "local_path", "publish",
-    "published", "read_manifest", "remove", "write_manifest",
+    "MANIFEST", "PublishedByAnother", "create_manifest", "data_file_names", "load_manifest", "local_path",
+    "move_aside", "publish", "published", "read_manifest", "remove", "withdraw_leftovers", "write_manifest",
 ]
 
 
@@ -132,15 +132,8 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
             return
         if foreign:
             check()
-            aside = f"{final.rstrip('/')}.superseded-{int(time.time())}"
-            log.warning("%s holds no output of range %d; moving it aside to %s", final, range_id, aside)
-            fs.rename(final, aside)
-            if published(aside, range_id, fs):  # stalled in the move: what it moved is the winner's
-                fs.rename(aside, final)
-                raise PublishedByAnother(
-                    f"range {range_id}: another attempt published {final} first, while this attempt was "
-                    "moving a foreign directory aside there; its output is back in place and nothing of "
-                    "this attempt is published")
+            log.warning("%s holds no output of range %d; moving it aside", final, range_id)
+            move_aside(final, fs, partial(published, range_id=range_id, fs=fs), f"range {range_id}")
     fs.mkdirs(parent(final))
     if atomic:
         _unless_published(partial(fs.rename, staging, final), final, range_id, fs)
@@ -162,23 +155,63 @@ def publish(staging: str, final: str, range_id: int, fs: OutputFS = LOCAL,
         try:
             if ours is None:  # staging moved away meanwhile (by the attempt that published it)
                 raise FileNotFoundError(f"{join(staging, MANIFEST)} is gone")
-            fs.create_file(join(final, MANIFEST), ours)  # create-only: never over another's manifest
-        except FileExistsError:
-            removed = _withdraw(final, copied, fs, mine)
-            if fs.read_bytes(join(final, MANIFEST)) == ours:  # the same staging copy, published by both
-                return
-            raise PublishedByAnother(
-                f"range {range_id}: another attempt published {final} first; this attempt's manifest was "
-                f"refused there (create-only) and its {removed} file(s) not in that manifest removed, so "
-                "nothing of this attempt is published") from None
+            won = create_manifest(final, ours, fs)  # create-only: never over another's manifest
         except Exception:
             if published(final, range_id, fs):
                 _withdraw(final, copied, fs, mine)
                 return
             raise
+        if not won:
+            removed = _withdraw(final, copied, fs, mine)
+            raise PublishedByAnother(
+                f"range {range_id}: another attempt published {final} first; this attempt's manifest was "
+                f"refused there (create-only) and its {removed} file(s) not in that manifest removed, so "
+                "nothing of this attempt is published")
     else:  # pragma: no cover - the batch publishes only staging copies it wrote a manifest into
         fs.mkdirs(final)
     fs.delete(staging)
+
+
+def move_aside(final: str, fs: OutputFS, stays: Callable[[str], bool], what: str) -> str:
+    """Move the directory at ``final`` aside (renamed ``<final>.superseded-<seconds>``: never deleted)
+    before publishing there; returns where it went. An attempt stalled between its look at the
+    directory and this move may move what another attempt published there meanwhile: when what moved
+    ``stays(aside)``, it is put back and :class:`PublishedByAnother` names ``what``."""
+    aside = f"{final.rstrip('/')}.superseded-{int(time.time())}"
+    fs.rename(final, aside)
+    if stays(aside):  # stalled in the move: what it moved is the winner's
+        fs.rename(aside, final)
+        raise PublishedByAnother(
+            f"{what}: another attempt published {final} first, while this attempt was moving a foreign "
+            "directory aside there; its output is back in place and nothing of this attempt is published")
+    log.warning("moved %s aside to %s", final, aside)
+    return aside
+
+
+def create_manifest(directory: str, ours: bytes, fs: OutputFS = LOCAL, *, patience: float = 5.0) -> bool:
+    """Write ``ours`` as ``directory``'s manifest only where none is (``OutputFS.create_file``: an
+    exclusive create, on S3 ``If-None-Match: *``, on Hadoop ``create(overwrite=false)``): the one
+    rule by which a batch's publish and a streaming micro-batch place a range's manifest.
+
+    True when the manifest in place is ours: created now, or refused while the one in place is
+    ``ours`` byte for byte (a retried PUT whose first try landed, its answer lost, is refused by the
+    store; another attempt published the same staging copy); then nothing is lost and nothing is to
+    be withdrawn. False when another's manifest is in place (nothing written). A refusal with nothing
+    to read yet (S3's 409 while a conditional PUT of the key is in flight, perhaps our own first try)
+    is asked again, the create too, for up to ``patience`` seconds; still nothing there: False."""
+    target = join(directory, MANIFEST)
+    deadline, pause = time.monotonic() + patience, 0.05
+    while True:
+        try:
+            fs.create_file(target, ours)
+        except FileExistsError:
+            there = fs.read_bytes(target)
+            if there is not None or time.monotonic() >= deadline:
+                return there == ours
+        else:
+            return True
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
 
 
 def _withdraw(final: str, copied: list[str], fs: OutputFS, mine: bytes | None) -> int:
@@ -207,6 +240,32 @@ def _withdraw(final: str, copied: list[str], fs: OutputFS, mine: bytes | None) -
         log.warning("%s was published by another attempt; removed this attempt's %d file(s) it does not list",
                     final, len(gone))
     return len(gone)
+
+
+def withdraw_leftovers(attempt: str, fs: OutputFS = LOCAL) -> int:
+    """Before an earlier attempt's staging directory is swept: for each staging copy in it whose
+    range is published by another attempt (the manifest at the copy's ``output`` names its range and
+    is not its own), delete the files of this copy that that manifest does not list, as the attempt
+    itself would have had it not died between its refused manifest and its cleanup
+    (:func:`_withdraw`, the one rule: data file names are distinct per job, so a name this copy has
+    and that manifest does not list is this attempt's). Returns how many went."""
+    removed = 0
+    for rel in fs.files(attempt):
+        if name(rel) != MANIFEST or rel == MANIFEST:
+            continue
+        copy = join(attempt, parent(rel))
+        mine = fs.read_bytes(join(copy, MANIFEST))
+        try:
+            manifest = json.loads(mine) if mine is not None else None
+        except ValueError:
+            continue
+        final, range_id = (manifest.get("output"), manifest.get("range_id")) if isinstance(manifest, dict) \
+            else (None, None)
+        if not isinstance(final, str) or not isinstance(range_id, int) or not published(final, range_id, fs):
+            continue
+        there = set(fs.files(final))
+        removed += _withdraw(final, [n for n in fs.files(copy) if n != MANIFEST and n in there], fs, mine)
+    return removed
 
 
 def remove(location: str, fs: OutputFS = LOCAL) -> None:

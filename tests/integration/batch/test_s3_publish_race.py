@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from streamledger import fs
-from streamledger.batch.outputs import PublishedByAnother, publish, read_manifest
+from streamledger.batch.outputs import PublishedByAnother, create_manifest, publish, read_manifest
 from tests.support.s3 import Bucket
 
 pytestmark = pytest.mark.timeout(300)
@@ -27,12 +27,9 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture
-def wire(s3_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The bucket reached through a proxy noting each request's method, path and If-None-Match."""
-    seen = tmp_path / "requests.jsonl"
-    proxy = subprocess.Popen([sys.executable, "-m", "tests.support.s3_proxy", s3_bucket.endpoint, str(seen)],
-                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+def _proxied(bucket: Bucket, seen: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> Iterator[Path]:
+    proxy = subprocess.Popen([sys.executable, "-m", "tests.support.s3_proxy", bucket.endpoint, str(seen),
+                              *flags], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert proxy.stdout is not None
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.stdout.readline().strip())
@@ -40,6 +37,19 @@ def wire(s3_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     finally:
         proxy.kill()
         proxy.wait(timeout=30)
+
+
+@pytest.fixture
+def wire(s3_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The bucket reached through a proxy noting each request's method, path and If-None-Match."""
+    yield from _proxied(s3_bucket, tmp_path / "requests.jsonl", monkeypatch)
+
+
+@pytest.fixture
+def lossy_wire(s3_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The same proxy, losing the answer to the first conditional PUT (which lands): botocore retries it."""
+    yield from _proxied(s3_bucket, tmp_path / "requests.jsonl", monkeypatch,
+                        "--lose-first-conditional-answer")
 
 
 def staging(store: fs.ArrowFS, bucket: Bucket, name: str, range_id: int) -> str:
@@ -111,3 +121,40 @@ def test_the_s3_create_is_refused_by_the_store_when_the_key_exists(s3_bucket: Bu
     with pytest.raises(FileExistsError):  # the Hadoop connector's name for the same store
         store.create_file(uri.replace("s3://", "s3a://", 1), b"third")
     assert store.read_bytes(uri) == b"first"
+
+
+def test_a_retried_manifest_put_whose_first_try_landed_publishes_and_withdraws_nothing(
+    s3_bucket: Bucket, lossy_wire: Path,
+) -> None:
+    """The manifest PUT lands but its answer is lost; botocore sends it again and the store refuses
+    the retry (412: the key exists). The manifest in place is this attempt's own byte for byte, so
+    the publish is this attempt's: it returns, its data object stays listed, its staging copy goes."""
+    store = fs.ArrowFS()
+    final = s3_bucket.uri("out", "p", "b", "s", "0-100")
+    a = staging(store, s3_bucket, "a", 7)
+    publish(a, final, 7, store)
+    mine = {"range_id": 7, "files": ["part-a.parquet"], "written_at": "a"}
+    assert objects(s3_bucket, final) == {"_manifest.json": json.dumps(mine).encode(),
+                                         "part-a.parquet": b"rows of a"}
+    assert store.files(a) == []  # the staging copy is gone, as after any publish
+
+    requests = [json.loads(line) for line in lossy_wire.read_text().splitlines()]
+    key = f"/{s3_bucket.name}/{final[len(s3_bucket.uri()) + 1:]}/_manifest.json"
+    puts = [r.get("if_none_match") for r in requests
+            if r.get("method") == "PUT" and r["path"].split("?")[0] == key]
+    assert puts == ["*", "*"], requests  # the first landed (its answer lost), the retry was refused
+    assert [r["lost_answer"] for r in requests if "lost_answer" in r] == [200], requests
+
+
+def test_a_refused_create_is_ours_only_when_the_manifest_in_place_is_ours_byte_for_byte(
+    s3_bucket: Bucket,
+) -> None:
+    """``create_manifest`` (the one rule of the batch's publish and the streaming micro-batch): a
+    create refused by the store over the same bytes is ours (a retried PUT), over other bytes is not;
+    the object keeps its first bytes either way."""
+    store = fs.ArrowFS()
+    where = s3_bucket.uri("y")
+    assert create_manifest(where, b"ours", store)
+    assert create_manifest(where, b"ours", store)  # what a retried PUT meets
+    assert not create_manifest(where, b"theirs", store)
+    assert store.read_bytes(fs.join(where, "_manifest.json")) == b"ours"

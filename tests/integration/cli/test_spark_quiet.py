@@ -1,37 +1,17 @@
 """``batch run`` on the CLI's local Spark keeps Spark's own start-up noise off the terminal (issue 33):
 log4j's profile lines, NativeCodeLoader, the data sources' re-registration and the JVM's incubator
-warning; ``-v`` shows them again. Real local Spark, a real broker, a new SQLite ledger."""
+warning; ``-v`` shows them again. The noise a cold ``batch run`` keeps off is asserted on a new user's
+first batch (test_first_hour.py), the noise ``-v`` shows on the cold-start notice's batch
+(test_warm_spark.py): each a local JVM start the suite needs anyway. Here: the filter itself."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 import pytest
-
-from tests.integration.cli.helpers import cli
-from tests.integration.spark.helpers import create_stream
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(900)]
 
 NOISE = ("Using Spark's default log4j profile", "Setting default log level", "sc.setLogLevel",
          "NativeCodeLoader", "replaced a statically registered data source", "Using incubator modules")
-
-
-def test_batch_run_verbose_shows_the_spark_noise_the_default_keeps_off(rabbitmq_url: str, stream_name: Any,
-                                                                      tmp_path: Path) -> None:
-    """The default (quiet) half is asserted on the first ``batch run`` of a new user
-    (test_first_hour.py), the same command on the CLI's local Spark: one JVM start less."""
-    s = stream_name("loud")
-    create_stream(rabbitmq_url, s, 20)
-    env = {"STREAMLEDGER_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
-           "STREAMLEDGER_BROKER_URL": rabbitmq_url}
-    r = cli("-v", "batch", "run", "--stream", s, "--output-root", str(tmp_path / "out"), "--json",
-            "--master", "local[1]", "--pipeline", "loud", env=env)
-    assert r.rc == 0, r.err
-    assert json.loads(r.out)["records"] == 20
-    assert "Using incubator modules" in r.err and "NativeCodeLoader" in r.err, r.err
 
 
 def test_the_jvm_filter_drops_only_the_noise_line() -> None:

@@ -3,7 +3,9 @@ laid out as ``create-dagster`` lays it out, against the real broker and a local 
 
 One project serves the whole module (a module-scoped fixture: ``dg list components``, ``dg scaffold
 defs``, ``dg utils refresh-defs-state`` once), with two components: ``events`` on a super stream
-(unpartitioned, backlog sensor) and ``windowed`` on one stream with one-minute time-window partitions. The
+(unpartitioned, backlog sensor) and ``windowed`` on one stream with one-minute time-window partitions
+(the stream :class:`~tests.integration.dagster.conftest.MinuteWaves` publishes wave A to, from the first
+Dagster test on: its window has usually closed when this module starts). The
 launches run their Spark jobs on the session's Connect server, so a ``dg launch`` costs its Python
 start and the job, not a JVM start (~55 s -> ~20 s each on the shared 2-core machine). The tests run
 in file order and build on each other's ledger; the one that adds a partition to the super stream
@@ -23,7 +25,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ import pytest
 from streamledger.ledger import Ledger
 from streamledger.ledger.models import RANGE_TABLE
 from streamledger.protocol.rabbitmq import StreamClient
+from tests.integration.dagster.conftest import MinuteWaves
 
 pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[3]
@@ -184,7 +187,7 @@ def defs_yaml(p: Project) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def project(rabbitmq_url: str, spark_connect: str, tmp_path_factory: pytest.TempPathFactory,
-            ) -> Iterator[Project]:
+            minute_waves: MinuteWaves) -> Iterator[Project]:
     registered = {e.value for e in importlib.metadata.entry_points(group="dagster_dg_cli.registry_modules")}
     assert "streamledger.dagster.components" in registered, (
         "streamledger's dagster_dg_cli.registry_modules entry point is not installed: reinstall the "
@@ -192,10 +195,13 @@ def project(rabbitmq_url: str, spark_connect: str, tmp_path_factory: pytest.Temp
     )
     tmp = tmp_path_factory.mktemp("dg")
     tag = uuid.uuid4().hex[:8]
-    super_stream, win_stream = f"t-dg-events-{tag}", f"t-dg-win-{tag}"
+    super_stream = f"t-dg-events-{tag}"
+    # the windowed component's events: wave A, 40 events in one minute of broker time, published
+    # with the first Dagster test so that their window has closed (a partition Dagster can launch)
+    # by the time its test runs
+    win_stream, window = minute_waves.stream, minute_waves.first()
     with StreamClient.connect(rabbitmq_url) as client:
         client.create_super_stream(super_stream, partitions=2)
-        client.create_stream(win_stream)
         partitions = client.partitions(super_stream)
     root = tmp / "proj"
     write_project(root)
@@ -213,15 +219,9 @@ def project(rabbitmq_url: str, spark_connect: str, tmp_path_factory: pytest.Temp
         "DAGSTER_DISABLE_TELEMETRY": "1",
         "SL_SPARK_REMOTE": spark_connect,
     }
-    # the windowed component's events, published now so that their one-minute window has closed
-    # (a partition Dagster can launch) by the time its test runs
-    if time.time() % 60 > 57:
-        time.sleep(60 - time.time() % 60 + 0.2)
-    window = datetime.fromtimestamp(time.time() // 60 * 60, UTC)
     p = Project(root=root, env=env, url=rabbitmq_url, out=tmp / "out",
                 ledger_url=f"sqlite:///{tmp / 'ledger.db'}", super_stream=super_stream,
                 partitions=partitions, win_stream=win_stream, window=window)
-    p.publish({win_stream: range(40)})
     try:
         p.outputs["list components"] = p.dg("list", "components")
         p.dg("scaffold", "defs", TYPE, "events")
@@ -237,11 +237,10 @@ def project(rabbitmq_url: str, spark_connect: str, tmp_path_factory: pytest.Temp
         print("dg timings (s):", p.timings)
         with StreamClient.connect(rabbitmq_url) as client:
             client.delete_super_stream(super_stream, missing_ok=True)
-            for stream in (f"{super_stream}-2", win_stream):
-                try:
-                    client.delete_stream(stream)
-                except Exception:  # best effort: it may not exist
-                    pass
+            try:
+                client.delete_stream(f"{super_stream}-2")
+            except Exception:  # best effort: it may not exist
+                pass
 
 
 def state_streams(p: Project) -> list[str]:

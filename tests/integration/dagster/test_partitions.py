@@ -1,41 +1,42 @@
 """Time-window partitions mapped to offsets through chunk timestamps: one-minute windows (the finest
 cron step), two waves of events published in two consecutive minutes of broker time. Each window
 reads exactly its wave; a window asked for before an earlier one with data is refused; a repeated
-window run again finds nothing new."""
+window run again finds nothing new.
+
+Each test has a super stream of its own whose waves :class:`~tests.integration.dagster.conftest.MinuteWaves`
+published in the background from the first Dagster test on (wave A: ids 0-39, wave B: ids 40-69 in
+the next minute), so the minutes have usually passed when the tests run."""
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 from dagster import DagsterInstance, TimeWindowPartitionsDefinition, materialize
 
 from streamledger.dagster import build_partition_audit_check, build_stream_batch_asset
-from tests.integration.dagster.conftest import Setup, materializations
+from tests.integration.dagster.conftest import MinuteWaves, Setup, materializations
 
 pytestmark = [pytest.mark.dagster, pytest.mark.rabbitmq, pytest.mark.spark, pytest.mark.timeout(240)]
 FMT = "%Y-%m-%d-%H:%M"
 
 
-def minute(moment: float) -> datetime:
-    return datetime.fromtimestamp(moment - moment % 60, UTC)
+@pytest.fixture
+def ordered(minute_waves: MinuteWaves, tmp_path: Path, spark: Any) -> Setup:
+    return minute_waves.setup("ordered", tmp_path)
 
 
-def sleep_into_next_minute() -> None:
-    now = time.time()
-    time.sleep(60 - now % 60 + 0.5)
+@pytest.fixture
+def pinned(minute_waves: MinuteWaves, tmp_path: Path, spark: Any) -> Setup:
+    return minute_waves.setup("pinned", tmp_path)
 
 
-def test_windows_read_their_own_events_in_order(setup: Setup) -> None:
-    if time.time() % 60 > 50:  # keep a wave from straddling a minute boundary
-        sleep_into_next_minute()
-    wave_a = minute(time.time())
-    setup.publish(range(40))
-    sleep_into_next_minute()
-    wave_b = minute(time.time())
+def test_windows_read_their_own_events_in_order(ordered: Setup, minute_waves: MinuteWaves) -> None:
+    setup = ordered
+    wave_a, wave_b = minute_waves.both()  # wave A in wave_a's minute, wave B in the next
     assert wave_b == wave_a + timedelta(minutes=1)
-    setup.publish(range(40, 70))
 
     partitions = TimeWindowPartitionsDefinition(
         cron_schedule="* * * * *", start=wave_a - timedelta(minutes=1), fmt=FMT, end_offset=1
@@ -94,19 +95,15 @@ def test_windows_read_their_own_events_in_order(setup: Setup) -> None:
     assert done == expected
 
 
-def test_pinned_windows_read_their_own_events_in_any_order(setup: Setup) -> None:
+def test_pinned_windows_read_their_own_events_in_any_order(pinned: Setup, minute_waves: MinuteWaves) -> None:
     """Issue 41: ``bound_by_interval=True`` on the asset factory (the operator's pinned intervals):
     each window's range is pinned to its own events, so a later window may run first (no order
     check), and running a window again gives the same range without reading it again."""
-    if time.time() % 60 > 50:
-        sleep_into_next_minute()
-    wave_a = minute(time.time())
-    setup.publish(range(40))
-    sleep_into_next_minute()
-    wave_b = minute(time.time())
-    setup.publish(range(40, 70))
-    sleep_into_next_minute()
-    time.sleep(3)  # past wave B's end and its grace: an idle partition's end is its committed tail
+    setup = pinned
+    wave_a, wave_b = minute_waves.both()
+    assert wave_b == wave_a + timedelta(minutes=1)
+    # past wave B's end and its grace (2 s): an idle partition's end is its committed tail
+    minute_waves.sleep_until(wave_b + timedelta(minutes=1, seconds=3.5))
 
     partitions = TimeWindowPartitionsDefinition(
         cron_schedule="* * * * *", start=wave_a - timedelta(minutes=1), fmt=FMT, end_offset=1

@@ -213,3 +213,70 @@ def test_an_attempt_stalled_before_moving_a_foreign_directory_aside_leaves_the_w
         publish(a, str(final), 7, Stalling(atomic_rename=False), guard=guard)
     manifest = read_manifest(str(final), filesystems.LOCAL)
     assert manifest is not None and manifest["written_at"] == "b", manifest
+
+
+def test_withdrawing_a_dead_losers_leftovers_takes_only_its_own_unlisted_files(tmp_path: Path) -> None:
+    """``withdraw_leftovers`` (a retry sweeping an earlier attempt's staging): of the files in the
+    published directory, only those the dead loser's copy has and the winner's manifest does not list
+    go; a file of no known attempt stays (the audit names it), and a copy whose manifest is the one
+    published (the same staging copy) takes nothing."""
+    from streamledger.batch.outputs import withdraw_leftovers
+
+    store = filesystems.LocalFS(atomic_rename=False)
+    final = tmp_path / "final"
+    attempt = tmp_path / "_staging" / "attempt-t1"
+    a, b = _staging(attempt, "a", 7), _staging(tmp_path, "b", 7)
+    for copy in (a, b):  # staging manifests name the range's final place, as the batch writes them
+        data = json.loads((Path(copy) / "_manifest.json").read_text())
+        (Path(copy) / "_manifest.json").write_text(json.dumps({**data, "output": str(final)}))
+    publish(b, str(final), 7, store)
+    (final / "part-a.parquet").write_bytes((Path(a) / "part-a.parquet").read_bytes())  # the dead loser's copy
+    (final / "part-unknown.parquet").write_bytes(b"nobody's")
+    assert withdraw_leftovers(str(attempt), store) == 1
+    assert sorted(p.name for p in final.iterdir()) == [
+        "_manifest.json", "part-b.parquet", "part-unknown.parquet"]
+
+    same = tmp_path / "_staging" / "attempt-t2"
+    (same / "copy").mkdir(parents=True)
+    (same / "copy" / "_manifest.json").write_bytes((final / "_manifest.json").read_bytes())
+    (same / "copy" / "part-unknown.parquet").write_bytes(b"nobody's")
+    assert withdraw_leftovers(str(same), store) == 0
+    assert (final / "part-unknown.parquet").exists()
+
+
+class _InFlight(filesystems.LocalFS):
+    """A store answering a create with a conflict while a PUT of the key is in flight (S3's 409, with
+    nothing to read yet): ``lands`` (when not None) is what that PUT writes, 0.2 s after the first
+    create; until then every create is refused. With ``lands`` None the in-flight PUT fails: only
+    the first create is refused."""
+
+    def __init__(self, lands: bytes | None) -> None:
+        super().__init__(atomic_rename=False)
+        self.lands, self.until = lands, None
+
+    def create_file(self, uri: str, data: bytes) -> None:
+        import threading
+        import time
+
+        if self.until is None:
+            self.until = time.monotonic() + 0.2
+            if self.lands is not None:
+                threading.Timer(0.2, filesystems.LOCAL.create_file, (uri, self.lands)).start()
+            raise FileExistsError(f"{uri} exists: not replaced (ConditionalRequestConflict)")
+        if self.lands is not None and self.read_bytes(uri) is None:
+            raise FileExistsError(f"{uri} exists: not replaced (ConditionalRequestConflict)")
+        super().create_file(uri, data)
+
+
+@pytest.mark.parametrize(("lands", "ours"), [(b"ours", True), (b"theirs", False), (None, True)],
+                         ids=["our-first-try-lands", "another-put-lands", "nothing-lands"])
+def test_a_create_refused_while_a_put_is_in_flight_waits_for_what_lands(
+    tmp_path: Path, lands: bytes | None, ours: bool,
+) -> None:
+    """A refusal with nothing to read yet is asked again: our own in-flight first try landing is
+    ours, another's is not, and when nothing lands the create is tried again (and succeeds)."""
+    from streamledger.batch.outputs import create_manifest
+
+    store = _InFlight(lands)
+    assert create_manifest(str(tmp_path / "d"), b"ours", store) is ours
+    assert (tmp_path / "d" / "_manifest.json").read_bytes() == (lands or b"ours")

@@ -227,11 +227,19 @@ class Publishing(Rereading):
 
     def sweep_staging(self) -> None:
         """Remove staging left by earlier attempts of this run identity (killed mid-read): every
-        range they could have committed is published by now, so nothing there is needed. Only
-        retries sweep, so an idle first try touches no file system (for a URI root, resolving it
-        may start the runner's Spark session)."""
+        range they could have committed is published by now, so nothing there is needed. An attempt
+        killed between its refused manifest and its cleanup left its copied files in the directory
+        another attempt published: they are withdrawn first (:func:`outputs.withdraw_leftovers`).
+        Only retries sweep, so an idle first try touches no file system (for a URI root, resolving
+        it may start the runner's Spark session)."""
         prefix = plan.staging_prefix(self.config.output_root, self.config.pipeline, self.identity, self.run)
         parent, name = filesystems.parent(prefix), filesystems.name(prefix)
         for old in self.fs.listdir(parent):
             if old.startswith(name):
-                outputs.remove(filesystems.join(parent, old), self.fs)
+                where = filesystems.join(parent, old)
+                try:
+                    outputs.withdraw_leftovers(where, self.fs)
+                except Exception as exc:  # reported; the audit names what is left (output_mismatch)
+                    log.warning("could not withdraw what %s left in published directories: %s", where, exc)
+                    continue  # kept: it names what is to withdraw
+                outputs.remove(where, self.fs)
