@@ -349,6 +349,29 @@ class StreamClient:
         stats = self.stream_stats_many(names)
         return {n: self.committed_tail(n, stats=stats[n]) for n in names}, stats
 
+    def retained_spans(self, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """``(first_offset, committed_tail)`` of every stream, both from one pipelined StreamStats
+        round where available (a planner needs both: asked apart, they were two rounds)."""
+        tails, stats = self.tails_with_stats(names)
+        return {n: (self.first_offset(n, stats=stats.get(n)), tails[n]) for n in names}
+
+    def resolve_offsets(self, names: Sequence[str], specs: Sequence[offsets.OffsetSpec]
+                        ) -> dict[str, list[int]]:
+        """:meth:`resolve_offset` of every spec for every stream, each stream's in the order given:
+        one pipelined ResolveOffsetSpec round on 4.3+ for the specs it answers (timestamp, last),
+        the others (and every spec before 4.3) one at a time as :meth:`resolve_offset` does. An
+        error answer is asked again alone, so it raises as :meth:`resolve_offset` would."""
+        wanted = [OffsetSpec.of(s) for s in specs]
+        sent = [i for i, s in enumerate(wanted) if s.kind in ("timestamp", "last")]
+        got = (self._resolve_each(names, [wanted[i] for i in sent])
+               if sent and names and self.supports(c.RESOLVE_OFFSET_SPEC) else {})
+        out: dict[str, list[int]] = {}
+        for name in names:
+            answers = dict(zip(sent, got[name], strict=True)) if name in got else {}
+            out[name] = [int(a) if (a := answers.get(i)) is not None else self.resolve_offset(name, spec)
+                         for i, spec in enumerate(wanted)]
+        return out
+
     def first_offsets(self, names: Sequence[str]) -> dict[str, int]:
         """:meth:`first_offset` of every stream (one pipelined StreamStats round where available)."""
         if not self.supports(c.STREAM_STATS):
