@@ -804,7 +804,7 @@ class StreamClient:
         prefer: Literal["replica", "leader", "url"] = ...,
         layout: Literal["lists"] = ..., maps: bool = ...,
         filter_values: Collection[str] | None = ..., stats: ReadStats | None = ...,
-        max_batch_bytes: int = ...,
+        max_batch_bytes: int = ..., first_batch_records: int | None = ...,
     ) -> Iterator[RecordBatch]: ...
 
     @overload
@@ -814,7 +814,7 @@ class StreamClient:
         prefer: Literal["replica", "leader", "url"] = ...,
         layout: Literal["buffers"], maps: bool = ...,
         filter_values: Collection[str] | None = ..., stats: ReadStats | None = ...,
-        max_batch_bytes: int = ...,
+        max_batch_bytes: int = ..., first_batch_records: int | None = ...,
     ) -> Iterator[BufferBatch]: ...
 
     def read_range(
@@ -833,16 +833,19 @@ class StreamClient:
         filter_values: Collection[str] | None = None,
         stats: ReadStats | None = None,
         max_batch_bytes: int = MAX_BUFFER_BYTES,
+        first_batch_records: int | None = None,
     ) -> Iterator[RecordBatch] | Iterator[BufferBatch]:
         """Exactly the user records with ``start <= offset < end``; see :func:`reader.read_range`
         (``prefer``: which member serves the read, default a replica; ``layout="buffers"``: flat
         :class:`BufferBatch` es, ``maps=False`` to skip their map columns, ``max_batch_bytes`` to cut
         them by body bytes too; ``filter_values``: only the chunks the broker's stream filtering lets
-        through, a superset the caller post-filters; ``stats``: what the broker delivered)."""
+        through, a superset the caller post-filters; ``stats``: what the broker delivered;
+        ``first_batch_records``: smaller first batches, doubling up to ``max_batch_records``)."""
         return read_range(  # type: ignore[return-value]
             self, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
             max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
             filter_values=filter_values, stats=stats, max_batch_bytes=max_batch_bytes,
+            first_batch_records=first_batch_records,
         )
 
 
