@@ -295,13 +295,13 @@ def plan_ranges(
     (``timestamp_strategy``: a start timestamp past the tail, see :func:`resolve_bound`)."""
     planned: list[PlannedRange] = []
     names = list(bounds)
-    # Asked for every stream at once where the client can (pipelined StreamStats), else per stream.
-    many_first, many_tail = getattr(client, "first_offsets", None), getattr(client, "committed_tails", None)
-    firsts = many_first(names) if many_first is not None and len(names) > 1 else {}
-    tails = many_tail(names) if many_tail is not None and len(names) > 1 else {}
+    # Both ends of every stream at once where the client can (one pipelined StreamStats round),
+    # else per stream.
+    many = getattr(client, "retained_spans", None)
+    spans = many(names) if many is not None and names else {}
     for stream, (start_bound, end_bound) in bounds.items():
-        first = int(firsts[stream] if stream in firsts else client.first_offset(stream))
-        tail = int(tails[stream] if stream in tails else client.committed_tail(stream))
+        first, tail = (int(spans[stream][0]), int(spans[stream][1])) if stream in spans else (
+            int(client.first_offset(stream)), int(client.committed_tail(stream)))
         start = resolve_bound(client, stream, start_bound, first=first, tail=tail,
                               past_tail=timestamp_strategy)
         end = resolve_bound(client, stream, end_bound, first=first, tail=tail)

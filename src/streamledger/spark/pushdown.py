@@ -239,17 +239,15 @@ class PushedFilters:
 
     def narrow(self, client: OffsetSource, planned: Sequence[PlannedRange]) -> list[PlannedRange]:
         """Each planned range cut to the pushed offsets and chunk timestamps (a timestamp bound is the
-        first offset of the first chunk stamped at or after it, asked of the broker); ranges of pruned
-        streams become empty.
+        first offset of the first chunk stamped at or after it, asked of the broker for every stream
+        in one round: :meth:`_times`); ranges of pruned streams become empty.
 
         Retention: a range's ``start`` above its ``requested_start`` is the cut retention made. The lost
         span kept is the part of ``[requested_start, start)`` the filters asked for: from the first
         offset they want up to the cut (or up to their end, when they end before it; the range is then
         empty), none when they start past the cut or prune the stream. A chunk-timestamp start that
         resolves past the cut wants none of it (what retention removed is stamped earlier)."""
-        from streamledger.offsets import OffsetSpec
-
-        out = []
+        by_offset = []  # each range cut to the pushed streams and offsets, before the chunk timestamps
         for r in planned:
             cut = r.start  # the first offset retention left (requested_start when nothing was lost)
             start, end = max(cut, self.offset_from), r.end
@@ -259,18 +257,48 @@ class PushedFilters:
             lost_to = min(cut, max(end, wanted_from))
             if not self.keeps_stream(r.stream):
                 end, lost_to = start, wanted_from
-            if start < end and self.time_from is not None:
-                start = max(start, int(client.resolve_offset(r.stream, OffsetSpec.timestamp(self.time_from))))
+            by_offset.append((start, end, wanted_from, lost_to))
+        times = self._times(client, [r.stream for r, (start, end, *_) in zip(planned, by_offset, strict=True)
+                                     if start < end])
+        out = []
+        for r, (start, end, wanted_from, lost_to) in zip(planned, by_offset, strict=True):
+            cut = r.start
+            since, until = times.get(r.stream, (None, None))
+            if start < end and since is not None:
+                start = max(start, since)
                 if start > cut:
                     lost_to = wanted_from
-            if start < end and self.time_to is not None:
-                end = min(end, int(client.resolve_offset(r.stream, OffsetSpec.timestamp(self.time_to))))
+            if start < end and until is not None:
+                end = min(end, until)
             start = min(start, r.end)
             if wanted_from < lost_to:  # retention removed offsets the filters ask for
                 begin = lost_to if start >= end else start  # a non-empty range starts at the cut
                 out.append(PlannedRange(r.stream, begin, max(begin, end), wanted_from))
             else:
                 out.append(PlannedRange(r.stream, start, max(start, end), start))
+        return out
+
+    def _times(self, client: OffsetSource, streams: Sequence[str]
+               ) -> dict[str, tuple[int | None, int | None]]:
+        """The first offset of the first chunk stamped at or after ``time_from`` and ``time_to`` in each
+        stream (None: no such bound), asked of the broker in one pipelined round where the client can
+        (``resolve_offsets``: a window over a super stream's partitions is one round, not two per
+        partition), else one stream and bound at a time."""
+        from streamledger.offsets import OffsetSpec
+
+        bounds = [b for b in (self.time_from, self.time_to) if b is not None]
+        names = list(dict.fromkeys(streams))
+        if not bounds or not names:
+            return {}
+        specs = [OffsetSpec.timestamp(b) for b in bounds]
+        many = getattr(client, "resolve_offsets", None)
+        got = (many(names, specs) if many is not None
+               else {n: [client.resolve_offset(n, spec) for spec in specs] for n in names})
+        out: dict[str, tuple[int | None, int | None]] = {}
+        for name in names:
+            answers = iter(int(o) for o in got[name])
+            out[name] = (next(answers) if self.time_from is not None else None,
+                         next(answers) if self.time_to is not None else None)
         return out
 
     def keep(self, batch: pa.RecordBatch) -> pa.RecordBatch:

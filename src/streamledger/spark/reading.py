@@ -59,6 +59,12 @@ class SliceGroup(InputPartition):
     slices: list[StreamSlice]
 
 
+FIRST_BATCH_ROWS = 4096
+"""A slice's first Arrow batch ends after about this many rows, each next one at twice the one
+before, up to ``batchRows``: Spark's JVM converts a batch while the task reads the next, so a task
+whose slice fits in one ``batchRows`` batch (a pushed window of 40,000 rows) no longer reads it all
+before Spark starts on any of it (issue 44)."""
+
 PACK_OFFSETS = 100_000
 """Slices narrower than this (in offsets) are packed into one task until the task's slices add up
 to this width (option ``packOffsets``; 0 turns packing off). Wider slices keep a task each."""
@@ -365,7 +371,7 @@ def read_slice(options: ReadOptions, part: StreamSlice, client: Any = None, stat
     for batch in client.read_range(
         part.stream, start, part.end, decode=options.decode, max_batch_records=options.batch_rows,
         prefer=options.read_from, layout="buffers", maps=bool(shape.decoded), filter_values=shape.values,
-        stats=stats, max_batch_bytes=batch_bytes(options),
+        stats=stats, max_batch_bytes=batch_bytes(options), first_batch_records=FIRST_BATCH_ROWS,
     ):
         if len(batch):
             after = check_runs(part, after, batch.run_starts, batch.run_lengths)

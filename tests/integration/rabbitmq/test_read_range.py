@@ -118,6 +118,32 @@ def test_batching_and_small_credit(broker_43: Broker, stream_name: StreamNames) 
         assert client.stream_exists(name)
 
 
+def test_first_batches_are_small_and_double_up_to_the_maximum(broker_43: Broker, stream_name: StreamNames
+                                                                ) -> None:
+    """Issue 44: a consumer that works on each batch as it comes (Spark's JVM) should not wait for a
+    whole maximal batch before it gets anything: with ``first_batch_records`` the first batch is cut
+    after about that many records (whole chunks) and each next one at twice the one before, up to
+    ``max_batch_records``; every record still comes once, in order, in both layouts."""
+    name = stream_name("ramp")
+    with StreamClient.connect(broker_43.url) as client:
+        client.create_stream(name)
+        for i in range(40):  # 40 chunks of 50
+            client.publish(name, [b"%d" % (i * 50 + j) for j in range(50)], amqp=False, batch_size=50)
+        for layout in ("lists", "buffers"):
+            batches = list(client.read_range(name, 3, 2000, decode="raw", max_batch_records=800,
+                                             first_batch_records=100, layout=layout))  # type: ignore[call-overload]
+            got = [o for b in batches for o in (b.offsets() if layout == "buffers" else b.offsets)]
+            assert got == list(range(3, 2000)), layout
+            sizes = [len(b) for b in batches]
+            limits = [min(100 * 2**i, 800) for i in range(len(sizes))]
+            assert all(0 < n <= limit for n, limit in zip(sizes, limits, strict=True)), (layout, sizes)
+            assert sizes[0] < 100 < max(sizes) <= 800, (layout, sizes)
+        whole = [len(b) for b in client.read_range(name, 0, 2000, decode="raw", max_batch_records=800)]
+        assert whole[0] == 800  # without it, the first batch is a whole maximal one
+        with pytest.raises(InvalidRequest, match="first_batch_records"):
+            client.read_range(name, 0, 10, first_batch_records=0)
+
+
 def test_large_range(broker_43: Broker, stream_name: StreamNames) -> None:
     name = stream_name("large")
     with StreamClient.connect(broker_43.url) as client:

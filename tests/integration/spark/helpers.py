@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from streamledger.protocol.rabbitmq import StreamClient
 
 
@@ -50,3 +52,23 @@ def read_df(spark: Any, url: str, **options: Any) -> Any:
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
+
+
+class RoundTrips:
+    """Counts the broker round trips of the real connections (a spy calling through): each answer
+    waited for, whether of one request (a connection's handshake and close included) or of a
+    pipelined window of requests."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from streamledger.protocol.rabbitmq.connection import Connection
+
+        self.count = 0
+        for name in ("call", "pipeline"):
+            monkeypatch.setattr(Connection, name, self._counting(getattr(Connection, name)))
+
+    def _counting(self, real: Any) -> Any:
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return real(*args, **kwargs)
+
+        return spy

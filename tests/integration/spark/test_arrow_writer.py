@@ -23,7 +23,7 @@ from streamledger.spark.arrow_writer import WriterError, WriterOptions, write_ta
 from streamledger.spark.job import choose_writer, plan_job, run_job, source_reader
 from streamledger.spark.planning import PlanningError
 from tests.integration.batch.helpers import CountingRunner
-from tests.integration.spark.helpers import body, create_stream
+from tests.integration.spark.helpers import RoundTrips, body, create_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq]
 
@@ -185,26 +185,6 @@ def test_many_small_ranges_share_a_few_tasks_that_use_every_core(
     table = pq.read_table(str(tmp_path / "o"), columns=["stream", "offset"])
     assert sorted((r["stream"], r["offset"]) for r in table.to_pylist()) == [
         (s, o) for s in sorted(streams) for o in range(10)]
-
-
-class RoundTrips:
-    """Counts the broker round trips of the real connections (a spy calling through): each answer
-    waited for, whether of one request (a connection's handshake and close included) or of a
-    pipelined window of requests."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from streamledger.protocol.rabbitmq.connection import Connection
-
-        self.count = 0
-        for name in ("call", "pipeline"):
-            monkeypatch.setattr(Connection, name, self._counting(getattr(Connection, name)))
-
-    def _counting(self, real: Any) -> Any:
-        def spy(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            return real(*args, **kwargs)
-
-        return spy
 
 
 def test_a_task_of_many_small_ranges_costs_round_trips_per_window_not_per_range(

@@ -26,7 +26,7 @@ from pyspark.sql.types import (
 
 from streamledger.spark.datasource import RabbitMQStreamDataSource, StreamSlice
 from streamledger.spark.planning import PlanningError
-from tests.integration.spark.helpers import body, create_stream, publish, read_df
+from tests.integration.spark.helpers import RoundTrips, body, create_stream, publish, read_df
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq]
 
@@ -153,6 +153,54 @@ def test_chunk_timestamp_window_reads_only_its_chunks(pushdown: Any, rabbitmq_ur
         got = offsets(True, condition)
         assert got == list(expected)
         assert got == offsets(False, condition)  # the unfiltered read, filtered by Spark
+
+
+def test_a_window_over_many_streams_resolves_its_bounds_in_one_broker_round(
+    pushdown: Any, rabbitmq_url: str, stream_name: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44: a pushed chunk_timestamp window asks the broker for both bounds of every stream in
+    one pipelined round (and each stream's first offset and tail in one StreamStats round): planning
+    it over three streams costs the round trips of one stream, one more than the plain plan, where it
+    was two StreamStats and two resolutions per stream. The ranges and rows stay exact: each stream's
+    middle era, and a window past the tail plans and reads nothing."""
+    spark = pushdown
+    streams = [stream_name(f"wr{i}") for i in range(3)]
+    for s in streams:
+        create_stream(rabbitmq_url, s, 50)
+    cuts = []
+    for era in (1, 2):
+        time.sleep(1.1)
+        cuts.append(dt.datetime.now(dt.UTC))
+        time.sleep(0.1)
+        for s in streams:
+            publish(rabbitmq_url, s, 50, start=50 * era)
+    window = [GreaterThanOrEqual(("chunk_timestamp",), cuts[0]), LessThan(("chunk_timestamp",), cuts[1])]
+
+    def plan_counted(names: list[str], filters: list[Any]) -> tuple[int, list[tuple[str, int, int]]]:
+        reader = source(rabbitmq_url, stream=",".join(names)).reader(FULL)
+        assert list(reader.pushFilters(filters)) == []
+        counter = RoundTrips(monkeypatch)
+        ranges = planned(reader)
+        monkeypatch.undo()
+        return counter.count, ranges
+
+    one, _ = plan_counted(streams[:1], window)
+    three, ranges = plan_counted(streams, window)
+    plain, _ = plan_counted(streams, [])
+    assert ranges == sorted((s, 50, 100) for s in streams)
+    assert three == one == plain + 1, (one, three, plain)
+
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    assert plan_counted(streams, [GreaterThanOrEqual(("chunk_timestamp",), later)])[1] == []
+    stamp = F.col("chunk_timestamp")
+    for condition, expected in (((stamp >= F.lit(cuts[0])) & (stamp < F.lit(cuts[1])),
+                                 sorted((s, o) for s in streams for o in range(50, 100))),
+                                (stamp >= F.lit(later), [])):
+        for pushed in (True, False):  # pushed, and filtered by Spark from the full read
+            df = read_df(spark, rabbitmq_url, stream=",".join(streams), filterPushdown=str(pushed).lower())
+            got = sorted((r["stream"], r["offset"]) for r in df.filter(condition).select("stream", "offset")
+                         .collect())
+            assert got == expected, pushed
 
 
 def test_a_pushed_offset_filter_reports_only_the_lost_offsets_it_asked_for(rabbitmq_url: str, stream_name: Any

@@ -349,6 +349,29 @@ class StreamClient:
         stats = self.stream_stats_many(names)
         return {n: self.committed_tail(n, stats=stats[n]) for n in names}, stats
 
+    def retained_spans(self, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """``(first_offset, committed_tail)`` of every stream, both from one pipelined StreamStats
+        round where available (a planner needs both: asked apart, they were two rounds)."""
+        tails, stats = self.tails_with_stats(names)
+        return {n: (self.first_offset(n, stats=stats.get(n)), tails[n]) for n in names}
+
+    def resolve_offsets(self, names: Sequence[str], specs: Sequence[offsets.OffsetSpec]
+                        ) -> dict[str, list[int]]:
+        """:meth:`resolve_offset` of every spec for every stream, each stream's in the order given:
+        one pipelined ResolveOffsetSpec round on 4.3+ for the specs it answers (timestamp, last),
+        the others (and every spec before 4.3) one at a time as :meth:`resolve_offset` does. An
+        error answer is asked again alone, so it raises as :meth:`resolve_offset` would."""
+        wanted = [OffsetSpec.of(s) for s in specs]
+        sent = [i for i, s in enumerate(wanted) if s.kind in ("timestamp", "last")]
+        got = (self._resolve_each(names, [wanted[i] for i in sent])
+               if sent and names and self.supports(c.RESOLVE_OFFSET_SPEC) else {})
+        out: dict[str, list[int]] = {}
+        for name in names:
+            answers = dict(zip(sent, got[name], strict=True)) if name in got else {}
+            out[name] = [int(a) if (a := answers.get(i)) is not None else self.resolve_offset(name, spec)
+                         for i, spec in enumerate(wanted)]
+        return out
+
     def first_offsets(self, names: Sequence[str]) -> dict[str, int]:
         """:meth:`first_offset` of every stream (one pipelined StreamStats round where available)."""
         if not self.supports(c.STREAM_STATS):
@@ -795,7 +818,7 @@ class StreamClient:
         prefer: Literal["replica", "leader", "url"] = ...,
         layout: Literal["lists"] = ..., maps: bool = ...,
         filter_values: Collection[str] | None = ..., stats: ReadStats | None = ...,
-        max_batch_bytes: int = ...,
+        max_batch_bytes: int = ..., first_batch_records: int | None = ...,
     ) -> Iterator[RecordBatch]: ...
 
     @overload
@@ -805,7 +828,7 @@ class StreamClient:
         prefer: Literal["replica", "leader", "url"] = ...,
         layout: Literal["buffers"], maps: bool = ...,
         filter_values: Collection[str] | None = ..., stats: ReadStats | None = ...,
-        max_batch_bytes: int = ...,
+        max_batch_bytes: int = ..., first_batch_records: int | None = ...,
     ) -> Iterator[BufferBatch]: ...
 
     def read_range(
@@ -824,16 +847,19 @@ class StreamClient:
         filter_values: Collection[str] | None = None,
         stats: ReadStats | None = None,
         max_batch_bytes: int = MAX_BUFFER_BYTES,
+        first_batch_records: int | None = None,
     ) -> Iterator[RecordBatch] | Iterator[BufferBatch]:
         """Exactly the user records with ``start <= offset < end``; see :func:`reader.read_range`
         (``prefer``: which member serves the read, default a replica; ``layout="buffers"``: flat
         :class:`BufferBatch` es, ``maps=False`` to skip their map columns, ``max_batch_bytes`` to cut
         them by body bytes too; ``filter_values``: only the chunks the broker's stream filtering lets
-        through, a superset the caller post-filters; ``stats``: what the broker delivered)."""
+        through, a superset the caller post-filters; ``stats``: what the broker delivered;
+        ``first_batch_records``: smaller first batches, doubling up to ``max_batch_records``)."""
         return read_range(  # type: ignore[return-value]
             self, stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
             max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
             filter_values=filter_values, stats=stats, max_batch_bytes=max_batch_bytes,
+            first_batch_records=first_batch_records,
         )
 
 

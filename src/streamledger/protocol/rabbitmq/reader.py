@@ -139,6 +139,7 @@ class RangeRead:
     maps: bool = True
     filter_values: tuple[str, ...] | None = None
     max_batch_bytes: int = MAX_BUFFER_BYTES
+    first_batch_records: int | None = None
 
 _CHUNK_HEADER_SIZE: Final = 48
 _READ_RETRIES: Final = 3
@@ -230,6 +231,7 @@ def read_range(
     filter_values: Collection[str] | None = None,
     stats: ReadStats | None = None,
     max_batch_bytes: int = MAX_BUFFER_BYTES,
+    first_batch_records: int | None = None,
 ) -> Iterator[Batch]:
     """Yield exactly the user records with ``start <= offset < end`` as :class:`RecordBatch` es.
 
@@ -243,6 +245,11 @@ def read_range(
     columns. Either way a batch holds at most ``max_batch_records`` records; a buffer batch also
     ends before a chunk would take its body bytes past ``max_batch_bytes`` (it holds one chunk at
     least): what a caller that writes as it reads keeps in memory at once, whatever the record size.
+    ``first_batch_records``: the first batch holds at most this many records and each next one twice
+    the one before, up to ``max_batch_records``: a consumer that works on each batch as it comes
+    (Spark's JVM converting a task's Arrow batches) starts after a few chunks, not after a whole
+    maximal batch (a range smaller than that would be one batch, read entirely before any of it is
+    handed on).
 
     Arguments and bounds are checked now (not on the first ``next()``): an empty range returns
     an empty iterator without touching the network, an ``end`` beyond the committed tail raises
@@ -252,6 +259,10 @@ def read_range(
     check_range(stream, start, end)
     check_read_options(decode=decode, credit=credit, max_batch_records=max_batch_records, prefer=prefer,
                        layout=layout, max_batch_bytes=max_batch_bytes)
+    if first_batch_records is not None and (
+            not isinstance(first_batch_records, int) or isinstance(first_batch_records, bool)
+            or first_batch_records < 1):
+        raise InvalidRequest(f"first_batch_records must be a positive integer, not {first_batch_records!r}")
     values = _filter_values(stream, filter_values)
     if start == end:
         return iter(())
@@ -259,7 +270,8 @@ def read_range(
     check_bounds(client, stream, start, end, known)
     request = RangeRead(stream, start, end, decode=decode, verify_crc=verify_crc, credit=credit,
                         max_batch_records=max_batch_records, prefer=prefer, layout=layout, maps=maps,
-                        filter_values=values, max_batch_bytes=max_batch_bytes)
+                        filter_values=values, max_batch_bytes=max_batch_bytes,
+                        first_batch_records=first_batch_records)
     return _read(client, request, stats if stats is not None else ReadStats())
 
 
@@ -536,6 +548,7 @@ def _read_once(
     stream, end, decode, layout = request.stream, request.end, request.decode, request.layout
     verify_crc, credit, maps = request.verify_crc, request.credit, request.maps
     max_batch_records, max_batch_bytes = request.max_batch_records, request.max_batch_bytes
+    limit = min(request.first_batch_records or max_batch_records, max_batch_records)  # grows to the max
     filter_values = request.filter_values
     buffers = layout == "buffers"
     stats = stats if stats is not None else ReadStats()
@@ -593,15 +606,16 @@ def _read_once(
                 continue
             chunk = pos + (9 if version >= 2 else 1)
             batch = progress.batch
-            # Hand out the batch before it would outgrow max_batch_records (cheaper than slicing), or
-            # (buffers) max_batch_bytes, at most the int32 body offsets; then only a chunk
+            # Hand out the batch before it would outgrow limit (at most max_batch_records; cheaper than
+            # slicing), or (buffers) max_batch_bytes, at most the int32 body offsets; then only a chunk
             # decompressing past those can fail.
             if len(batch) and (
-                len(batch) + CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > max_batch_records
+                len(batch) + CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > limit
                 or (buffers and len(batch.body_data)  # type: ignore[union-attr]
                     + CHUNK_DATA_LENGTH.unpack_from(view, chunk + 36)[0] > max_batch_bytes)
             ):
                 progress.batch = _empty(stream, decode, layout)
+                limit = min(2 * limit, max_batch_records)
                 yield batch
                 batch = progress.batch
             if buffers:
@@ -629,8 +643,9 @@ def _read_once(
                 pending = 0
                 if barrier is not None:
                     barrier = _barrier(conn, stream)
-            if len(batch) >= max_batch_records:
+            if len(batch) >= limit:
                 progress.batch = _empty(stream, decode, layout)
+                limit = min(2 * limit, max_batch_records)
                 yield from split_batch(batch, max_batch_records)
         _release(client, conn, sub_id, stream, progress)
         return
