@@ -188,6 +188,12 @@ class ChunkPrint:
         return (f"the broker's chunk at offset {self.offset} is not the one the ledger committed "
                 f"(timestamp {self.timestamp}, CRC {self.crc:#010x}{more})")
 
+    def found_different_in(self, reason: str | None) -> bool:
+        """Whether ``reason`` (a ``replaced`` mark) records that the log's chunk at this very print's
+        offset was found to be another (:meth:`differs`): evidence that outlives the chunk, when
+        retention rolls the new stream's chunk at that offset out before the cure is run."""
+        return reason is not None and self.differs().rstrip(")") in reason
+
 
 def take_print(log: Any, stream: str, offset: int) -> ChunkPrint | None:
     """The fingerprint of the chunk holding ``offset`` (a committed record); None when the log

@@ -107,7 +107,9 @@ def unchanged_because(broker: Any, stream: str, pipeline: str, pos: SourcePositi
     not (a sign of :func:`replaced_because` holds, or the broker has no such stream): what
     ``new-epoch`` is refused on, so a cure never retires a live history and reads it again. The
     ``replaced`` mark is not a sign here (a batch may have set it on a false sign, e.g. a ledger end
-    past the tail), a fingerprinted chunk still on the broker outweighs every other sign, and a tail
+    past the tail) unless it records another chunk at the fingerprint's offset and that offset is
+    gone from the broker now (retention rolled out the evidence the batch saw: the chunk cannot be
+    compared again), a fingerprinted chunk still on the broker outweighs every other sign, and a tail
     below the greatest one a batch saw (``seen_tail``) is one more (a history of empty ranges has no
     fingerprint, and what the old stream held past its end is recorded lost by the new epoch)."""
     from dataclasses import replace
@@ -126,6 +128,8 @@ def unchanged_because(broker: Any, stream: str, pipeline: str, pos: SourcePositi
         assert pos.chunk is not None
         return (f"the chunk the ledger fingerprinted at offset {pos.chunk.offset} is still on the broker "
                 f"({facts})")
+    if same is None and pos.chunk is not None and pos.chunk.found_different_in(pos.replaced):
+        return None  # a batch saw another chunk at the print's offset; retention has rolled it out since
     if pos.seen_tail is not None and tail < pos.seen_tail:
         return None  # a tail never shrinks: a batch saw the stream hold more than it does now
     if replaced_because(broker, stream, pipeline, replace(pos, replaced=None), tail, kept, same) is not None:

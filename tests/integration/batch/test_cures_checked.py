@@ -134,3 +134,42 @@ def test_new_epoch_of_a_stream_the_broker_still_holds_is_refused_when_its_histor
                  "--broker", broker, "--broker-url", rabbitmq_url, "--reason", "re-created"]) == 0
     assert sorted((r.start, r.end, r.status.value) for r in any_ledger.ranges(pipe)
                   if r.source.broker != broker) == [(0, 100, "failed"), (0, 100, "lost")]
+
+
+def test_new_epoch_goes_through_once_retention_took_the_chunk_that_showed_the_stream_recreated(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path,
+) -> None:
+    """The first batch claims [0, 100) and dies; the stream is re-created (with retention) and a batch
+    refuses it, its chunk at offset 0 not the one the first claim saw (the mark records that
+    difference). Retention then rolls the new stream's first segments out, so the chunk can no
+    longer be compared: `new-epoch` still goes through on the recorded difference, not refused as
+    "no sign of a re-created stream", which left the pipeline refused for good (model soak seed 209)."""
+    from streamledger.batch import StreamReplaced
+
+    pipe, s = "p-cure-retained", stream_name("cure-retained")
+    create_stream(rabbitmq_url, s, 100)
+    cfg = config(rabbitmq_url, tmp_path, s, pipeline=pipe)
+
+    def dies(step: str, _batch: Any) -> None:
+        if step == "claimed":
+            raise Killed("SIGKILL after claimed")
+
+    with pytest.raises(Killed):
+        run_batch(cfg, run=rid("t"), ledger=any_ledger, broker=client, runner=runner, on_step=dies)
+    assert len(any_ledger.release_stale(timedelta(0), pipeline=pipe)) == 1
+    broker = any_ledger.ranges(pipe)[0].source.broker
+    client.delete_stream(s)
+    client.create_stream(s, max_length_bytes=60_000, max_segment_size_bytes=15_000)
+    client.publish(s, [b"new-%d" % i for i in range(150)])
+    with pytest.raises(StreamReplaced, match="offset 0"):
+        run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
+    for round_ in range(60):  # padded records until retention has taken the chunk at offset 0
+        if client.first_offset(s) > 0:
+            break
+        client.publish(s, [b"pad-%d-%d-" % (round_, i) + b"x" * 1500 for i in range(20)])
+    assert client.first_offset(s) > 0
+    assert main(["ledger", "new-epoch", "--db", any_ledger.url, "--pipeline", pipe, "--stream", s,
+                 "--broker", broker, "--broker-url", rabbitmq_url, "--reason", "re-created"]) == 0
+    assert [(r.start, r.end, r.status.value) for r in any_ledger.ranges(pipe)
+            if r.source.broker != broker and r.status == RangeStatus.LOST] == [(0, 100, "lost")]
