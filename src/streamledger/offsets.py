@@ -214,7 +214,28 @@ def same_stream(log: Any, stream: str, fingerprint: ChunkPrint) -> bool | None:
     head = chunk_at(stream, fingerprint.offset)
     if head is not None:
         return ChunkPrint.of(head) == fingerprint
-    return None if fingerprint.offset < int(log.first_offset(stream)) else False
+    return _gone_verdicts(log, {stream: fingerprint})[stream]
+
+
+def _gone_verdicts(log: Any, prints: Mapping[str, ChunkPrint]) -> dict[str, bool | None]:
+    """The verdict on prints no user chunk holds the offset of: None when retention took the offset
+    (the log's first chunk of any type begins past it), else False (another chunk type holds it, or
+    the log ends before it: a log never shrinks). Asked of the chunks themselves when the log can
+    (``chunks_from`` of all chunk types, one round), not of the first offset its statistics give:
+    those move only after retention has deleted the segment, and in between an offset retention
+    took looked retained, the stream re-created (a false ``replaced`` mark)."""
+    many = getattr(log, "chunks_from", None)
+    if many is None:
+        firsts_of = getattr(log, "first_offsets", None)
+        firsts = (dict(firsts_of(list(prints))) if firsts_of is not None
+                  else {s: log.first_offset(s) for s in prints})
+        return {s: None if p.offset < int(firsts[s]) else False for s, p in prints.items()}
+    heads = many([(s, p.offset) for s, p in prints.items()], all_chunks=True)
+    out: dict[str, bool | None] = {}
+    for s, p in prints.items():
+        head = heads[(s, p.offset)]
+        out[s] = None if head is not None and int(head.first_offset) > p.offset else False
+    return out
 
 
 def take_prints(log: Any, offsets: Mapping[str, int]) -> dict[str, ChunkPrint]:
@@ -251,13 +272,10 @@ def same_streams(log: Any, prints: Mapping[str, ChunkPrint]) -> dict[str, bool |
     if many is None or len(prints) < 2:
         return {s: same_stream(log, s, p) for s, p in prints.items()}
     heads = many([(s, p.offset) for s, p in prints.items()])
-    gone = [s for s, p in prints.items() if heads[(s, p.offset)] is None]
-    firsts_of = getattr(log, "first_offsets", None)
-    firsts = (dict(firsts_of(gone)) if firsts_of is not None else {s: log.first_offset(s) for s in gone}) \
-        if gone else {}
-    out: dict[str, bool | None] = {}
+    gone = {s: p for s, p in prints.items() if heads[(s, p.offset)] is None}
+    out = _gone_verdicts(log, gone) if gone else {}
     for s, p in prints.items():
         head = heads[(s, p.offset)]
-        out[s] = (ChunkPrint.of(head) == p if head is not None
-                  else None if p.offset < int(firsts[s]) else False)
+        if head is not None:
+            out[s] = ChunkPrint.of(head) == p
     return out

@@ -460,18 +460,20 @@ class StreamClient:
         return {(n, o): (h if h is not None and h.first_offset <= o < h.next_offset else None)
                 for (n, o), h in zip(wanted, heads, strict=True)}
 
-    def chunks_from(self, asks: Sequence[tuple[str, int]], *,
-                    window: int = scan.MAX_WINDOW) -> dict[tuple[str, int], ChunkHeader | None]:
+    def chunks_from(self, asks: Sequence[tuple[str, int]], *, window: int = scan.MAX_WINDOW,
+                    all_chunks: bool = False) -> dict[tuple[str, int], ChunkHeader | None]:
         """The header of the first user chunk at or after each ``(stream, offset)`` (the chunk holding
         the offset, or the next user chunk), None when the stream has none there yet: one pipelined
-        round like :meth:`chunks_at`, without asking the chunk to hold the offset (a tracking chunk may)."""
+        round like :meth:`chunks_at`, without asking the chunk to hold the offset (a tracking chunk may).
+        ``all_chunks``: the first chunk of any type (whether the offset is still in the log at all)."""
         wanted = list(dict.fromkeys(asks))
         for name, offset in wanted:
             _check_name("stream", name)
             _check_offset(offset)
         if not wanted:
             return {}
-        heads = scan.chunk_headers(self._conn, wanted, window=window, timeout=self.timeout)
+        heads = scan.chunk_headers(self._conn, wanted, window=window, timeout=self.timeout,
+                                   all_chunks=all_chunks)
         return dict(zip(wanted, heads, strict=True))
 
     def user_records_many(self, ranges: Mapping[str, tuple[int, int]], *, need: int = 1,

@@ -235,11 +235,12 @@ def _windows(subs: list[_Sub], window: int, run: Callable[[list[_Sub]], None]) -
 
 
 def chunk_headers(conn: Connection, asks: Sequence[tuple[str, int]], *, window: int = MAX_WINDOW,
-                  timeout: float = 10.0) -> list[ChunkHeader | None]:
+                  timeout: float = 10.0, all_chunks: bool = False) -> list[ChunkHeader | None]:
     """The header of the first user chunk a subscription at each ``(stream, offset)`` gets (the
-    chunk holding the offset, or the next user chunk), None when there is none yet."""
+    chunk holding the offset, or the next user chunk), None when there is none yet; ``all_chunks``:
+    of any chunk type (a tracking chunk holding the offset too)."""
     subs = [_Sub(stream, offset, None, offset) for stream, offset in asks]
-    _windows(subs, window, lambda part: _run(conn, part, all_chunks=False, need=1, barrier=True,
+    _windows(subs, window, lambda part: _run(conn, part, all_chunks=all_chunks, need=1, barrier=True,
                                                    timeout=timeout))
     return [s.header for s in subs]
 
