@@ -260,11 +260,11 @@ class Sources(LedgerSession):
                     if src is not None and (src.seen_tail is None or src.seen_tail < int(tails[ref]))]
             if rows:  # one executemany; the condition again, for a batch that raised it meanwhile
                 session.connection().execute(RAISE_SEEN_TAIL, rows)
-            shown = list(prints or ())
+            given = dict(prints or {})
+            found = self._find_sources(session, pipeline, list(given))
             firsts = [{"sid": src.id, "offset": p.offset, "timestamp": p.timestamp, "crc": p.crc}
-                      for ref, src in zip(shown, self._find_sources(session, pipeline, shown), strict=True)
-                      if src is not None and src.seen_chunk_offset is None
-                      for p in ((prints or {})[ref],)]
+                      for p, src in zip(given.values(), found, strict=True)
+                      if src is not None and src.seen_chunk_offset is None]
             if firsts:  # the first evidence is kept: a later one would not be the claimed stream's
                 session.connection().execute(KEEP_SEEN_CHUNK, firsts)
 

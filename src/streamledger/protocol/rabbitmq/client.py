@@ -450,15 +450,9 @@ class StreamClient:
                   window: int = scan.MAX_WINDOW) -> dict[tuple[str, int], ChunkHeader | None]:
         """:meth:`chunk_at` of many ``(stream, offset)`` at once: the subscriptions of up to
         ``window`` of them in flight together on this connection (:mod:`.scan`)."""
-        wanted = list(dict.fromkeys(asks))
-        for name, offset in wanted:
-            _check_name("stream", name)
-            _check_offset(offset)
-        if not wanted:
-            return {}
-        heads = scan.chunk_headers(self._conn, wanted, window=window, timeout=self.timeout)
+        heads = self.chunks_from(asks, window=window)
         return {(n, o): (h if h is not None and h.first_offset <= o < h.next_offset else None)
-                for (n, o), h in zip(wanted, heads, strict=True)}
+                for (n, o), h in heads.items()}
 
     def chunks_from(self, asks: Sequence[tuple[str, int]], *, window: int = scan.MAX_WINDOW,
                     all_chunks: bool = False) -> dict[tuple[str, int], ChunkHeader | None]:
