@@ -323,3 +323,48 @@ def test_a_range_holding_the_last_user_chunk_is_answered_without_a_subscription(
         assert client.user_records_many(others, by_last_chunk=True) == want
         assert asked.count(c.SUBSCRIBE) == 2, [c.command_name(k) for k in asked]
         assert client.user_records_many(others) == want
+
+
+def test_many_resolutions_spread_over_side_connections_answer_as_one_connection(
+        broker_43: Broker, stream_name: StreamNames) -> None:
+    """Issue 44: the broker resolves one connection's ResolveOffsetSpec requests one after the other,
+    about 0.3 ms of its CPU each, so a round over many streams is spread over side connections to the
+    same address. Every answer is the one connection's (resolutions, a probe of tracking chunks and of
+    user chunks); a side connection that breaks has its part asked again on the main connection."""
+    from streamledger.protocol.rabbitmq import constants as c
+    from streamledger.protocol.rabbitmq.offsets import OffsetSpec
+
+    names = [stream_name(f"spread-{i}") for i in range(12)]
+    with StreamClient.connect(broker_43.url) as client:
+        for i, name in enumerate(names):
+            client.create_stream(name)
+            client.publish(name, [b"a%d" % j for j in range(1 + i % 3)])
+            if i % 2:
+                client.store_offset_verified(name, "p", i % 3)  # a tracking chunk after the records
+        specs = [OffsetSpec.last(), OffsetSpec.timestamp(0)]
+        want = {n: [client.resolve_offset(n, s) for s in specs] for n in names}
+        tails = client.committed_tails(names)
+        probe = {n: (1 + i % 3, tails[n]) for i, n in enumerate(names)}  # tracking chunk or nothing
+        probe[names[4]] = (0, tails[names[4]])  # user records
+        counts = {n: min(1, sum(len(b) for b in client.read_range(n, a, b, decode="raw"))) if a < b else 0
+                  for n, (a, b) in probe.items()}
+        assert counts == {n: int(n == names[4]) for n in names}
+        assert client.resolve_offsets(names, specs) == want
+        assert client._side == []  # below spread_at: the main connection alone
+
+        client.spread_at, client.side_connections = 4, 3
+        asked: list[int] = []
+        count_commands(client, asked)
+        assert client.resolve_offsets(names, specs) == want
+        assert len(client._side) == 3
+        assert asked.count(c.RESOLVE_OFFSET_SPEC) == 3 * len(specs)  # a quarter on the main connection
+        assert client.user_records_many(probe, by_last_chunk=True) == counts
+        assert len(client._side) == 3  # kept, not opened again
+
+        client._side[1]._shutdown_socket()  # broken under the client: its part is asked again
+        del asked[:]
+        assert client.resolve_offsets(names, specs) == want
+        assert len(client._side) == 2
+        assert asked.count(c.RESOLVE_OFFSET_SPEC) == 6 * len(specs)
+        side = list(client._side)
+    assert all(conn.closed for conn in side)  # closed with the client
