@@ -368,3 +368,45 @@ def test_many_resolutions_spread_over_side_connections_answer_as_one_connection(
         assert asked.count(c.RESOLVE_OFFSET_SPEC) == 6 * len(specs)
         side = list(client._side)
     assert all(conn.closed for conn in side)  # closed with the client
+
+
+def test_a_store_and_a_publish_together_leave_a_user_chunk_the_stats_cannot_tell_from_a_tracking_chunk(
+        broker_43: Broker, stream_name: StreamNames) -> None:
+    """Why the first idle batch after a store must ask for the last user chunk (issue 44): osiris
+    writes a StoreOffset's tracking entry as a chunk of its own only when no record arrives in the
+    same writer batch; with one, the entry rides in the user chunk's trailer. A StoreOffset sent
+    together with a one-record publish then leaves, past the stored records, exactly what a lone
+    tracking chunk leaves (one chunk at T, committed, the tail at T + 1, the offset stored and read
+    back), yet it is a user record. The probe counts it and read_range reads it."""
+    from streamledger.protocol.rabbitmq import constants as c
+    from streamledger.protocol.rabbitmq.connection import Connection
+    from streamledger.protocol.rabbitmq.wire import declare_publisher_frame, publish_frame, store_offset_frame
+
+    together = []
+    with StreamClient.connect(broker_43.url) as client:
+        for i in range(12):
+            name = stream_name(f"trailer-{i}")
+            client.create_stream(name)
+            client.publish(name, [b"r%d" % j for j in range(10)])
+            conn = Connection.open(client.params)
+            try:
+                corr = conn.next_corr()
+                declare = declare_publisher_frame(corr, 1, "", name)
+                conn.request(c.DECLARE_PUBLISHER, corr, declare, stream=name)
+                conn.send(store_offset_frame("p", name, 9) + publish_frame(1, [(0, b"late")]))
+                deadline = time.monotonic() + 10
+                while client.committed_tail(name) < 11 or client.query_offset(name, "p") != 9:
+                    assert time.monotonic() < deadline, name
+                    time.sleep(0.05)
+            finally:
+                conn.close()
+            stats = client.stream_stats(name)
+            if stats.committed_chunk_id == stats.last_chunk_id == 10 and client.committed_tail(name) == 11:
+                together.append(name)  # what a lone tracking chunk at 10 would show
+        assert together, "no StoreOffset and publish landed in one writer batch in 12 tries"
+        for name in together:
+            assert [bytes(b) for batch in client.read_range(name, 10, 11, decode="raw")
+                    for b in batch.bodies] == [b"late"]
+        assert client.user_records_many({n: (10, 11) for n in together}, by_last_chunk=True) == dict.fromkeys(
+            together, 1)
+        assert client.user_records_many({n: (10, 11) for n in together}) == dict.fromkeys(together, 1)
