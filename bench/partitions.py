@@ -2,12 +2,17 @@
 
     PYTHONPATH=src python bench/partitions.py [--partitions 3,30,100] [--ledgers sqlite,postgres]
                                               [--rounds 2] [--idle 2] [--url URL] [--calls] [--keep]
+                                              [--profile PREFIX]
 
 For every partition count and ledger (SQLite file; PostgreSQL from ``scripts/postgres.sh``, a fresh
 database per round), each round creates a fresh super stream of N partitions, publishes 10 AMQP
 records into each, then runs the **first batch** (claims, reads and publishes all N x 10 records)
 and ``--idle`` **idle batches** (nothing new) with ``run_batch``, local Spark ``local[2]`` (the JVM
 and the Python workers are warmed first with an untimed batch), directory outputs.
+
+The first idle batch after the first batch (``idle-1``: it finds the tracking chunk the first batch's
+StoreOffset wrote in every partition, probes it for user records and commits it) is reported apart from
+the later ones (``idle``, nothing to probe), so a median of all idle batches cannot hide it.
 
 The time of each batch is split by step from the batch's ``on_step`` marks (perf counter at each):
 ``plan`` (broker partitions, tails, stored offsets, the ledger's position per source), ``claim``,
@@ -19,14 +24,16 @@ the broker (a pipelined round of requests is one): round trips, which do not mov
 The per-partition questions to the broker (fingerprint check, probe of tracking-only ranges,
 fingerprints at commit) are one call each for all partitions (``chunks_at``, ``user_records_many``):
 a call count that grows with N is a regression. ``--writers`` times the job's Arrow writer (issue 32) and
-the JVM writer in the same run, on the same warm session. Targets (issue 32, printed, not asserted):
-100 partitions <= 2 s first batch and <= 0.5 s idle; 1,000 partitions <= 10 s.
+the JVM writer in the same run, on the same warm session. Targets (issues 32 and 44, printed, not
+asserted): 100 partitions <= 2 s first batch, 1,000 partitions <= 10 s; every idle batch <= 0.5 s (the
+worst of each kind is printed).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import os
 import shutil
 import statistics
@@ -50,6 +57,7 @@ from streamledger.protocol.rabbitmq.connection import Connection  # noqa: E402
 
 DEFAULT_URL = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
 RECORDS = 10
+BATCHES = ("first", "idle-1", "idle")  # the first idle batch after a data batch, then the later ones
 STEPS = ("plan", "claim", "probe", "job", "verify", "commit", "publish", "store")
 # on_step mark -> the step that ended there (time since the previous mark)
 MARKS = {"planned": "plan", "claimed": "claim", "probed": "probe", "job": "job", "read": "verify",
@@ -210,9 +218,15 @@ def one_round(n: int, kind: str, url: str, args: argparse.Namespace, name: str, 
     with Ledger(url, create=True) as led:
         cfg = BatchConfig(pipeline=pipeline, url=args.url, output_root=str(out), super_stream=name)
         for i in range(1 + args.idle):
-            batch = "first" if i == 0 else "idle"
+            batch = BATCHES[min(i, 2)]
             run = RunId("bench", f"{batch}-{i}", "t")
+            prof = cProfile.Profile() if args.profile and batch == "idle-1" else None
+            if prof is not None:
+                prof.enable()
             wall, cpu, spark, steps, calls, records = timed_batch(cfg, run, led, client, runner)
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(f"{args.profile}.{n}.{kind.replace('/', '-')}.{len(rows)}")
             want = n * RECORDS if i == 0 else 0
             if records != want:
                 raise SystemExit(f"{name}: {batch} batch read {records} records, not {want}")
@@ -232,6 +246,8 @@ def main() -> int:
     parser.add_argument("--calls", action="store_true", help="print broker/ledger calls per batch")
     parser.add_argument("--writers", default="arrow,spark",
                         help="the job's writers to time, each in every round (arrow: issue 32; spark: JVM)")
+    parser.add_argument("--profile", metavar="PREFIX",
+                        help="cProfile each first idle batch (idle-1) into PREFIX.<N>.<kind>.<row>")
     parser.add_argument("--keep", action="store_true",
                         help="keep the super streams (bench-parts-keep-N) and reuse them in later runs: "
                              "a fresh pipeline name per round reads them from the start")
@@ -310,7 +326,7 @@ def report(rows: list[Row], counts: list[int], kinds: list[str], show_calls: boo
     walls: dict[tuple[int, str, str], float] = {}
     for n in counts:
         for kind in kinds:
-            for batch in ("first", "idle"):
+            for batch in BATCHES:
                 mine = [r for r in rows if r[:3] == (n, kind, batch)]
                 if not mine:
                     continue
@@ -325,16 +341,19 @@ def report(rows: list[Row], counts: list[int], kinds: list[str], show_calls: boo
                     print("    calls: " + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
     print()
     for kind in kinds:
-        first, idle = walls.get((100, kind, "first")), walls.get((100, kind, "idle"))
-        if first is not None and idle is not None:
-            print(f"targets ({kind}): 100 partitions first batch {first:.2f} s (<= 2 s: "
-                  f"{'met' if first <= 2 else 'not met'}), idle {idle:.2f} s (<= 0.5 s: "
-                  f"{'met' if idle <= 0.5 else 'not met'})")
-        big = walls.get((1000, kind, "first"))
-        if big is not None and first is not None:
-            print(f"targets ({kind}): 1,000 partitions first batch {big:.2f} s = {big / first:.1f}x of 100 "
-                  f"(<= 10 s: {'met' if big <= 10 else 'not met'})")
-
+        for n in (100, 1000):
+            first = walls.get((n, kind, "first"))
+            if first is None:
+                continue
+            goal = 2 if n == 100 else 10
+            line = (f"targets ({kind}): {n:,} partitions first batch {first:.2f} s (<= {goal} s: "
+                    f"{'met' if first <= goal else 'not met'})")
+            for batch in ("idle-1", "idle"):  # every idle batch <= 0.5 s: the worst one counts
+                worst = max((r[3] for r in rows if r[:3] == (n, kind, batch)), default=None)
+                if worst is not None:
+                    met = "met" if worst <= 0.5 else "not met"
+                    line += f", {batch} worst {worst:.2f} s (<= 0.5 s: {met})"
+            print(line)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -157,6 +157,43 @@ def test_idle_batches_over_many_partitions_ask_each_partition_once(
     assert report.clean, report.to_text()
 
 
+def test_a_probe_spread_over_side_connections_reads_records_published_right_after_the_store(
+    any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 44: the first idle batch's probe of many partitions (the last user chunk of each, one
+    ResolveOffsetSpec per partition) is spread over side connections (``StreamClient.spread_at``,
+    lowered here from 256 so 24 partitions spread over four connections). Each partition is asked once
+    over all of them; a partition where a record was published right after the first batch's store
+    (behind its tracking chunk) is read, the others commit their tracking chunk: nothing skipped."""
+    n = 24
+    sup = stream_name.super_stream("idle-spread")
+    client.create_super_stream(sup, partitions=n)
+    parts = client.partitions(sup)
+    for p in parts:
+        client.publish(p, [b"r%d" % i for i in range(3)])
+    cfg = BatchConfig(pipeline=PIPE, url=rabbitmq_url, output_root=str(tmp_path / "out"), super_stream=sup)
+    run_batch(cfg, run=rid("t", run="r1"), ledger=any_ledger, broker=client, runner=runner)
+    assert client.query_offsets(parts, PIPE) == dict.fromkeys(parts, 2)  # tracking chunks at 3
+    late = parts[1::5]
+    for p in late:
+        client.publish(p, [b"late"])  # a user chunk at 4, right behind the tracking chunk
+
+    client.spread_at = 8
+    frames = Frames(monkeypatch)  # every connection's requests
+    first = run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
+    assert len(client._side) == 3
+    assert [(r.stream, r.start, r.end, r.records) for r in first.partitions] == [
+        (p, 3, 5, 1) if p in late else (p, 3, 4, 0) for p in parts]
+    assert frames.sent["ResolveOffsetSpec"] == n, frames.sent  # each partition once, over four connections
+    second = run_batch(cfg, run=rid("t", run="r3"), ledger=any_ledger, broker=client, runner=runner)
+    assert all(r.records == 0 for r in second.partitions)
+    want = [*(b"r%d" % i for _p in parts for i in range(3)), *(b"late" for _p in late)]
+    assert sorted(committed_bodies(any_ledger, PIPE)) == sorted(want)
+    report = audit(any_ledger, PIPE, broker=client)
+    assert report.clean, report.to_text()
+
+
 @pytest.mark.parametrize("length", [100, 150])
 def test_a_recreated_stream_holding_the_old_stored_offset_is_refused_once_there_is_something_to_read(
     any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,

@@ -323,3 +323,90 @@ def test_a_range_holding_the_last_user_chunk_is_answered_without_a_subscription(
         assert client.user_records_many(others, by_last_chunk=True) == want
         assert asked.count(c.SUBSCRIBE) == 2, [c.command_name(k) for k in asked]
         assert client.user_records_many(others) == want
+
+
+def test_many_resolutions_spread_over_side_connections_answer_as_one_connection(
+        broker_43: Broker, stream_name: StreamNames) -> None:
+    """Issue 44: the broker resolves one connection's ResolveOffsetSpec requests one after the other,
+    about 0.3 ms of its CPU each, so a round over many streams is spread over side connections to the
+    same address. Every answer is the one connection's (resolutions, a probe of tracking chunks and of
+    user chunks); a side connection that breaks has its part asked again on the main connection."""
+    from streamledger.protocol.rabbitmq import constants as c
+    from streamledger.protocol.rabbitmq.offsets import OffsetSpec
+
+    names = [stream_name(f"spread-{i}") for i in range(12)]
+    with StreamClient.connect(broker_43.url) as client:
+        for i, name in enumerate(names):
+            client.create_stream(name)
+            client.publish(name, [b"a%d" % j for j in range(1 + i % 3)])
+            if i % 2:
+                client.store_offset_verified(name, "p", i % 3)  # a tracking chunk after the records
+        specs = [OffsetSpec.last(), OffsetSpec.timestamp(0)]
+        want = {n: [client.resolve_offset(n, s) for s in specs] for n in names}
+        tails = client.committed_tails(names)
+        probe = {n: (1 + i % 3, tails[n]) for i, n in enumerate(names)}  # tracking chunk or nothing
+        probe[names[4]] = (0, tails[names[4]])  # user records
+        counts = {n: min(1, sum(len(b) for b in client.read_range(n, a, b, decode="raw"))) if a < b else 0
+                  for n, (a, b) in probe.items()}
+        assert counts == {n: int(n == names[4]) for n in names}
+        assert client.resolve_offsets(names, specs) == want
+        assert client._side == []  # below spread_at: the main connection alone
+
+        client.spread_at, client.side_connections = 4, 3
+        asked: list[int] = []
+        count_commands(client, asked)
+        assert client.resolve_offsets(names, specs) == want
+        assert len(client._side) == 3
+        assert asked.count(c.RESOLVE_OFFSET_SPEC) == 3 * len(specs)  # a quarter on the main connection
+        assert client.user_records_many(probe, by_last_chunk=True) == counts
+        assert len(client._side) == 3  # kept, not opened again
+
+        client._side[1]._shutdown_socket()  # broken under the client: its part is asked again
+        del asked[:]
+        assert client.resolve_offsets(names, specs) == want
+        assert len(client._side) == 2
+        assert asked.count(c.RESOLVE_OFFSET_SPEC) == 6 * len(specs)
+        side = list(client._side)
+    assert all(conn.closed for conn in side)  # closed with the client
+
+
+def test_a_store_and_a_publish_together_leave_a_user_chunk_the_stats_cannot_tell_from_a_tracking_chunk(
+        broker_43: Broker, stream_name: StreamNames) -> None:
+    """Why the first idle batch after a store must ask for the last user chunk (issue 44): osiris
+    writes a StoreOffset's tracking entry as a chunk of its own only when no record arrives in the
+    same writer batch; with one, the entry rides in the user chunk's trailer. A StoreOffset sent
+    together with a one-record publish then leaves, past the stored records, exactly what a lone
+    tracking chunk leaves (one chunk at T, committed, the tail at T + 1, the offset stored and read
+    back), yet it is a user record. The probe counts it and read_range reads it."""
+    from streamledger.protocol.rabbitmq import constants as c
+    from streamledger.protocol.rabbitmq.connection import Connection
+    from streamledger.protocol.rabbitmq.wire import declare_publisher_frame, publish_frame, store_offset_frame
+
+    together = []
+    with StreamClient.connect(broker_43.url) as client:
+        for i in range(12):
+            name = stream_name(f"trailer-{i}")
+            client.create_stream(name)
+            client.publish(name, [b"r%d" % j for j in range(10)])
+            conn = Connection.open(client.params)
+            try:
+                corr = conn.next_corr()
+                declare = declare_publisher_frame(corr, 1, "", name)
+                conn.request(c.DECLARE_PUBLISHER, corr, declare, stream=name)
+                conn.send(store_offset_frame("p", name, 9) + publish_frame(1, [(0, b"late")]))
+                deadline = time.monotonic() + 10
+                while client.committed_tail(name) < 11 or client.query_offset(name, "p") != 9:
+                    assert time.monotonic() < deadline, name
+                    time.sleep(0.05)
+            finally:
+                conn.close()
+            stats = client.stream_stats(name)
+            if stats.committed_chunk_id == stats.last_chunk_id == 10 and client.committed_tail(name) == 11:
+                together.append(name)  # what a lone tracking chunk at 10 would show
+        assert together, "no StoreOffset and publish landed in one writer batch in 12 tries"
+        for name in together:
+            assert [bytes(b) for batch in client.read_range(name, 10, 11, decode="raw")
+                    for b in batch.bodies] == [b"late"]
+        assert client.user_records_many({n: (10, 11) for n in together}, by_last_chunk=True) == dict.fromkeys(
+            together, 1)
+        assert client.user_records_many({n: (10, 11) for n in together}) == dict.fromkeys(together, 1)

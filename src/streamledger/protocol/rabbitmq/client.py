@@ -13,7 +13,9 @@ offset resolution), the client probes with a one-chunk subscription, as document
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
@@ -55,6 +57,7 @@ from streamledger.protocol.rabbitmq.wire import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("streamledger.rabbitmq")
 _MAX_AGE = re.compile(r"^[1-9][0-9]*[YMDhms]$")
 _MAX_SEGMENT = 3_000_000_000
 
@@ -140,6 +143,13 @@ class StreamClient:
         self._publisher_id = 0
         self.member_pool: dict[tuple[str, int], Connection] | None = None
         """Idle member connections range reads hand back (only inside :meth:`pooled_reads`)."""
+        self._side: list[Connection] = []
+        """Side connections to this connection's address that :meth:`_spread` keeps."""
+
+    spread_at = 256
+    """Streams of one many-stream round from which :meth:`_spread` spreads it over side connections."""
+    side_connections = 3
+    """Side connections :meth:`_spread` opens at most (besides this one); 0 spreads nothing."""
 
     @classmethod
     def connect(cls, url: str | ConnectionParams, *, timeout: float = 10.0) -> StreamClient:
@@ -159,6 +169,9 @@ class StreamClient:
 
     def close(self) -> None:
         self._close_pool()
+        side, self._side = self._side, []
+        for conn in side:
+            conn.close()
         self._conn.close()
 
     @contextlib.contextmanager
@@ -554,21 +567,63 @@ class StreamClient:
 
     def _resolve_each(self, names: Sequence[str], specs: Sequence[OffsetSpec]) -> dict[str, list[int | None]]:
         """ResolveOffsetSpec of every spec for every stream, pipelined, each stream's in the order
-        given (the broker answers one connection's requests in order); None for an error answer."""
-        conn = self._conn
-        requests = []
+        given (the broker answers one connection's requests in order); None for an error answer.
+        Many streams are spread over side connections (:meth:`_spread`): the broker resolves one
+        connection's requests one after the other, at a cost of its own per stream."""
         for name in names:
             _check_name("stream", name)
-            for spec in specs:
-                corr = conn.next_corr()
-                requests.append((c.RESOLVE_OFFSET_SPEC, corr, _resolve_frame(corr, name, spec)))
+        wanted = list(specs)
+        return self._spread(list(names), lambda conn, part: _resolve_on(conn, part, wanted))
 
-        def answer(_i: int, r: Reader) -> int | None:
-            return _resolved_offset(r) if r.u16() == c.OK else None
+    def _spread(self, names: list[str],
+                work: Callable[[Connection, list[str]], dict[str, T]]) -> dict[str, T]:
+        """``work(connection, part)`` of ``names``: on this connection alone below :attr:`spread_at`
+        streams, else split into parts done at once, one on this connection and each other on a side
+        connection to the same address (:attr:`side_connections` at most; opened when first needed,
+        kept until :meth:`close`), one thread each. Each stream's whole work is on one connection, in
+        the order ``work`` sends it, so what one connection's answers prove of a stream holds as
+        before. Only for read-only work: a side connection that fails is closed and its part done
+        again on this connection.
 
-        got = conn.pipeline(requests, answer)
-        k = len(specs)
-        return {n: got[i * k:(i + 1) * k] for i, n in enumerate(names)}
+        Why: the broker answers one connection's requests one after the other in one process, and
+        a ResolveOffsetSpec costs it about 0.3 ms of CPU per stream (it opens the stream's log):
+        1,000 of them were 0.3-0.6 s on one connection and 0.16-0.23 s over four, on 2 cores
+        (issue 44, docs/history/performance.md)."""
+        k = min(1 + self.side_connections, len(names) * 2 // max(self.spread_at, 2))
+        if len(names) < self.spread_at or k < 2:
+            return work(self._conn, names)
+        parts = [names[i::k] for i in range(k)]
+        side: list[Connection | None] = list(self._side[:k - 1])
+        side += [None] * (k - 1 - len(side))
+        got: list[dict[str, T] | None] = [None] * k
+
+        def run(i: int) -> None:
+            try:
+                conn = side[i - 1]
+                if conn is None or conn.closed:
+                    conn = side[i - 1] = Connection.open(self.params, timeout=self.timeout, attempts=1)
+                got[i] = work(conn, parts[i])
+            except Exception as exc:  # the part is done again on the main connection
+                log.debug("side connection %d to %s: %s; asking on the main connection", i,
+                          self.params.redacted(), exc)
+                conn, side[i - 1] = side[i - 1], None
+                if conn is not None:
+                    conn.close()
+
+        threads = [threading.Thread(target=run, args=(i,), daemon=True, name=f"streamledger-side-{i}")
+                   for i in range(1, k)]
+        for t in threads:
+            t.start()
+        try:
+            got[0] = work(self._conn, parts[0])
+        finally:
+            for t in threads:
+                t.join()
+            self._side = [conn for conn in side if conn is not None] + self._side[k - 1:]
+        out: dict[str, T] = {}
+        for part, answers in zip(parts, got, strict=True):
+            out.update(answers if answers is not None else work(self._conn, part))
+        return {n: out[n] for n in names}
 
     def read_ranges(
         self, ranges: Sequence[tuple[str, int, int]], *, decode: Literal["amqp", "raw"] = "amqp",
@@ -857,6 +912,23 @@ class StreamClient:
             filter_values=filter_values, stats=stats, max_batch_bytes=max_batch_bytes,
             first_batch_records=first_batch_records,
         )
+
+
+def _resolve_on(conn: Connection, names: Sequence[str], specs: Sequence[OffsetSpec]
+                ) -> dict[str, list[int | None]]:
+    """:meth:`StreamClient._resolve_each` of ``names`` on one connection: one pipelined round."""
+    requests = []
+    for name in names:
+        for spec in specs:
+            corr = conn.next_corr()
+            requests.append((c.RESOLVE_OFFSET_SPEC, corr, _resolve_frame(corr, name, spec)))
+
+    def answer(_i: int, r: Reader) -> int | None:
+        return _resolved_offset(r) if r.u16() == c.OK else None
+
+    got = conn.pipeline(requests, answer)
+    k = len(specs)
+    return {n: got[i * k:(i + 1) * k] for i, n in enumerate(names)}
 
 
 def _resolve_frame(corr: int, name: str, spec: OffsetSpec) -> bytes:
