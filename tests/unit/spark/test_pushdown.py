@@ -81,7 +81,8 @@ def test_keep_hands_on_the_batch_itself_when_every_row_passes() -> None:
     n = 4
     batch = pa.RecordBatch.from_arrays([
         pa.array(["s"] * n), pa.array(range(10, 10 + n), pa.int64()),
-        pa.array([(T_MS + 1 + i) * 1000 for i in range(n)], pa.timestamp("us", tz="UTC")), pa.array([b"x"] * n),
+        pa.array([(T_MS + 1 + i) * 1000 for i in range(n)], pa.timestamp("us", tz="UTC")),
+        pa.array([b"x"] * n),
         *(pa.nulls(n, ARROW_SCHEMA.field(c).type) for c in ARROW_SCHEMA.names[4:]),
     ], schema=ARROW_SCHEMA)
     window, _ = PushedFilters.split([GreaterThanOrEqual(("chunk_timestamp",), T),
