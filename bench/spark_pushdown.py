@@ -18,7 +18,12 @@ Prints each time and the ratios (projection target >= 1.5x); the window's ratio 
 each round's own ratio (its two reads run one after the other), which a loaded machine moves less than
 the best times. Noisy on a shared VM: compare within a run.
 
-Usage: ``python bench/spark_pushdown.py [--messages N] [--size B] [--eras K] [--rounds R] [--url URL]``
+``--splits K`` (issue 44, off by default) adds two labelled rows: both window reads again with
+``splitsPerStream=K``, each stream's range read by K tasks instead of one (what a split of the window
+over the cores costs and saves when the peer, the full read filtered in Spark, is split the same way).
+
+Usage: ``python bench/spark_pushdown.py [--messages N] [--size B] [--eras K] [--rounds R] [--splits K]
+[--url URL] [--name STREAM]``
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ def main() -> int:
     ap.add_argument("--eras", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default="bench-pushdown")
+    ap.add_argument("--splits", type=int, default=0,
+                    help="also both window reads with splitsPerStream=K (K tasks per stream)")
     args = ap.parse_args()
 
     cuts = prepare(args.url, args.name, args.messages, args.size, args.eras)
@@ -111,21 +118,35 @@ def main() -> int:
                                     .write.format("noop").mode("overwrite").save()),
         "one-row job": lambda: spark.range(1).write.format("noop").mode("overwrite").save(),
     }
+    split = f"{args.splits} slices"
+    if args.splits > 1:
+        runs[f"window, pushed, {split}"] = lambda: (
+            reader(filterPushdown="true", splitsPerStream=str(args.splits)).load().filter(window)
+            .write.format("noop").mode("overwrite").save())
+        runs[f"window, in Spark, {split}"] = lambda: (
+            reader(splitsPerStream=str(args.splits)).load().filter(window)
+            .write.format("noop").mode("overwrite").save())
     assert reader().schema("offset LONG").load().count() == (args.messages // args.eras) * args.eras
     # warm-up of the pushed path too: Spark plans it in a Python worker of its own (the pushdown
     # planner), whose first query pays its start and imports (round 1's ratio was ~0.5 without this)
     assert reader(filterPushdown="true").load().filter(past_tail).count() == 0
     best: dict[str, float] = {}
-    ratios = []
+    ratios, split_ratios = [], []
     for _ in range(args.rounds):
         took_now = {}
         for label, run in runs.items():
             took = took_now[label] = timed(run)
             best[label] = min(best.get(label, took), took)
         ratios.append(took_now["window, in Spark"] / took_now["window, pushed"])
+        if args.splits > 1:
+            split_ratios.append(took_now[f"window, in Spark, {split}"] / took_now[f"window, pushed, {split}"])
     n = (args.messages // args.eras) * args.eras
     for label, took in best.items():
         print(f"{label:17}: {took:6.2f}s  ({n / took:>10,.0f} offsets/s of the stream)", flush=True)
+    if args.splits > 1:
+        print(f"filter, both reads in {split} per stream: window in Spark / window pushed = "
+              f"{best[f'window, in Spark, {split}'] / best[f'window, pushed, {split}']:.2f}x (best times); "
+              f"median of the rounds' ratios {statistics.median(split_ratios):.2f}x")
     print(f"projection: full / projected = {best['full'] / best['projected']:.2f}x (target >= 1.5x); "
           f"full / select on full = {best['full'] / best['select on full']:.2f}x")
     print(f"filter: window in Spark / window pushed = "

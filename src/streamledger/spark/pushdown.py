@@ -303,7 +303,8 @@ class PushedFilters:
 
     def keep(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Exactly the rows of a full-schema batch the pushed filters pass (with ``filter_values``, the
-        batch carries column ``filter_value``)."""
+        batch carries column ``filter_value``); the batch itself, not a copy, when every row passes
+        (a window's batches mostly do: its range already ends at the chunks its bounds resolved to)."""
         if not self.narrows or batch.num_rows == 0:
             return batch
         mask = None
@@ -332,6 +333,6 @@ class PushedFilters:
                 both(pc.greater_equal(ms, self.time_from))
             if self.time_to is not None:
                 both(pc.less(ms, self.time_to))
-        if mask is None:
+        if mask is None or pc.all(mask, skip_nulls=False).as_py():
             return batch
         return batch.filter(mask)

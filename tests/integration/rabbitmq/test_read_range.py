@@ -144,6 +144,58 @@ def test_first_batches_are_small_and_double_up_to_the_maximum(broker_43: Broker,
             client.read_range(name, 0, 10, first_batch_records=0)
 
 
+def test_batches_shrink_towards_the_end_and_the_last_comes_before_the_goodbye(
+        broker_43: Broker, stream_name: StreamNames, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44: what a consumer of each batch as it comes (Spark's JVM) still has to do once the
+    read is over is its work on the last batch: with ``first_batch_records`` the batches shrink
+    again towards the range's end, so the last holds at most that many records, and it is handed
+    out before the read's goodbye to its member connection, which is a Close alone (no Unsubscribe
+    first: closing ends the subscription). Every record still comes once, in order."""
+    from streamledger.protocol.rabbitmq.connection import Connection
+
+    name = stream_name("rampdown")
+    events: list[object] = []
+    real_close, real_request = Connection.close, Connection.request
+
+    def close(conn: Connection) -> None:
+        if not conn.closed:
+            events.append(("close", id(conn)))
+        real_close(conn)
+
+    def request(conn: Connection, key: int, *args: object, **kwargs: object) -> object:
+        events.append(("request", key))
+        return real_request(conn, key, *args, **kwargs)
+
+    with StreamClient.connect(broker_43.url) as client:
+        client.create_stream(name)
+        for i in range(40):  # 40 chunks of 50
+            client.publish(name, [b"%d" % (i * 50 + j) for j in range(50)], amqp=False, batch_size=50)
+        own = id(client.connection)
+        monkeypatch.setattr(Connection, "close", close)
+        monkeypatch.setattr(Connection, "request", request)
+        for layout in ("lists", "buffers"):
+            events.clear()
+            sizes, got = [], []
+            for b in client.read_range(name, 3, 2000, decode="raw", max_batch_records=800,  # type: ignore[call-overload]
+                                       first_batch_records=100, layout=layout):
+                events.append(("batch", len(b)))
+                sizes.append(len(b))
+                got.extend(b.offsets() if layout == "buffers" else b.offsets)
+            assert got == list(range(3, 2000)), layout
+            assert sizes[-1] <= 100 < max(sizes) <= 800, (layout, sizes)
+            last_batch = max(i for i, e in enumerate(events) if e[0] == "batch")
+            goodbye = [i for i, e in enumerate(events) if e[0] == "close" and e[1] != own]
+            assert len(goodbye) == 1 and goodbye[0] > last_batch, (layout, events[last_batch:])
+            assert ("request", c.UNSUBSCRIBE) not in events, layout
+        monkeypatch.undo()
+        with client.pooled_reads():  # a pooled connection stays subscribed to nothing: Unsubscribe
+            events.clear()
+            monkeypatch.setattr(Connection, "request", request)
+            assert sum(len(b) for b in client.read_range(name, 0, 2000, decode="raw")) == 2000
+            assert ("request", c.UNSUBSCRIBE) in events
+            monkeypatch.undo()
+
+
 def test_large_range(broker_43: Broker, stream_name: StreamNames) -> None:
     name = stream_name("large")
     with StreamClient.connect(broker_43.url) as client:

@@ -155,6 +155,37 @@ def test_chunk_timestamp_window_reads_only_its_chunks(pushdown: Any, rabbitmq_ur
         assert got == offsets(False, condition)  # the unfiltered read, filtered by Spark
 
 
+def test_a_pushed_window_split_over_several_tasks_reads_each_record_once(
+        pushdown: Any, rabbitmq_url: str, stream_name: Any) -> None:
+    """Issue 44: a window read by several tasks (``splitsPerStream``: the slices cut inside chunks,
+    each task's batches ramping up and shrinking again towards its slice's end) hands Spark exactly
+    the window's records, each once, with their bodies; the same as Spark filtering the full read
+    split the same way."""
+    spark = pushdown
+    s = stream_name("wsplit")
+    create_stream(rabbitmq_url, s, 100)
+    time.sleep(1.1)
+    since = dt.datetime.now(dt.UTC)
+    time.sleep(0.1)
+    publish(rabbitmq_url, s, 100, start=100, batch_size=7)  # many small chunks, cut inside some
+    time.sleep(1.1)
+    until = dt.datetime.now(dt.UTC)
+    time.sleep(0.1)
+    publish(rabbitmq_url, s, 100, start=200)
+
+    reader = source(rabbitmq_url, stream=s, splitsPerStream="3").reader(FULL)
+    assert list(reader.pushFilters([GreaterThanOrEqual(("chunk_timestamp",), since),
+                                    LessThan(("chunk_timestamp",), until)])) == []
+    assert planned(reader) == [(s, 100, 134), (s, 134, 167), (s, 167, 200)]
+    stamp = F.col("chunk_timestamp")
+    window = (stamp >= F.lit(since)) & (stamp < F.lit(until))
+    for pushed in (True, False):
+        df = read_df(spark, rabbitmq_url, stream=s, splitsPerStream="3", batchRows="5",
+                     filterPushdown=str(pushed).lower()).filter(window)
+        rows = sorted((r["offset"], r["body"]) for r in df.select("offset", "body").collect())
+        assert rows == [(o, body(s, o)) for o in range(100, 200)], pushed
+
+
 def test_a_window_over_many_streams_resolves_its_bounds_in_one_broker_round(
     pushdown: Any, rabbitmq_url: str, stream_name: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

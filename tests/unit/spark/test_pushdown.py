@@ -75,6 +75,24 @@ def test_keep_is_exact_on_a_batch() -> None:
     assert Projection(("body", "offset")).ddl == "body BINARY, offset LONG"
 
 
+def test_keep_hands_on_the_batch_itself_when_every_row_passes() -> None:
+    """Issue 44: a pushed window's batches mostly lie wholly inside it (its range ends at the chunks
+    its bounds resolved to); filtering copied each of them, maps and all, for nothing."""
+    n = 4
+    batch = pa.RecordBatch.from_arrays([
+        pa.array(["s"] * n), pa.array(range(10, 10 + n), pa.int64()),
+        pa.array([(T_MS + 1 + i) * 1000 for i in range(n)], pa.timestamp("us", tz="UTC")),
+        pa.array([b"x"] * n),
+        *(pa.nulls(n, ARROW_SCHEMA.field(c).type) for c in ARROW_SCHEMA.names[4:]),
+    ], schema=ARROW_SCHEMA)
+    window, _ = PushedFilters.split([GreaterThanOrEqual(("chunk_timestamp",), T),
+                                     LessThan(("chunk_timestamp",), T + dt.timedelta(seconds=1))])
+    assert window.keep(batch) is batch
+    narrower, _ = PushedFilters.split([GreaterThan(("chunk_timestamp",), T + dt.timedelta(milliseconds=1))])
+    kept = narrower.keep(batch)
+    assert kept is not batch and kept.column("offset").to_pylist() == [11, 12, 13]
+
+
 def test_trigger_budget() -> None:
     opts = TriggerOptions.parse({"minOffsetsPerTrigger": "5", "maxOffsetsPerTrigger": "100",
                                  "maxBytesPerTrigger": "1m", "maxTriggerDelay": "30s"}.get)

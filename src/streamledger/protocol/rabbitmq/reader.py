@@ -249,7 +249,9 @@ def read_range(
     the one before, up to ``max_batch_records``: a consumer that works on each batch as it comes
     (Spark's JVM converting a task's Arrow batches) starts after a few chunks, not after a whole
     maximal batch (a range smaller than that would be one batch, read entirely before any of it is
-    handed on).
+    handed on). Towards the end of the range the batches shrink again (each at most half the offsets
+    left, not below ``first_batch_records``), so the consumer's work on the last one, after the read
+    is over, is short too. The last batch is handed out before the read lets go of its connection.
 
     Arguments and bounds are checked now (not on the first ``next()``): an empty range returns
     an empty iterator without touching the network, an ``end`` beyond the committed tail raises
@@ -430,9 +432,13 @@ delivery of an earlier read's subscription can never be taken for this read's.""
 
 def _release(client: RangeSource, conn: Connection, sub_id: int, stream: str, progress: _Progress) -> None:
     """Unsubscribe and hand the connection to the client's pool (``pooled_reads``); close it when
-    there is no pool or the unsubscribe did not go through cleanly."""
+    there is no pool or the unsubscribe did not go through cleanly. Without a pool the connection
+    is closed right away: a Close ends its subscription too (one round trip, not two)."""
     pool = _pool(client)
     member = progress.member
+    if pool is None:
+        conn.close()
+        return
     try:
         unsubscribe(conn, sub_id, stream)
     except Exception:  # the range is complete (or abandoned by the caller): only the goodbye failed
@@ -445,6 +451,17 @@ def _release(client: RangeSource, conn: Connection, sub_id: int, stream: str, pr
     conn.on_credit_error = None
     _next_sub[conn] = (sub_id + 1) % 256
     pool[member] = conn
+
+
+def _batch_bound(limit: int, first_batch: int | None, left: int) -> int:
+    """How many records the batch starting now may hold: ``limit`` (the ramp of
+    ``first_batch_records``, doubling up to ``max_batch_records``); with ``first_batch_records``, also
+    at most half the ``left`` offsets of the range, never fewer than ``first_batch_records``: the
+    batches shrink again towards the end, so the last one, which the consumer works on after the
+    read is over, is small too (it holds at most ``first_batch_records`` records, or one chunk)."""
+    if first_batch is None:
+        return limit
+    return min(limit, max(first_batch, left // 2))
 
 
 def _open_member(client: RangeSource, stream: str, prefer: Prefer, progress: _Progress) -> Connection:
@@ -548,7 +565,8 @@ def _read_once(
     stream, end, decode, layout = request.stream, request.end, request.decode, request.layout
     verify_crc, credit, maps = request.verify_crc, request.credit, request.maps
     max_batch_records, max_batch_bytes = request.max_batch_records, request.max_batch_bytes
-    limit = min(request.first_batch_records or max_batch_records, max_batch_records)  # grows to the max
+    first_batch = request.first_batch_records
+    limit = min(first_batch or max_batch_records, max_batch_records)  # grows to the max
     filter_values = request.filter_values
     buffers = layout == "buffers"
     stats = stats if stats is not None else ReadStats()
@@ -575,6 +593,7 @@ def _read_once(
         barrier = _barrier(conn, stream) if filtering else None
         pending = 0
         first_chunk = True
+        bound = _batch_bound(limit, first_batch, end - progress.position)  # the batch being filled
         timeout = client.timeout
         send = conn.send
         read_frame = conn.read_frame
@@ -610,12 +629,13 @@ def _read_once(
             # slicing), or (buffers) max_batch_bytes, at most the int32 body offsets; then only a chunk
             # decompressing past those can fail.
             if len(batch) and (
-                len(batch) + CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > limit
+                len(batch) + CHUNK_RECORDS.unpack_from(view, chunk + 4)[0] > bound
                 or (buffers and len(batch.body_data)  # type: ignore[union-attr]
                     + CHUNK_DATA_LENGTH.unpack_from(view, chunk + 36)[0] > max_batch_bytes)
             ):
                 progress.batch = _empty(stream, decode, layout)
                 limit = min(2 * limit, max_batch_records)
+                bound = _batch_bound(limit, first_batch, end - progress.position)
                 yield batch
                 batch = progress.batch
             if buffers:
@@ -643,10 +663,16 @@ def _read_once(
                 pending = 0
                 if barrier is not None:
                     barrier = _barrier(conn, stream)
-            if len(batch) >= limit:
+            if len(batch) >= bound:
                 progress.batch = _empty(stream, decode, layout)
                 limit = min(2 * limit, max_batch_records)
+                bound = _batch_bound(limit, first_batch, end - progress.position)
                 yield from split_batch(batch, max_batch_records)
+        # The range is complete: hand out its last batch before the goodbye (Unsubscribe or Close
+        # round trips), so the consumer works on it meanwhile.
+        rest, progress.batch = progress.batch, _empty(stream, decode, layout)
+        if len(rest):
+            yield from split_batch(rest, max_batch_records)
         _release(client, conn, sub_id, stream, progress)
         return
     except GeneratorExit:  # the caller stopped early (it has what it needed)
