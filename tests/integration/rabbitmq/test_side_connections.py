@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import uuid
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -15,7 +16,7 @@ import pytest
 
 from streamledger.protocol.rabbitmq import StreamClient
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
-from tests.support.rabbitmq import Broker, StreamNames
+from tests.support.rabbitmq import Broker, StreamNames, TlsSetup
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -111,3 +112,91 @@ def test_closing_a_client_that_spread_a_round_closes_every_socket_it_opened(
             assert len(client._side) == 3  # and replaced
             assert len(_sockets() - before) == 4
     assert _sockets() - before == set()
+
+
+@pytest.fixture
+def other_vhost(broker_43: Broker) -> Iterator[str]:
+    """A fresh vhost guest may use; its name."""
+    vhost = f"sl-side-{uuid.uuid4().hex[:8]}"
+    broker_43.cli("rabbitmqctl", "-q", "add_vhost", vhost)
+    try:
+        broker_43.cli("rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        yield vhost
+    finally:
+        broker_43.cli("rabbitmqctl", "-q", "delete_vhost", vhost)
+
+
+def test_side_connections_ask_in_the_url_vhost_not_the_default_one(
+        broker_43: Broker, other_vhost: str) -> None:
+    """Streams of the same names in ``/`` and in the URL's vhost, with other contents: a round spread
+    over side connections answers from the URL's vhost, as the main connection alone does (a side
+    connection in ``/`` would answer other offsets, not errors, so nothing would fall back)."""
+    names = [f"sl-side-vh-{uuid.uuid4().hex[:6]}-{i}" for i in range(12)]
+    url = broker_43.url.rstrip("/") + "/" + quote(other_vhost, safe="")
+    with StreamClient.connect(broker_43.url) as default, StreamClient.connect(url) as client:
+        try:
+            for i, name in enumerate(names):
+                default.create_stream(name)
+                default.publish(name, [b"d"] * (20 + i))  # more records and chunks in "/"
+                default.publish(name, [b"e"])
+                default.store_offset_verified(name, "p", 19)
+                client.create_stream(name)
+                client.publish(name, [b"v"] * (1 + i % 3))
+            specs = [OffsetSpec.last(), OffsetSpec.timestamp(0)]
+            want = {n: [client.resolve_offset(n, s) for s in specs] for n in names}
+            tails = client.committed_tails(names)
+            assert all(w[0] == 0 for w in want.values())  # in "/": 20 + i, the last user chunk
+            probe = {n: (0, tails[n]) for n in names}
+            counts = client.user_records_many(probe)
+            assert client._side == []
+            client.spread_at, client.side_connections = 4, 3
+            assert client.resolve_offsets(names, specs) == want
+            assert len(client._side) == 3
+            assert all(conn.params.vhost == other_vhost for conn in client._side)
+            assert client.user_records_many(probe, by_last_chunk=True) == counts
+        finally:
+            for name in names:
+                for c in (default, client):
+                    c.delete_stream(name)
+
+
+def test_side_connections_use_the_main_connections_tls_and_certificate_login(
+        rabbitmq_tls: TlsSetup, stream_name: StreamNames) -> None:
+    """Over TLS with SASL EXTERNAL (a client certificate, no password), every side connection is a TLS
+    connection logged in with the same certificate, and the spread round answers as one connection."""
+    query = (f"ca_file={rabbitmq_tls.ca_file}&cert_file={rabbitmq_tls.client_cert}"
+             f"&key_file={rabbitmq_tls.client_key}&auth=external")
+    url = f"rabbitmq-stream+tls://ignored:ignored@{rabbitmq_tls.host}:{rabbitmq_tls.port}/?{query}"
+    with StreamClient.connect(url) as client:
+        names = _streams(client, stream_name, 12)
+        specs = [OffsetSpec.last(), OffsetSpec.timestamp(0)]
+        want = {n: [client.resolve_offset(n, s) for s in specs] for n in names}
+        client.spread_at, client.side_connections = 4, 3
+        assert client.resolve_offsets(names, specs) == want
+        assert len(client._side) == 3
+        assert all(isinstance(conn._sock, ssl.SSLSocket) and conn.params.auth == "external"
+                   for conn in client._side)
+
+
+@pytest.mark.parametrize("version", ["4.0", "3.10"])
+def test_brokers_without_resolve_offset_spec_answer_many_stream_rounds_without_side_connections(
+        version: str, broker_40: Broker, broker_310: Broker, stream_name: StreamNames) -> None:
+    """RabbitMQ 4.0 and 3.10 have no ResolveOffsetSpec: the spread is never asked for, no side
+    connection is opened, and resolutions and the probe answer as before (one at a time)."""
+    broker = broker_40 if version == "4.0" else broker_310
+    names = [stream_name(f"old-{i}", broker=broker) for i in range(12)]
+    with StreamClient.connect(broker.url) as client:
+        for i, name in enumerate(names):
+            client.create_stream(name)
+            client.publish(name, [b"r%d" % j for j in range(1 + i % 3)])
+            if i % 2:
+                client.store_offset_verified(name, "p", i % 3)
+        specs = [OffsetSpec.last(), OffsetSpec.first()]
+        want = {n: [client.resolve_offset(n, s) for s in specs] for n in names}
+        tails = client.committed_tails(names)
+        probe = {n: (1 + i % 3, tails[n]) for i, n in enumerate(names)}
+        probe[names[4]] = (0, tails[names[4]])
+        client.spread_at, client.side_connections = 4, 3
+        assert client.resolve_offsets(names, specs) == want
+        assert client.user_records_many(probe, by_last_chunk=True) == {n: int(n == names[4]) for n in names}
+        assert client._side == []
