@@ -16,6 +16,7 @@ import pytest
 
 from streamledger.protocol.rabbitmq import StreamClient
 from streamledger.protocol.rabbitmq.offsets import OffsetSpec
+from tests.support.balancer import RoundRobin
 from tests.support.rabbitmq import Broker, StreamNames, TlsSetup
 
 pytestmark = pytest.mark.rabbitmq
@@ -200,3 +201,31 @@ def test_brokers_without_resolve_offset_spec_answer_many_stream_rounds_without_s
         assert client.resolve_offsets(names, specs) == want
         assert client.user_records_many(probe, by_last_chunk=True) == {n: int(n == names[4]) for n in names}
         assert client._side == []
+
+
+def test_side_connections_on_a_broker_without_resolve_offset_spec_leave_their_part_to_the_main_one(
+        broker_43: Broker, broker_40: Broker, stream_name: StreamNames) -> None:
+    """A load balancer in front of nodes of two versions (a rolling upgrade: the main connection on
+    4.3, side connections on 4.0 and 4.3 in turn): a 4.0 node neither knows ResolveOffsetSpec nor
+    holds these streams. The round's answers and the probe's counts stay the main connection's."""
+    lb = RoundRobin([broker_43.stream_port, broker_40.stream_port])
+    try:
+        with StreamClient.connect(broker_43.url) as admin:
+            names = _streams(admin, stream_name, 12)
+            specs = [OffsetSpec.last(), OffsetSpec.timestamp(0)]
+            want = {n: [admin.resolve_offset(n, s) for s in specs] for n in names}
+            tails = admin.committed_tails(names)
+            probe = {n: (1 + i % 3, tails[n]) for i, n in enumerate(names)}
+            probe[names[4]] = (0, tails[names[4]])
+            counts = admin.user_records_many(probe)
+        with StreamClient.connect(f"rabbitmq-stream://guest:guest@127.0.0.1:{lb.port}/") as client:
+            assert client.connection.advertised_address == (broker_43.host, broker_43.stream_port)
+            client.spread_at, client.side_connections = 4, 3
+            for _ in range(2):
+                assert client.resolve_offsets(names, specs) == want
+                assert client.user_records_many(probe, by_last_chunk=True) == counts
+            assert client._side, "no side connection reached the 4.3 broker"
+            assert all(conn.advertised_address == (broker_43.host, broker_43.stream_port)
+                       for conn in client._side)  # the 4.0 ones closed (UNKNOWN_FRAME), not kept
+    finally:
+        lb.close()
