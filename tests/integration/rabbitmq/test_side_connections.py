@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -35,6 +37,12 @@ def _sockets() -> set[str]:
         if target.startswith("socket:"):
             out.add(target)
     return out
+
+
+def _threads() -> set[threading.Thread]:
+    """This process's live connection heartbeat and side-round threads."""
+    return {t for t in threading.enumerate()
+            if t.name.startswith(("rabbitmq-stream-heartbeat-", "streamledger-side-"))}
 
 
 @pytest.fixture
@@ -92,7 +100,7 @@ def test_side_connections_the_broker_refuses_leave_the_round_to_the_main_connect
                for r in caplog.records)
 
 
-def test_closing_a_client_that_spread_a_round_closes_every_socket_it_opened(
+def test_closing_a_client_that_spread_a_round_closes_every_socket_and_thread_it_opened(
         broker_43: Broker, stream_name: StreamNames) -> None:
     """Side connections are kept between rounds; ``close()`` (and leaving ``with``) closes them with
     the main connection, whether the round was a resolution, a probe or planning's resolve_offsets,
@@ -100,7 +108,7 @@ def test_closing_a_client_that_spread_a_round_closes_every_socket_it_opened(
     with StreamClient.connect(broker_43.url) as admin:
         names = _streams(admin, stream_name, 12)
         tails = admin.committed_tails(names)
-    before = _sockets()
+    before, threads_before = _sockets(), _threads()
     for _ in range(3):
         with StreamClient.connect(broker_43.url) as client:
             client.spread_at, client.side_connections = 4, 3
@@ -113,6 +121,10 @@ def test_closing_a_client_that_spread_a_round_closes_every_socket_it_opened(
             assert len(client._side) == 3  # and replaced
             assert len(_sockets() - before) == 4
     assert _sockets() - before == set()
+    deadline = time.monotonic() + 5  # the heartbeat threads of the side connections end with them
+    while (left := _threads() - threads_before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, left
 
 
 @pytest.fixture
