@@ -443,3 +443,40 @@ def test_buffer_layout_resumes_exactly_after_a_dropped_connection(
         assert got_bodies == [b"%06d" % i + PAD for i in range(5, 30_000)]
     finally:
         proxy.close()
+
+
+def test_a_connection_lost_around_the_last_batch_and_the_goodbye_neither_skips_nor_doubles_a_record(
+    broker_43: Broker, stream_name: StreamNames
+) -> None:
+    """Issue 44 (red team): with ``first_batch_records`` the batches shrink towards the range's end
+    and the last is handed out before the goodbye (a Close alone). The member connection is cut at
+    many points of a read whose stream goes on past the range's end (the broker keeps delivering
+    chunks past it, and records arrive meanwhile): in the ramp up, in the shrinking batches, after
+    the last chunk of the range, during the Close. Each read hands out the range once, in order."""
+    name = stream_name("cut-end")
+    with StreamClient.connect(broker_43.url) as client:
+        client.create_stream(name)
+        for i in range(60):  # 60 chunks of 50 records of 100 bytes
+            client.publish(name, [b"%06d" % (i * 50 + j) + PAD for j in range(50)], amqp=False, batch_size=50)
+    cut_after = []
+    for limit in (20_000, 120_000, 160_000, 190_000, 200_000, 205_000, *range(210_000, 215_001, 500)):
+        for layout in ("lists", "buffers"):
+            proxy = DroppingProxy(broker_43.stream_port, limit=limit)
+            try:
+                url = broker_43.url.replace(f":{broker_43.stream_port}/", f":{proxy.port}/")
+                with StreamClient.connect(url) as client, StreamClient.connect(broker_43.url) as writer:
+                    got: list[int] = []
+                    bodies: list[bytes] = []
+                    for b in client.read_range(name, 5, 1990, decode="raw", max_batch_records=800,  # type: ignore[call-overload]
+                                               first_batch_records=100, prefer="url", layout=layout):
+                        writer.publish(name, [b"late" + PAD], amqp=False)  # arrives while the read goes on
+                        got.extend(b.offsets() if layout == "buffers" else b.offsets)
+                        bodies.extend(b.bodies() if layout == "buffers" else b.bodies)
+                    assert got == list(range(5, 1990)), (limit, layout)
+                    assert bodies == [b"%06d" % i + PAD for i in range(5, 1990)], (limit, layout)
+                    cut_after.append((limit, layout, proxy.dropped))
+            finally:
+                proxy.close()
+    # the cuts reach past the read's last byte (about 213.5 kB from the broker): up to the Close's answer
+    assert all(dropped == 1 for limit, _, dropped in cut_after if limit <= 210_000), cut_after
+    assert any(dropped == 0 for _, _, dropped in cut_after), cut_after

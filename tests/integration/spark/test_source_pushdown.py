@@ -7,6 +7,7 @@ source did less (the planned slices a reader gets after ``pushFilters``, the col
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -263,3 +264,49 @@ def test_a_pushed_offset_filter_reports_only_the_lost_offsets_it_asked_for(rabbi
     with pytest.raises(Exception, match=rf"offset {low} is no longer retained \(first available offset is "
                                         rf"{first}\)"):
         plan([GreaterThanOrEqual(("offset",), low)])
+
+
+def test_a_pushed_window_over_a_super_stream_split_over_several_tasks_reads_each_record_once(
+        pushdown: Any, rabbitmq_url: str, stream_name: Any) -> None:
+    """Issue 44 (red team): a window over a super stream's partitions, each split in slices cut inside
+    chunks (``splitsPerStream=3``, ``batchRows=4``: batches ramp up and shrink again towards each
+    slice's end), partitions of uneven sizes (one with no record in the window, one with one): each
+    record of the window comes once with its body, as Spark filtering the full read split the same way."""
+    from streamledger.protocol.rabbitmq import StreamClient
+
+    spark = pushdown
+    sup = stream_name.super_stream("wsplit-super")
+    with StreamClient.connect(rabbitmq_url) as client:
+        client.create_super_stream(sup, partitions=3)
+        parts = client.partitions(sup)
+    for p in parts:
+        publish(rabbitmq_url, p, 40)
+    time.sleep(1.1)
+    since = dt.datetime.now(dt.UTC)
+    time.sleep(0.1)
+    for p, n in zip(parts, (0, 1, 97), strict=True):
+        publish(rabbitmq_url, p, n, start=40, batch_size=6)  # many small chunks: slices cut inside them
+    time.sleep(1.1)
+    until = dt.datetime.now(dt.UTC)
+    time.sleep(0.1)
+    for p in parts:
+        publish(rabbitmq_url, p, 20, start=200)
+    reader = source(rabbitmq_url, superStream=sup, splitsPerStream="3").reader(FULL)
+    assert list(reader.pushFilters([GreaterThanOrEqual(("chunk_timestamp",), since),
+                                    LessThan(("chunk_timestamp",), until)])) == []
+    slices = planned(reader)
+    for p, (first, end) in ((parts[1], (40, 41)), (parts[2], (40, 137))):  # no gap, no overlap
+        mine = [(a, b) for s, a, b in slices if s == p]
+        assert mine[0][0] == first and mine[-1][1] == end, slices
+        assert all(b == a2 for (_, b), (a2, _) in itertools.pairwise(mine)), slices
+    assert len([s for s in slices if s[0] == parts[2]]) == 3 and parts[0] not in {s[0] for s in slices}
+    stamp = F.col("chunk_timestamp")
+    window = (stamp >= F.lit(since)) & (stamp < F.lit(until))
+    want = sorted([(parts[1], 40, body(parts[1], 40))]
+                  + [(parts[2], o, body(parts[2], o)) for o in range(40, 137)])
+    for pushed in (True, False):
+        df = read_df(spark, rabbitmq_url, superStream=sup, splitsPerStream="3", batchRows="4",
+                     filterPushdown=str(pushed).lower()).filter(window)
+        rows = sorted((r["stream"], r["offset"], r["body"])
+                      for r in df.select("stream", "offset", "body").collect())
+        assert rows == want, pushed
