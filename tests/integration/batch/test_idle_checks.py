@@ -182,7 +182,7 @@ def test_a_probe_spread_over_side_connections_reads_records_published_right_afte
     client.spread_at = 8
     frames = Frames(monkeypatch)  # every connection's requests
     first = run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
-    assert len(client._side) == 3
+    assert len(client.last_side) == 3
     assert [(r.stream, r.start, r.end, r.records) for r in first.partitions] == [
         (p, 3, 5, 1) if p in late else (p, 3, 4, 0) for p in parts]
     assert frames.sent["ResolveOffsetSpec"] == n, frames.sent  # each partition once, over four connections

@@ -99,9 +99,9 @@ def test_side_connections_the_broker_refuses_leave_the_round_to_the_main_connect
     with StreamClient.connect(limited_user) as client:
         client.spread_at, client.side_connections = 4, 3
         assert client.resolve_offsets(names, specs) == want
-        assert client._side == []  # every side connection refused: none kept
+        assert client.last_side == []  # every side connection refused: none used
         assert client.user_records_many(probe, by_last_chunk=True) == counts
-        assert client.resolve_offsets(names, specs) == want  # asked again: refused again, same answers
+        assert client.resolve_offsets(names, specs) == want  # refused once: not spread again, same answers
         assert len(_sockets() - before) == 1  # the main connection only
     assert _sockets() - before == set()
     assert any("side connection" in r.getMessage() for r in caplog.records), "no refusal was logged"
@@ -109,11 +109,11 @@ def test_side_connections_the_broker_refuses_leave_the_round_to_the_main_connect
                for r in caplog.records)
 
 
-def test_closing_a_client_that_spread_a_round_closes_every_socket_and_thread_it_opened(
+def test_a_spread_round_closes_every_socket_and_thread_it_opened_before_it_returns(
         broker_43: Broker, stream_name: StreamNames) -> None:
-    """Side connections are kept between rounds; ``close()`` (and leaving ``with``) closes them with
-    the main connection, whether the round was a resolution, a probe or planning's resolve_offsets,
-    and after a side connection broke and was replaced."""
+    """Side connections live for one round, whether it was a resolution, a probe or planning's
+    resolve_offsets: after each round only the main connection is open, and leaving ``with``
+    closes that one too."""
     with StreamClient.connect(broker_43.url) as admin:
         names = _streams(admin, stream_name, 12)
         tails = admin.committed_tails(names)
@@ -122,13 +122,12 @@ def test_closing_a_client_that_spread_a_round_closes_every_socket_and_thread_it_
         with StreamClient.connect(broker_43.url) as client:
             client.spread_at, client.side_connections = 4, 3
             client.resolve_offsets(names, [OffsetSpec.last()])
-            assert len(client._side) == 3
-            client._side[0]._shutdown_socket()  # broken under the client: replaced next round
+            assert len(client.last_side) == 3 and all(conn.closed for conn in client.last_side)
+            assert len(_sockets() - before) == 1  # the main connection only
             client.user_records_many({n: (0, tails[n]) for n in names}, by_last_chunk=True)
-            assert len(client._side) == 2  # the broken one closed, not kept
+            assert len(client.last_side) == 3 and len(_sockets() - before) == 1
             client.resolve_offsets(names, [OffsetSpec.last()])
-            assert len(client._side) == 3  # and replaced
-            assert len(_sockets() - before) == 4
+            assert len(_sockets() - before) == 1
     assert _sockets() - before == set()
     deadline = time.monotonic() + 5  # the heartbeat threads of the side connections end with them
     while (left := _threads() - threads_before) and time.monotonic() < deadline:
@@ -171,11 +170,11 @@ def test_side_connections_ask_in_the_url_vhost_not_the_default_one(
             assert all(want[n][0] < 3 <= 20 <= other[n][0] for n in names)  # the last user chunks differ
             probe = {n: (0, tails[n]) for n in names}
             counts = client.user_records_many(probe)
-            assert client._side == []
+            assert client.last_side == []
             client.spread_at, client.side_connections = 4, 3
             assert client.resolve_offsets(names, specs) == want
-            assert len(client._side) == 3
-            assert all(conn.params.vhost == other_vhost for conn in client._side)
+            assert len(client.last_side) == 3
+            assert all(conn.params.vhost == other_vhost for conn in client.last_side)
             assert client.user_records_many(probe, by_last_chunk=True) == counts
         finally:
             for name in names:
@@ -196,9 +195,9 @@ def test_side_connections_use_the_main_connections_tls_and_certificate_login(
         want = {n: [client.resolve_offset(n, s) for s in specs] for n in names}
         client.spread_at, client.side_connections = 4, 3
         assert client.resolve_offsets(names, specs) == want
-        assert len(client._side) == 3
+        assert len(client.last_side) == 3
         assert all(isinstance(conn._sock, ssl.SSLSocket) and conn.params.auth == "external"
-                   for conn in client._side)
+                   for conn in client.last_side)
 
 
 @pytest.mark.parametrize("version", ["4.0", "3.10"])
@@ -222,7 +221,7 @@ def test_brokers_without_resolve_offset_spec_answer_many_stream_rounds_without_s
         client.spread_at, client.side_connections = 4, 3
         assert client.resolve_offsets(names, specs) == want
         assert client.user_records_many(probe, by_last_chunk=True) == {n: int(n == names[4]) for n in names}
-        assert client._side == []
+        assert client.last_side == []
 
 
 def test_side_connections_on_a_broker_without_resolve_offset_spec_leave_their_part_to_the_main_one(
@@ -246,18 +245,13 @@ def test_side_connections_on_a_broker_without_resolve_offset_spec_leave_their_pa
             for _ in range(2):
                 assert client.resolve_offsets(names, specs) == want
                 assert client.user_records_many(probe, by_last_chunk=True) == counts
-            assert client._side, "no side connection reached the 4.3 broker"
+            assert client.last_side, "no side connection reached the 4.3 broker"
             assert all(conn.advertised_address == (broker_43.host, broker_43.stream_port)
-                       for conn in client._side)  # the 4.0 ones closed (UNKNOWN_FRAME), not kept
+                       for conn in client.last_side)  # the 4.0 ones closed (UNKNOWN_FRAME), not kept
     finally:
         lb.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect (idle2, 7c5dbfc): side connections are kept until close(), so a client that once spread "
-    "a round holds up to 4 broker connections for its life (a batch's broker client: the whole run); "
-    "under a per-user or per-vhost connection limit the range reads beside it (the batch's own "
-    "reads, Spark tasks of the same user) are refused where they fitted before"))
 def test_a_client_that_spread_a_round_still_reads_within_the_connection_limit_it_fitted_before(
         broker_43: Broker, stream_name: StreamNames) -> None:
     """A user allowed 3 connections: a client (1) and a range read beside it (1) fit, as they did

@@ -143,8 +143,11 @@ class StreamClient:
         self._publisher_id = 0
         self.member_pool: dict[tuple[str, int], Connection] | None = None
         """Idle member connections range reads hand back (only inside :meth:`pooled_reads`)."""
-        self._side: list[Connection] = []
-        """Side connections to this connection's address that :meth:`_spread` keeps."""
+        self.last_side: list[Connection] = []
+        """The side connections of the last round :meth:`_spread` spread (closed with that round):
+        where it asked what."""
+        self._side_refused = False
+        """A side connection could not be opened (a connection limit): this client spreads no more."""
 
     spread_at = 256
     """Streams of one many-stream round from which :meth:`_spread` spreads it over side connections."""
@@ -169,9 +172,6 @@ class StreamClient:
 
     def close(self) -> None:
         self._close_pool()
-        side, self._side = self._side, []
-        for conn in side:
-            conn.close()
         self._conn.close()
 
     @contextlib.contextmanager
@@ -579,36 +579,43 @@ class StreamClient:
                 work: Callable[[Connection, list[str]], dict[str, T]]) -> dict[str, T]:
         """``work(connection, part)`` of ``names``: on this connection alone below :attr:`spread_at`
         streams, else split into parts done at once, one on this connection and each other on a side
-        connection to the same address (:attr:`side_connections` at most; opened when first needed,
-        kept until :meth:`close`), one thread each. Each stream's whole work is on one connection, in
-        the order ``work`` sends it, so what one connection's answers prove of a stream holds as
-        before. Only for read-only work: a side connection that fails is closed and its part done
-        again on this connection.
+        connection to the same address (:attr:`side_connections` at most), one thread each. Each
+        stream's whole work is on one connection, in the order ``work`` sends it, so what one
+        connection's answers prove of a stream holds as before. Only for read-only work: a side
+        connection that fails is closed and its part done again on this connection.
+
+        Side connections live for one round: a client held open for a whole batch must not hold
+        four of its user's connections meanwhile (under a per-user or per-vhost limit, the batch's
+        own range reads and Spark tasks would be refused). One that cannot be opened (that limit,
+        most likely) ends the spreading for this client: it is not asked again every round.
 
         Why: the broker answers one connection's requests one after the other in one process, and
         a ResolveOffsetSpec costs it about 0.3 ms of CPU per stream (it opens the stream's log):
         1,000 of them were 0.3-0.6 s on one connection and 0.16-0.23 s over four, on 2 cores
         (issue 44, docs/history/performance.md)."""
         k = min(1 + self.side_connections, len(names) * 2 // max(self.spread_at, 2))
-        if len(names) < self.spread_at or k < 2:
+        if len(names) < self.spread_at or k < 2 or self._side_refused:
             return work(self._conn, names)
         parts = [names[i::k] for i in range(k)]
-        side: list[Connection | None] = list(self._side[:k - 1])
-        side += [None] * (k - 1 - len(side))
+        side: list[Connection | None] = [None] * (k - 1)
         got: list[dict[str, T] | None] = [None] * k
 
         def run(i: int) -> None:
             try:
-                conn = side[i - 1]
-                if conn is None or conn.closed:
-                    conn = side[i - 1] = Connection.open(self.params, timeout=self.timeout, attempts=1)
+                conn = Connection.open(self.params, timeout=self.timeout, attempts=1)
+            except Exception as exc:  # its part is done again on the main connection
+                self._side_refused = True
+                log.debug("side connection %d to %s: %s; asking on the main connection, not spreading "
+                          "again", i, self.params.redacted(), exc)
+                return
+            side[i - 1] = conn
+            try:
                 got[i] = work(conn, parts[i])
             except Exception as exc:  # the part is done again on the main connection
                 log.debug("side connection %d to %s: %s; asking on the main connection", i,
                           self.params.redacted(), exc)
-                conn, side[i - 1] = side[i - 1], None
-                if conn is not None:
-                    conn.close()
+            finally:
+                conn.close()
 
         threads = [threading.Thread(target=run, args=(i,), daemon=True, name=f"streamledger-side-{i}")
                    for i in range(1, k)]
@@ -619,7 +626,8 @@ class StreamClient:
         finally:
             for t in threads:
                 t.join()
-            self._side = [conn for conn in side if conn is not None] + self._side[k - 1:]
+            self.last_side = [conn for i, conn in enumerate(side)
+                              if conn is not None and got[i + 1] is not None]
         out: dict[str, T] = {}
         for part, answers in zip(parts, got, strict=True):
             out.update(answers if answers is not None else work(self._conn, part))
