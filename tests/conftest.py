@@ -36,3 +36,15 @@ def pytest_runtest_logreport(report: object) -> None:
         with open(path, "a", encoding="utf-8") as out:
             out.write(f"{getattr(report, 'duration', 0.0):.2f} {getattr(report, 'when', '?')} "
                       f"{getattr(report, 'nodeid', '?')}\n")
+
+
+def pytest_sessionstart(session: object) -> None:
+    """Import Airflow once, before any test runs. Its first import configures logging for the whole
+    process (a root handler bound to whatever ``sys.stderr`` is at that moment): made inside a test
+    that captures its output (``capfd``, an in-process CLI call that imports the operators), that
+    handler outlives the capture and every later test's log line fails with "I/O operation on closed
+    file" in its captured stderr. At session start it binds to the session's own capture instead."""
+    import importlib.util
+
+    if importlib.util.find_spec("airflow") is not None:
+        import airflow  # noqa: F401
