@@ -247,6 +247,7 @@ def _run(args: argparse.Namespace) -> int:
     log_lines = StderrHandler()
     log_lines.setFormatter(logging.Formatter("streamledger: %(message)s"))
     batch_log = logging.getLogger("streamledger.batch")
+    level, propagate = batch_log.level, batch_log.propagate  # the caller's, restored after the batch
     batch_log.addHandler(log_lines)
     batch_log.setLevel(logging.INFO)
     batch_log.propagate = False  # one line per step: not again through the root logger's handler
@@ -264,7 +265,8 @@ def _run(args: argparse.Namespace) -> int:
             table = result.table  # described by the batch, from the sink it published with
     finally:
         batch_log.removeHandler(log_lines)
-        batch_log.propagate = True
+        batch_log.setLevel(level)
+        batch_log.propagate = propagate
     if getattr(args, "json", False):
         out = result.to_dict()
         out["run_id"] = run_id  # with a table sink, to_dict holds the table

@@ -84,3 +84,26 @@ def test_batch_run_bound_by_interval_reads_every_piece_of_its_interval_as_the_op
     assert live == [(0, 50, "committed"), (50, 100, "committed"), (100, 150, "committed")], live
     assert sorted(committed_bodies(ledger, pipeline)) == sorted(body(s, i) for i in range(150))
     assert client.query_offset(s, pipeline) == 149
+
+
+def test_batch_run_in_process_leaves_the_batch_loggers_level_and_propagation_as_it_found_them(
+    capsys: pytest.CaptureFixture[str], ledger: Ledger, rabbitmq_url: str, stream_name: Any, tmp_path: Path,
+    spark: Any,
+) -> None:
+    """A program that calls ``streamledger.cli.main`` (a task, a notebook) keeps its own logging: the
+    command's one line per step goes to stderr while it runs, and afterwards the ``streamledger.batch``
+    logger has the level and propagation it had before (an INFO level left behind would send every
+    later batch's step lines through the program's handlers)."""
+    import logging
+
+    from streamledger.cli import main
+
+    s = stream_name("cli-logger")
+    create_stream(rabbitmq_url, s, 5)
+    batch_log = logging.getLogger("streamledger.batch")
+    before = (batch_log.level, batch_log.propagate, list(batch_log.handlers))
+    argv = ["batch", "run", "--url", rabbitmq_url, "--stream", s, "--pipeline", "p-cli-logger", "--ledger",
+            ledger.url, "--output-root", str(tmp_path / "out")]
+    assert main(argv) == 0
+    assert any(line.startswith("streamledger: ") for line in capsys.readouterr().err.splitlines())
+    assert (batch_log.level, batch_log.propagate, list(batch_log.handlers)) == before

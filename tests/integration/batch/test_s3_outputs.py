@@ -10,6 +10,7 @@ credentials come from the environment only and never show in any output.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,7 @@ def test_a_batch_on_s3_end_to_end_then_a_deleted_object_fails_the_audit(
     spark: Any, s3_bucket: Bucket, ledger: Ledger, ledger_url: str, client: StreamClient, rabbitmq_url: str,
     stream_name: Any, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="streamledger")  # every line the batch logs is searched
     s = stream_name("s3e2e")
     create_stream(rabbitmq_url, s, 0)
     publish(rabbitmq_url, s, 150, batch_size=50)
@@ -126,6 +128,7 @@ def test_crash_rows_on_s3(
     """Killed after the write (``read``: files in staging, nothing committed), after the commit,
     mid-publish (one data file copied, no manifest at the destination) and before the offset is
     stored (``published``): the next try finishes exactly once, the audit is clean."""
+    caplog.set_level(logging.DEBUG, logger="streamledger")  # every line the batch logs is searched
     s = stream_name("s3crash")
     create_stream(rabbitmq_url, s, 0)
     publish(rabbitmq_url, s, 90, batch_size=30)

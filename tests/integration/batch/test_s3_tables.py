@@ -19,6 +19,7 @@ deltalake, as a reader would.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -197,6 +198,7 @@ def test_a_batch_into_a_table_on_s3_then_a_deleted_data_file_fails_the_audit(
     """Two batches, two table commits on S3, read back with pyiceberg / deltalake; the audit (ledger,
     table, broker) is clean from ``run_batch`` and from ``streamledger ledger audit``; no secret
     anywhere; then one data file of a committed range deleted from the bucket: the audit exits 1."""
+    caplog.set_level(logging.DEBUG, logger="streamledger")  # every line the batch logs is searched
     s = stream_name(f"s3{sink}")
     create_stream(rabbitmq_url, s, 0)
     publish(rabbitmq_url, s, 90, batch_size=30)
@@ -258,6 +260,7 @@ def test_crash_rows_into_a_table_on_s3(
     table commit (the ledger does not know it yet) and before the offset is stored (``published``):
     the retry reads nothing again unless nothing was committed, the table holds every record once in
     one commit, the audit is clean."""
+    caplog.set_level(logging.DEBUG, logger="streamledger")  # every line the batch logs is searched
     s = stream_name(f"s3crash{sink}")
     create_stream(rabbitmq_url, s, 0)
     publish(rabbitmq_url, s, 90, batch_size=30)
