@@ -3,8 +3,6 @@ empty ranges, retention (DataLossError), ends beyond the tail, flow control and 
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
@@ -19,6 +17,7 @@ from streamledger.protocol.rabbitmq import (
 )
 from streamledger.protocol.rabbitmq import constants as c
 from streamledger.protocol.rabbitmq.wire import declare_publisher_frame, publish_frame, store_offset_frame
+from tests.support.balancer import DroppingProxy
 from tests.support.rabbitmq import Broker, StreamNames
 
 pytestmark = pytest.mark.rabbitmq
@@ -294,54 +293,6 @@ def test_chunk_with_tracking_trailer(any_broker: Broker, stream_name: StreamName
 
 
 PAD = b"." * 94  # 100-byte records: about 3.4 MB, so the cut at 300 kB lands mid-read
-
-
-class DroppingProxy:
-    """A real TCP forwarder in front of the broker that cuts the first connection which carries
-    more than ``limit`` bytes from the broker (the range reader's), once. Loopback only."""
-
-    def __init__(self, port: int, limit: int) -> None:
-        self.target = port
-        self.limit = limit
-        self.dropped = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            self.sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, from_broker: bool) -> None:
-        moved = 0
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-                moved += len(data)
-                if from_broker and moved > self.limit and not self.dropped:
-                    self.dropped += 1
-                    break
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.sockets:
-            s.close()
 
 
 def test_read_resumes_exactly_after_a_dropped_connection(

@@ -47,6 +47,19 @@ def _threads() -> set[threading.Thread]:
             if t.name.startswith(("rabbitmq-stream-heartbeat-", "streamledger-side-"))}
 
 
+def _one_connections_answers(admin: StreamClient, names: list[str]) -> tuple[
+        list[OffsetSpec], dict[str, list[int | None]], dict[str, tuple[int, int]], dict[str, int | None]]:
+    """What one connection answers for ``names`` (from :func:`_streams`): the specs a spread round asks,
+    each stream's resolutions of them, a probe of the tracking chunks past each stream's records
+    (of all its offsets for ``names[4]``), and the probe's counts."""
+    specs = [OffsetSpec.last(), OffsetSpec.timestamp(0)]
+    want = {n: [admin.resolve_offset(n, s) for s in specs] for n in names}
+    tails = admin.committed_tails(names)
+    probe = {n: (1 + i % 3, tails[n]) for i, n in enumerate(names)}
+    probe[names[4]] = (0, tails[names[4]])
+    return specs, want, probe, admin.user_records_many(probe)
+
+
 @contextlib.contextmanager
 def _user_limited_to(broker: Broker, connections: int) -> Iterator[str]:
     """A broker URL for a fresh user the broker lets hold ``connections`` connections at a time."""
@@ -87,12 +100,7 @@ def test_side_connections_the_broker_refuses_leave_the_round_to_the_main_connect
     caplog.set_level(logging.DEBUG, logger="streamledger")
     with StreamClient.connect(broker_43.url) as admin:
         names = _streams(admin, stream_name, 12)
-        specs = [OffsetSpec.last(), OffsetSpec.timestamp(0)]
-        want = {n: [admin.resolve_offset(n, s) for s in specs] for n in names}
-        tails = admin.committed_tails(names)
-        probe = {n: (1 + i % 3, tails[n]) for i, n in enumerate(names)}
-        probe[names[4]] = (0, tails[names[4]])
-        counts = admin.user_records_many(probe)
+        specs, want, probe, counts = _one_connections_answers(admin, names)
     assert counts == {n: int(n == names[4]) for n in names}
 
     before = _sockets()
@@ -233,12 +241,7 @@ def test_side_connections_on_a_broker_without_resolve_offset_spec_leave_their_pa
     try:
         with StreamClient.connect(broker_43.url) as admin:
             names = _streams(admin, stream_name, 12)
-            specs = [OffsetSpec.last(), OffsetSpec.timestamp(0)]
-            want = {n: [admin.resolve_offset(n, s) for s in specs] for n in names}
-            tails = admin.committed_tails(names)
-            probe = {n: (1 + i % 3, tails[n]) for i, n in enumerate(names)}
-            probe[names[4]] = (0, tails[names[4]])
-            counts = admin.user_records_many(probe)
+            specs, want, probe, counts = _one_connections_answers(admin, names)
         with StreamClient.connect(f"rabbitmq-stream://guest:guest@127.0.0.1:{lb.port}/") as client:
             assert client.connection.advertised_address == (broker_43.host, broker_43.stream_port)
             client.spread_at, client.side_connections = 4, 3

@@ -597,7 +597,7 @@ class StreamClient:
         if len(names) < self.spread_at or k < 2 or self._side_refused:
             return work(self._conn, names)
         parts = [names[i::k] for i in range(k)]
-        side: list[Connection | None] = [None] * (k - 1)
+        side: list[Connection | None] = [None] * (k - 1)  # those that answered their part
         got: list[dict[str, T] | None] = [None] * k
 
         def run(i: int) -> None:
@@ -608,9 +608,9 @@ class StreamClient:
                 log.debug("side connection %d to %s: %s; asking on the main connection, not spreading "
                           "again", i, self.params.redacted(), exc)
                 return
-            side[i - 1] = conn
             try:
                 got[i] = work(conn, parts[i])
+                side[i - 1] = conn
             except Exception as exc:  # the part is done again on the main connection
                 log.debug("side connection %d to %s: %s; asking on the main connection", i,
                           self.params.redacted(), exc)
@@ -626,8 +626,7 @@ class StreamClient:
         finally:
             for t in threads:
                 t.join()
-            self.last_side = [conn for i, conn in enumerate(side)
-                              if conn is not None and got[i + 1] is not None]
+            self.last_side = [conn for conn in side if conn is not None]
         out: dict[str, T] = {}
         for part, answers in zip(parts, got, strict=True):
             out.update(answers if answers is not None else work(self._conn, part))
