@@ -60,6 +60,21 @@ class Asking:
         return getattr(self._client, name)
 
 
+def _read_and_stored(ledger: Ledger, client: StreamClient, runner: CountingRunner, url: str, stream_name: Any,
+                     tmp_path: Path, label: str, n: int) -> tuple[list[str], BatchConfig]:
+    """A super stream of ``n`` partitions of 3 records each, read by a first batch that stored its
+    offsets (a tracking chunk at offset 3 of each partition): its partitions and the batch's config."""
+    sup = stream_name.super_stream(label)
+    client.create_super_stream(sup, partitions=n)
+    parts = client.partitions(sup)
+    for p in parts:
+        client.publish(p, [b"r%d" % i for i in range(3)])
+    cfg = BatchConfig(pipeline=PIPE, url=url, output_root=str(tmp_path / "out"), super_stream=sup)
+    run_batch(cfg, run=rid("t", run="r1"), ledger=ledger, broker=client, runner=runner)
+    assert client.query_offsets(parts, PIPE) == dict.fromkeys(parts, 2)  # tracking chunks at 3
+    return parts, cfg
+
+
 def test_an_idle_batch_checks_and_probes_only_what_it_claims(
     any_ledger: Ledger, client: StreamClient, runner: CountingRunner, rabbitmq_url: str, stream_name: Any,
     tmp_path: Path,
@@ -129,14 +144,8 @@ def test_idle_batches_over_many_partitions_ask_each_partition_once(
     subscription; the store step asks no stored offset again (nothing of an idle partition moves).
     The next asks each partition's tail and stored offset once, and nothing else per partition."""
     n = 24
-    sup = stream_name.super_stream("idle-many")
-    client.create_super_stream(sup, partitions=n)
-    parts = client.partitions(sup)
-    for p in parts:
-        client.publish(p, [b"r%d" % i for i in range(3)])
-    cfg = BatchConfig(pipeline=PIPE, url=rabbitmq_url, output_root=str(tmp_path / "out"), super_stream=sup)
-    run_batch(cfg, run=rid("t", run="r1"), ledger=any_ledger, broker=client, runner=runner)
-    assert client.query_offsets(parts, PIPE) == dict.fromkeys(parts, 2)  # tracking chunks at 3
+    _parts, cfg = _read_and_stored(any_ledger, client, runner, rabbitmq_url, stream_name, tmp_path,
+                                   "idle-many", n)
 
     frames = Frames(monkeypatch)
     first = run_batch(cfg, run=rid("t", run="r2"), ledger=any_ledger, broker=client, runner=runner)
@@ -167,14 +176,8 @@ def test_a_probe_spread_over_side_connections_reads_records_published_right_afte
     over all of them; a partition where a record was published right after the first batch's store
     (behind its tracking chunk) is read, the others commit their tracking chunk: nothing skipped."""
     n = 24
-    sup = stream_name.super_stream("idle-spread")
-    client.create_super_stream(sup, partitions=n)
-    parts = client.partitions(sup)
-    for p in parts:
-        client.publish(p, [b"r%d" % i for i in range(3)])
-    cfg = BatchConfig(pipeline=PIPE, url=rabbitmq_url, output_root=str(tmp_path / "out"), super_stream=sup)
-    run_batch(cfg, run=rid("t", run="r1"), ledger=any_ledger, broker=client, runner=runner)
-    assert client.query_offsets(parts, PIPE) == dict.fromkeys(parts, 2)  # tracking chunks at 3
+    parts, cfg = _read_and_stored(any_ledger, client, runner, rabbitmq_url, stream_name, tmp_path,
+                                  "idle-spread", n)
     late = parts[1::5]
     for p in late:
         client.publish(p, [b"late"])  # a user chunk at 4, right behind the tracking chunk
